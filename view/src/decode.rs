@@ -1,0 +1,531 @@
+//! Validation and compaction: wire objects into the stored model.
+//!
+//! Everything that can fail is checked before the first string is interned, so a rejected
+//! object leaves the string table exactly as it was. An error names the object and the
+//! field; the caller skips the object, logs once and counts it.
+
+use crate::intern::{Interner, Sym};
+use crate::model::{
+    Cidr, Endpoint, EndpointExtra, Family, LoadBalancerIngress, Node, NodeAddress,
+    NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
+    TrafficDistribution, TrafficPolicy, conditions,
+};
+use crate::wire;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::IpAddr;
+
+/// Why an object was skipped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind} {object}: {reason}")]
+pub struct InvalidObject {
+    pub kind: &'static str,
+    /// `namespace/name`, or `name` for cluster-scoped objects.
+    pub object: String,
+    pub reason: String,
+}
+
+/// Default `sessionAffinityConfig.clientIP.timeoutSeconds` (3 hours), as in the API.
+pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
+const MAX_AFFINITY_TIMEOUT: i64 = 86_400;
+
+pub(crate) fn object_name(meta: &wire::Meta) -> String {
+    match &meta.namespace {
+        Some(ns) if !ns.is_empty() => format!("{ns}/{}", meta.name),
+        _ => meta.name.clone(),
+    }
+}
+
+fn invalid(kind: &'static str, meta: &wire::Meta, reason: String) -> InvalidObject {
+    InvalidObject {
+        kind,
+        object: object_name(meta),
+        reason,
+    }
+}
+
+fn parse_ip(field: &str, text: &str) -> Result<IpAddr, String> {
+    text.trim()
+        .parse()
+        .map_err(|_| format!("{field}: {text:?} is not an IP address"))
+}
+
+fn parse_protocol(field: &str, text: Option<&str>) -> Result<Protocol, String> {
+    match text {
+        None | Some("TCP") => Ok(Protocol::Tcp),
+        Some("UDP") => Ok(Protocol::Udp),
+        Some("SCTP") => Ok(Protocol::Sctp),
+        Some(other) => Err(format!("{field}: unknown protocol {other:?}")),
+    }
+}
+
+fn parse_port(field: &str, value: i64) -> Result<u16, String> {
+    u16::try_from(value)
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("{field}: port {value} is out of range 1-65535"))
+}
+
+/// A port that may be absent (0 or null means "none").
+fn parse_optional_port(field: &str, value: Option<i64>) -> Result<u16, String> {
+    match value {
+        None | Some(0) => Ok(0),
+        Some(v) => parse_port(field, v),
+    }
+}
+
+fn parse_policy(field: &str, text: Option<&str>) -> Result<TrafficPolicy, String> {
+    match text {
+        None | Some("") | Some("Cluster") => Ok(TrafficPolicy::Cluster),
+        Some("Local") => Ok(TrafficPolicy::Local),
+        Some(other) => Err(format!("{field}: unknown traffic policy {other:?}")),
+    }
+}
+
+fn parse_service_type(text: Option<&str>) -> Result<ServiceType, String> {
+    match text {
+        None | Some("") | Some("ClusterIP") => Ok(ServiceType::ClusterIP),
+        Some("NodePort") => Ok(ServiceType::NodePort),
+        Some("LoadBalancer") => Ok(ServiceType::LoadBalancer),
+        Some("ExternalName") => Ok(ServiceType::ExternalName),
+        Some(other) => Err(format!("spec.type: unknown service type {other:?}")),
+    }
+}
+
+/// Unknown distributions are ignored rather than rejected: newer API servers add values,
+/// and kube-proxy treats an unknown one as unset.
+fn parse_traffic_distribution(text: Option<&str>) -> TrafficDistribution {
+    match text {
+        Some("PreferClose") => TrafficDistribution::PreferClose,
+        Some("PreferSameZone") => TrafficDistribution::PreferSameZone,
+        Some("PreferSameNode") => TrafficDistribution::PreferSameNode,
+        _ => TrafficDistribution::Unset,
+    }
+}
+
+fn parse_ips(field: &str, texts: &[String]) -> Result<Box<[IpAddr]>, String> {
+    texts.iter().map(|t| parse_ip(field, t)).collect()
+}
+
+pub(crate) fn hash_name(name: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    name.hash(&mut hasher);
+    hasher.finish()
+}
+
+pub fn service(wire: &wire::Service, strings: &mut Interner) -> Result<Service, InvalidObject> {
+    check_service(wire)
+        .map(|checked| checked.intern(strings))
+        .map_err(|reason| invalid("Service", &wire.metadata, reason))
+}
+
+/// A validated service whose strings are not interned yet.
+struct CheckedService<'a> {
+    service: Service,
+    port_names: Vec<&'a str>,
+    proxy_name: &'a str,
+}
+
+impl CheckedService<'_> {
+    fn intern(mut self, strings: &mut Interner) -> Service {
+        for (port, name) in self.service.ports.iter_mut().zip(self.port_names) {
+            port.name = strings.intern(name);
+        }
+        self.service.proxy_name = strings.intern(self.proxy_name);
+        self.service
+    }
+}
+
+fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
+    let spec = &wire.spec;
+    let type_ = parse_service_type(spec.type_.as_deref())?;
+    let mut ip_texts: Vec<&str> = spec.cluster_ips.iter().map(String::as_str).collect();
+    if ip_texts.is_empty() {
+        ip_texts.extend(spec.cluster_ip.as_deref());
+    }
+    let headless = type_ != ServiceType::ExternalName && ip_texts.first() == Some(&"None");
+    let cluster_ips: Box<[IpAddr]> = if headless || type_ == ServiceType::ExternalName {
+        Box::default()
+    } else {
+        ip_texts
+            .iter()
+            .filter(|t| !t.is_empty())
+            .map(|t| parse_ip("spec.clusterIPs", t))
+            .collect::<Result<_, _>>()?
+    };
+
+    let mut ports = Vec::with_capacity(spec.ports.len());
+    let mut port_names = Vec::with_capacity(spec.ports.len());
+    for (i, p) in spec.ports.iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        ports.push(ServicePort {
+            name: Sym::EMPTY,
+            protocol: parse_protocol(&field, p.protocol.as_deref())?,
+            port: parse_port(&field, p.port)?,
+            node_port: parse_optional_port(&format!("{field}.nodePort"), p.node_port)?,
+        });
+        port_names.push(p.name.as_deref().unwrap_or(""));
+    }
+
+    let affinity_timeout = match spec.session_affinity.as_deref() {
+        None | Some("") | Some("None") => 0,
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match timeout {
+                None => DEFAULT_AFFINITY_TIMEOUT,
+                Some(t @ 1..=MAX_AFFINITY_TIMEOUT) => t as u32,
+                Some(t) => {
+                    return Err(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is out of range 1-{MAX_AFFINITY_TIMEOUT}"
+                    ));
+                }
+            }
+        }
+        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
+    };
+
+    let load_balancer_ingress: Box<[LoadBalancerIngress]> = wire
+        .status
+        .load_balancer
+        .ingress
+        .iter()
+        .filter_map(|ing| ing.ip.as_deref().filter(|ip| !ip.is_empty()).map(|ip| (ip, ing)))
+        .map(|(ip, ing)| {
+            Ok(LoadBalancerIngress {
+                ip: parse_ip("status.loadBalancer.ingress.ip", ip)?,
+                proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
+            })
+        })
+        .collect::<Result<_, String>>()?;
+    let load_balancer_source_ranges: Box<[Cidr]> = spec
+        .load_balancer_source_ranges
+        .iter()
+        .map(|r| r.trim().parse::<Cidr>().map_err(|e| format!("spec.loadBalancerSourceRanges: {e}")))
+        .collect::<Result<_, _>>()?;
+    let external_name = spec
+        .external_name
+        .as_deref()
+        .filter(|n| type_ == ServiceType::ExternalName && !n.is_empty())
+        .map(|n| n.trim_end_matches('.').into());
+    let extra = ServiceExtra {
+        load_balancer_ingress,
+        load_balancer_source_ranges,
+        external_name,
+    };
+
+    let service = Service {
+        type_,
+        headless,
+        cluster_ips,
+        ports: ports.into(),
+        external_ips: parse_ips("spec.externalIPs", &spec.external_ips)?,
+        external_policy: parse_policy(
+            "spec.externalTrafficPolicy",
+            spec.external_traffic_policy.as_deref(),
+        )?,
+        internal_policy: parse_policy(
+            "spec.internalTrafficPolicy",
+            spec.internal_traffic_policy.as_deref(),
+        )?,
+        traffic_distribution: parse_traffic_distribution(spec.traffic_distribution.as_deref()),
+        publish_not_ready_addresses: spec.publish_not_ready_addresses.unwrap_or(false),
+        affinity_timeout,
+        health_check_node_port: parse_optional_port(
+            "spec.healthCheckNodePort",
+            spec.health_check_node_port,
+        )?,
+        proxy_name: Sym::EMPTY,
+        extra: (extra != ServiceExtra::default()).then(|| Box::new(extra)),
+    };
+    Ok(CheckedService {
+        service,
+        port_names,
+        proxy_name: wire.metadata.labels.service_proxy_name.as_deref().unwrap_or(""),
+    })
+}
+
+/// Decodes a slice. `Ok(None)` means the slice carries nothing nodus uses (an `FQDN`
+/// slice), which is not an error.
+pub fn slice(
+    wire: &wire::EndpointSlice,
+    strings: &mut Interner,
+) -> Result<Option<Slice>, InvalidObject> {
+    let family = match wire.address_type.as_str() {
+        "IPv4" => Family::V4,
+        "IPv6" => Family::V6,
+        "FQDN" => return Ok(None),
+        other => {
+            return Err(invalid(
+                "EndpointSlice",
+                &wire.metadata,
+                format!("addressType: unknown value {other:?}"),
+            ));
+        }
+    };
+    let (ports, endpoints) = check_slice(wire, family)
+        .map_err(|reason| invalid("EndpointSlice", &wire.metadata, reason))?;
+
+    let keep_pod = wire.metadata.labels.headless;
+    let ports = ports
+        .into_iter()
+        .map(|(name, protocol, port)| SlicePort {
+            name: strings.intern(name),
+            protocol,
+            port,
+        })
+        .collect();
+    let endpoints = endpoints
+        .into_iter()
+        .map(|(addr, endpoint)| intern_endpoint(addr, endpoint, keep_pod, strings))
+        .collect();
+    Ok(Some(Slice {
+        name_hash: hash_name(&wire.metadata.name),
+        family,
+        ports,
+        endpoints,
+    }))
+}
+
+type CheckedSlice<'a> = (Vec<(&'a str, Protocol, u16)>, Vec<(IpAddr, &'a wire::Endpoint)>);
+
+fn check_slice(wire: &wire::EndpointSlice, family: Family) -> Result<CheckedSlice<'_>, String> {
+    let mut ports = Vec::with_capacity(wire.ports.len());
+    for (i, p) in wire.ports.iter().enumerate() {
+        let field = format!("ports[{i}]");
+        let protocol = parse_protocol(&field, p.protocol.as_deref())?;
+        // kube-proxy ignores ports without a name or a number rather than the whole slice.
+        let (Some(name), Some(port)) = (p.name.as_deref(), p.port) else {
+            continue;
+        };
+        if port == 0 {
+            continue;
+        }
+        ports.push((name, protocol, parse_port(&field, port)?));
+    }
+    let mut endpoints = Vec::with_capacity(wire.endpoints.len());
+    for (i, e) in wire.endpoints.iter().enumerate() {
+        let Some(first) = e.addresses.first() else {
+            continue;
+        };
+        let addr = parse_ip(&format!("endpoints[{i}].addresses[0]"), first)?;
+        // A wrong-family address is dropped, not fatal, as in kube-proxy.
+        if Family::of(addr) == family {
+            endpoints.push((addr, e));
+        }
+    }
+    Ok((ports, endpoints))
+}
+
+fn intern_endpoint(
+    addr: IpAddr,
+    e: &wire::Endpoint,
+    keep_pod: bool,
+    strings: &mut Interner,
+) -> Endpoint {
+    let c = &e.conditions;
+    let mut bits = 0;
+    if c.ready.unwrap_or(true) {
+        bits |= conditions::READY;
+    }
+    if c.serving.unwrap_or(true) {
+        bits |= conditions::SERVING;
+    }
+    if c.terminating.unwrap_or(false) {
+        bits |= conditions::TERMINATING;
+    }
+    let pod = e
+        .target_ref
+        .as_ref()
+        .filter(|r| keep_pod && r.kind.as_deref().is_none_or(|k| k == "Pod"))
+        .and_then(|r| r.name.as_deref());
+    let hints = e.hints.as_ref();
+    let extra = EndpointExtra {
+        hostname: e.hostname.as_deref().filter(|h| !h.is_empty()).map(Into::into),
+        pod: pod.map(Into::into),
+        for_zones: hints.map_or_else(Box::default, |h| {
+            h.for_zones.iter().map(|z| strings.intern(&z.name)).collect()
+        }),
+        for_nodes: hints.map_or_else(Box::default, |h| {
+            h.for_nodes.iter().map(|n| strings.intern(&n.name)).collect()
+        }),
+    };
+    Endpoint {
+        addr,
+        conditions: bits,
+        node: strings.intern(e.node_name.as_deref().unwrap_or("")),
+        zone: strings.intern(e.zone.as_deref().unwrap_or("")),
+        extra: (extra != EndpointExtra::default()).then(|| Box::new(extra)),
+    }
+}
+
+pub fn node(wire: &wire::Node, strings: &mut Interner) -> Result<Node, InvalidObject> {
+    let checked = check_node(wire).map_err(|reason| invalid("Node", &wire.metadata, reason))?;
+    Ok(Node {
+        zone: strings.intern(wire.metadata.labels.zone.as_deref().unwrap_or("")),
+        ..checked
+    })
+}
+
+fn check_node(wire: &wire::Node) -> Result<Node, String> {
+    let mut addresses = Vec::new();
+    for a in &wire.status.addresses {
+        let kind = match a.type_.as_str() {
+            "InternalIP" => NodeAddressKind::InternalIP,
+            "ExternalIP" => NodeAddressKind::ExternalIP,
+            // Hostname and DNS entries are names, not addresses.
+            _ => continue,
+        };
+        addresses.push(NodeAddress {
+            kind,
+            address: parse_ip("status.addresses", &a.address)?,
+        });
+    }
+    let mut cidr_texts: Vec<&str> = wire.spec.pod_cidrs.iter().map(String::as_str).collect();
+    if cidr_texts.is_empty() {
+        cidr_texts.extend(wire.spec.pod_cidr.as_deref().filter(|c| !c.is_empty()));
+    }
+    let pod_cidrs = cidr_texts
+        .iter()
+        .map(|t| t.parse::<Cidr>().map_err(|e| format!("spec.podCIDRs: {e}")))
+        .collect::<Result<_, _>>()?;
+    let mut annotations: Vec<(Box<str>, Box<str>)> = wire
+        .metadata
+        .annotations
+        .0
+        .iter()
+        .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
+        .collect();
+    annotations.sort();
+    Ok(Node {
+        addresses: addresses.into(),
+        pod_cidrs,
+        zone: Sym::EMPTY,
+        annotations: annotations.into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service_json(spec: &str) -> wire::Service {
+        serde_json::from_str(&format!(
+            r#"{{"metadata":{{"name":"web","namespace":"default"}},"spec":{spec}}}"#
+        ))
+        .expect("test json")
+    }
+
+    #[test]
+    fn bad_ip_names_the_object_and_leaves_no_strings() {
+        let mut strings = Interner::new();
+        let wire = service_json(
+            r#"{"clusterIP":"10.0.0.300","ports":[{"name":"http","port":80}]}"#,
+        );
+        let err = service(&wire, &mut strings).expect_err("bad ip");
+        assert_eq!(err.object, "default/web");
+        assert!(err.reason.contains("10.0.0.300"), "{err}");
+        assert!(strings.is_empty());
+    }
+
+    #[test]
+    fn port_range_and_protocol_are_checked() {
+        let mut strings = Interner::new();
+        let wire = service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":70000}]}"#);
+        assert!(service(&wire, &mut strings).is_err());
+        let wire = service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":53,"protocol":"ICMP"}]}"#);
+        let err = service(&wire, &mut strings).expect_err("bad protocol");
+        assert!(err.reason.contains("ICMP"));
+    }
+
+    #[test]
+    fn headless_and_dual_stack() {
+        let mut strings = Interner::new();
+        let headless = service(&service_json(r#"{"clusterIP":"None"}"#), &mut strings)
+            .expect("valid");
+        assert!(headless.headless);
+        assert!(headless.cluster_ips.is_empty());
+        let dual = service(
+            &service_json(r#"{"clusterIP":"10.0.0.1","clusterIPs":["10.0.0.1","fd00::1"]}"#),
+            &mut strings,
+        )
+        .expect("valid");
+        assert_eq!(dual.cluster_ip(Family::V6), Some("fd00::1".parse().expect("ip")));
+    }
+
+    #[test]
+    fn affinity_defaults_to_three_hours() {
+        let mut strings = Interner::new();
+        let svc = service(
+            &service_json(r#"{"clusterIP":"10.0.0.1","sessionAffinity":"ClientIP"}"#),
+            &mut strings,
+        )
+        .expect("valid");
+        assert_eq!(svc.affinity_timeout, DEFAULT_AFFINITY_TIMEOUT);
+    }
+
+    /// Checklist A.8: nil conditions mean ready, serving, not terminating.
+    #[test]
+    fn a8_nil_conditions_default() {
+        let mut strings = Interner::new();
+        let wire: wire::EndpointSlice = serde_json::from_str(
+            r#"{"metadata":{"name":"web-1","namespace":"default",
+                "labels":{"kubernetes.io/service-name":"web"}},
+               "addressType":"IPv4",
+               "endpoints":[{"addresses":["10.1.0.1"]},
+                            {"addresses":["10.1.0.2"],"conditions":{"ready":false,"terminating":true}}],
+               "ports":[{"name":"http","port":8080}]}"#,
+        )
+        .expect("json");
+        let slice = slice(&wire, &mut strings).expect("valid").expect("IPv4");
+        assert!(slice.endpoints[0].is_ready() && slice.endpoints[0].is_serving());
+        assert!(!slice.endpoints[0].is_terminating());
+        assert!(!slice.endpoints[1].is_ready());
+        assert!(slice.endpoints[1].is_serving() && slice.endpoints[1].is_terminating());
+    }
+
+    /// Checklist A.7: wrong-family addresses are dropped; only addresses[0] counts.
+    #[test]
+    fn a7_wrong_family_dropped() {
+        let mut strings = Interner::new();
+        let wire: wire::EndpointSlice = serde_json::from_str(
+            r#"{"metadata":{"name":"s","namespace":"default"},"addressType":"IPv4",
+               "endpoints":[{"addresses":["fd00::1"]},{"addresses":["10.1.0.1","10.1.0.2"]}],
+               "ports":[{"name":"","port":80},{"port":81},{"name":"x"}]}"#,
+        )
+        .expect("json");
+        let slice = slice(&wire, &mut strings).expect("valid").expect("IPv4");
+        assert_eq!(slice.endpoints.len(), 1);
+        assert_eq!(slice.endpoints[0].addr, "10.1.0.1".parse::<IpAddr>().expect("ip"));
+        assert_eq!(slice.ports.len(), 1, "ports without name or number are ignored");
+    }
+
+    #[test]
+    fn fqdn_slices_are_not_errors() {
+        let mut strings = Interner::new();
+        let wire: wire::EndpointSlice =
+            serde_json::from_str(r#"{"metadata":{"name":"s"},"addressType":"FQDN"}"#)
+                .expect("json");
+        assert_eq!(slice(&wire, &mut strings), Ok(None));
+    }
+
+    #[test]
+    fn node_primary_ip_prefers_internal() {
+        let mut strings = Interner::new();
+        let wire: wire::Node = serde_json::from_str(
+            r#"{"metadata":{"name":"n1","labels":{"topology.kubernetes.io/zone":"a"}},
+               "spec":{"podCIDRs":["10.244.1.0/24","fd00:1::/64"]},
+               "status":{"addresses":[{"type":"Hostname","address":"n1"},
+                                      {"type":"ExternalIP","address":"192.0.2.1"},
+                                      {"type":"InternalIP","address":"10.0.0.1"}]}}"#,
+        )
+        .expect("json");
+        let node = node(&wire, &mut strings).expect("valid");
+        assert_eq!(node.primary_ip(Family::V4), Some("10.0.0.1".parse().expect("ip")));
+        assert_eq!(node.primary_ip(Family::V6), None);
+        assert_eq!(node.pod_cidrs.len(), 2);
+        assert_eq!(strings.resolve(node.zone), "a");
+    }
+}

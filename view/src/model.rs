@@ -1,0 +1,384 @@
+//! The compact stored form of Services, EndpointSlices and Nodes.
+//!
+//! Sizes matter here: 100,000 endpoints must fit in a few MiB. IPs are `IpAddr`, ports
+//! `u16`, conditions a bit set, repeated strings [`Sym`]s, and rare fields sit behind one
+//! `Option<Box<_>>` so that the common object pays 8 bytes for them.
+
+use crate::intern::{Interner, Sym};
+use serde::Serialize;
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Protocol {
+    #[serde(rename = "TCP")]
+    Tcp,
+    #[serde(rename = "UDP")]
+    Udp,
+    #[serde(rename = "SCTP")]
+    Sctp,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum Family {
+    #[serde(rename = "IPv4")]
+    V4,
+    #[serde(rename = "IPv6")]
+    V6,
+}
+
+impl Family {
+    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
+
+    pub fn of(addr: IpAddr) -> Family {
+        match addr {
+            IpAddr::V4(_) => Family::V4,
+            IpAddr::V6(_) => Family::V6,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+}
+
+/// An address prefix such as a pod CIDR or a load-balancer source range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    pub fn family(&self) -> Family {
+        Family::of(self.addr)
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let (addr, prefix) = text
+            .split_once('/')
+            .ok_or_else(|| format!("{text:?} is not a CIDR"))?;
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{text:?} has an invalid address"))?;
+        let max = match addr {
+            IpAddr::V4(_) => 32,
+            IpAddr::V6(_) => 128,
+        };
+        let prefix: u8 = prefix
+            .parse()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| format!("{text:?} has an invalid prefix length"))?;
+        Ok(Cidr { addr, prefix })
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+    ExternalName,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum TrafficDistribution {
+    #[default]
+    Unset,
+    PreferClose,
+    PreferSameZone,
+    PreferSameNode,
+}
+
+/// Which traffic a policy keeps on the node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum TrafficPolicy {
+    #[default]
+    Cluster,
+    Local,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Service {
+    pub type_: ServiceType,
+    /// `clusterIP: None`: DNS answers with the endpoints, the proxy programs nothing.
+    pub headless: bool,
+    pub cluster_ips: Box<[IpAddr]>,
+    pub ports: Box<[ServicePort]>,
+    pub external_ips: Box<[IpAddr]>,
+    pub external_policy: TrafficPolicy,
+    pub internal_policy: TrafficPolicy,
+    pub traffic_distribution: TrafficDistribution,
+    pub publish_not_ready_addresses: bool,
+    /// Seconds of ClientIP affinity; 0 means no affinity.
+    pub affinity_timeout: u32,
+    /// 0 when the service has none.
+    pub health_check_node_port: u16,
+    /// The `service.kubernetes.io/service-proxy-name` label: another proxy owns the service.
+    pub proxy_name: Sym,
+    pub extra: Option<Box<ServiceExtra>>,
+}
+
+/// The fields most services leave empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceExtra {
+    pub load_balancer_ingress: Box<[LoadBalancerIngress]>,
+    pub load_balancer_source_ranges: Box<[Cidr]>,
+    pub external_name: Option<Box<str>>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerIngress {
+    pub ip: IpAddr,
+    /// `ipMode: Proxy`: the load balancer delivers to the node itself, so the proxy must not
+    /// capture the IP.
+    pub proxy_mode: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    pub name: Sym,
+    pub protocol: Protocol,
+    pub port: u16,
+    /// 0 when the port has none.
+    pub node_port: u16,
+}
+
+impl Service {
+    pub fn load_balancer_ingress(&self) -> &[LoadBalancerIngress] {
+        self.extra
+            .as_deref()
+            .map_or(&[], |e| &e.load_balancer_ingress)
+    }
+
+    pub fn load_balancer_source_ranges(&self) -> &[Cidr] {
+        self.extra
+            .as_deref()
+            .map_or(&[], |e| &e.load_balancer_source_ranges)
+    }
+
+    pub fn external_name(&self) -> Option<&str> {
+        self.extra.as_deref().and_then(|e| e.external_name.as_deref())
+    }
+
+    pub fn cluster_ip(&self, family: Family) -> Option<IpAddr> {
+        self.cluster_ips
+            .iter()
+            .copied()
+            .find(|ip| Family::of(*ip) == family)
+    }
+
+    pub(crate) fn release(&self, strings: &mut Interner) {
+        strings.release(self.proxy_name);
+        for port in &self.ports {
+            strings.release(port.name);
+        }
+    }
+}
+
+/// Endpoint condition bits, with Kubernetes' nil defaults already applied.
+pub mod conditions {
+    pub const READY: u8 = 1;
+    pub const SERVING: u8 = 2;
+    pub const TERMINATING: u8 = 4;
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// The slice's name, hashed: nodus never prints it, it only needs to find it again.
+    pub name_hash: u64,
+    pub family: Family,
+    pub ports: Box<[SlicePort]>,
+    pub endpoints: Box<[Endpoint]>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlicePort {
+    pub name: Sym,
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `addresses[0]`, as kube-proxy uses it.
+    pub addr: IpAddr,
+    pub conditions: u8,
+    pub node: Sym,
+    pub zone: Sym,
+    pub extra: Option<Box<EndpointExtra>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointExtra {
+    pub hostname: Option<Box<str>>,
+    /// The target pod's name, kept only for headless services, whose DNS records may use it.
+    pub pod: Option<Box<str>>,
+    pub for_zones: Box<[Sym]>,
+    pub for_nodes: Box<[Sym]>,
+}
+
+impl Endpoint {
+    pub fn is_ready(&self) -> bool {
+        self.conditions & conditions::READY != 0
+    }
+
+    pub fn is_serving(&self) -> bool {
+        self.conditions & conditions::SERVING != 0
+    }
+
+    pub fn is_terminating(&self) -> bool {
+        self.conditions & conditions::TERMINATING != 0
+    }
+
+    pub fn hostname(&self) -> Option<&str> {
+        self.extra.as_deref().and_then(|e| e.hostname.as_deref())
+    }
+
+    pub fn pod(&self) -> Option<&str> {
+        self.extra.as_deref().and_then(|e| e.pod.as_deref())
+    }
+
+    pub fn zone_hints(&self) -> &[Sym] {
+        self.extra.as_deref().map_or(&[], |e| &e.for_zones)
+    }
+
+    pub fn node_hints(&self) -> &[Sym] {
+        self.extra.as_deref().map_or(&[], |e| &e.for_nodes)
+    }
+}
+
+impl Slice {
+    pub(crate) fn release(&self, strings: &mut Interner) {
+        for port in &self.ports {
+            strings.release(port.name);
+        }
+        for endpoint in &self.endpoints {
+            strings.release(endpoint.node);
+            strings.release(endpoint.zone);
+            if let Some(extra) = &endpoint.extra {
+                for &sym in extra.for_zones.iter().chain(extra.for_nodes.iter()) {
+                    strings.release(sym);
+                }
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum NodeAddressKind {
+    InternalIP,
+    ExternalIP,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct NodeAddress {
+    #[serde(rename = "type")]
+    pub kind: NodeAddressKind,
+    pub address: IpAddr,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub addresses: Box<[NodeAddress]>,
+    pub pod_cidrs: Box<[Cidr]>,
+    pub zone: Sym,
+    /// The `nodus.dev/` annotations, sorted by key.
+    pub annotations: Box<[(Box<str>, Box<str>)]>,
+}
+
+impl Node {
+    /// The node's primary address of a family: the first InternalIP, else the first
+    /// ExternalIP, as kube-proxy picks it for NodePorts.
+    pub fn primary_ip(&self, family: Family) -> Option<IpAddr> {
+        let of_kind = |kind| {
+            self.addresses
+                .iter()
+                .find(|a| a.kind == kind && Family::of(a.address) == family)
+                .map(|a| a.address)
+        };
+        of_kind(NodeAddressKind::InternalIP).or_else(|| of_kind(NodeAddressKind::ExternalIP))
+    }
+
+    pub fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations
+            .iter()
+            .find(|(k, _)| &**k == key)
+            .map(|(_, v)| &**v)
+    }
+
+    pub(crate) fn release(&self, strings: &mut Interner) {
+        strings.release(self.zone);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cidr_parses_and_contains() {
+        let net: Cidr = "10.244.1.0/24".parse().expect("valid");
+        assert!(net.contains("10.244.1.9".parse().expect("ip")));
+        assert!(!net.contains("10.244.2.9".parse().expect("ip")));
+        assert!(!net.contains("fd00::1".parse().expect("ip")));
+        let all: Cidr = "0.0.0.0/0".parse().expect("valid");
+        assert!(all.contains("192.0.2.1".parse().expect("ip")));
+        let v6: Cidr = "fd00:10::/64".parse().expect("valid");
+        assert!(v6.contains("fd00:10::5".parse().expect("ip")));
+        assert!("10.0.0.0/33".parse::<Cidr>().is_err());
+        assert!("10.0.0.0".parse::<Cidr>().is_err());
+    }
+
+    #[test]
+    fn endpoint_stays_small() {
+        assert!(std::mem::size_of::<Endpoint>() <= 40);
+    }
+}

@@ -1,0 +1,723 @@
+//! The node view: every Service, EndpointSlice and Node nodus watches, in compact form,
+//! updated in batches that report what they touched.
+
+use crate::decode::{self, InvalidObject};
+use crate::intern::{Interner, Sym};
+use crate::model::{Node, Service, Slice};
+use crate::resolve::NodeContext;
+use crate::wire;
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// The kinds of object the view holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    Service,
+    EndpointSlice,
+    Node,
+}
+
+impl Kind {
+    pub const ALL: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Service => "Service",
+            Kind::EndpointSlice => "EndpointSlice",
+            Kind::Node => "Node",
+        }
+    }
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One event from a watch, as the view consumes it.
+#[derive(Debug)]
+pub enum Update {
+    Service(wire::Service),
+    EndpointSlice(wire::EndpointSlice),
+    Node(wire::Node),
+    Deleted {
+        kind: Kind,
+        namespace: String,
+        name: String,
+    },
+    /// A (re)list of `kind` begins: objects it does not deliver before `RelistDone` are
+    /// deleted then, so the view never empties in between.
+    RelistStarted(Kind),
+    RelistDone(Kind),
+}
+
+/// A Service is named by its namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ServiceName {
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What a batch touched, so that each subsystem re-plans only that.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ChangeSet {
+    pub services: BTreeSet<ServiceName>,
+    pub nodes: BTreeSet<String>,
+    /// This node's own labels or addresses changed: zone-dependent results may all differ
+    /// (checklist K.18), so subsystems resync fully.
+    pub this_node: bool,
+}
+
+impl ChangeSet {
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty() && self.nodes.is_empty() && !self.this_node
+    }
+}
+
+/// The outcome of one batch.
+#[derive(Debug, Default)]
+pub struct ApplyReport {
+    pub changes: ChangeSet,
+    /// Objects skipped in this batch, each reported once until it changes.
+    pub invalid: Vec<InvalidObject>,
+    /// Objects skipped in this batch, including repeats already reported.
+    pub skipped: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct ServiceKey {
+    namespace: Sym,
+    name: Sym,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct SliceKey {
+    namespace: Sym,
+    name_hash: u64,
+}
+
+/// A service and its slices travel together: slices may arrive before their service.
+#[derive(Default)]
+struct ServiceEntry {
+    service: Option<Service>,
+    slices: Vec<Slice>,
+}
+
+/// Object counts, for metrics and `nodus view`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counts {
+    pub services: usize,
+    pub endpoint_slices: usize,
+    pub endpoints: usize,
+    pub nodes: usize,
+    pub strings: usize,
+}
+
+pub struct View {
+    strings: Interner,
+    node_name: Sym,
+    services: HashMap<ServiceKey, ServiceEntry>,
+    /// Which service each slice belongs to, to find it again when it moves or goes.
+    slice_owner: HashMap<SliceKey, Sym>,
+    nodes: HashMap<Sym, Node>,
+    /// Per kind, the objects a relist in progress has delivered so far.
+    relists: [Option<HashSet<u64>>; 3],
+    /// Invalid objects already reported, by (kind, name, reason).
+    reported: HashSet<u64>,
+}
+
+fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
+    let mut h = DefaultHasher::new();
+    (kind.index(), namespace, name).hash(&mut h);
+    h.finish()
+}
+
+impl View {
+    /// An empty view for the node `node_name` (empty when nodus runs outside a node, as
+    /// `nodus view` may).
+    pub fn new(node_name: &str) -> View {
+        let mut strings = Interner::new();
+        let node_name = strings.intern(node_name);
+        View {
+            strings,
+            node_name,
+            services: HashMap::new(),
+            slice_owner: HashMap::new(),
+            nodes: HashMap::new(),
+            relists: [None, None, None],
+            reported: HashSet::new(),
+        }
+    }
+
+    pub fn strings(&self) -> &Interner {
+        &self.strings
+    }
+
+    pub fn node_name(&self) -> &str {
+        self.strings.resolve(self.node_name)
+    }
+
+    pub fn this_node(&self) -> Option<&Node> {
+        self.nodes.get(&self.node_name)
+    }
+
+    pub fn node_context(&self) -> NodeContext {
+        NodeContext {
+            name: self.node_name,
+            zone: self.this_node().map_or(Sym::EMPTY, |n| n.zone),
+        }
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.strings.lookup(name).and_then(|s| self.nodes.get(&s))
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = (&str, &Node)> {
+        self.nodes.iter().map(|(k, n)| (self.strings.resolve(*k), n))
+    }
+
+    /// Every service the view knows, including slices whose Service has not arrived.
+    pub fn services(&self) -> impl Iterator<Item = ServiceView<'_>> {
+        self.services.iter().map(|(key, entry)| self.service_view(key, entry))
+    }
+
+    pub fn service(&self, namespace: &str, name: &str) -> Option<ServiceView<'_>> {
+        let key = ServiceKey {
+            namespace: self.strings.lookup(namespace)?,
+            name: self.strings.lookup(name)?,
+        };
+        self.services
+            .get_key_value(&key)
+            .map(|(key, entry)| self.service_view(key, entry))
+    }
+
+    fn service_view<'a>(&'a self, key: &ServiceKey, entry: &'a ServiceEntry) -> ServiceView<'a> {
+        ServiceView {
+            namespace: self.strings.resolve(key.namespace),
+            name: self.strings.resolve(key.name),
+            service: entry.service.as_ref(),
+            slices: &entry.slices,
+        }
+    }
+
+    pub fn counts(&self) -> Counts {
+        let mut counts = Counts {
+            nodes: self.nodes.len(),
+            strings: self.strings.len(),
+            ..Counts::default()
+        };
+        for entry in self.services.values() {
+            counts.services += usize::from(entry.service.is_some());
+            counts.endpoint_slices += entry.slices.len();
+            counts.endpoints += entry.slices.iter().map(|s| s.endpoints.len()).sum::<usize>();
+        }
+        counts
+    }
+
+    /// Applies one batch of updates and reports what changed.
+    pub fn apply(&mut self, batch: impl IntoIterator<Item = Update>) -> ApplyReport {
+        let mut report = ApplyReport::default();
+        for update in batch {
+            let result = match update {
+                Update::Service(svc) => self.upsert_service(svc, &mut report.changes),
+                Update::EndpointSlice(slice) => self.upsert_slice(slice, &mut report.changes),
+                Update::Node(node) => self.upsert_node(node, &mut report.changes),
+                Update::Deleted {
+                    kind,
+                    namespace,
+                    name,
+                } => {
+                    self.delete(kind, &namespace, &name, &mut report.changes);
+                    Ok(())
+                }
+                Update::RelistStarted(kind) => {
+                    self.relists[kind.index()] = Some(HashSet::new());
+                    Ok(())
+                }
+                Update::RelistDone(kind) => {
+                    self.finish_relist(kind, &mut report.changes);
+                    Ok(())
+                }
+            };
+            if let Err((kind, err)) = result {
+                report.skipped += 1;
+                let mut h = DefaultHasher::new();
+                (kind.index(), &err.object, &err.reason).hash(&mut h);
+                if self.reported.insert(h.finish()) {
+                    report.invalid.push(err);
+                }
+            }
+        }
+        report
+    }
+
+    fn seen(&mut self, kind: Kind, namespace: &str, name: &str) {
+        if let Some(seen) = &mut self.relists[kind.index()] {
+            let hash = match kind {
+                Kind::EndpointSlice => slice_relist_hash(namespace, decode::hash_name(name)),
+                _ => object_hash(kind, namespace, name),
+            };
+            seen.insert(hash);
+        }
+    }
+
+    /// The key of the entry for `namespace/name`, creating the entry if needed. The map
+    /// holds one reference on each key string for as long as the entry exists.
+    fn entry_key(&mut self, namespace: &str, name: &str) -> ServiceKey {
+        if let (Some(ns), Some(n)) = (self.strings.lookup(namespace), self.strings.lookup(name)) {
+            let key = ServiceKey {
+                namespace: ns,
+                name: n,
+            };
+            if self.services.contains_key(&key) {
+                return key;
+            }
+        }
+        let key = ServiceKey {
+            namespace: self.strings.intern(namespace),
+            name: self.strings.intern(name),
+        };
+        self.services.insert(key, ServiceEntry::default());
+        key
+    }
+
+    fn drop_entry_if_empty(&mut self, key: ServiceKey) {
+        if let Some(entry) = self.services.get(&key)
+            && entry.service.is_none()
+            && entry.slices.is_empty()
+        {
+            self.services.remove(&key);
+            self.strings.release(key.namespace);
+            self.strings.release(key.name);
+        }
+    }
+
+    fn service_changed(&self, key: ServiceKey, changes: &mut ChangeSet) {
+        changes.services.insert(ServiceName {
+            namespace: self.strings.resolve(key.namespace).to_string(),
+            name: self.strings.resolve(key.name).to_string(),
+        });
+    }
+
+    fn upsert_service(
+        &mut self,
+        wire: wire::Service,
+        changes: &mut ChangeSet,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
+        self.seen(Kind::Service, namespace, &wire.metadata.name);
+        // An invalid update keeps the last good state: nothing is lost on bad input.
+        let service = decode::service(&wire, &mut self.strings).map_err(|e| (Kind::Service, e))?;
+        let key = self.entry_key(namespace, &wire.metadata.name);
+        let Some(entry) = self.services.get_mut(&key) else {
+            return Ok(());
+        };
+        if entry.service.as_ref() == Some(&service) {
+            service.release(&mut self.strings);
+            return Ok(());
+        }
+        if let Some(old) = entry.service.replace(service) {
+            old.release(&mut self.strings);
+        }
+        self.service_changed(key, changes);
+        Ok(())
+    }
+
+    fn upsert_slice(
+        &mut self,
+        wire: wire::EndpointSlice,
+        changes: &mut ChangeSet,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
+        let name = &wire.metadata.name;
+        self.seen(Kind::EndpointSlice, namespace, name);
+        let decoded =
+            decode::slice(&wire, &mut self.strings).map_err(|e| (Kind::EndpointSlice, e))?;
+        let owner = wire.metadata.labels.service_name.as_deref().unwrap_or_default();
+        // A slice without a service label, or one nodus cannot use, is gone for the view.
+        let slice = match decoded {
+            Some(slice) if !owner.is_empty() => slice,
+            unused => {
+                if let Some(unused) = unused {
+                    unused.release(&mut self.strings);
+                }
+                self.delete_slice(namespace, name, changes);
+                return Ok(());
+            }
+        };
+        let key = self.entry_key(namespace, owner);
+        let slice_key = SliceKey {
+            namespace: key.namespace,
+            name_hash: slice.name_hash,
+        };
+        match self.slice_owner.get(&slice_key) {
+            Some(&previous) if previous == key.name => {}
+            previous => {
+                if previous.is_some() {
+                    // The slice moved to another service: it leaves the old one first.
+                    self.delete_slice_by_key(slice_key, changes);
+                }
+                self.strings.retain(key.namespace);
+                self.strings.retain(key.name);
+                self.slice_owner.insert(slice_key, key.name);
+            }
+        }
+        let Some(entry) = self.services.get_mut(&key) else {
+            return Ok(());
+        };
+        match entry.slices.iter_mut().find(|s| s.name_hash == slice.name_hash) {
+            Some(existing) if *existing == slice => {
+                slice.release(&mut self.strings);
+                return Ok(());
+            }
+            Some(existing) => std::mem::replace(existing, slice).release(&mut self.strings),
+            None => entry.slices.push(slice),
+        }
+        self.service_changed(key, changes);
+        Ok(())
+    }
+
+    fn upsert_node(
+        &mut self,
+        wire: wire::Node,
+        changes: &mut ChangeSet,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        self.seen(Kind::Node, "", &wire.metadata.name);
+        let node = decode::node(&wire, &mut self.strings).map_err(|e| (Kind::Node, e))?;
+        let name = self.strings.intern(&wire.metadata.name);
+        match self.nodes.entry(name) {
+            Entry::Occupied(mut stored) => {
+                self.strings.release(name);
+                if *stored.get() == node {
+                    node.release(&mut self.strings);
+                    return Ok(());
+                }
+                stored.insert(node).release(&mut self.strings);
+            }
+            Entry::Vacant(slot) => {
+                slot.insert(node);
+            }
+        }
+        if name == self.node_name {
+            changes.this_node = true;
+        }
+        changes.nodes.insert(wire.metadata.name);
+        Ok(())
+    }
+
+    fn delete(&mut self, kind: Kind, namespace: &str, name: &str, changes: &mut ChangeSet) {
+        match kind {
+            Kind::Service => self.delete_service(namespace, name, changes),
+            Kind::EndpointSlice => self.delete_slice(namespace, name, changes),
+            Kind::Node => self.delete_node(name, changes),
+        }
+    }
+
+    fn delete_service(&mut self, namespace: &str, name: &str, changes: &mut ChangeSet) {
+        let (Some(ns), Some(n)) = (self.strings.lookup(namespace), self.strings.lookup(name))
+        else {
+            return;
+        };
+        let key = ServiceKey {
+            namespace: ns,
+            name: n,
+        };
+        let Some(old) = self.services.get_mut(&key).and_then(|e| e.service.take()) else {
+            return;
+        };
+        old.release(&mut self.strings);
+        self.service_changed(key, changes);
+        self.drop_entry_if_empty(key);
+    }
+
+    fn delete_slice(&mut self, namespace: &str, name: &str, changes: &mut ChangeSet) {
+        if let Some(ns) = self.strings.lookup(namespace) {
+            let key = SliceKey {
+                namespace: ns,
+                name_hash: decode::hash_name(name),
+            };
+            self.delete_slice_by_key(key, changes);
+        }
+    }
+
+    fn delete_slice_by_key(&mut self, slice_key: SliceKey, changes: &mut ChangeSet) {
+        let Some(owner) = self.slice_owner.remove(&slice_key) else {
+            return;
+        };
+        let key = ServiceKey {
+            namespace: slice_key.namespace,
+            name: owner,
+        };
+        if let Some(entry) = self.services.get_mut(&key)
+            && let Some(i) = entry.slices.iter().position(|s| s.name_hash == slice_key.name_hash)
+        {
+            entry.slices.swap_remove(i).release(&mut self.strings);
+        }
+        self.service_changed(key, changes);
+        self.drop_entry_if_empty(key);
+        // Released last: the owner map's references may be the last ones.
+        self.strings.release(owner);
+        self.strings.release(slice_key.namespace);
+    }
+
+    fn delete_node(&mut self, name: &str, changes: &mut ChangeSet) {
+        let Some(sym) = self.strings.lookup(name) else {
+            return;
+        };
+        let Some(old) = self.nodes.remove(&sym) else {
+            return;
+        };
+        old.release(&mut self.strings);
+        if sym == self.node_name {
+            changes.this_node = true;
+        }
+        self.strings.release(sym);
+        changes.nodes.insert(name.to_string());
+    }
+
+    fn finish_relist(&mut self, kind: Kind, changes: &mut ChangeSet) {
+        let Some(seen) = self.relists[kind.index()].take() else {
+            return;
+        };
+        match kind {
+            Kind::Service => {
+                let stale: Vec<ServiceKey> = self
+                    .services
+                    .iter()
+                    .filter(|(k, e)| {
+                        e.service.is_some()
+                            && !seen.contains(&object_hash(
+                                kind,
+                                self.strings.resolve(k.namespace),
+                                self.strings.resolve(k.name),
+                            ))
+                    })
+                    .map(|(k, _)| *k)
+                    .collect();
+                for key in stale {
+                    if let Some(old) = self.services.get_mut(&key).and_then(|e| e.service.take()) {
+                        old.release(&mut self.strings);
+                    }
+                    self.service_changed(key, changes);
+                    self.drop_entry_if_empty(key);
+                }
+            }
+            Kind::EndpointSlice => {
+                let stale: Vec<SliceKey> = self
+                    .slice_owner
+                    .keys()
+                    .filter(|k| {
+                        !seen.contains(&slice_relist_hash(
+                            self.strings.resolve(k.namespace),
+                            k.name_hash,
+                        ))
+                    })
+                    .copied()
+                    .collect();
+                for key in stale {
+                    self.delete_slice_by_key(key, changes);
+                }
+            }
+            Kind::Node => {
+                let stale: Vec<String> = self
+                    .nodes
+                    .keys()
+                    .map(|k| self.strings.resolve(*k))
+                    .filter(|name| !seen.contains(&object_hash(kind, "", name)))
+                    .map(str::to_string)
+                    .collect();
+                for name in stale {
+                    self.delete_node(&name, changes);
+                }
+            }
+        }
+    }
+}
+
+/// Slice names are not stored, so a relist records slices by `(namespace, name hash)`.
+fn slice_relist_hash(namespace: &str, name_hash: u64) -> u64 {
+    let mut h = DefaultHasher::new();
+    (Kind::EndpointSlice.index(), namespace, name_hash).hash(&mut h);
+    h.finish()
+}
+
+/// A service as the view holds it: its spec (absent while only slices are known) and slices.
+#[derive(Clone, Copy)]
+pub struct ServiceView<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub service: Option<&'a Service>,
+    pub slices: &'a [Slice],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(ns: &str, name: &str, ip: &str) -> Update {
+        Update::Service(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80}]}
+            }))
+            .expect("test service"),
+        )
+    }
+
+    fn slice(ns: &str, name: &str, svc: &str, ips: &[&str], node: &str) -> Update {
+        let endpoints: Vec<_> = ips
+            .iter()
+            .map(|ip| serde_json::json!({"addresses": [ip], "nodeName": node, "zone": "z1"}))
+            .collect();
+        Update::EndpointSlice(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": ns,
+                             "labels": {"kubernetes.io/service-name": svc}},
+                "addressType": "IPv4",
+                "endpoints": endpoints,
+                "ports": [{"name": "http", "port": 8080}]
+            }))
+            .expect("test slice"),
+        )
+    }
+
+    fn deleted(kind: Kind, ns: &str, name: &str) -> Update {
+        Update::Deleted {
+            kind,
+            namespace: ns.into(),
+            name: name.into(),
+        }
+    }
+
+    fn names(changes: &ChangeSet) -> Vec<String> {
+        changes
+            .services
+            .iter()
+            .map(|s| format!("{}/{}", s.namespace, s.name))
+            .collect()
+    }
+
+    #[test]
+    fn change_sets_name_touched_services_only() {
+        let mut view = View::new("node-a");
+        let report = view.apply([
+            service("default", "web", "10.0.0.1"),
+            service("default", "db", "10.0.0.2"),
+            slice("default", "web-1", "web", &["10.1.0.1"], "node-a"),
+        ]);
+        assert_eq!(names(&report.changes), ["default/db", "default/web"]);
+        let report = view.apply([slice("default", "web-1", "web", &["10.1.0.2"], "node-a")]);
+        assert_eq!(names(&report.changes), ["default/web"]);
+    }
+
+    /// Checklist A.10: an update that changes nothing triggers nothing.
+    #[test]
+    fn a10_no_op_updates_are_dropped() {
+        let mut view = View::new("node-a");
+        view.apply([
+            service("default", "web", "10.0.0.1"),
+            slice("default", "web-1", "web", &["10.1.0.1"], "node-a"),
+        ]);
+        let report = view.apply([
+            service("default", "web", "10.0.0.1"),
+            slice("default", "web-1", "web", &["10.1.0.1"], "node-a"),
+        ]);
+        assert!(report.changes.is_empty());
+    }
+
+    #[test]
+    fn invalid_object_is_skipped_reported_once_and_keeps_last_good_state() {
+        let mut view = View::new("node-a");
+        view.apply([service("default", "web", "10.0.0.1")]);
+        let report = view.apply([
+            service("default", "web", "not-an-ip"),
+            service("default", "ok", "10.0.0.9"),
+        ]);
+        assert_eq!(report.invalid.len(), 1);
+        assert_eq!(report.invalid[0].object, "default/web");
+        assert_eq!(names(&report.changes), ["default/ok"]);
+        let web = view.service("default", "web").expect("kept");
+        assert_eq!(web.service.expect("spec").cluster_ips[0].to_string(), "10.0.0.1");
+        let again = view.apply([service("default", "web", "not-an-ip")]);
+        assert!(again.invalid.is_empty(), "reported once");
+        assert_eq!(again.skipped, 1);
+    }
+
+    #[test]
+    fn relist_sweeps_only_what_it_did_not_deliver() {
+        let mut view = View::new("node-a");
+        view.apply([
+            service("default", "web", "10.0.0.1"),
+            service("default", "gone", "10.0.0.2"),
+            slice("default", "web-1", "web", &["10.1.0.1"], "node-a"),
+            slice("default", "gone-1", "gone", &["10.1.0.2"], "node-a"),
+        ]);
+        let report = view.apply([
+            Update::RelistStarted(Kind::Service),
+            service("default", "web", "10.0.0.1"),
+        ]);
+        assert!(report.changes.is_empty());
+        assert!(view.service("default", "gone").is_some(), "kept during the relist");
+        let report = view.apply([Update::RelistDone(Kind::Service)]);
+        assert_eq!(names(&report.changes), ["default/gone"]);
+        assert!(view.service("default", "gone").expect("slices remain").service.is_none());
+
+        view.apply([
+            Update::RelistStarted(Kind::EndpointSlice),
+            slice("default", "web-1", "web", &["10.1.0.1"], "node-a"),
+            Update::RelistDone(Kind::EndpointSlice),
+        ]);
+        assert!(view.service("default", "gone").is_none());
+        assert_eq!(view.counts().endpoint_slices, 1);
+    }
+
+    #[test]
+    fn slice_moving_between_services() {
+        let mut view = View::new("node-a");
+        view.apply([slice("default", "s-1", "a", &["10.1.0.1"], "node-a")]);
+        let report = view.apply([slice("default", "s-1", "b", &["10.1.0.1"], "node-a")]);
+        assert_eq!(names(&report.changes), ["default/a", "default/b"]);
+        assert!(view.service("default", "a").is_none());
+        assert_eq!(view.service("default", "b").expect("moved").slices.len(), 1);
+    }
+
+    #[test]
+    fn this_node_changes_are_flagged() {
+        let mut view = View::new("node-a");
+        let node = |name: &str, zone: &str| {
+            Update::Node(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name, "labels": {"topology.kubernetes.io/zone": zone}}
+                }))
+                .expect("test node"),
+            )
+        };
+        assert!(!view.apply([node("node-b", "z1")]).changes.this_node);
+        assert!(view.apply([node("node-a", "z1")]).changes.this_node);
+        assert_eq!(view.strings().resolve(view.node_context().zone), "z1");
+        assert!(view.apply([node("node-a", "z2")]).changes.this_node);
+        assert!(!view.apply([node("node-a", "z2")]).changes.this_node);
+    }
+
+    /// Churn must not leak strings: once everything is deleted only the node name remains.
+    #[test]
+    fn deleting_everything_frees_every_string() {
+        let mut view = View::new("node-a");
+        for round in 0..3 {
+            let ns = format!("ns-{round}");
+            view.apply([
+                service(&ns, "web", "10.0.0.1"),
+                slice(&ns, "web-1", "web", &["10.1.0.1", "10.1.0.2"], "node-b"),
+                slice(&ns, "orphan-1", "orphan", &["10.1.0.3"], "node-c"),
+            ]);
+            view.apply([slice(&ns, "web-1", "web", &["10.1.0.4"], "node-d")]);
+            view.apply([
+                deleted(Kind::Service, &ns, "web"),
+                deleted(Kind::EndpointSlice, &ns, "web-1"),
+                deleted(Kind::EndpointSlice, &ns, "orphan-1"),
+            ]);
+        }
+        assert_eq!(view.counts(), Counts { strings: 1, ..Counts::default() });
+        assert_eq!(view.strings().len(), 1);
+    }
+}

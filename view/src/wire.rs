@@ -1,0 +1,319 @@
+//! The Kubernetes objects as they arrive on the wire, decoded lean.
+//!
+//! Each struct names only the JSON fields nodus reads; serde skips the rest of the object
+//! (managedFields, last-applied annotations, status conditions) while parsing, so a full
+//! object is never built, not even for a moment. Labels and annotations are reduced to the
+//! few keys nodus acts on. Values stay as text here: [`crate::decode`] validates them.
+
+use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
+pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
+pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
+/// Annotations under this prefix belong to nodus (the mesh publishes its keys there).
+pub const ANNOTATION_PREFIX: &str = "nodus.dev/";
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Meta {
+    #[serde(default)]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    #[serde(default)]
+    pub labels: Labels,
+    #[serde(default)]
+    pub annotations: Annotations,
+}
+
+/// The labels nodus acts on; every other label is skipped while parsing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Labels {
+    pub service_name: Option<String>,
+    pub headless: bool,
+    pub service_proxy_name: Option<String>,
+    pub zone: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for Labels {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LabelsVisitor;
+        impl<'de> Visitor<'de> for LabelsVisitor {
+            type Value = Labels;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of labels")
+            }
+            fn visit_unit<E>(self) -> Result<Labels, E> {
+                Ok(Labels::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Labels, A::Error> {
+                let mut labels = Labels::default();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match &*key {
+                        LABEL_SERVICE_NAME => labels.service_name = Some(map.next_value()?),
+                        LABEL_HEADLESS => {
+                            map.next_value::<IgnoredAny>()?;
+                            labels.headless = true;
+                        }
+                        LABEL_SERVICE_PROXY_NAME => {
+                            labels.service_proxy_name = Some(map.next_value()?)
+                        }
+                        LABEL_ZONE => labels.zone = Some(map.next_value()?),
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(labels)
+            }
+        }
+        deserializer.deserialize_any(LabelsVisitor)
+    }
+}
+
+/// Only the `nodus.dev/` annotations; the rest (often large) is skipped while parsing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Annotations(pub Vec<(String, String)>);
+
+impl<'de> Deserialize<'de> for Annotations {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct AnnotationsVisitor;
+        impl<'de> Visitor<'de> for AnnotationsVisitor {
+            type Value = Annotations;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map of annotations")
+            }
+            fn visit_unit<E>(self) -> Result<Annotations, E> {
+                Ok(Annotations::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Annotations, A::Error> {
+                let mut kept = Vec::new();
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key.starts_with(ANNOTATION_PREFIX) {
+                        kept.push((key.into_owned(), map.next_value()?));
+                    } else {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+                Ok(Annotations(kept))
+            }
+        }
+        deserializer.deserialize_any(AnnotationsVisitor)
+    }
+}
+
+/// A `null` in the JSON reads as the default, as the API server's Go clients do.
+fn null_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Service {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default, deserialize_with = "null_default")]
+    pub spec: ServiceSpec,
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: ServiceStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceSpec {
+    #[serde(rename = "type")]
+    pub type_: Option<String>,
+    #[serde(rename = "clusterIP")]
+    pub cluster_ip: Option<String>,
+    #[serde(rename = "clusterIPs", default, deserialize_with = "null_default")]
+    pub cluster_ips: Vec<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub ports: Vec<ServicePort>,
+    #[serde(rename = "externalIPs", default, deserialize_with = "null_default")]
+    pub external_ips: Vec<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub load_balancer_source_ranges: Vec<String>,
+    pub session_affinity: Option<String>,
+    pub session_affinity_config: Option<SessionAffinityConfig>,
+    pub external_traffic_policy: Option<String>,
+    pub internal_traffic_policy: Option<String>,
+    pub health_check_node_port: Option<i64>,
+    pub traffic_distribution: Option<String>,
+    pub publish_not_ready_addresses: Option<bool>,
+    pub external_name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServicePort {
+    pub name: Option<String>,
+    pub protocol: Option<String>,
+    #[serde(default)]
+    pub port: i64,
+    pub node_port: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionAffinityConfig {
+    #[serde(rename = "clientIP")]
+    pub client_ip: Option<ClientIpConfig>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientIpConfig {
+    pub timeout_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceStatus {
+    #[serde(default, deserialize_with = "null_default")]
+    pub load_balancer: LoadBalancerStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct LoadBalancerStatus {
+    #[serde(default, deserialize_with = "null_default")]
+    pub ingress: Vec<LoadBalancerIngress>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LoadBalancerIngress {
+    pub ip: Option<String>,
+    pub ip_mode: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointSlice {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default)]
+    pub address_type: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub endpoints: Vec<Endpoint>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub ports: Vec<EndpointPort>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    #[serde(default, deserialize_with = "null_default")]
+    pub addresses: Vec<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub conditions: EndpointConditions,
+    pub hostname: Option<String>,
+    pub node_name: Option<String>,
+    pub zone: Option<String>,
+    pub hints: Option<EndpointHints>,
+    pub target_ref: Option<ObjectReference>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct EndpointConditions {
+    pub ready: Option<bool>,
+    pub serving: Option<bool>,
+    pub terminating: Option<bool>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EndpointHints {
+    #[serde(default, deserialize_with = "null_default")]
+    pub for_zones: Vec<NamedRef>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub for_nodes: Vec<NamedRef>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct NamedRef {
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct ObjectReference {
+    pub kind: Option<String>,
+    pub name: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct EndpointPort {
+    pub name: Option<String>,
+    pub protocol: Option<String>,
+    pub port: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Node {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default, deserialize_with = "null_default")]
+    pub spec: NodeSpec,
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: NodeStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    #[serde(rename = "podCIDR")]
+    pub pod_cidr: Option<String>,
+    #[serde(rename = "podCIDRs", default, deserialize_with = "null_default")]
+    pub pod_cidrs: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct NodeStatus {
+    #[serde(default, deserialize_with = "null_default")]
+    pub addresses: Vec<NodeAddress>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct NodeAddress {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub address: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_and_annotations_keep_only_what_nodus_reads() {
+        let json = r#"{
+            "metadata": {
+                "name": "web", "namespace": "default", "resourceVersion": "7",
+                "labels": {"app": "web", "kubernetes.io/service-name": "web",
+                           "service.kubernetes.io/headless": ""},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{…}",
+                                "nodus.dev/wireguard-public-key": "abc"},
+                "managedFields": [{"manager": "kubectl"}]
+            },
+            "addressType": "IPv4", "endpoints": null, "ports": null
+        }"#;
+        let slice: EndpointSlice = serde_json::from_str(json).expect("valid slice");
+        assert_eq!(slice.metadata.labels.service_name.as_deref(), Some("web"));
+        assert!(slice.metadata.labels.headless);
+        assert_eq!(
+            slice.metadata.annotations.0,
+            vec![("nodus.dev/wireguard-public-key".to_string(), "abc".to_string())]
+        );
+        assert!(slice.endpoints.is_empty());
+    }
+}
