@@ -1,0 +1,174 @@
+//! The configuration file: one YAML document, one section per subsystem.
+//!
+//! Unknown keys are errors that name the key and its line, because a misspelt key that is
+//! silently ignored is the worst kind of configuration bug on a node agent. Command-line
+//! flags override the file.
+
+use anyhow::Context;
+use nodus_view::model::Cidr;
+use serde::{Deserialize, Deserializer};
+use std::net::SocketAddr;
+use std::path::Path;
+
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:10256";
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// The DNS zone of the cluster.
+    pub cluster_domain: String,
+    /// Pod address ranges of the whole cluster; empty means "from the Nodes' pod CIDRs".
+    #[serde(deserialize_with = "cidrs")]
+    pub cluster_cidrs: Vec<Cidr>,
+    /// The API server's URL, overriding kubeconfig and in-cluster discovery: the proxy
+    /// cannot depend on the `kubernetes` Service that it programs itself.
+    pub api_server: Option<String>,
+    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    pub http_addr: SocketAddr,
+    /// Objects per list page while (re)listing: smaller pages lower peak memory.
+    pub watch_page_size: u32,
+    pub proxy: ProxyConfig,
+    pub dns: DnsConfig,
+    pub mesh: MeshConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            cluster_domain: "cluster.local".into(),
+            cluster_cidrs: Vec::new(),
+            api_server: None,
+            http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
+            watch_page_size: 100,
+            proxy: ProxyConfig::default(),
+            dns: DnsConfig::default(),
+            mesh: MeshConfig::default(),
+        }
+    }
+}
+
+/// The service proxy. Not in this build yet: `enabled` defaults to false until it ships.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProxyConfig {
+    pub enabled: bool,
+}
+
+/// The cluster DNS server. Not in this build yet: `enabled` defaults to false until it ships.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DnsConfig {
+    pub enabled: bool,
+    /// UDP and TCP addresses to answer on.
+    pub listen: Vec<SocketAddr>,
+}
+
+impl Default for DnsConfig {
+    fn default() -> Self {
+        DnsConfig {
+            enabled: false,
+            listen: vec!["127.0.0.1:53".parse().expect("valid default address")],
+        }
+    }
+}
+
+/// The WireGuard pod network. Not in this build yet: `enabled` defaults to false until it
+/// ships. When on, nodus watches every Node rather than only its own.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MeshConfig {
+    pub enabled: bool,
+}
+
+fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Cidr>, D::Error> {
+    Vec::<String>::deserialize(deserializer)?
+        .iter()
+        .map(|text| text.parse().map_err(serde::de::Error::custom))
+        .collect()
+}
+
+impl Config {
+    pub fn parse(yaml: &str) -> anyhow::Result<Config> {
+        if yaml.trim().is_empty() {
+            return Ok(Config::default());
+        }
+        let config: Config = serde_yaml::from_str(yaml)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn load(path: &Path) -> anyhow::Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading configuration {}", path.display()))?;
+        Config::parse(&text).with_context(|| format!("invalid configuration {}", path.display()))
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            !self.cluster_domain.is_empty() && !self.cluster_domain.starts_with('.'),
+            "cluster_domain: {:?} is not a domain name",
+            self.cluster_domain
+        );
+        anyhow::ensure!(self.watch_page_size > 0, "watch_page_size: must be at least 1");
+        if let Some(url) = &self.api_server {
+            anyhow::ensure!(
+                url.starts_with("https://") || url.starts_with("http://"),
+                "api_server: {url:?} must be an http:// or https:// URL"
+            );
+        }
+        Ok(())
+    }
+
+    /// The subsystems switched on in this configuration that this build does not have yet.
+    pub fn unavailable_subsystems(&self) -> Vec<&'static str> {
+        [
+            ("proxy", self.proxy.enabled),
+            ("dns", self.dns.enabled),
+            ("mesh", self.mesh.enabled),
+        ]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| name)
+        .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_all_defaults() {
+        assert_eq!(Config::parse("").expect("valid"), Config::default());
+        assert_eq!(Config::parse("{}").expect("valid"), Config::default());
+    }
+
+    #[test]
+    fn sections_parse() {
+        let config = Config::parse(
+            "cluster_domain: example.org\ncluster_cidrs: [10.244.0.0/16, 'fd00:10::/56']\n\
+             proxy:\n  enabled: false\ndns:\n  enabled: false\n  listen: ['127.0.0.1:5353']\n\
+             mesh:\n  enabled: false\n",
+        )
+        .expect("valid");
+        assert_eq!(config.cluster_domain, "example.org");
+        assert_eq!(config.cluster_cidrs.len(), 2);
+        assert_eq!(config.dns.listen, vec!["127.0.0.1:5353".parse().expect("addr")]);
+    }
+
+    #[test]
+    fn unknown_keys_name_the_key_and_line() {
+        let err = Config::parse("cluster_domain: a.b\ndns:\n  enabled: false\n  lisen: []\n")
+            .expect_err("unknown key");
+        let text = format!("{err:#}");
+        assert!(text.contains("lisen"), "{text}");
+        assert!(text.contains("line 4"), "{text}");
+    }
+
+    #[test]
+    fn bad_values_are_errors() {
+        assert!(Config::parse("cluster_cidrs: [10.0.0.0/40]").is_err());
+        assert!(Config::parse("http_addr: nowhere").is_err());
+        assert!(Config::parse("api_server: ftp://x").is_err());
+    }
+}

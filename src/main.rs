@@ -1,0 +1,133 @@
+//! nodus: one node agent in place of kube-proxy, CoreDNS and a CNI overlay.
+//!
+//! This binary watches the API server, keeps the node view up to date, and serves health
+//! and metrics. Subcommands print the view for people and scripts (`view`), validate a
+//! configuration (`check-config`), and bring up a simulated cluster (`sandbox`).
+
+mod config;
+mod feed;
+mod http;
+mod metrics;
+mod run;
+mod sandbox;
+mod view_cmd;
+mod watch;
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[derive(Parser)]
+#[command(name = "nodus", version, about, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Watch the cluster and keep this node's dataplane in step (the default).
+    Run(RunArgs),
+    /// Print the resolved node view as JSON once the initial lists are in, or stream changes.
+    View(ViewArgs),
+    /// Validate a configuration file and exit.
+    CheckConfig {
+        /// The YAML file to check.
+        file: PathBuf,
+    },
+    /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
+    Sandbox(sandbox::SandboxArgs),
+    /// A tiny TCP and UDP echo server answering with its name (the sandbox's pods).
+    #[command(hide = true)]
+    Echo(sandbox::EchoArgs),
+}
+
+/// How to reach the cluster and which node this is.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ClusterArgs {
+    /// kubeconfig file; without it nodus uses the in-cluster account, else $KUBECONFIG.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The name of the Node nodus runs on.
+    #[arg(long, env = "NODE_NAME", global = true, default_value = "")]
+    pub node_name: String,
+    /// Configuration file (YAML); flags override it.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Log filter, e.g. `info` or `nodus=debug,kube=warn`.
+    #[arg(long, env = "NODUS_LOG", global = true, default_value = "info")]
+    pub log_level: String,
+}
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Address for /healthz, /readyz and /metrics [default: 127.0.0.1:10256].
+    #[arg(long)]
+    pub http_addr: Option<SocketAddr>,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ViewArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Keep running and print one JSON line per changed service or node.
+    #[arg(long)]
+    pub watch: bool,
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|error| {
+        eprintln!("nodus: invalid log filter {filter:?} ({error}); using \"info\"");
+        tracing_subscriber::EnvFilter::new("info")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    // One thread: the agent's work is sequential, and a single arena keeps memory flat.
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        None => {
+            init_logging(&cli.run.cluster.log_level);
+            runtime()?.block_on(run::run(cli.run))
+        }
+        Some(Command::Run(args)) => {
+            init_logging(&args.cluster.log_level);
+            runtime()?.block_on(run::run(args))
+        }
+        Some(Command::View(args)) => {
+            init_logging(&args.cluster.log_level);
+            runtime()?.block_on(view_cmd::view(args))
+        }
+        Some(Command::CheckConfig { file }) => {
+            let config = config::Config::load(&file)?;
+            println!("{}: valid", file.display());
+            for name in config.unavailable_subsystems() {
+                println!("note: {name} is enabled but not in this build yet");
+            }
+            Ok(())
+        }
+        Some(Command::Sandbox(args)) => {
+            init_logging("info");
+            sandbox::sandbox(args)
+        }
+        Some(Command::Echo(args)) => runtime()?.block_on(sandbox::echo(args)),
+    }
+}

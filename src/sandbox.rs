@@ -1,0 +1,310 @@
+//! `nodus sandbox`: a small simulated cluster on this machine.
+//!
+//! The API-server stand-in serves an example cluster; every Node becomes a network
+//! namespace on an underlay bridge running a real `nodus run`; every pod named by an
+//! EndpointSlice becomes a namespace behind a veth into its node, running the echo server.
+//! Everything is removed on Ctrl-C. Nothing touches the root namespace's network.
+
+use anyhow::{Context, bail};
+use clap::Args;
+use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
+use nodus_testbed::netns::{self, Node, Pod, Underlay};
+use nodus_testbed::probe::http_get;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The example cluster, built in so that the sandbox runs from any directory.
+const EXAMPLE_CLUSTER: &str = include_str!("../deploy/examples/cluster.yaml");
+/// The underlay the example's Node addresses live on.
+const UNDERLAY_V4: [u8; 3] = [172, 30, 0];
+const UNDERLAY_V6: [u16; 4] = [0xfd00, 0x172, 0x30, 0];
+/// Nodes take underlay addresses from here up; `.1` is the API server.
+const FIRST_NODE_INDEX: u8 = 11;
+const NODE_HTTP_PORT: u16 = 10256;
+const API_PORT_ON_UNDERLAY: u16 = 6443;
+
+#[derive(Args, Debug)]
+pub struct SandboxArgs {
+    /// YAML file or directory to serve instead of the built-in example cluster.
+    #[arg(long)]
+    pub load: Option<PathBuf>,
+    /// Port of the API server on 127.0.0.1, for kubectl.
+    #[arg(long, default_value_t = 6443)]
+    pub api_port: u16,
+    /// Directory for the kubeconfig and the nodes' logs.
+    #[arg(long, default_value = "/tmp/nodus-sandbox")]
+    pub dir: PathBuf,
+    /// Tear down as soon as every node is ready, instead of waiting for Ctrl-C.
+    #[arg(long)]
+    pub exit_when_ready: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct EchoArgs {
+    /// The name to answer with.
+    #[arg(long)]
+    pub name: String,
+    /// Ports to serve, TCP and UDP, on every address.
+    #[arg(long = "port", required = true)]
+    pub ports: Vec<u16>,
+}
+
+/// Echo server: every UDP datagram and every TCP request gets the server's name back;
+/// a request that looks like HTTP gets it as an HTTP response, so `curl` works too.
+pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
+    let name: &'static str = Box::leak(args.name.into_boxed_str());
+    let mut tasks = tokio::task::JoinSet::new();
+    for port in args.ports {
+        let addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding TCP {addr}"))?;
+        let udp = tokio::net::UdpSocket::bind(addr)
+            .await
+            .with_context(|| format!("binding UDP {addr}"))?;
+        tasks.spawn(async move {
+            let mut buf = [0u8; 1500];
+            while let Ok((_, from)) = udp.recv_from(&mut buf).await {
+                let _ = udp.send_to(format!("{name}\n").as_bytes(), from).await;
+            }
+        });
+        tasks.spawn(async move {
+            while let Ok((mut stream, _)) = tcp.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    let n = stream.read(&mut buf).await.unwrap_or(0);
+                    let request = &buf[..n];
+                    let reply = if [&b"GET "[..], b"HEAD ", b"POST "].iter().any(|m| request.starts_with(m)) {
+                        format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}\n", name.len() + 1)
+                    } else {
+                        format!("{name}\n")
+                    };
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+/// A pod as the EndpointSlices describe it.
+#[derive(Default)]
+struct PodPlan {
+    node: String,
+    v4: Option<Ipv4Addr>,
+    v6: Option<Ipv6Addr>,
+    ports: BTreeSet<u16>,
+}
+
+fn parse_documents(yaml: &str) -> anyhow::Result<Vec<Value>> {
+    use serde::Deserialize;
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let value = Value::deserialize(doc).context("parsing the cluster YAML")?;
+        match value.get("kind").and_then(Value::as_str) {
+            None => {}
+            Some("List") => docs.extend(value["items"].as_array().cloned().unwrap_or_default()),
+            Some(_) => docs.push(value),
+        }
+    }
+    Ok(docs)
+}
+
+fn read_cluster(load: Option<&Path>) -> anyhow::Result<Vec<Value>> {
+    let Some(path) = load else {
+        return parse_documents(EXAMPLE_CLUSTER);
+    };
+    let mut files = Vec::new();
+    if path.is_dir() {
+        for entry in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
+            let file = entry?.path();
+            if file.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                files.push(file);
+            }
+        }
+        files.sort();
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut docs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        docs.extend(parse_documents(&text).with_context(|| format!("in {}", file.display()))?);
+    }
+    Ok(docs)
+}
+
+/// The pods to create, by name, from every endpoint that names a pod on a sandbox node.
+fn plan_pods(docs: &[Value], nodes: &BTreeSet<String>) -> BTreeMap<String, PodPlan> {
+    let mut pods: BTreeMap<String, PodPlan> = BTreeMap::new();
+    for slice in docs.iter().filter(|d| d["kind"] == "EndpointSlice") {
+        let ports: Vec<u16> = slice["ports"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["port"].as_u64().and_then(|p| u16::try_from(p).ok()))
+            .collect();
+        for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
+            let (Some(pod), Some(node)) = (endpoint["targetRef"]["name"].as_str(), endpoint["nodeName"].as_str()) else {
+                continue;
+            };
+            if !nodes.contains(node) {
+                continue;
+            }
+            let plan = pods.entry(pod.to_string()).or_default();
+            plan.node = node.to_string();
+            plan.ports.extend(&ports);
+            match endpoint["addresses"][0].as_str().and_then(|a| a.parse::<IpAddr>().ok()) {
+                Some(IpAddr::V4(ip)) => plan.v4 = Some(ip),
+                Some(IpAddr::V6(ip)) => plan.v6 = Some(ip),
+                None => {}
+            }
+        }
+    }
+    pods
+}
+
+/// Node readiness and view size, read from the node's own HTTP endpoints.
+fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, NODE_HTTP_PORT));
+    let timeout = Duration::from_secs(2);
+    let probe = node.ns.enter(|| {
+        let ready = http_get(addr, "/readyz", timeout).is_ok_and(|(code, _)| code == 200);
+        let metrics = http_get(addr, "/metrics", timeout).map(|(_, body)| body).unwrap_or_default();
+        (ready, metrics)
+    });
+    let Ok((ready, metrics)) = probe else {
+        return (false, BTreeMap::new());
+    };
+    let objects = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("nodus_view_objects{kind=\""))
+        .filter_map(|l| l.split_once("\"} "))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    (ready, objects)
+}
+
+pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
+    if !netns::is_root() {
+        bail!("the sandbox creates network namespaces: run it as root");
+    }
+    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    let mut docs = read_cluster(args.load.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+
+    let underlay = Underlay::new(UNDERLAY_V4, UNDERLAY_V6)?;
+    let mut node_names: Vec<String> = docs
+        .iter()
+        .filter(|d| d["kind"] == "Node")
+        .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    node_names.sort();
+    // Each Node object gets the underlay address its namespace really has.
+    for doc in docs.iter_mut().filter(|d| d["kind"] == "Node") {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let index = FIRST_NODE_INDEX + node_names.iter().position(|n| *n == name).unwrap_or(0) as u8;
+        doc["status"]["addresses"] = json!([
+            {"type": "InternalIP", "address": underlay.v4(index).to_string()},
+            {"type": "InternalIP", "address": underlay.v6(u16::from(index)).to_string()},
+            {"type": "Hostname", "address": name},
+        ]);
+    }
+
+    let store = Store::new(ApiServerConfig::default());
+    for doc in &docs {
+        store.apply_value(doc.clone())?;
+    }
+    let local = rt
+        .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, args.api_port)))
+        .with_context(|| format!("binding 127.0.0.1:{}", args.api_port))?;
+    let server = rt.block_on(apiserver::serve(store.clone(), local))?;
+    let on_underlay = underlay
+        .ns
+        .enter(|| std::net::TcpListener::bind((underlay.v4(1), API_PORT_ON_UNDERLAY)))?
+        .context("binding the API server on the underlay")?;
+    on_underlay.set_nonblocking(true)?;
+    {
+        let _guard = rt.enter();
+        server.add_listener(on_underlay)?;
+    }
+    let user_kubeconfig = args.dir.join("kubeconfig");
+    apiserver::write_kubeconfig(&user_kubeconfig, &server.url())?;
+    let node_kubeconfig = args.dir.join("node-kubeconfig");
+    apiserver::write_kubeconfig(
+        &node_kubeconfig,
+        &format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1)),
+    )?;
+
+    let exe = std::env::current_exe().context("finding the nodus binary")?;
+    let mut nodes = Vec::new();
+    for (i, name) in node_names.iter().enumerate() {
+        let node = Node::new(&underlay, name, FIRST_NODE_INDEX + i as u8)?;
+        let log = std::fs::File::create(args.dir.join(format!("{name}.log")))?;
+        let mut cmd = node.ns.command(&exe.to_string_lossy());
+        cmd.args(["run", "--node-name", name, "--kubeconfig"])
+            .arg(&node_kubeconfig)
+            .args(["--http-addr", &format!("127.0.0.1:{NODE_HTTP_PORT}")])
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        node.ns.spawn(cmd)?;
+        nodes.push(node);
+    }
+    let known: BTreeSet<String> = node_names.iter().cloned().collect();
+    let mut pods = Vec::new();
+    for (name, plan) in plan_pods(&docs, &known) {
+        let Some(node) = nodes.iter().find(|n| n.name == plan.node) else {
+            continue;
+        };
+        let pod = Pod::new(node, &name, plan.v4, plan.v6)?;
+        let mut cmd = pod.ns.command(&exe.to_string_lossy());
+        cmd.args(["echo", "--name", &name]);
+        for port in &plan.ports {
+            cmd.args(["--port", &port.to_string()]);
+        }
+        pod.ns.spawn(cmd)?;
+        pods.push(pod);
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let statuses: Vec<_> = loop {
+        let statuses: Vec<_> = nodes.iter().map(node_status).collect();
+        if statuses.iter().all(|(ready, _)| *ready) || Instant::now() > deadline {
+            break statuses;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("nodus sandbox: API server {} ({} objects)", server.url(), docs.len());
+    println!("{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}", "NODE", "READY", "SERVICES", "ENDPOINTSLICES", "ENDPOINTS", "NODES");
+    for (node, (ready, objects)) in nodes.iter().zip(&statuses) {
+        let get = |k: &str| objects.get(k).map_or("-", String::as_str).to_string();
+        println!(
+            "{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}",
+            node.name, ready, get("service"), get("endpointslice"), get("endpoint"), get("node")
+        );
+    }
+    println!("pods: {}", pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "));
+    println!("logs: {}/<node>.log", args.dir.display());
+    let all_ready = statuses.iter().all(|(ready, _)| *ready);
+    if args.exit_when_ready {
+        println!("tearing down");
+        drop((pods, nodes, underlay));
+        rt.block_on(server.shutdown());
+        return if all_ready { Ok(()) } else { bail!("not every node became ready; see the logs") };
+    }
+    println!("\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\nCtrl-C to tear everything down.", user_kubeconfig.display(), user_kubeconfig.display());
+    let signal = rt.block_on(crate::run::shutdown_signal())?;
+    println!("{signal}: tearing down");
+    drop((pods, nodes, underlay));
+    rt.block_on(server.shutdown());
+    Ok(())
+}

@@ -1,0 +1,196 @@
+//! Watching the API server: one kube-rs watcher per kind, decoded straight into the view's
+//! lean wire structs and merged into one stream of [`Update`]s.
+//!
+//! kube-rs needs a type that implements `Resource`; [`Lean`] is that type for the wire
+//! structs. It carries only the name, namespace and resourceVersion that the watcher itself
+//! needs, so no full Kubernetes object is ever built.
+
+use futures::{Stream, StreamExt, stream};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::{Client, Resource};
+use nodus_view::wire;
+use nodus_view::{Kind, Update};
+use serde::{Deserialize, Deserializer, de::DeserializeOwned};
+use std::borrow::Cow;
+use std::fmt::Debug;
+use std::path::Path;
+
+/// A wire struct that kube-rs can list and watch.
+pub trait WireKind: DeserializeOwned + Clone + Debug + Send + 'static {
+    const KIND: Kind;
+    const GROUP: &'static str;
+    const VERSION: &'static str;
+    const PLURAL: &'static str;
+    fn meta(&self) -> &wire::Meta;
+    fn into_update(self) -> Update;
+}
+
+impl WireKind for wire::Service {
+    const KIND: Kind = Kind::Service;
+    const GROUP: &'static str = "";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "services";
+    fn meta(&self) -> &wire::Meta {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::Service(self)
+    }
+}
+
+impl WireKind for wire::EndpointSlice {
+    const KIND: Kind = Kind::EndpointSlice;
+    const GROUP: &'static str = "discovery.k8s.io";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "endpointslices";
+    fn meta(&self) -> &wire::Meta {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::EndpointSlice(self)
+    }
+}
+
+impl WireKind for wire::Node {
+    const KIND: Kind = Kind::Node;
+    const GROUP: &'static str = "";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "nodes";
+    fn meta(&self) -> &wire::Meta {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::Node(self)
+    }
+}
+
+/// A wire object with the bit of `ObjectMeta` that kube-rs's watcher reads.
+#[derive(Clone, Debug)]
+pub struct Lean<T> {
+    meta: ObjectMeta,
+    pub object: T,
+}
+
+impl<'de, T: WireKind> Deserialize<'de> for Lean<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let object = T::deserialize(deserializer)?;
+        let m = object.meta();
+        let meta = ObjectMeta {
+            name: Some(m.name.clone()),
+            namespace: m.namespace.clone(),
+            resource_version: m.resource_version.clone(),
+            ..ObjectMeta::default()
+        };
+        Ok(Lean { meta, object })
+    }
+}
+
+impl<T: WireKind> Resource for Lean<T> {
+    type DynamicType = ();
+    type Scope = kube::core::DynamicResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        T::KIND.as_str().into()
+    }
+    fn group(_: &()) -> Cow<'_, str> {
+        T::GROUP.into()
+    }
+    fn version(_: &()) -> Cow<'_, str> {
+        T::VERSION.into()
+    }
+    fn plural(_: &()) -> Cow<'_, str> {
+        T::PLURAL.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.meta
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.meta
+    }
+}
+
+/// How nodus finds the API server: `--kubeconfig`, else in-cluster, else `$KUBECONFIG`
+/// (or `~/.kube/config`); `api_server` replaces the URL found.
+pub async fn connect(kubeconfig: Option<&Path>, api_server: Option<&str>) -> anyhow::Result<Client> {
+    use anyhow::Context;
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let mut config = if let Some(path) = kubeconfig {
+        let file = Kubeconfig::read_from(path)
+            .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+        Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
+            .await
+            .with_context(|| format!("using kubeconfig {}", path.display()))?
+    } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+        Config::incluster().context("using the in-cluster service account")?
+    } else {
+        Config::from_kubeconfig(&KubeConfigOptions::default())
+            .await
+            .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG or ~/.kube/config")?
+    };
+    if let Some(url) = api_server {
+        config.cluster_url = url.parse().with_context(|| format!("api_server {url:?}"))?;
+    }
+    Client::try_from(config).context("building the API client")
+}
+
+/// What to watch.
+#[derive(Clone, Debug)]
+pub struct WatchSet {
+    pub page_size: u32,
+    /// Watch every Node (the mesh needs them all) rather than only `node_name`.
+    pub all_nodes: bool,
+    pub node_name: String,
+}
+
+/// One item of the merged watch stream.
+#[derive(Debug)]
+pub enum WatchItem {
+    Update(Update),
+    /// A watch failed; kube-rs retries with backoff and relists when it must.
+    Restarted(Kind, String),
+}
+
+fn kind_stream<T: WireKind>(
+    api: Api<Lean<T>>,
+    config: watcher::Config,
+) -> impl Stream<Item = WatchItem> + Send {
+    watcher::watcher(api, config)
+        .default_backoff()
+        .map(|event| match event {
+            Ok(Event::Init) => WatchItem::Update(Update::RelistStarted(T::KIND)),
+            Ok(Event::InitApply(o) | Event::Apply(o)) => WatchItem::Update(o.object.into_update()),
+            Ok(Event::Delete(o)) => WatchItem::Update(Update::Deleted {
+                kind: T::KIND,
+                namespace: o.object.meta().namespace.clone().unwrap_or_default(),
+                name: o.object.meta().name.clone(),
+            }),
+            Ok(Event::InitDone) => WatchItem::Update(Update::RelistDone(T::KIND)),
+            Err(err) => WatchItem::Restarted(T::KIND, err.to_string()),
+        })
+}
+
+/// The merged stream of every watch nodus needs, and the kinds it must list before the
+/// view is complete.
+pub fn watch_all(client: &Client, set: &WatchSet) -> (impl Stream<Item = WatchItem> + Send + use<>, Vec<Kind>) {
+    let config = watcher::Config::default().page_size(set.page_size);
+    let nodes = if set.all_nodes {
+        Some(config.clone())
+    } else if !set.node_name.is_empty() {
+        Some(config.clone().fields(&format!("metadata.name={}", set.node_name)))
+    } else {
+        None
+    };
+    let mut kinds = vec![Kind::Service, Kind::EndpointSlice];
+    let mut streams = vec![
+        kind_stream::<wire::Service>(Api::all(client.clone()), config.clone()).boxed(),
+        kind_stream::<wire::EndpointSlice>(Api::all(client.clone()), config).boxed(),
+    ];
+    if let Some(node_config) = nodes {
+        kinds.push(Kind::Node);
+        streams.push(kind_stream::<wire::Node>(Api::all(client.clone()), node_config).boxed());
+    }
+    (stream::select_all(streams), kinds)
+}

@@ -1,0 +1,300 @@
+//! Network namespaces as hosts and pods, for kernel tests and the sandbox.
+//!
+//! A node is a namespace; nodes meet on an underlay bridge that lives in a namespace of
+//! its own; a pod is a namespace behind a veth into its node, addressed as the CNI `ptp`
+//! plugin does it (a /32 and a link-scoped gateway). Nothing here touches the root
+//! namespace's links, routes or nftables. Every name is unique to this process, and every
+//! namespace is deleted, and every process started in it killed, when its handle drops,
+//! including while a failing test unwinds.
+
+use anyhow::{Context, bail};
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::os::fd::AsRawFd;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A short name unique to this process (device names are limited to 15 bytes).
+pub fn unique_name(tag: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let tag: String = tag.chars().filter(char::is_ascii_alphanumeric).take(4).collect();
+    format!("n{:x}{tag}{n}", std::process::id() & 0xfffff)
+}
+
+/// Runs a command to completion; a failure carries the command line and its stderr.
+pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {program}"))?;
+    if !output.status.success() {
+        bail!(
+            "`{program} {}` failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// Whether this process may create namespaces (kernel tests need root).
+pub fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Netns {
+    name: String,
+    children: Mutex<Vec<Child>>,
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> anyhow::Result<Netns> {
+        let name = unique_name(tag);
+        run("ip", &["netns", "add", &name])?;
+        let ns = Netns {
+            name,
+            children: Mutex::new(Vec::new()),
+        };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n <ns> …`
+    pub fn ip(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut full = vec!["-n", &self.name];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// A command that runs inside the namespace.
+    pub fn command(&self, program: &str) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.name, program]);
+        cmd
+    }
+
+    /// Runs `program args…` inside the namespace to completion.
+    pub fn exec(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        let mut full = vec!["netns", "exec", &self.name, program];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    pub fn sysctl(&self, key: &str, value: &str) -> anyhow::Result<()> {
+        self.exec("sysctl", &["-qw", &format!("{key}={value}")]).map(drop)
+    }
+
+    /// Starts a long-running process in the namespace; it is killed when the namespace drops.
+    pub fn spawn(&self, mut command: Command) -> anyhow::Result<u32> {
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting a process in {}", self.name))?;
+        let pid = child.id();
+        self.children
+            .lock()
+            .map_err(|_| anyhow::anyhow!("child list poisoned"))?
+            .push(child);
+        Ok(pid)
+    }
+
+    /// Kills and reaps one process started with [`Netns::spawn`].
+    pub fn kill(&self, pid: u32) -> anyhow::Result<()> {
+        let mut children = self
+            .children
+            .lock()
+            .map_err(|_| anyhow::anyhow!("child list poisoned"))?;
+        if let Some(i) = children.iter().position(|c| c.id() == pid) {
+            let mut child = children.swap_remove(i);
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a thread that has entered the namespace. Sockets created there stay in
+    /// the namespace, so this is how a listener or client is bound inside it.
+    pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+        let path = format!("/var/run/netns/{}", self.name);
+        let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    // SAFETY: setns on a valid namespace fd affects only this thread, which
+                    // ends when `f` returns.
+                    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                    if rc != 0 {
+                        bail!("entering {}: {}", path, std::io::Error::last_os_error());
+                    }
+                    Ok(f())
+                })
+                .join()
+                .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))?
+        })
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        if let Ok(children) = self.children.get_mut() {
+            for child in children.iter_mut() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+        let _ = run("ip", &["netns", "del", &self.name]);
+    }
+}
+
+/// Connects two namespaces with a veth pair named `a_if` / `b_if` and brings both up.
+pub fn veth(a: &Netns, a_if: &str, b: &Netns, b_if: &str) -> anyhow::Result<()> {
+    let tmp = unique_name("v");
+    a.ip(&["link", "add", a_if, "type", "veth", "peer", "name", &tmp])?;
+    a.ip(&["link", "set", &tmp, "netns", b.name()])?;
+    b.ip(&["link", "set", &tmp, "name", b_if])?;
+    a.ip(&["link", "set", a_if, "up"])?;
+    b.ip(&["link", "set", b_if, "up"])?;
+    Ok(())
+}
+
+/// A layer-2 segment between nodes: a bridge in a namespace of its own. Its own address
+/// on the segment is `prefix.1` (IPv4) and `fd00:<tag>::1` (IPv6).
+pub struct Underlay {
+    pub ns: Netns,
+    bridge: String,
+    pub v4_prefix: [u8; 3],
+    pub v6_prefix: [u16; 4],
+}
+
+impl Underlay {
+    pub fn new(v4_prefix: [u8; 3], v6_prefix: [u16; 4]) -> anyhow::Result<Underlay> {
+        let ns = Netns::new("ul")?;
+        let bridge = "br0".to_string();
+        ns.ip(&["link", "add", &bridge, "type", "bridge"])?;
+        ns.ip(&["link", "set", &bridge, "up"])?;
+        let underlay = Underlay {
+            ns,
+            bridge,
+            v4_prefix,
+            v6_prefix,
+        };
+        underlay.ns.ip(&["addr", "add", &format!("{}/24", underlay.v4(1)), "dev", &underlay.bridge])?;
+        underlay.ns.ip(&[
+            "addr", "add", &format!("{}/64", underlay.v6(1)), "dev", &underlay.bridge, "nodad",
+        ])?;
+        Ok(underlay)
+    }
+
+    pub fn v4(&self, host: u8) -> Ipv4Addr {
+        let [a, b, c] = self.v4_prefix;
+        Ipv4Addr::new(a, b, c, host)
+    }
+
+    pub fn v6(&self, host: u16) -> Ipv6Addr {
+        let [a, b, c, d] = self.v6_prefix;
+        Ipv6Addr::new(a, b, c, d, 0, 0, 0, host)
+    }
+
+    /// Plugs `host` into the segment as `eth0` with address number `index`.
+    pub fn attach(&self, host: &Netns, index: u8) -> anyhow::Result<()> {
+        let port = unique_name("p");
+        veth(&self.ns, &port, host, "eth0")?;
+        self.ns.ip(&["link", "set", &port, "master", &self.bridge])?;
+        host.ip(&["addr", "add", &format!("{}/24", self.v4(index)), "dev", "eth0"])?;
+        host.ip(&[
+            "addr", "add", &format!("{}/64", self.v6(u16::from(index))), "dev", "eth0", "nodad",
+        ])?;
+        Ok(())
+    }
+}
+
+/// A node: a namespace on the underlay that forwards packets.
+pub struct Node {
+    pub ns: Netns,
+    pub name: String,
+    pub v4: Ipv4Addr,
+    pub v6: Ipv6Addr,
+}
+
+impl Node {
+    pub fn new(underlay: &Underlay, name: &str, index: u8) -> anyhow::Result<Node> {
+        let ns = Netns::new(name)?;
+        underlay.attach(&ns, index)?;
+        ns.sysctl("net.ipv4.ip_forward", "1")?;
+        ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;
+        Ok(Node {
+            ns,
+            name: name.to_string(),
+            v4: underlay.v4(index),
+            v6: underlay.v6(u16::from(index)),
+        })
+    }
+}
+
+/// A pod: a namespace behind a veth into its node, with a /32 (and /128) address.
+pub struct Pod {
+    pub ns: Netns,
+    pub name: String,
+    pub v4: Option<Ipv4Addr>,
+    pub v6: Option<Ipv6Addr>,
+}
+
+/// The node-side gateway every pod uses, as `ptp` sets it up: link-local, so one address
+/// serves every pod veth on the node.
+const POD_GATEWAY_V4: &str = "169.254.1.1";
+const POD_GATEWAY_V6: &str = "fe80::1";
+
+impl Pod {
+    pub fn new(
+        node: &Node,
+        name: &str,
+        v4: Option<Ipv4Addr>,
+        v6: Option<Ipv6Addr>,
+    ) -> anyhow::Result<Pod> {
+        let ns = Netns::new(name)?;
+        let host_if = unique_name("h");
+        veth(&node.ns, &host_if, &ns, "eth0")?;
+        node.ns.ip(&["addr", "add", &format!("{POD_GATEWAY_V4}/32"), "dev", &host_if])?;
+        node.ns.ip(&["addr", "add", &format!("{POD_GATEWAY_V6}/64"), "dev", &host_if, "nodad"])?;
+        // Answer ARP for the gateway on behalf of the node.
+        node.ns.sysctl(&format!("net.ipv4.conf.{host_if}.proxy_arp"), "1")?;
+        if let Some(ip) = v4 {
+            ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
+            ns.ip(&["route", "add", POD_GATEWAY_V4, "dev", "eth0", "scope", "link"])?;
+            ns.ip(&["route", "add", "default", "via", POD_GATEWAY_V4, "dev", "eth0"])?;
+            node.ns.ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
+        }
+        if let Some(ip) = v6 {
+            ns.ip(&["addr", "add", &format!("{ip}/128"), "dev", "eth0", "nodad"])?;
+            ns.ip(&["-6", "route", "add", "default", "via", POD_GATEWAY_V6, "dev", "eth0"])?;
+            node.ns.ip(&["-6", "route", "add", &format!("{ip}/128"), "dev", &host_if])?;
+        }
+        Ok(Pod {
+            ns,
+            name: name.to_string(),
+            v4,
+            v6,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_names_fit_a_device_name() {
+        let a = unique_name("node");
+        let b = unique_name("node");
+        assert_ne!(a, b);
+        assert!(a.len() <= 15, "{a}");
+    }
+}

@@ -1,0 +1,51 @@
+//! Small blocking clients for tests and the sandbox: an HTTP GET and a TCP/UDP "who
+//! answers" probe against the echo server.
+
+use anyhow::{Context, bail};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
+use std::time::Duration;
+
+/// `GET path` over HTTP/1.0; returns the status code and the body.
+pub fn http_get(addr: SocketAddr, path: &str, timeout: Duration) -> anyhow::Result<(u16, String)> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .with_context(|| format!("reading the response from {addr}"))?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .with_context(|| format!("no HTTP status from {addr}: {head:?}"))?;
+    Ok((status, body.to_string()))
+}
+
+/// Sends one line over TCP and returns the echo server's one-line answer (its name).
+pub fn tcp_who(addr: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.write_all(b"who\n")?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .with_context(|| format!("reading from {addr}"))?;
+    Ok(answer.trim().to_string())
+}
+
+/// Sends one datagram and returns the echo server's answer (its name).
+pub fn udp_who(socket: &UdpSocket, addr: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
+    socket.set_read_timeout(Some(timeout))?;
+    socket.send_to(b"who\n", addr)?;
+    let mut buf = [0u8; 512];
+    let (n, from) = socket.recv_from(&mut buf).with_context(|| format!("waiting for {addr}"))?;
+    if n == 0 {
+        bail!("empty answer from {from}");
+    }
+    Ok(String::from_utf8_lossy(&buf[..n]).trim().to_string())
+}
