@@ -80,8 +80,8 @@ pub struct ApplyReport {
     pub changes: ChangeSet,
     /// Objects skipped in this batch, each reported once until it changes.
     pub invalid: Vec<InvalidObject>,
-    /// Objects skipped in this batch, including repeats already reported.
-    pub skipped: usize,
+    /// The kind of every object skipped in this batch, repeats included.
+    pub skipped: Vec<Kind>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -240,7 +240,7 @@ impl View {
                 }
             };
             if let Err((kind, err)) = result {
-                report.skipped += 1;
+                report.skipped.push(kind);
                 let mut h = DefaultHasher::new();
                 (kind.index(), &err.object, &err.reason).hash(&mut h);
                 if self.reported.insert(h.finish()) {
@@ -640,7 +640,7 @@ mod tests {
         assert_eq!(web.service.expect("spec").cluster_ips[0].to_string(), "10.0.0.1");
         let again = view.apply([service("default", "web", "not-an-ip")]);
         assert!(again.invalid.is_empty(), "reported once");
-        assert_eq!(again.skipped, 1);
+        assert_eq!(again.skipped, [Kind::Service]);
     }
 
     #[test]
