@@ -284,6 +284,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("nodus sandbox: API server {} ({} objects)", server.url(), docs.len());
+    println!("sandbox pid: {}", std::process::id());
     println!("{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}", "NODE", "READY", "SERVICES", "ENDPOINTSLICES", "ENDPOINTS", "NODES");
     for (node, (ready, objects)) in nodes.iter().zip(&statuses) {
         let get = |k: &str| objects.get(k).map_or("-", String::as_str).to_string();

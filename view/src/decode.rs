@@ -6,7 +6,7 @@
 
 use crate::intern::{Interner, Sym};
 use crate::model::{
-    Cidr, Endpoint, EndpointExtra, Family, LoadBalancerIngress, Node, NodeAddress,
+    Cidr, Endpoint, EndpointExtra, Endpoints, Family, LoadBalancerIngress, Node, NodeAddress,
     NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
     TrafficDistribution, TrafficPolicy, conditions,
 };
@@ -211,6 +211,7 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
         .filter(|n| type_ == ServiceType::ExternalName && !n.is_empty())
         .map(|n| n.trim_end_matches('.').into());
     let extra = ServiceExtra {
+        external_ips: parse_ips("spec.externalIPs", &spec.external_ips)?,
         load_balancer_ingress,
         load_balancer_source_ranges,
         external_name,
@@ -221,7 +222,6 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
         headless,
         cluster_ips,
         ports: ports.into(),
-        external_ips: parse_ips("spec.externalIPs", &spec.external_ips)?,
         external_policy: parse_policy(
             "spec.externalTrafficPolicy",
             spec.external_traffic_policy.as_deref(),
@@ -277,15 +277,50 @@ pub fn slice(
             port,
         })
         .collect();
-    let endpoints = endpoints
-        .into_iter()
-        .map(|(addr, endpoint)| intern_endpoint(addr, endpoint, keep_pod, strings))
-        .collect();
+    let mut extras = Vec::new();
+    let mut intern = |i: usize, e: &wire::Endpoint| {
+        if let Some(extra) = intern_extra(e, keep_pod, strings) {
+            extras.push((i as u32, extra));
+        }
+        (
+            condition_bits(&e.conditions),
+            strings.intern(e.node_name.as_deref().unwrap_or("")),
+            strings.intern(e.zone.as_deref().unwrap_or("")),
+        )
+    };
+    let endpoints = match family {
+        Family::V4 => Endpoints::V4(
+            endpoints
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (addr, e))| match addr {
+                    IpAddr::V4(addr) => {
+                        let (conditions, node, zone) = intern(i, e);
+                        Some(Endpoint { addr: *addr, conditions, node, zone })
+                    }
+                    IpAddr::V6(_) => None,
+                })
+                .collect(),
+        ),
+        Family::V6 => Endpoints::V6(
+            endpoints
+                .iter()
+                .enumerate()
+                .filter_map(|(i, (addr, e))| match addr {
+                    IpAddr::V6(addr) => {
+                        let (conditions, node, zone) = intern(i, e);
+                        Some(Endpoint { addr: *addr, conditions, node, zone })
+                    }
+                    IpAddr::V4(_) => None,
+                })
+                .collect(),
+        ),
+    };
     Ok(Some(Slice {
         name_hash: hash_name(&wire.metadata.name),
-        family,
         ports,
         endpoints,
+        extras: extras.into(),
     }))
 }
 
@@ -319,13 +354,7 @@ fn check_slice(wire: &wire::EndpointSlice, family: Family) -> Result<CheckedSlic
     Ok((ports, endpoints))
 }
 
-fn intern_endpoint(
-    addr: IpAddr,
-    e: &wire::Endpoint,
-    keep_pod: bool,
-    strings: &mut Interner,
-) -> Endpoint {
-    let c = &e.conditions;
+fn condition_bits(c: &wire::EndpointConditions) -> u8 {
     let mut bits = 0;
     if c.ready.unwrap_or(true) {
         bits |= conditions::READY;
@@ -336,14 +365,25 @@ fn intern_endpoint(
     if c.terminating.unwrap_or(false) {
         bits |= conditions::TERMINATING;
     }
+    bits
+}
+
+fn intern_extra(e: &wire::Endpoint, keep_pod: bool, strings: &mut Interner) -> Option<EndpointExtra> {
     let pod = e
         .target_ref
         .as_ref()
         .filter(|r| keep_pod && r.kind.as_deref().is_none_or(|k| k == "Pod"))
         .and_then(|r| r.name.as_deref());
-    let hints = e.hints.as_ref();
-    let extra = EndpointExtra {
-        hostname: e.hostname.as_deref().filter(|h| !h.is_empty()).map(Into::into),
+    let hostname = e.hostname.as_deref().filter(|h| !h.is_empty());
+    let hints = e
+        .hints
+        .as_ref()
+        .filter(|h| !h.for_zones.is_empty() || !h.for_nodes.is_empty());
+    if pod.is_none() && hostname.is_none() && hints.is_none() {
+        return None;
+    }
+    Some(EndpointExtra {
+        hostname: hostname.map(Into::into),
         pod: pod.map(Into::into),
         for_zones: hints.map_or_else(Box::default, |h| {
             h.for_zones.iter().map(|z| strings.intern(&z.name)).collect()
@@ -351,14 +391,7 @@ fn intern_endpoint(
         for_nodes: hints.map_or_else(Box::default, |h| {
             h.for_nodes.iter().map(|n| strings.intern(&n.name)).collect()
         }),
-    };
-    Endpoint {
-        addr,
-        conditions: bits,
-        node: strings.intern(e.node_name.as_deref().unwrap_or("")),
-        zone: strings.intern(e.zone.as_deref().unwrap_or("")),
-        extra: (extra != EndpointExtra::default()).then(|| Box::new(extra)),
-    }
+    })
 }
 
 pub fn node(wire: &wire::Node, strings: &mut Interner) -> Result<Node, InvalidObject> {
@@ -480,10 +513,11 @@ mod tests {
         )
         .expect("json");
         let slice = slice(&wire, &mut strings).expect("valid").expect("IPv4");
-        assert!(slice.endpoints[0].is_ready() && slice.endpoints[0].is_serving());
-        assert!(!slice.endpoints[0].is_terminating());
-        assert!(!slice.endpoints[1].is_ready());
-        assert!(slice.endpoints[1].is_serving() && slice.endpoints[1].is_terminating());
+        let endpoints: Vec<_> = slice.endpoints().collect();
+        assert!(endpoints[0].is_ready() && endpoints[0].is_serving());
+        assert!(!endpoints[0].is_terminating());
+        assert!(!endpoints[1].is_ready());
+        assert!(endpoints[1].is_serving() && endpoints[1].is_terminating());
     }
 
     /// Checklist A.7: wrong-family addresses are dropped; only addresses[0] counts.
@@ -497,8 +531,9 @@ mod tests {
         )
         .expect("json");
         let slice = slice(&wire, &mut strings).expect("valid").expect("IPv4");
-        assert_eq!(slice.endpoints.len(), 1);
-        assert_eq!(slice.endpoints[0].addr, "10.1.0.1".parse::<IpAddr>().expect("ip"));
+        let endpoints: Vec<_> = slice.endpoints().collect();
+        assert_eq!(endpoints.len(), 1);
+        assert_eq!(endpoints[0].addr, "10.1.0.1".parse::<IpAddr>().expect("ip"));
         assert_eq!(slice.ports.len(), 1, "ports without name or number are ignored");
     }
 

@@ -5,8 +5,8 @@
 //! Entries are counted, so a name that leaves the cluster also leaves memory: churn does not
 //! grow the table (the reason `lasso`-style append-only interners do not fit here).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, RandomState};
 
 /// A handle to an interned string. `Sym::EMPTY` is the empty string and is never freed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -21,16 +21,20 @@ impl Sym {
 }
 
 struct Slot {
-    text: Arc<str>,
+    text: Box<str>,
     refs: u32,
 }
 
 /// The string table. Every `Sym` held by the model owns one reference, taken by
 /// [`Interner::intern`] and given back by [`Interner::release`].
+///
+/// Each string is stored once, in its slot; the index holds only slot numbers and finds
+/// strings by hashing the slot's text.
 pub struct Interner {
-    index: HashMap<Arc<str>, Sym>,
+    index: HashTable<u32>,
     slots: Vec<Slot>,
     free: Vec<u32>,
+    hasher: RandomState,
 }
 
 impl Default for Interner {
@@ -41,12 +45,22 @@ impl Default for Interner {
 
 impl Interner {
     pub fn new() -> Self {
-        let empty: Arc<str> = Arc::from("");
         Interner {
-            index: HashMap::new(),
-            slots: vec![Slot { text: empty, refs: 0 }],
+            index: HashTable::new(),
+            slots: vec![Slot {
+                text: Box::default(),
+                refs: 0,
+            }],
             free: Vec::new(),
+            hasher: RandomState::new(),
         }
+    }
+
+    fn find(&self, text: &str) -> Option<Sym> {
+        let hash = self.hasher.hash_one(text);
+        self.index
+            .find(hash, |&i| *self.slots[i as usize].text == *text)
+            .map(|&i| Sym(i))
     }
 
     /// Returns the handle for `text`, taking one reference.
@@ -54,25 +68,30 @@ impl Interner {
         if text.is_empty() {
             return Sym::EMPTY;
         }
-        if let Some(&sym) = self.index.get(text) {
+        if let Some(sym) = self.find(text) {
             self.slots[sym.0 as usize].refs += 1;
             return sym;
         }
-        let text: Arc<str> = Arc::from(text);
-        let slot = Slot { text: text.clone(), refs: 1 };
-        let sym = match self.free.pop() {
+        let slot = Slot {
+            text: text.into(),
+            refs: 1,
+        };
+        let i = match self.free.pop() {
             Some(i) => {
                 self.slots[i as usize] = slot;
-                Sym(i)
+                i
             }
             None => {
                 let i = u32::try_from(self.slots.len()).expect("fewer than 2^32 distinct strings");
                 self.slots.push(slot);
-                Sym(i)
+                i
             }
         };
-        self.index.insert(text, sym);
-        sym
+        let (slots, hasher) = (&self.slots, &self.hasher);
+        self.index.insert_unique(hasher.hash_one(text), i, |&j| {
+            hasher.hash_one(&*slots[j as usize].text)
+        });
+        Sym(i)
     }
 
     /// Takes one more reference on a handle the caller already holds.
@@ -92,8 +111,11 @@ impl Interner {
         debug_assert!(slot.refs > 0, "released a dead symbol");
         slot.refs -= 1;
         if slot.refs == 0 {
-            let text = std::mem::replace(&mut slot.text, Arc::from(""));
-            self.index.remove(&*text);
+            let text = std::mem::take(&mut slot.text);
+            let hash = self.hasher.hash_one(&*text);
+            if let Ok(entry) = self.index.find_entry(hash, |&i| i == sym.0) {
+                entry.remove();
+            }
             self.free.push(sym.0);
         }
     }
@@ -103,7 +125,7 @@ impl Interner {
         if text.is_empty() {
             return Some(Sym::EMPTY);
         }
-        self.index.get(text).copied()
+        self.find(text)
     }
 
     pub fn resolve(&self, sym: Sym) -> &str {
@@ -117,12 +139,6 @@ impl Interner {
 
     pub fn is_empty(&self) -> bool {
         self.index.is_empty()
-    }
-
-    /// Frees the spare capacity that churn left behind.
-    pub fn shrink_to_fit(&mut self) {
-        self.index.shrink_to_fit();
-        self.free.shrink_to_fit();
     }
 }
 

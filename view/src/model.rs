@@ -7,7 +7,7 @@
 use crate::intern::{Interner, Sym};
 use serde::Serialize;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::str::FromStr;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -151,7 +151,6 @@ pub struct Service {
     pub headless: bool,
     pub cluster_ips: Box<[IpAddr]>,
     pub ports: Box<[ServicePort]>,
-    pub external_ips: Box<[IpAddr]>,
     pub external_policy: TrafficPolicy,
     pub internal_policy: TrafficPolicy,
     pub traffic_distribution: TrafficDistribution,
@@ -168,6 +167,7 @@ pub struct Service {
 /// The fields most services leave empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServiceExtra {
+    pub external_ips: Box<[IpAddr]>,
     pub load_balancer_ingress: Box<[LoadBalancerIngress]>,
     pub load_balancer_source_ranges: Box<[Cidr]>,
     pub external_name: Option<Box<str>>,
@@ -192,6 +192,10 @@ pub struct ServicePort {
 }
 
 impl Service {
+    pub fn external_ips(&self) -> &[IpAddr] {
+        self.extra.as_deref().map_or(&[], |e| &e.external_ips)
+    }
+
     pub fn load_balancer_ingress(&self) -> &[LoadBalancerIngress] {
         self.extra
             .as_deref()
@@ -234,9 +238,11 @@ pub mod conditions {
 pub struct Slice {
     /// The slice's name, hashed: nodus never prints it, it only needs to find it again.
     pub name_hash: u64,
-    pub family: Family,
     pub ports: Box<[SlicePort]>,
-    pub endpoints: Box<[Endpoint]>,
+    pub endpoints: Endpoints,
+    /// Hostnames, target pods and hints of the few endpoints that have any, sorted by the
+    /// endpoint's index: kept apart so that the common endpoint does not pay for them.
+    pub extras: Box<[(u32, EndpointExtra)]>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -246,14 +252,21 @@ pub struct SlicePort {
     pub port: u16,
 }
 
+/// A slice's endpoints. A slice holds one address family, so addresses are stored at
+/// their own size: an IPv4 endpoint takes 16 bytes, an IPv6 one 28.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Endpoint {
+pub enum Endpoints {
+    V4(Box<[Endpoint<Ipv4Addr>]>),
+    V6(Box<[Endpoint<Ipv6Addr>]>),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint<A> {
     /// `addresses[0]`, as kube-proxy uses it.
-    pub addr: IpAddr,
+    pub addr: A,
     pub conditions: u8,
     pub node: Sym,
     pub zone: Sym,
-    pub extra: Option<Box<EndpointExtra>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -265,7 +278,17 @@ pub struct EndpointExtra {
     pub for_nodes: Box<[Sym]>,
 }
 
-impl Endpoint {
+/// One endpoint of a slice with its extras, as the rules read it.
+#[derive(Clone, Copy, Debug)]
+pub struct EndpointRef<'a> {
+    pub addr: IpAddr,
+    pub conditions: u8,
+    pub node: Sym,
+    pub zone: Sym,
+    pub extra: Option<&'a EndpointExtra>,
+}
+
+impl EndpointRef<'_> {
     pub fn is_ready(&self) -> bool {
         self.conditions & conditions::READY != 0
     }
@@ -279,34 +302,83 @@ impl Endpoint {
     }
 
     pub fn hostname(&self) -> Option<&str> {
-        self.extra.as_deref().and_then(|e| e.hostname.as_deref())
+        self.extra.and_then(|e| e.hostname.as_deref())
     }
 
     pub fn pod(&self) -> Option<&str> {
-        self.extra.as_deref().and_then(|e| e.pod.as_deref())
+        self.extra.and_then(|e| e.pod.as_deref())
     }
 
     pub fn zone_hints(&self) -> &[Sym] {
-        self.extra.as_deref().map_or(&[], |e| &e.for_zones)
+        self.extra.map_or(&[], |e| &e.for_zones)
     }
 
     pub fn node_hints(&self) -> &[Sym] {
-        self.extra.as_deref().map_or(&[], |e| &e.for_nodes)
+        self.extra.map_or(&[], |e| &e.for_nodes)
+    }
+}
+
+impl Endpoints {
+    pub fn len(&self) -> usize {
+        match self {
+            Endpoints::V4(e) => e.len(),
+            Endpoints::V6(e) => e.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
 impl Slice {
+    pub fn family(&self) -> Family {
+        match self.endpoints {
+            Endpoints::V4(_) => Family::V4,
+            Endpoints::V6(_) => Family::V6,
+        }
+    }
+
+    fn extra(&self, index: usize) -> Option<&EndpointExtra> {
+        let index = u32::try_from(index).ok()?;
+        self.extras
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .ok()
+            .map(|k| &self.extras[k].1)
+    }
+
+    /// Every endpoint with its extras, in the slice's order.
+    pub fn endpoints(&self) -> impl Iterator<Item = EndpointRef<'_>> {
+        fn refs<'a, A: Copy + Into<IpAddr>>(
+            slice: &'a Slice,
+            endpoints: &'a [Endpoint<A>],
+        ) -> impl Iterator<Item = EndpointRef<'a>> {
+            endpoints.iter().enumerate().map(move |(i, e)| EndpointRef {
+                addr: e.addr.into(),
+                conditions: e.conditions,
+                node: e.node,
+                zone: e.zone,
+                extra: slice.extra(i),
+            })
+        }
+        let (v4, v6) = match &self.endpoints {
+            Endpoints::V4(e) => (Some(refs(self, e)), None),
+            Endpoints::V6(e) => (None, Some(refs(self, e))),
+        };
+        v4.into_iter().flatten().chain(v6.into_iter().flatten())
+    }
+
     pub(crate) fn release(&self, strings: &mut Interner) {
         for port in &self.ports {
             strings.release(port.name);
         }
-        for endpoint in &self.endpoints {
+        for endpoint in self.endpoints() {
             strings.release(endpoint.node);
             strings.release(endpoint.zone);
-            if let Some(extra) = &endpoint.extra {
-                for &sym in extra.for_zones.iter().chain(extra.for_nodes.iter()) {
-                    strings.release(sym);
-                }
+        }
+        for (_, extra) in &self.extras {
+            for &sym in extra.for_zones.iter().chain(extra.for_nodes.iter()) {
+                strings.release(sym);
             }
         }
     }
@@ -378,7 +450,8 @@ mod tests {
     }
 
     #[test]
-    fn endpoint_stays_small() {
-        assert!(std::mem::size_of::<Endpoint>() <= 40);
+    fn endpoints_stay_small() {
+        assert_eq!(std::mem::size_of::<Endpoint<Ipv4Addr>>(), 16);
+        assert_eq!(std::mem::size_of::<Endpoint<Ipv6Addr>>(), 28);
     }
 }

@@ -140,7 +140,7 @@ fn spec(strings: &Interner, svc: &Service) -> ResolvedSpec {
         type_: svc.type_,
         headless: svc.headless,
         cluster_ips: svc.cluster_ips.to_vec(),
-        external_ips: svc.external_ips.to_vec(),
+        external_ips: svc.external_ips().to_vec(),
         load_balancer_ingress: svc.load_balancer_ingress().to_vec(),
         load_balancer_source_ranges: svc.load_balancer_source_ranges().to_vec(),
         external_name: svc.external_name().map(str::to_string),
@@ -187,7 +187,7 @@ pub fn resolve_service(
     let mut endpoints: Vec<ResolvedEndpoint> = view
         .slices
         .iter()
-        .flat_map(|s| s.endpoints.iter())
+        .flat_map(|s| s.endpoints())
         .map(|e| ResolvedEndpoint {
             ip: e.addr,
             ready: e.is_ready(),

@@ -5,7 +5,7 @@
 //! cites its item in the semantics checklist (`research/kube-proxy.md`, section 1).
 
 use crate::intern::Sym;
-use crate::model::{Endpoint, Family, ServicePort, Slice};
+use crate::model::{EndpointRef, Family, ServicePort, Slice};
 use serde::Serialize;
 use std::net::IpAddr;
 
@@ -55,7 +55,7 @@ pub enum Topology {
 /// A candidate endpoint for one port: the stored endpoint and the port its slice gives.
 #[derive(Clone, Copy, Debug)]
 pub struct Candidate<'a> {
-    pub endpoint: &'a Endpoint,
+    pub endpoint: EndpointRef<'a>,
     pub port: u16,
     pub local: bool,
 }
@@ -70,7 +70,7 @@ pub fn candidates<'a>(
     node: &NodeContext,
 ) -> Vec<Candidate<'a>> {
     let mut out = Vec::new();
-    for slice in slices.iter().filter(|s| s.family == family) {
+    for slice in slices.iter().filter(|s| s.family() == family) {
         let Some(slice_port) = slice
             .ports
             .iter()
@@ -78,7 +78,7 @@ pub fn candidates<'a>(
         else {
             continue;
         };
-        out.extend(slice.endpoints.iter().map(|endpoint| Candidate {
+        out.extend(slice.endpoints().map(|endpoint| Candidate {
             endpoint,
             port: slice_port.port,
             local: !node.name.is_empty() && endpoint.node == node.name,
@@ -120,7 +120,7 @@ pub fn topology(candidates: &[Candidate<'_>], node: &NodeContext) -> Topology {
     }
 }
 
-fn in_topology(endpoint: &Endpoint, topology: Topology, node: &NodeContext) -> bool {
+fn in_topology(endpoint: &EndpointRef<'_>, topology: Topology, node: &NodeContext) -> bool {
     match topology {
         Topology::None => true,
         Topology::SameNode => endpoint.node_hints().contains(&node.name),
@@ -139,7 +139,7 @@ fn target(c: &Candidate<'_>) -> Target {
     }
 }
 
-fn serving_terminating(e: &Endpoint) -> bool {
+fn serving_terminating(e: &EndpointRef<'_>) -> bool {
     e.is_serving() && e.is_terminating()
 }
 
@@ -151,13 +151,13 @@ pub fn categorize(candidates: &[Candidate<'_>], node: &NodeContext) -> PortEndpo
     let cluster: Vec<Target> = if any_ready {
         candidates
             .iter()
-            .filter(|c| c.endpoint.is_ready() && in_topology(c.endpoint, topology, node))
+            .filter(|c| c.endpoint.is_ready() && in_topology(&c.endpoint, topology, node))
             .map(target)
             .collect()
     } else {
         candidates
             .iter()
-            .filter(|c| serving_terminating(c.endpoint))
+            .filter(|c| serving_terminating(&c.endpoint))
             .map(target)
             .collect()
     };
@@ -172,13 +172,13 @@ pub fn categorize(candidates: &[Candidate<'_>], node: &NodeContext) -> PortEndpo
                 && if local_ready > 0 {
                     c.endpoint.is_ready()
                 } else {
-                    serving_terminating(c.endpoint)
+                    serving_terminating(&c.endpoint)
                 }
         })
         .map(target)
         .collect();
     PortEndpoints {
-        has_endpoints: any_ready || candidates.iter().any(|c| serving_terminating(c.endpoint)),
+        has_endpoints: any_ready || candidates.iter().any(|c| serving_terminating(&c.endpoint)),
         cluster,
         local,
         local_ready,
@@ -199,11 +199,19 @@ pub fn port_endpoints(
 mod tests {
     use super::*;
     use crate::intern::Interner;
-    use crate::model::{EndpointExtra, Protocol, SlicePort, conditions};
+    use crate::model::{Endpoint, EndpointExtra, Endpoints, Protocol, SlicePort, conditions};
+    use std::net::IpAddr;
 
     const READY: u8 = conditions::READY | conditions::SERVING;
     const SERVING_TERMINATING: u8 = conditions::SERVING | conditions::TERMINATING;
     const TERMINATING: u8 = conditions::TERMINATING;
+
+    struct TestEndpoint {
+        addr: IpAddr,
+        conditions: u8,
+        node: Sym,
+        extra: Option<EndpointExtra>,
+    }
 
     struct Fixture {
         strings: Interner,
@@ -220,23 +228,22 @@ mod tests {
             Fixture { strings, node }
         }
 
-        fn endpoint(&mut self, ip: &str, cond: u8, node: &str) -> Endpoint {
-            Endpoint {
+        fn endpoint(&mut self, ip: &str, cond: u8, node: &str) -> TestEndpoint {
+            TestEndpoint {
                 addr: ip.parse().expect("test ip"),
                 conditions: cond,
                 node: self.strings.intern(node),
-                zone: Sym::EMPTY,
                 extra: None,
             }
         }
 
-        fn hinted(&mut self, ip: &str, node: &str, zones: &[&str], nodes: &[&str]) -> Endpoint {
+        fn hinted(&mut self, ip: &str, node: &str, zones: &[&str], nodes: &[&str]) -> TestEndpoint {
             let mut e = self.endpoint(ip, READY, node);
-            e.extra = Some(Box::new(EndpointExtra {
+            e.extra = Some(EndpointExtra {
                 for_zones: zones.iter().map(|z| self.strings.intern(z)).collect(),
                 for_nodes: nodes.iter().map(|n| self.strings.intern(n)).collect(),
                 ..EndpointExtra::default()
-            }));
+            });
             e
         }
 
@@ -249,17 +256,52 @@ mod tests {
             }
         }
 
-        fn slice(&mut self, port_name: &str, port: u16, endpoints: Vec<Endpoint>) -> Slice {
-            let family = Family::of(endpoints.first().map_or("0.0.0.0".parse().expect("ip"), |e| e.addr));
+        fn slice(&mut self, port_name: &str, port: u16, endpoints: Vec<TestEndpoint>) -> Slice {
+            let extras = endpoints
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| e.extra.clone().map(|x| (i as u32, x)))
+                .collect();
+            let stored = |e: &TestEndpoint, addr| Endpoint {
+                addr,
+                conditions: e.conditions,
+                node: e.node,
+                zone: Sym::EMPTY,
+            };
+            let endpoints = match endpoints.first().map(|e| e.addr) {
+                Some(IpAddr::V6(_)) => Endpoints::V6(
+                    endpoints
+                        .iter()
+                        .filter_map(|e| match e.addr {
+                            IpAddr::V6(a) => Some(stored(e, a)),
+                            IpAddr::V4(_) => None,
+                        })
+                        .collect(),
+                ),
+                _ => Endpoints::V4(
+                    endpoints
+                        .iter()
+                        .filter_map(|e| match e.addr {
+                            IpAddr::V4(a) => Some(Endpoint {
+                                addr: a,
+                                conditions: e.conditions,
+                                node: e.node,
+                                zone: Sym::EMPTY,
+                            }),
+                            IpAddr::V6(_) => None,
+                        })
+                        .collect(),
+                ),
+            };
             Slice {
                 name_hash: self.strings.len() as u64,
-                family,
                 ports: Box::new([SlicePort {
                     name: self.strings.intern(port_name),
                     protocol: Protocol::Tcp,
                     port,
                 }]),
-                endpoints: endpoints.into(),
+                endpoints,
+                extras,
             }
         }
     }

@@ -97,9 +97,10 @@ struct SliceKey {
 }
 
 /// A service and its slices travel together: slices may arrive before their service.
+/// The service is boxed so that the map's buckets stay small.
 #[derive(Default)]
 struct ServiceEntry {
-    service: Option<Service>,
+    service: Option<Box<Service>>,
     slices: Vec<Slice>,
 }
 
@@ -195,7 +196,7 @@ impl View {
         ServiceView {
             namespace: self.strings.resolve(key.namespace),
             name: self.strings.resolve(key.name),
-            service: entry.service.as_ref(),
+            service: entry.service.as_deref(),
             slices: &entry.slices,
         }
     }
@@ -312,11 +313,11 @@ impl View {
         let Some(entry) = self.services.get_mut(&key) else {
             return Ok(());
         };
-        if entry.service.as_ref() == Some(&service) {
+        if entry.service.as_deref() == Some(&service) {
             service.release(&mut self.strings);
             return Ok(());
         }
-        if let Some(old) = entry.service.replace(service) {
+        if let Some(old) = entry.service.replace(Box::new(service)) {
             old.release(&mut self.strings);
         }
         self.service_changed(key, changes);
@@ -371,7 +372,12 @@ impl View {
                 return Ok(());
             }
             Some(existing) => std::mem::replace(existing, slice).release(&mut self.strings),
-            None => entry.slices.push(slice),
+            None => {
+                // Most services have one slice: an exact reservation avoids Vec's
+                // minimum of four.
+                entry.slices.reserve_exact(1);
+                entry.slices.push(slice);
+            }
         }
         self.service_changed(key, changes);
         Ok(())

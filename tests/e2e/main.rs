@@ -1,0 +1,6 @@
+//! End-to-end tests: the real `nodus` binary against the API-server stand-in over HTTP.
+
+mod agent;
+mod sandbox;
+mod support;
+mod view;

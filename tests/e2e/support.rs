@@ -1,0 +1,206 @@
+//! A cluster for one test: a stand-in API server on an ephemeral port, its kubeconfig, and
+//! the nodus processes started against it, all stopped when the test ends.
+
+use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
+use nodus_testbed::probe::http_get;
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
+pub const EXAMPLE: &str = include_str!("../../deploy/examples/cluster.yaml");
+pub const WAIT: Duration = Duration::from_secs(30);
+
+pub struct Cluster {
+    pub rt: tokio::runtime::Runtime,
+    pub store: Store,
+    server: Option<ServerHandle>,
+    pub addr: SocketAddr,
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+    children: Vec<Child>,
+}
+
+impl Cluster {
+    pub fn new(test: &str, yaml: &str) -> Cluster {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let store = Store::new(ApiServerConfig::default());
+        store.load_yaml_str(yaml).expect("fixture loads");
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+            .expect("bind");
+        let server = rt.block_on(apiserver::serve(store.clone(), listener)).expect("serve");
+        let dir = std::env::temp_dir().join(format!("nodus-e2e-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let kubeconfig = dir.join("kubeconfig");
+        apiserver::write_kubeconfig(&kubeconfig, &server.url()).expect("kubeconfig");
+        Cluster {
+            addr: server.addr(),
+            rt,
+            store,
+            server: Some(server),
+            dir,
+            kubeconfig,
+            children: Vec::new(),
+        }
+    }
+
+    /// `nodus <args> --kubeconfig <ours>`, logging to a file in the test's directory.
+    pub fn nodus(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(NODUS);
+        cmd.args(args)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .env("NODUS_LOG", "info")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn spawn(&mut self, mut cmd: Command) -> &mut Child {
+        let log = std::fs::File::create(self.dir.join(format!("nodus-{}.log", self.children.len())))
+            .expect("log file");
+        let child = cmd.stderr(log).spawn().expect("nodus starts");
+        self.children.push(child);
+        self.children.last_mut().expect("just pushed")
+    }
+
+    /// Starts `nodus run` for `node` and returns its HTTP address.
+    pub fn run_agent(&mut self, node: &str) -> SocketAddr {
+        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let cmd = self.nodus(&["run", "--node-name", node, "--http-addr", &http.to_string()]);
+        self.spawn(cmd);
+        http
+    }
+
+    pub fn restart_server(&mut self) {
+        if let Some(server) = self.server.take() {
+            self.rt.block_on(server.shutdown());
+        }
+        let listener = self.rt.block_on(async {
+            let deadline = Instant::now() + WAIT;
+            loop {
+                match tokio::net::TcpListener::bind(self.addr).await {
+                    Ok(l) => break l,
+                    Err(e) if Instant::now() > deadline => panic!("rebinding {}: {e}", self.addr),
+                    Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                }
+            }
+        });
+        self.server = Some(self.rt.block_on(apiserver::serve(self.store.clone(), listener)).expect("serve"));
+    }
+
+    pub fn stop_server(&mut self) {
+        if let Some(server) = self.server.take() {
+            self.rt.block_on(server.shutdown());
+        }
+    }
+
+    pub fn drop_watches(&self) {
+        if let Some(server) = &self.server {
+            server.drop_watches();
+        }
+    }
+
+    pub fn apply(&self, object: serde_json::Value) {
+        self.store.apply_value(object).expect("store accepts the object");
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// Polls `check` until it returns `Some`, or panics after [`WAIT`] naming `what`.
+pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn get(http: SocketAddr, path: &str) -> Option<(u16, String)> {
+    http_get(http, path, Duration::from_secs(2)).ok()
+}
+
+/// A metric's value from a Prometheus text body.
+pub fn metric(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn wait_ready(http: SocketAddr) {
+    wait_for("/readyz to answer 200", || {
+        get(http, "/readyz").filter(|(code, _)| *code == 200)
+    });
+}
+
+pub fn wait_metric(http: SocketAddr, series: &str, expected: f64) {
+    wait_for(&format!("{series} == {expected}"), || {
+        get(http, "/metrics")
+            .and_then(|(_, body)| metric(&body, series))
+            .filter(|v| *v == expected)
+    });
+}
+
+/// Reads JSON lines from a child's stdout on a thread, so that reads can time out.
+pub struct Lines(std::sync::mpsc::Receiver<serde_json::Value>);
+
+impl Lines {
+    pub fn new(stdout: ChildStdout) -> Lines {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                if tx.send(value).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines(rx)
+    }
+
+    /// The next line whose `kind`/`namespace`/`name` match.
+    pub fn next_for(&self, kind: &str, name: &str) -> serde_json::Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = self.0.recv_timeout(left).unwrap_or_else(|_| panic!("no line for {kind} {name}"));
+            let full = match line["namespace"].as_str() {
+                Some(ns) => format!("{ns}/{}", line["name"].as_str().unwrap_or_default()),
+                None => line["name"].as_str().unwrap_or_default().to_string(),
+            };
+            if line["kind"] == kind && full == name {
+                return line;
+            }
+        }
+    }
+}

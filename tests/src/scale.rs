@@ -1,0 +1,187 @@
+//! Synthetic clusters for the scale bench and the memory tests.
+//!
+//! Objects look like what a real API server returns: labels, a last-applied annotation and
+//! managedFields on Services, targetRefs, zones and conditions on every endpoint. nodus
+//! must skip the parts it does not use while parsing, so they belong in the workload.
+
+use serde_json::{Value, json};
+use std::net::Ipv4Addr;
+
+/// The shape of a generated cluster.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub services: usize,
+    pub endpoints_per_service: usize,
+    pub nodes: usize,
+}
+
+pub const NAMESPACES: usize = 20;
+pub const ZONES: usize = 3;
+
+pub fn namespace(service: usize) -> String {
+    format!("ns-{}", service % NAMESPACES)
+}
+
+pub fn service_name(service: usize) -> String {
+    format!("svc-{service}")
+}
+
+pub fn node_name(node: usize) -> String {
+    format!("node-{node}")
+}
+
+/// The ClusterIP of service `i`, in 10.96.0.0/12.
+pub fn cluster_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 96, 0, 10)) + i as u32)
+}
+
+/// The pod IP of endpoint `e` of service `i`, moved by `generation` so churn changes it.
+pub fn pod_ip(i: usize, e: usize, generation: usize) -> Ipv4Addr {
+    let n = (i * 64 + e + generation * 7) as u32;
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 128, 0, 0)) + n % (1 << 21))
+}
+
+pub fn node(i: usize) -> Value {
+    let name = node_name(i);
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                "topology.kubernetes.io/zone": format!("zone-{}", i % ZONES),
+                "node.kubernetes.io/instance-type": "m5.large"
+            },
+            "annotations": {"node.alpha.kubernetes.io/ttl": "0",
+                            "volumes.kubernetes.io/controller-managed-attach-detach": "true"}
+        },
+        "spec": {"podCIDR": format!("10.{}.{}.0/24", 128 + i / 256, i % 256),
+                 "podCIDRs": [format!("10.{}.{}.0/24", 128 + i / 256, i % 256)]},
+        "status": {
+            "addresses": [{"type": "InternalIP", "address": format!("172.31.{}.{}", i / 250, i % 250 + 1)},
+                          {"type": "Hostname", "address": name}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status"}],
+            "nodeInfo": {"kubeletVersion": "v1.33.0", "osImage": "Debian GNU/Linux 12 (bookworm)",
+                         "containerRuntimeVersion": "containerd://1.7.24"}
+        }
+    })
+}
+
+pub fn service(i: usize) -> Value {
+    let (ns, name) = (namespace(i), service_name(i));
+    let ip = cluster_ip(i).to_string();
+    let spec = json!({
+        "type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+        "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
+        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+        "selector": {"app": name}, "sessionAffinity": "None",
+        "internalTrafficPolicy": "Cluster"
+    });
+    let last_applied = json!({"apiVersion": "v1", "kind": "Service",
+                              "metadata": {"name": name, "namespace": ns}, "spec": spec}).to_string();
+    json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {
+            "name": name, "namespace": ns,
+            "labels": {"app": name, "app.kubernetes.io/part-of": "bench", "tier": "backend"},
+            "annotations": {"kubectl.kubernetes.io/last-applied-configuration": last_applied},
+            "managedFields": [{"manager": "kubectl-client-side-apply", "operation": "Update",
+                               "apiVersion": "v1", "time": "2026-11-22T00:00:00Z",
+                               "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:spec": {"f:ports": {}, "f:selector": {}}}}]
+        },
+        "spec": spec,
+        "status": {"loadBalancer": {}}
+    })
+}
+
+/// The EndpointSlice of service `i`; `generation` moves the pod IPs and readiness.
+pub fn slice(i: usize, shape: &Shape, generation: usize) -> Value {
+    let (ns, name) = (namespace(i), service_name(i));
+    let endpoints: Vec<Value> = (0..shape.endpoints_per_service)
+        .map(|e| {
+            let node = (i * 7 + e) % shape.nodes.max(1);
+            let ready = (e + generation) % 10 != 9;
+            json!({
+                "addresses": [pod_ip(i, e, generation).to_string()],
+                "conditions": {"ready": ready, "serving": ready, "terminating": false},
+                "nodeName": node_name(node),
+                "zone": format!("zone-{}", node % ZONES),
+                "targetRef": {"kind": "Pod", "namespace": ns,
+                              "name": format!("{name}-7d9f8c6b5-{e:05}"),
+                              "uid": format!("0000{i:08x}-0000-4000-8000-{e:012x}")}
+            })
+        })
+        .collect();
+    json!({
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {
+            "name": format!("{name}-abcde"), "namespace": ns,
+            "labels": {"kubernetes.io/service-name": name,
+                       "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                       "app": name},
+            "annotations": {"endpoints.kubernetes.io/last-change-trigger-time": "2026-11-22T00:00:00Z"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Service", "name": name,
+                                 "uid": format!("0000{i:08x}-0000-4000-8000-000000000000"),
+                                 "controller": true, "blockOwnerDeletion": true}]
+        },
+        "addressType": "IPv4",
+        "endpoints": endpoints,
+        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]
+    })
+}
+
+/// Every object of a cluster of `shape`, nodes first.
+pub fn cluster(shape: &Shape) -> impl Iterator<Item = Value> + '_ {
+    (0..shape.nodes)
+        .map(node)
+        .chain((0..shape.services).flat_map(move |i| [service(i), slice(i, shape, 0)]))
+}
+
+/// Memory of a process, from `/proc/<pid>/status` and `/proc/<pid>/smaps_rollup`, in KiB.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProcMemory {
+    pub rss_kib: u64,
+    pub peak_rss_kib: u64,
+    pub anon_kib: u64,
+}
+
+fn field_kib(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+pub fn proc_memory(pid: u32) -> anyhow::Result<ProcMemory> {
+    use anyhow::Context;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("reading /proc/{pid}/status"))?;
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .with_context(|| format!("reading /proc/{pid}/smaps_rollup"))?;
+    Ok(ProcMemory {
+        rss_kib: field_kib(&status, "VmRSS:").unwrap_or(0),
+        peak_rss_kib: field_kib(&status, "VmHWM:").unwrap_or(0),
+        anon_kib: field_kib(&smaps, "Anonymous:").unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_generate_distinct_objects() {
+        let shape = Shape { services: 30, endpoints_per_service: 10, nodes: 4 };
+        let objects: Vec<Value> = cluster(&shape).collect();
+        assert_eq!(objects.len(), 4 + 30 * 2);
+        assert_ne!(slice(1, &shape, 0), slice(1, &shape, 1), "churn changes a slice");
+        assert_eq!(cluster_ip(0).to_string(), "10.96.0.10");
+    }
+
+    #[test]
+    fn reads_own_memory() {
+        let mem = proc_memory(std::process::id()).expect("proc");
+        assert!(mem.rss_kib > 0 && mem.peak_rss_kib >= mem.rss_kib);
+    }
+}

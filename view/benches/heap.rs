@@ -1,0 +1,102 @@
+//! The view's heap, measured with a counting allocator.
+//!
+//! Builds the view from the scale bench's generated clusters (the same JSON a real API
+//! server would send, decoded through the same lean wire structs), then churns it, and
+//! prints the bytes the view keeps live. Fails if the 10,000 × 10 × 100 view exceeds its
+//! 8 MiB budget: that is a size, not a timing, so it is checked wherever this runs.
+
+use nodus_testbed::scale::{self, Shape};
+use nodus_view::{Update, View, wire};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call forwards to the system allocator unchanged; only sizes are counted.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(new_size, Relaxed);
+        LIVE.fetch_sub(layout.size(), Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const BUDGET_BYTES: usize = 8 << 20;
+
+fn update(object: serde_json::Value) -> Update {
+    match object["kind"].as_str() {
+        Some("Service") => Update::Service(serde_json::from_value::<wire::Service>(object).expect("service")),
+        Some("EndpointSlice") => {
+            Update::EndpointSlice(serde_json::from_value::<wire::EndpointSlice>(object).expect("slice"))
+        }
+        _ => Update::Node(serde_json::from_value::<wire::Node>(object).expect("node")),
+    }
+}
+
+/// Applies `objects` in batches of 100 (the watcher's page size), so that no more than one
+/// page of wire objects is alive besides the view.
+fn apply_in_pages(view: &mut View, objects: impl Iterator<Item = serde_json::Value>) {
+    let mut page = Vec::with_capacity(100);
+    for object in objects {
+        page.push(update(object));
+        if page.len() == 100 {
+            view.apply(page.drain(..));
+        }
+    }
+    view.apply(page);
+}
+
+fn measure(shape: Shape, churn: usize) -> (usize, usize) {
+    let before = LIVE.load(Relaxed);
+    // Every Node is in the view, as when the mesh is on: the larger case.
+    let mut view = View::new(&scale::node_name(0));
+    apply_in_pages(&mut view, scale::cluster(&shape));
+    let synced = LIVE.load(Relaxed) - before;
+    apply_in_pages(
+        &mut view,
+        (0..churn).map(|k| scale::slice(k % shape.services, &shape, k / shape.services + 1)),
+    );
+    let churned = LIVE.load(Relaxed) - before;
+    let counts = view.counts();
+    assert_eq!(counts.services, shape.services);
+    assert_eq!(counts.endpoints, shape.services * shape.endpoints_per_service);
+    drop(view);
+    (synced, churned)
+}
+
+pub fn main() {
+    println!("node view heap (live bytes, counting allocator)");
+    println!("{:<14} {:>14} {:>16} {:>12}", "shape S×E×N", "after sync", "after 1000 churn", "per endpoint");
+    let mut over_budget = false;
+    for (services, endpoints, nodes) in [(100, 3, 3), (1000, 10, 100), (10_000, 10, 100)] {
+        let shape = Shape { services, endpoints_per_service: endpoints, nodes };
+        let (synced, churned) = measure(shape, 1000);
+        println!(
+            "{:<14} {:>10.2} MiB {:>12.2} MiB {:>10} B",
+            format!("{services}×{endpoints}×{nodes}"),
+            synced as f64 / (1 << 20) as f64,
+            churned as f64 / (1 << 20) as f64,
+            synced / (services * endpoints),
+        );
+        if services == 10_000 && synced.max(churned) > BUDGET_BYTES {
+            over_budget = true;
+        }
+    }
+    if over_budget {
+        eprintln!("the 10,000 × 10 × 100 view is over its 8 MiB budget");
+        std::process::exit(1);
+    }
+}
