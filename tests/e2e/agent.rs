@@ -13,7 +13,7 @@ fn run_becomes_ready_and_reports_the_view_in_metrics() {
     assert_eq!(get(http, "/healthz").map(|(code, _)| code), Some(200));
     let (_, body) = get(http, "/metrics").expect("metrics");
     assert_eq!(metric(&body, SERVICES), Some(5.0), "{body}");
-    assert_eq!(metric(&body, "nodus_view_objects{kind=\"endpoint\"}"), Some(14.0), "{body}");
+    assert_eq!(metric(&body, "nodus_view_objects{kind=\"endpoint\"}"), Some(10.0), "{body}");
     // Only its own Node: the mesh is off.
     assert_eq!(metric(&body, "nodus_view_objects{kind=\"node\"}"), Some(1.0), "{body}");
     assert_eq!(metric(&body, "nodus_ready"), Some(1.0));

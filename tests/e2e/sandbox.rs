@@ -23,7 +23,7 @@ fn sandbox_brings_every_node_up_and_removes_everything() {
     for node in ["node-1", "node-2", "node-3"] {
         let row = stdout.lines().find(|l| l.starts_with(node)).unwrap_or_else(|| panic!("{node} missing:\n{stdout}"));
         let columns: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(columns[1..], ["true", "5", "4", "14", "1"], "{row}");
+        assert_eq!(columns[1..], ["true", "5", "4", "10", "1"], "{row}");
     }
     assert!(stdout.contains("web-1") && stdout.contains("db-1"), "{stdout}");
     // Namespace names start with "n" and the creating process's pid in hex.
@@ -38,10 +38,10 @@ fn sandbox_brings_every_node_up_and_removes_everything() {
 
 /// The sandbox prints its pid so that leftovers can be told apart from other tests'.
 fn output_pid_hint(stdout: &str) -> u32 {
-    stdout
+    let pid: u32 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("sandbox pid: "))
         .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no pid line in:\n{stdout}"))
-        & 0xfffff
+        .unwrap_or_else(|| panic!("no pid line in:\n{stdout}"));
+    pid & 0xfffff
 }
