@@ -109,7 +109,10 @@ impl Config {
             "cluster_domain: {:?} is not a domain name",
             self.cluster_domain
         );
-        anyhow::ensure!(self.watch_page_size > 0, "watch_page_size: must be at least 1");
+        anyhow::ensure!(
+            self.watch_page_size > 0,
+            "watch_page_size: must be at least 1"
+        );
         if let Some(url) = &self.api_server {
             anyhow::ensure!(
                 url.starts_with("https://") || url.starts_with("http://"),
@@ -153,7 +156,10 @@ mod tests {
         .expect("valid");
         assert_eq!(config.cluster_domain, "example.org");
         assert_eq!(config.cluster_cidrs.len(), 2);
-        assert_eq!(config.dns.listen, vec!["127.0.0.1:5353".parse().expect("addr")]);
+        assert_eq!(
+            config.dns.listen,
+            vec!["127.0.0.1:5353".parse().expect("addr")]
+        );
     }
 
     #[test]

@@ -15,7 +15,9 @@ fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Ful
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;
     if let Ok(value) = content_type.parse() {
-        response.headers_mut().insert(hyper::header::CONTENT_TYPE, value);
+        response
+            .headers_mut()
+            .insert(hyper::header::CONTENT_TYPE, value);
     }
     response
 }
@@ -23,7 +25,11 @@ fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Ful
 fn route(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
     const TEXT: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return respond(StatusCode::METHOD_NOT_ALLOWED, TEXT, "method not allowed\n".into());
+        return respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            TEXT,
+            "method not allowed\n".into(),
+        );
     }
     match req.uri().path() {
         "/healthz" | "/livez" => respond(StatusCode::OK, TEXT, "ok\n".into()),
@@ -33,7 +39,11 @@ fn route(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             TEXT,
             "initial view not applied yet\n".into(),
         ),
-        "/metrics" => respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", metrics.render()),
+        "/metrics" => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            metrics.render(),
+        ),
         _ => respond(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
     }
 }

@@ -33,7 +33,8 @@ fn kind_index(kind: Kind) -> usize {
 impl Metrics {
     pub fn set_counts(&self, counts: &Counts) {
         self.services.store(counts.services as u64, Relaxed);
-        self.endpoint_slices.store(counts.endpoint_slices as u64, Relaxed);
+        self.endpoint_slices
+            .store(counts.endpoint_slices as u64, Relaxed);
         self.endpoints.store(counts.endpoints as u64, Relaxed);
         self.nodes.store(counts.nodes as u64, Relaxed);
         self.strings.store(counts.strings as u64, Relaxed);
@@ -62,7 +63,10 @@ impl Metrics {
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(2048);
         let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
         };
         let _ = writeln!(
             out,
@@ -70,7 +74,12 @@ impl Metrics {
              nodus_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
         );
-        gauge(&mut out, "nodus_ready", "1 once every enabled subsystem applied the initial view.", u64::from(self.ready.load(Relaxed)));
+        gauge(
+            &mut out,
+            "nodus_ready",
+            "1 once every enabled subsystem applied the initial view.",
+            u64::from(self.ready.load(Relaxed)),
+        );
         let _ = writeln!(
             out,
             "# HELP nodus_view_objects Objects in the node view.\n# TYPE nodus_view_objects gauge"
@@ -81,25 +90,60 @@ impl Metrics {
             ("endpoint", &self.endpoints),
             ("node", &self.nodes),
         ] {
-            let _ = writeln!(out, "nodus_view_objects{{kind=\"{kind}\"}} {}", value.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "nodus_view_objects{{kind=\"{kind}\"}} {}",
+                value.load(Relaxed)
+            );
         }
-        gauge(&mut out, "nodus_view_interned_strings", "Distinct strings interned by the view.", self.strings.load(Relaxed));
+        gauge(
+            &mut out,
+            "nodus_view_interned_strings",
+            "Distinct strings interned by the view.",
+            self.strings.load(Relaxed),
+        );
         let per_kind = |out: &mut String, name: &str, help: &str, values: &[AtomicU64; 3]| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             for (kind, value) in Kind::ALL.iter().zip(values) {
-                let _ = writeln!(out, "{name}{{kind=\"{}\"}} {}", kind.as_str(), value.load(Relaxed));
+                let _ = writeln!(
+                    out,
+                    "{name}{{kind=\"{}\"}} {}",
+                    kind.as_str(),
+                    value.load(Relaxed)
+                );
             }
         };
-        per_kind(&mut out, "nodus_watch_restarts_total", "Watch streams that failed and were restarted.", &self.watch_restarts);
-        per_kind(&mut out, "nodus_invalid_objects_total", "Objects skipped because they failed validation.", &self.invalid_objects);
+        per_kind(
+            &mut out,
+            "nodus_watch_restarts_total",
+            "Watch streams that failed and were restarted.",
+            &self.watch_restarts,
+        );
+        per_kind(
+            &mut out,
+            "nodus_invalid_objects_total",
+            "Objects skipped because they failed validation.",
+            &self.invalid_objects,
+        );
         let name = "nodus_view_apply_duration_seconds";
-        let _ = writeln!(out, "# HELP {name} Time to apply one batch of watch events to the view.\n# TYPE {name} histogram");
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time to apply one batch of watch events to the view.\n# TYPE {name} histogram"
+        );
         for (bound, bucket) in APPLY_BUCKETS.iter().zip(&self.apply_buckets) {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", bucket.load(Relaxed));
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{bound}\"}} {}",
+                bucket.load(Relaxed)
+            );
         }
         let count = self.apply_count.load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum {}", self.apply_sum_nanos.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(
+            out,
+            "{name}_sum {}",
+            self.apply_sum_nanos.load(Relaxed) as f64 / 1e9
+        );
         let _ = writeln!(out, "{name}_count {count}");
         out
     }
@@ -115,9 +159,18 @@ mod tests {
         metrics.batch_applied(Duration::from_micros(50));
         metrics.batch_applied(Duration::from_millis(3));
         let text = metrics.render();
-        assert!(text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.0001\"} 1"), "{text}");
-        assert!(text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.005\"} 2"), "{text}");
-        assert!(text.contains("nodus_view_apply_duration_seconds_count 2"), "{text}");
+        assert!(
+            text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.0001\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.005\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodus_view_apply_duration_seconds_count 2"),
+            "{text}"
+        );
     }
 
     #[test]
@@ -127,7 +180,13 @@ mod tests {
         metrics.object_skipped(Kind::EndpointSlice);
         metrics.watch_restarted(Kind::Node);
         let text = metrics.render();
-        assert!(text.contains("nodus_invalid_objects_total{kind=\"EndpointSlice\"} 2"), "{text}");
-        assert!(text.contains("nodus_watch_restarts_total{kind=\"Node\"} 1"), "{text}");
+        assert!(
+            text.contains("nodus_invalid_objects_total{kind=\"EndpointSlice\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodus_watch_restarts_total{kind=\"Node\"} 1"),
+            "{text}"
+        );
     }
 }

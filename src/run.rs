@@ -42,9 +42,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         "the node name is required: pass --node-name or set NODE_NAME"
     );
     for name in config.unavailable_subsystems() {
-        tracing::warn!(subsystem = name, "enabled in the configuration but not in this build; ignored");
+        tracing::warn!(
+            subsystem = name,
+            "enabled in the configuration but not in this build; ignored"
+        );
     }
-    let client = watch::connect(args.cluster.kubeconfig.as_deref(), config.api_server.as_deref()).await?;
+    let client = watch::connect(
+        args.cluster.kubeconfig.as_deref(),
+        config.api_server.as_deref(),
+    )
+    .await?;
     let metrics = Arc::new(Metrics::default());
     let http_addr = crate::http::serve(config.http_addr, metrics.clone()).await?;
     tracing::info!(node = %node_name, %http_addr, "nodus starting");

@@ -122,7 +122,9 @@ fn read_cluster(load: Option<&Path>) -> anyhow::Result<Vec<Value>> {
     };
     let mut files = Vec::new();
     if path.is_dir() {
-        for entry in std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))? {
+        for entry in
+            std::fs::read_dir(path).with_context(|| format!("reading {}", path.display()))?
+        {
             let file = entry?.path();
             if file.extension().is_some_and(|e| e == "yaml" || e == "yml") {
                 files.push(file);
@@ -134,7 +136,8 @@ fn read_cluster(load: Option<&Path>) -> anyhow::Result<Vec<Value>> {
     }
     let mut docs = Vec::new();
     for file in files {
-        let text = std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+        let text = std::fs::read_to_string(&file)
+            .with_context(|| format!("reading {}", file.display()))?;
         docs.extend(parse_documents(&text).with_context(|| format!("in {}", file.display()))?);
     }
     Ok(docs)
@@ -151,7 +154,10 @@ fn plan_pods(docs: &[Value], nodes: &BTreeSet<String>) -> BTreeMap<String, PodPl
             .filter_map(|p| p["port"].as_u64().and_then(|p| u16::try_from(p).ok()))
             .collect();
         for endpoint in slice["endpoints"].as_array().into_iter().flatten() {
-            let (Some(pod), Some(node)) = (endpoint["targetRef"]["name"].as_str(), endpoint["nodeName"].as_str()) else {
+            let (Some(pod), Some(node)) = (
+                endpoint["targetRef"]["name"].as_str(),
+                endpoint["nodeName"].as_str(),
+            ) else {
                 continue;
             };
             if !nodes.contains(node) {
@@ -160,7 +166,10 @@ fn plan_pods(docs: &[Value], nodes: &BTreeSet<String>) -> BTreeMap<String, PodPl
             let plan = pods.entry(pod.to_string()).or_default();
             plan.node = node.to_string();
             plan.ports.extend(&ports);
-            match endpoint["addresses"][0].as_str().and_then(|a| a.parse::<IpAddr>().ok()) {
+            match endpoint["addresses"][0]
+                .as_str()
+                .and_then(|a| a.parse::<IpAddr>().ok())
+            {
                 Some(IpAddr::V4(ip)) => plan.v4 = Some(ip),
                 Some(IpAddr::V6(ip)) => plan.v6 = Some(ip),
                 None => {}
@@ -176,7 +185,9 @@ fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
     let timeout = Duration::from_secs(2);
     let probe = node.ns.enter(|| {
         let ready = http_get(addr, "/readyz", timeout).is_ok_and(|(code, _)| code == 200);
-        let metrics = http_get(addr, "/metrics", timeout).map(|(_, body)| body).unwrap_or_default();
+        let metrics = http_get(addr, "/metrics", timeout)
+            .map(|(_, body)| body)
+            .unwrap_or_default();
         (ready, metrics)
     });
     let Ok((ready, metrics)) = probe else {
@@ -195,7 +206,8 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     if !netns::is_root() {
         bail!("the sandbox creates network namespaces: run it as root");
     }
-    std::fs::create_dir_all(&args.dir).with_context(|| format!("creating {}", args.dir.display()))?;
+    std::fs::create_dir_all(&args.dir)
+        .with_context(|| format!("creating {}", args.dir.display()))?;
     let mut docs = read_cluster(args.load.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -211,8 +223,12 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     node_names.sort();
     // Each Node object gets the underlay address its namespace really has.
     for doc in docs.iter_mut().filter(|d| d["kind"] == "Node") {
-        let name = doc["metadata"]["name"].as_str().unwrap_or_default().to_string();
-        let index = FIRST_NODE_INDEX + node_names.iter().position(|n| *n == name).unwrap_or(0) as u8;
+        let name = doc["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let index =
+            FIRST_NODE_INDEX + node_names.iter().position(|n| *n == name).unwrap_or(0) as u8;
         doc["status"]["addresses"] = json!([
             {"type": "InternalIP", "address": underlay.v4(index).to_string()},
             {"type": "InternalIP", "address": underlay.v6(u16::from(index)).to_string()},
@@ -225,7 +241,10 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         store.apply_value(doc.clone())?;
     }
     let local = rt
-        .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, args.api_port)))
+        .block_on(tokio::net::TcpListener::bind((
+            Ipv4Addr::LOCALHOST,
+            args.api_port,
+        )))
         .with_context(|| format!("binding 127.0.0.1:{}", args.api_port))?;
     let server = rt.block_on(apiserver::serve(store.clone(), local))?;
     let on_underlay = underlay
@@ -283,26 +302,52 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    println!("nodus sandbox: API server {} ({} objects)", server.url(), docs.len());
+    println!(
+        "nodus sandbox: API server {} ({} objects)",
+        server.url(),
+        docs.len()
+    );
     println!("sandbox pid: {}", std::process::id());
-    println!("{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}", "NODE", "READY", "SERVICES", "ENDPOINTSLICES", "ENDPOINTS", "NODES");
+    println!(
+        "{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}",
+        "NODE", "READY", "SERVICES", "ENDPOINTSLICES", "ENDPOINTS", "NODES"
+    );
     for (node, (ready, objects)) in nodes.iter().zip(&statuses) {
         let get = |k: &str| objects.get(k).map_or("-", String::as_str).to_string();
         println!(
             "{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}",
-            node.name, ready, get("service"), get("endpointslice"), get("endpoint"), get("node")
+            node.name,
+            ready,
+            get("service"),
+            get("endpointslice"),
+            get("endpoint"),
+            get("node")
         );
     }
-    println!("pods: {}", pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "));
+    println!(
+        "pods: {}",
+        pods.iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     println!("logs: {}/<node>.log", args.dir.display());
     let all_ready = statuses.iter().all(|(ready, _)| *ready);
     if args.exit_when_ready {
         println!("tearing down");
         drop((pods, nodes, underlay));
         rt.block_on(server.shutdown());
-        return if all_ready { Ok(()) } else { bail!("not every node became ready; see the logs") };
+        return if all_ready {
+            Ok(())
+        } else {
+            bail!("not every node became ready; see the logs")
+        };
     }
-    println!("\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\nCtrl-C to tear everything down.", user_kubeconfig.display(), user_kubeconfig.display());
+    println!(
+        "\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\nCtrl-C to tear everything down.",
+        user_kubeconfig.display(),
+        user_kubeconfig.display()
+    );
     let signal = rt.block_on(crate::run::shutdown_signal())?;
     println!("{signal}: tearing down");
     drop((pods, nodes, underlay));

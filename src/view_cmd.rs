@@ -37,11 +37,29 @@ fn print_changes(view: &View, changes: &ChangeSet, out: &mut impl Write) -> std:
         let object = view
             .service(&name.namespace, &name.name)
             .map(|s| resolve_service(view.strings(), &node, &s));
-        print_line(out, &Line { kind: "Service", namespace: &name.namespace, name: &name.name, object })?;
+        print_line(
+            out,
+            &Line {
+                kind: "Service",
+                namespace: &name.namespace,
+                name: &name.name,
+                object,
+            },
+        )?;
     }
     for name in &changes.nodes {
-        let object = view.node(name).map(|n| resolve_node(view.strings(), name, n));
-        print_line(out, &Line { kind: "Node", namespace: "", name, object })?;
+        let object = view
+            .node(name)
+            .map(|n| resolve_node(view.strings(), name, n));
+        print_line(
+            out,
+            &Line {
+                kind: "Node",
+                namespace: "",
+                name,
+                object,
+            },
+        )?;
     }
     out.flush()
 }
@@ -60,14 +78,22 @@ fn everything(view: &View) -> ChangeSet {
 
 pub async fn view(args: ViewArgs) -> anyhow::Result<()> {
     let config = load_config(&args.cluster)?;
-    let client = watch::connect(args.cluster.kubeconfig.as_deref(), config.api_server.as_deref()).await?;
+    let client = watch::connect(
+        args.cluster.kubeconfig.as_deref(),
+        config.api_server.as_deref(),
+    )
+    .await?;
     let set = WatchSet {
         page_size: config.watch_page_size,
         all_nodes: true,
         node_name: args.cluster.node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
-    let mut feed = Feed::new(View::new(&args.cluster.node_name), Arc::new(Metrics::default()), kinds);
+    let mut feed = Feed::new(
+        View::new(&args.cluster.node_name),
+        Arc::new(Metrics::default()),
+        kinds,
+    );
     let mut result = Ok(());
     let stdout = std::io::stdout();
     feed.drive(items, |feed, applied| {
@@ -80,9 +106,11 @@ pub async fn view(args: ViewArgs) -> anyhow::Result<()> {
                 .and_then(|()| writeln!(out))
                 .map(|()| ControlFlow::Break(()))
         } else if applied.initial_sync {
-            print_changes(&feed.view, &everything(&feed.view), &mut out).map(|()| ControlFlow::Continue(()))
+            print_changes(&feed.view, &everything(&feed.view), &mut out)
+                .map(|()| ControlFlow::Continue(()))
         } else {
-            print_changes(&feed.view, &applied.changes, &mut out).map(|()| ControlFlow::Continue(()))
+            print_changes(&feed.view, &applied.changes, &mut out)
+                .map(|()| ControlFlow::Continue(()))
         };
         printed.unwrap_or_else(|error| {
             // A closed pipe (`nodus view --watch | head`) ends the stream quietly.

@@ -8,8 +8,8 @@
 use futures::{Stream, StreamExt, stream};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
-use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
 use nodus_view::wire;
 use nodus_view::{Kind, Update};
@@ -37,7 +37,7 @@ impl WireKind for wire::Service {
         &self.metadata
     }
     fn into_update(self) -> Update {
-        Update::Service(self)
+        Update::Service(Box::new(self))
     }
 }
 
@@ -50,7 +50,7 @@ impl WireKind for wire::EndpointSlice {
         &self.metadata
     }
     fn into_update(self) -> Update {
-        Update::EndpointSlice(self)
+        Update::EndpointSlice(Box::new(self))
     }
 }
 
@@ -63,7 +63,7 @@ impl WireKind for wire::Node {
         &self.metadata
     }
     fn into_update(self) -> Update {
-        Update::Node(self)
+        Update::Node(Box::new(self))
     }
 }
 
@@ -114,7 +114,10 @@ impl<T: WireKind> Resource for Lean<T> {
 
 /// How nodus finds the API server: `--kubeconfig`, else in-cluster, else `$KUBECONFIG`
 /// (or `~/.kube/config`); `api_server` replaces the URL found.
-pub async fn connect(kubeconfig: Option<&Path>, api_server: Option<&str>) -> anyhow::Result<Client> {
+pub async fn connect(
+    kubeconfig: Option<&Path>,
+    api_server: Option<&str>,
+) -> anyhow::Result<Client> {
     use anyhow::Context;
     use kube::config::{Config, KubeConfigOptions, Kubeconfig};
     let mut config = if let Some(path) = kubeconfig {
@@ -128,7 +131,9 @@ pub async fn connect(kubeconfig: Option<&Path>, api_server: Option<&str>) -> any
     } else {
         Config::from_kubeconfig(&KubeConfigOptions::default())
             .await
-            .context("no --kubeconfig, not in a cluster, and no usable $KUBECONFIG or ~/.kube/config")?
+            .context(
+                "no --kubeconfig, not in a cluster, and no usable $KUBECONFIG or ~/.kube/config",
+            )?
     };
     if let Some(url) = api_server {
         config.cluster_url = url.parse().with_context(|| format!("api_server {url:?}"))?;
@@ -174,12 +179,19 @@ fn kind_stream<T: WireKind>(
 
 /// The merged stream of every watch nodus needs, and the kinds it must list before the
 /// view is complete.
-pub fn watch_all(client: &Client, set: &WatchSet) -> (impl Stream<Item = WatchItem> + Send + use<>, Vec<Kind>) {
+pub fn watch_all(
+    client: &Client,
+    set: &WatchSet,
+) -> (impl Stream<Item = WatchItem> + Send + use<>, Vec<Kind>) {
     let config = watcher::Config::default().page_size(set.page_size);
     let nodes = if set.all_nodes {
         Some(config.clone())
     } else if !set.node_name.is_empty() {
-        Some(config.clone().fields(&format!("metadata.name={}", set.node_name)))
+        Some(
+            config
+                .clone()
+                .fields(&format!("metadata.name={}", set.node_name)),
+        )
     } else {
         None
     };

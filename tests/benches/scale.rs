@@ -6,7 +6,8 @@
 //! applied the last one, and the time nodus spent applying batches. It prints figures;
 //! it asserts nothing.
 //!
-//! `cargo bench --bench scale -- [--shape 1000x10x100]… [--churn 1000] [--nodus PATH]`
+//! `cargo bench --bench scale -- [--shape 1000x10x100]… [--churn 1000] [--nodus PATH]
+//! [--page-size N] [--settle-ms MS]`
 
 use anyhow::{Context, bail};
 use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
@@ -22,17 +23,25 @@ struct Options {
     churn: usize,
     nodus: PathBuf,
     settle: Duration,
+    page_size: Option<u32>,
 }
 
 fn parse_shape(text: &str) -> anyhow::Result<Shape> {
     let parts: Vec<usize> = text
         .split('x')
-        .map(|p| p.parse().with_context(|| format!("shape {text:?}: expected SxExN")))
+        .map(|p| {
+            p.parse()
+                .with_context(|| format!("shape {text:?}: expected SxExN"))
+        })
         .collect::<Result<_, _>>()?;
     let [services, endpoints_per_service, nodes] = parts[..] else {
         bail!("shape {text:?}: expected SxExN");
     };
-    Ok(Shape { services, endpoints_per_service, nodes })
+    Ok(Shape {
+        services,
+        endpoints_per_service,
+        nodes,
+    })
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -41,6 +50,7 @@ fn options() -> anyhow::Result<Options> {
         churn: 1000,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
         settle: Duration::from_secs(2),
+        page_size: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -50,6 +60,7 @@ fn options() -> anyhow::Result<Options> {
             "--churn" => opts.churn = value()?.parse()?,
             "--nodus" => opts.nodus = value()?.into(),
             "--settle-ms" => opts.settle = Duration::from_millis(value()?.parse()?),
+            "--page-size" => opts.page_size = Some(value()?.parse()?),
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -79,7 +90,9 @@ fn metric(body: &str, line_prefix: &str) -> Option<f64> {
 }
 
 fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
 }
 
 struct Agent(Child);
@@ -93,7 +106,10 @@ impl Drop for Agent {
 }
 
 fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let store = Store::new(ApiServerConfig {
         history: opts.churn + 10_000,
         ..ApiServerConfig::default()
@@ -109,13 +125,26 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     apiserver::write_kubeconfig(&kubeconfig, &server.url())?;
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
     let log = std::fs::File::create(dir.join("nodus.log"))?;
+    let config = dir.join("config.yaml");
+    let page_size = opts
+        .page_size
+        .map_or(String::new(), |n| format!("watch_page_size: {n}\n"));
+    std::fs::write(&config, page_size)?;
 
     let start = Instant::now();
     let agent = Agent(
         Command::new(&opts.nodus)
-            .args(["run", "--node-name", &scale::node_name(0), "--http-addr", &http.to_string()])
+            .args([
+                "run",
+                "--node-name",
+                &scale::node_name(0),
+                "--http-addr",
+                &http.to_string(),
+            ])
             .arg("--kubeconfig")
             .arg(&kubeconfig)
+            .arg("--config")
+            .arg(&config)
             .env("NODUS_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(log)
@@ -129,7 +158,10 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
             break;
         }
         if start.elapsed() > Duration::from_secs(600) {
-            bail!("nodus not ready after 10 minutes; see {}", dir.join("nodus.log").display());
+            bail!(
+                "nodus not ready after 10 minutes; see {}",
+                dir.join("nodus.log").display()
+            );
         }
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -149,7 +181,10 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
         store.apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
     }
     // A last update adds one endpoint: once nodus counts it, every update before it is in.
-    let marker = Shape { endpoints_per_service: 1, ..shape };
+    let marker = Shape {
+        endpoints_per_service: 1,
+        ..shape
+    };
     store.apply_value(scale::slice(shape.services, &marker, 0))?;
     loop {
         if metrics("nodus_view_objects{kind=\"endpoint\"}")? > endpoints_before {
@@ -167,7 +202,14 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     drop(agent);
     rt.block_on(server.shutdown());
     let _ = std::fs::remove_dir_all(&dir);
-    Ok(Row { shape, ready, synced, churn_wall, churn_apply, churned })
+    Ok(Row {
+        shape,
+        ready,
+        synced,
+        churn_wall,
+        churn_apply,
+        churned,
+    })
 }
 
 fn mib(kib: u64) -> String {
@@ -176,21 +218,45 @@ fn mib(kib: u64) -> String {
 
 fn main() -> anyhow::Result<()> {
     let opts = options()?;
-    println!("nodus scale bench: {} (churn {} endpoint-slice updates)", opts.nodus.display(), opts.churn);
+    println!(
+        "nodus scale bench: {} (churn {} endpoint-slice updates)",
+        opts.nodus.display(),
+        opts.churn
+    );
     println!(
         "{:<14} {:>9} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>8} {:>8} {:>8}",
-        "shape S×E×N", "ready s", "RSS MiB", "anon", "peak", "churn ms", "apply ms", "RSS MiB", "anon", "peak"
+        "shape S×E×N",
+        "ready s",
+        "RSS MiB",
+        "anon",
+        "peak",
+        "churn ms",
+        "apply ms",
+        "RSS MiB",
+        "anon",
+        "peak"
     );
-    println!("{:<14} {:>9} | {:^26} | {:^21} | {:^26}", "", "", "after initial sync", "churn", "after churn");
+    println!(
+        "{:<14} {:>9} | {:^26} | {:^21} | {:^26}",
+        "", "", "after initial sync", "churn", "after churn"
+    );
     for shape in &opts.shapes {
         let row = run_shape(&opts, *shape)?;
         println!(
             "{:<14} {:>9.2} | {:>8} {:>8} {:>8} | {:>10.1} {:>10.1} | {:>8} {:>8} {:>8}",
-            format!("{}×{}×{}", row.shape.services, row.shape.endpoints_per_service, row.shape.nodes),
+            format!(
+                "{}×{}×{}",
+                row.shape.services, row.shape.endpoints_per_service, row.shape.nodes
+            ),
             row.ready.as_secs_f64(),
-            mib(row.synced.rss_kib), mib(row.synced.anon_kib), mib(row.synced.peak_rss_kib),
-            row.churn_wall.as_secs_f64() * 1000.0, row.churn_apply * 1000.0,
-            mib(row.churned.rss_kib), mib(row.churned.anon_kib), mib(row.churned.peak_rss_kib),
+            mib(row.synced.rss_kib),
+            mib(row.synced.anon_kib),
+            mib(row.synced.peak_rss_kib),
+            row.churn_wall.as_secs_f64() * 1000.0,
+            row.churn_apply * 1000.0,
+            mib(row.churned.rss_kib),
+            mib(row.churned.anon_kib),
+            mib(row.churned.peak_rss_kib),
         );
     }
     Ok(())

@@ -13,9 +13,17 @@ fn run_becomes_ready_and_reports_the_view_in_metrics() {
     assert_eq!(get(http, "/healthz").map(|(code, _)| code), Some(200));
     let (_, body) = get(http, "/metrics").expect("metrics");
     assert_eq!(metric(&body, SERVICES), Some(5.0), "{body}");
-    assert_eq!(metric(&body, "nodus_view_objects{kind=\"endpoint\"}"), Some(10.0), "{body}");
+    assert_eq!(
+        metric(&body, "nodus_view_objects{kind=\"endpoint\"}"),
+        Some(10.0),
+        "{body}"
+    );
     // Only its own Node: the mesh is off.
-    assert_eq!(metric(&body, "nodus_view_objects{kind=\"node\"}"), Some(1.0), "{body}");
+    assert_eq!(
+        metric(&body, "nodus_view_objects{kind=\"node\"}"),
+        Some(1.0),
+        "{body}"
+    );
     assert_eq!(metric(&body, "nodus_ready"), Some(1.0));
     assert!(body.contains("nodus_view_apply_duration_seconds_count"));
 }
@@ -23,7 +31,11 @@ fn run_becomes_ready_and_reports_the_view_in_metrics() {
 #[test]
 fn run_refuses_to_start_without_a_node_name() {
     let cluster = Cluster::new("no-node", EXAMPLE);
-    let output = cluster.nodus(&["run"]).env_remove("NODE_NAME").output().expect("runs");
+    let output = cluster
+        .nodus(&["run"])
+        .env_remove("NODE_NAME")
+        .output()
+        .expect("runs");
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--node-name"));
 }
@@ -47,11 +59,26 @@ fn an_invalid_object_is_skipped_counted_and_never_poisons_the_view() {
     let http = cluster.run_agent("node-1");
     wait_ready(http);
     let (_, body) = get(http, "/metrics").expect("metrics");
-    assert_eq!(metric(&body, SERVICES), Some(5.0), "the valid services are all there");
-    assert_eq!(metric(&body, "nodus_invalid_objects_total{kind=\"Service\"}"), Some(1.0), "{body}");
-    assert_eq!(metric(&body, "nodus_invalid_objects_total{kind=\"EndpointSlice\"}"), Some(1.0), "{body}");
+    assert_eq!(
+        metric(&body, SERVICES),
+        Some(5.0),
+        "the valid services are all there"
+    );
+    assert_eq!(
+        metric(&body, "nodus_invalid_objects_total{kind=\"Service\"}"),
+        Some(1.0),
+        "{body}"
+    );
+    assert_eq!(
+        metric(&body, "nodus_invalid_objects_total{kind=\"EndpointSlice\"}"),
+        Some(1.0),
+        "{body}"
+    );
     let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
-    assert!(log.contains("default/broken") && log.contains("10.96.0.300"), "{log}");
+    assert!(
+        log.contains("default/broken") && log.contains("10.96.0.300"),
+        "{log}"
+    );
 }
 
 #[test]
@@ -61,7 +88,10 @@ fn a_forced_410_relists_without_losing_the_view() {
     wait_ready(http);
     // While the watches are cut, one service goes and one comes: only a relist sees both.
     cluster.store.force_compaction();
-    cluster.store.delete("v1", "Service", Some("shop"), "docs").expect("delete");
+    cluster
+        .store
+        .delete("v1", "Service", Some("shop"), "docs")
+        .expect("delete");
     cluster.apply(json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "late", "namespace": "shop"},
@@ -85,7 +115,10 @@ fn a_forced_410_relists_without_losing_the_view() {
         .output()
         .expect("view");
     let text = String::from_utf8_lossy(&view.stdout);
-    assert!(text.contains("\"late\"") && !text.contains("\"docs\""), "{text}");
+    assert!(
+        text.contains("\"late\"") && !text.contains("\"docs\""),
+        "{text}"
+    );
 }
 
 #[test]
@@ -101,5 +134,9 @@ fn the_agent_survives_an_api_server_restart() {
     }));
     cluster.restart_server();
     wait_metric(http, SERVICES, 6.0);
-    assert_eq!(get(http, "/readyz").map(|(code, _)| code), Some(200), "stays ready throughout");
+    assert_eq!(
+        get(http, "/readyz").map(|(code, _)| code),
+        Some(200),
+        "stays ready throughout"
+    );
 }

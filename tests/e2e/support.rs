@@ -35,7 +35,9 @@ impl Cluster {
         let listener = rt
             .block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
             .expect("bind");
-        let server = rt.block_on(apiserver::serve(store.clone(), listener)).expect("serve");
+        let server = rt
+            .block_on(apiserver::serve(store.clone(), listener))
+            .expect("serve");
         let dir = std::env::temp_dir().join(format!("nodus-e2e-{test}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let kubeconfig = dir.join("kubeconfig");
@@ -63,8 +65,9 @@ impl Cluster {
     }
 
     pub fn spawn(&mut self, mut cmd: Command) -> &mut Child {
-        let log = std::fs::File::create(self.dir.join(format!("nodus-{}.log", self.children.len())))
-            .expect("log file");
+        let log =
+            std::fs::File::create(self.dir.join(format!("nodus-{}.log", self.children.len())))
+                .expect("log file");
         let child = cmd.stderr(log).spawn().expect("nodus starts");
         self.children.push(child);
         self.children.last_mut().expect("just pushed")
@@ -92,7 +95,11 @@ impl Cluster {
                 }
             }
         });
-        self.server = Some(self.rt.block_on(apiserver::serve(self.store.clone(), listener)).expect("serve"));
+        self.server = Some(
+            self.rt
+                .block_on(apiserver::serve(self.store.clone(), listener))
+                .expect("serve"),
+        );
     }
 
     pub fn stop_server(&mut self) {
@@ -108,7 +115,9 @@ impl Cluster {
     }
 
     pub fn apply(&self, object: serde_json::Value) {
-        self.store.apply_value(object).expect("store accepts the object");
+        self.store
+            .apply_value(object)
+            .expect("store accepts the object");
     }
 }
 
@@ -179,7 +188,8 @@ impl Lines {
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
-                let value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+                let value = serde_json::from_str(&line)
+                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
                 if tx.send(value).is_err() {
                     break;
                 }
@@ -193,7 +203,10 @@ impl Lines {
         let deadline = Instant::now() + WAIT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            let line = self.0.recv_timeout(left).unwrap_or_else(|_| panic!("no line for {kind} {name}"));
+            let line = self
+                .0
+                .recv_timeout(left)
+                .unwrap_or_else(|_| panic!("no line for {kind} {name}"));
             let full = match line["namespace"].as_str() {
                 Some(ns) => format!("{ns}/{}", line["name"].as_str().unwrap_or_default()),
                 None => line["name"].as_str().unwrap_or_default().to_string(),

@@ -18,7 +18,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 pub fn unique_name(tag: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    let tag: String = tag.chars().filter(char::is_ascii_alphanumeric).take(4).collect();
+    let tag: String = tag
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(4)
+        .collect();
     format!("n{:x}{tag}{n}", std::process::id() & 0xfffff)
 }
 
@@ -90,7 +94,8 @@ impl Netns {
     }
 
     pub fn sysctl(&self, key: &str, value: &str) -> anyhow::Result<()> {
-        self.exec("sysctl", &["-qw", &format!("{key}={value}")]).map(drop)
+        self.exec("sysctl", &["-qw", &format!("{key}={value}")])
+            .map(drop)
     }
 
     /// Starts a long-running process in the namespace; it is killed when the namespace drops.
@@ -186,9 +191,20 @@ impl Underlay {
             v4_prefix,
             v6_prefix,
         };
-        underlay.ns.ip(&["addr", "add", &format!("{}/24", underlay.v4(1)), "dev", &underlay.bridge])?;
         underlay.ns.ip(&[
-            "addr", "add", &format!("{}/64", underlay.v6(1)), "dev", &underlay.bridge, "nodad",
+            "addr",
+            "add",
+            &format!("{}/24", underlay.v4(1)),
+            "dev",
+            &underlay.bridge,
+        ])?;
+        underlay.ns.ip(&[
+            "addr",
+            "add",
+            &format!("{}/64", underlay.v6(1)),
+            "dev",
+            &underlay.bridge,
+            "nodad",
         ])?;
         Ok(underlay)
     }
@@ -207,10 +223,22 @@ impl Underlay {
     pub fn attach(&self, host: &Netns, index: u8) -> anyhow::Result<()> {
         let port = unique_name("p");
         veth(&self.ns, &port, host, "eth0")?;
-        self.ns.ip(&["link", "set", &port, "master", &self.bridge])?;
-        host.ip(&["addr", "add", &format!("{}/24", self.v4(index)), "dev", "eth0"])?;
+        self.ns
+            .ip(&["link", "set", &port, "master", &self.bridge])?;
         host.ip(&[
-            "addr", "add", &format!("{}/64", self.v6(u16::from(index))), "dev", "eth0", "nodad",
+            "addr",
+            "add",
+            &format!("{}/24", self.v4(index)),
+            "dev",
+            "eth0",
+        ])?;
+        host.ip(&[
+            "addr",
+            "add",
+            &format!("{}/64", self.v6(u16::from(index))),
+            "dev",
+            "eth0",
+            "nodad",
         ])?;
         Ok(())
     }
@@ -262,20 +290,61 @@ impl Pod {
         let ns = Netns::new(name)?;
         let host_if = unique_name("h");
         veth(&node.ns, &host_if, &ns, "eth0")?;
-        node.ns.ip(&["addr", "add", &format!("{POD_GATEWAY_V4}/32"), "dev", &host_if])?;
-        node.ns.ip(&["addr", "add", &format!("{POD_GATEWAY_V6}/64"), "dev", &host_if, "nodad"])?;
+        node.ns.ip(&[
+            "addr",
+            "add",
+            &format!("{POD_GATEWAY_V4}/32"),
+            "dev",
+            &host_if,
+        ])?;
+        node.ns.ip(&[
+            "addr",
+            "add",
+            &format!("{POD_GATEWAY_V6}/64"),
+            "dev",
+            &host_if,
+            "nodad",
+        ])?;
         // Answer ARP for the gateway on behalf of the node.
-        node.ns.sysctl(&format!("net.ipv4.conf.{host_if}.proxy_arp"), "1")?;
+        node.ns
+            .sysctl(&format!("net.ipv4.conf.{host_if}.proxy_arp"), "1")?;
         if let Some(ip) = v4 {
             ns.ip(&["addr", "add", &format!("{ip}/32"), "dev", "eth0"])?;
-            ns.ip(&["route", "add", POD_GATEWAY_V4, "dev", "eth0", "scope", "link"])?;
-            ns.ip(&["route", "add", "default", "via", POD_GATEWAY_V4, "dev", "eth0"])?;
-            node.ns.ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
+            ns.ip(&[
+                "route",
+                "add",
+                POD_GATEWAY_V4,
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ])?;
+            ns.ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                POD_GATEWAY_V4,
+                "dev",
+                "eth0",
+            ])?;
+            node.ns
+                .ip(&["route", "add", &format!("{ip}/32"), "dev", &host_if])?;
         }
         if let Some(ip) = v6 {
             ns.ip(&["addr", "add", &format!("{ip}/128"), "dev", "eth0", "nodad"])?;
-            ns.ip(&["-6", "route", "add", "default", "via", POD_GATEWAY_V6, "dev", "eth0"])?;
-            node.ns.ip(&["-6", "route", "add", &format!("{ip}/128"), "dev", &host_if])?;
+            ns.ip(&[
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                POD_GATEWAY_V6,
+                "dev",
+                "eth0",
+            ])?;
+            node.ns
+                .ip(&["-6", "route", "add", &format!("{ip}/128"), "dev", &host_if])?;
         }
         Ok(Pod {
             ns,

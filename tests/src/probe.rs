@@ -43,7 +43,9 @@ pub fn udp_who(socket: &UdpSocket, addr: SocketAddr, timeout: Duration) -> anyho
     socket.set_read_timeout(Some(timeout))?;
     socket.send_to(b"who\n", addr)?;
     let mut buf = [0u8; 512];
-    let (n, from) = socket.recv_from(&mut buf).with_context(|| format!("waiting for {addr}"))?;
+    let (n, from) = socket
+        .recv_from(&mut buf)
+        .with_context(|| format!("waiting for {addr}"))?;
     if n == 0 {
         bail!("empty answer from {from}");
     }

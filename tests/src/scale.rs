@@ -79,7 +79,8 @@ pub fn service(i: usize) -> Value {
         "internalTrafficPolicy": "Cluster"
     });
     let last_applied = json!({"apiVersion": "v1", "kind": "Service",
-                              "metadata": {"name": name, "namespace": ns}, "spec": spec}).to_string();
+                              "metadata": {"name": name, "namespace": ns}, "spec": spec})
+    .to_string();
     json!({
         "apiVersion": "v1", "kind": "Service",
         "metadata": {
@@ -172,10 +173,18 @@ mod tests {
 
     #[test]
     fn shapes_generate_distinct_objects() {
-        let shape = Shape { services: 30, endpoints_per_service: 10, nodes: 4 };
+        let shape = Shape {
+            services: 30,
+            endpoints_per_service: 10,
+            nodes: 4,
+        };
         let objects: Vec<Value> = cluster(&shape).collect();
         assert_eq!(objects.len(), 4 + 30 * 2);
-        assert_ne!(slice(1, &shape, 0), slice(1, &shape, 1), "churn changes a slice");
+        assert_ne!(
+            slice(1, &shape, 0),
+            slice(1, &shape, 1),
+            "churn changes a slice"
+        );
         assert_eq!(cluster_ip(0).to_string(), "10.96.0.10");
     }
 

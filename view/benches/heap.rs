@@ -38,11 +38,13 @@ const BUDGET_BYTES: usize = 8 << 20;
 
 fn update(object: serde_json::Value) -> Update {
     match object["kind"].as_str() {
-        Some("Service") => Update::Service(serde_json::from_value::<wire::Service>(object).expect("service")),
-        Some("EndpointSlice") => {
-            Update::EndpointSlice(serde_json::from_value::<wire::EndpointSlice>(object).expect("slice"))
+        Some("Service") => {
+            Update::Service(serde_json::from_value::<Box<wire::Service>>(object).expect("service"))
         }
-        _ => Update::Node(serde_json::from_value::<wire::Node>(object).expect("node")),
+        Some("EndpointSlice") => Update::EndpointSlice(
+            serde_json::from_value::<Box<wire::EndpointSlice>>(object).expect("slice"),
+        ),
+        _ => Update::Node(serde_json::from_value::<Box<wire::Node>>(object).expect("node")),
     }
 }
 
@@ -72,17 +74,27 @@ fn measure(shape: Shape, churn: usize) -> (usize, usize) {
     let churned = LIVE.load(Relaxed) - before;
     let counts = view.counts();
     assert_eq!(counts.services, shape.services);
-    assert_eq!(counts.endpoints, shape.services * shape.endpoints_per_service);
+    assert_eq!(
+        counts.endpoints,
+        shape.services * shape.endpoints_per_service
+    );
     drop(view);
     (synced, churned)
 }
 
 pub fn main() {
     println!("node view heap (live bytes, counting allocator)");
-    println!("{:<14} {:>14} {:>16} {:>12}", "shape S×E×N", "after sync", "after 1000 churn", "per endpoint");
+    println!(
+        "{:<14} {:>14} {:>16} {:>12}",
+        "shape S×E×N", "after sync", "after 1000 churn", "per endpoint"
+    );
     let mut over_budget = false;
     for (services, endpoints, nodes) in [(100, 3, 3), (1000, 10, 100), (10_000, 10, 100)] {
-        let shape = Shape { services, endpoints_per_service: endpoints, nodes };
+        let shape = Shape {
+            services,
+            endpoints_per_service: endpoints,
+            nodes,
+        };
         let (synced, churned) = measure(shape, 1000);
         println!(
             "{:<14} {:>10.2} MiB {:>12.2} MiB {:>10} B",

@@ -192,7 +192,12 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
         .load_balancer
         .ingress
         .iter()
-        .filter_map(|ing| ing.ip.as_deref().filter(|ip| !ip.is_empty()).map(|ip| (ip, ing)))
+        .filter_map(|ing| {
+            ing.ip
+                .as_deref()
+                .filter(|ip| !ip.is_empty())
+                .map(|ip| (ip, ing))
+        })
         .map(|(ip, ing)| {
             Ok(LoadBalancerIngress {
                 ip: parse_ip("status.loadBalancer.ingress.ip", ip)?,
@@ -203,7 +208,11 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
     let load_balancer_source_ranges: Box<[Cidr]> = spec
         .load_balancer_source_ranges
         .iter()
-        .map(|r| r.trim().parse::<Cidr>().map_err(|e| format!("spec.loadBalancerSourceRanges: {e}")))
+        .map(|r| {
+            r.trim()
+                .parse::<Cidr>()
+                .map_err(|e| format!("spec.loadBalancerSourceRanges: {e}"))
+        })
         .collect::<Result<_, _>>()?;
     let external_name = spec
         .external_name
@@ -243,7 +252,12 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
     Ok(CheckedService {
         service,
         port_names,
-        proxy_name: wire.metadata.labels.service_proxy_name.as_deref().unwrap_or(""),
+        proxy_name: wire
+            .metadata
+            .labels
+            .service_proxy_name
+            .as_deref()
+            .unwrap_or(""),
     })
 }
 
@@ -296,7 +310,12 @@ pub fn slice(
                 .filter_map(|(i, (addr, e))| match addr {
                     IpAddr::V4(addr) => {
                         let (conditions, node, zone) = intern(i, e);
-                        Some(Endpoint { addr: *addr, conditions, node, zone })
+                        Some(Endpoint {
+                            addr: *addr,
+                            conditions,
+                            node,
+                            zone,
+                        })
                     }
                     IpAddr::V6(_) => None,
                 })
@@ -309,7 +328,12 @@ pub fn slice(
                 .filter_map(|(i, (addr, e))| match addr {
                     IpAddr::V6(addr) => {
                         let (conditions, node, zone) = intern(i, e);
-                        Some(Endpoint { addr: *addr, conditions, node, zone })
+                        Some(Endpoint {
+                            addr: *addr,
+                            conditions,
+                            node,
+                            zone,
+                        })
                     }
                     IpAddr::V4(_) => None,
                 })
@@ -324,7 +348,10 @@ pub fn slice(
     }))
 }
 
-type CheckedSlice<'a> = (Vec<(&'a str, Protocol, u16)>, Vec<(IpAddr, &'a wire::Endpoint)>);
+type CheckedSlice<'a> = (
+    Vec<(&'a str, Protocol, u16)>,
+    Vec<(IpAddr, &'a wire::Endpoint)>,
+);
 
 fn check_slice(wire: &wire::EndpointSlice, family: Family) -> Result<CheckedSlice<'_>, String> {
     let mut ports = Vec::with_capacity(wire.ports.len());
@@ -368,7 +395,11 @@ fn condition_bits(c: &wire::EndpointConditions) -> u8 {
     bits
 }
 
-fn intern_extra(e: &wire::Endpoint, keep_pod: bool, strings: &mut Interner) -> Option<EndpointExtra> {
+fn intern_extra(
+    e: &wire::Endpoint,
+    keep_pod: bool,
+    strings: &mut Interner,
+) -> Option<EndpointExtra> {
     let pod = e
         .target_ref
         .as_ref()
@@ -386,10 +417,16 @@ fn intern_extra(e: &wire::Endpoint, keep_pod: bool, strings: &mut Interner) -> O
         hostname: hostname.map(Into::into),
         pod: pod.map(Into::into),
         for_zones: hints.map_or_else(Box::default, |h| {
-            h.for_zones.iter().map(|z| strings.intern(&z.name)).collect()
+            h.for_zones
+                .iter()
+                .map(|z| strings.intern(&z.name))
+                .collect()
         }),
         for_nodes: hints.map_or_else(Box::default, |h| {
-            h.for_nodes.iter().map(|n| strings.intern(&n.name)).collect()
+            h.for_nodes
+                .iter()
+                .map(|n| strings.intern(&n.name))
+                .collect()
         }),
     })
 }
@@ -454,9 +491,8 @@ mod tests {
     #[test]
     fn bad_ip_names_the_object_and_leaves_no_strings() {
         let mut strings = Interner::new();
-        let wire = service_json(
-            r#"{"clusterIP":"10.0.0.300","ports":[{"name":"http","port":80}]}"#,
-        );
+        let wire =
+            service_json(r#"{"clusterIP":"10.0.0.300","ports":[{"name":"http","port":80}]}"#);
         let err = service(&wire, &mut strings).expect_err("bad ip");
         assert_eq!(err.object, "default/web");
         assert!(err.reason.contains("10.0.0.300"), "{err}");
@@ -468,7 +504,8 @@ mod tests {
         let mut strings = Interner::new();
         let wire = service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":70000}]}"#);
         assert!(service(&wire, &mut strings).is_err());
-        let wire = service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":53,"protocol":"ICMP"}]}"#);
+        let wire =
+            service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":53,"protocol":"ICMP"}]}"#);
         let err = service(&wire, &mut strings).expect_err("bad protocol");
         assert!(err.reason.contains("ICMP"));
     }
@@ -476,8 +513,8 @@ mod tests {
     #[test]
     fn headless_and_dual_stack() {
         let mut strings = Interner::new();
-        let headless = service(&service_json(r#"{"clusterIP":"None"}"#), &mut strings)
-            .expect("valid");
+        let headless =
+            service(&service_json(r#"{"clusterIP":"None"}"#), &mut strings).expect("valid");
         assert!(headless.headless);
         assert!(headless.cluster_ips.is_empty());
         let dual = service(
@@ -485,7 +522,10 @@ mod tests {
             &mut strings,
         )
         .expect("valid");
-        assert_eq!(dual.cluster_ip(Family::V6), Some("fd00::1".parse().expect("ip")));
+        assert_eq!(
+            dual.cluster_ip(Family::V6),
+            Some("fd00::1".parse().expect("ip"))
+        );
     }
 
     #[test]
@@ -534,7 +574,11 @@ mod tests {
         let endpoints: Vec<_> = slice.endpoints().collect();
         assert_eq!(endpoints.len(), 1);
         assert_eq!(endpoints[0].addr, "10.1.0.1".parse::<IpAddr>().expect("ip"));
-        assert_eq!(slice.ports.len(), 1, "ports without name or number are ignored");
+        assert_eq!(
+            slice.ports.len(),
+            1,
+            "ports without name or number are ignored"
+        );
     }
 
     #[test]
@@ -558,7 +602,10 @@ mod tests {
         )
         .expect("json");
         let node = node(&wire, &mut strings).expect("valid");
-        assert_eq!(node.primary_ip(Family::V4), Some("10.0.0.1".parse().expect("ip")));
+        assert_eq!(
+            node.primary_ip(Family::V4),
+            Some("10.0.0.1".parse().expect("ip"))
+        );
         assert_eq!(node.primary_ip(Family::V6), None);
         assert_eq!(node.pod_cidrs.len(), 2);
         assert_eq!(strings.resolve(node.zone), "a");

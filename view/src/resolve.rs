@@ -87,7 +87,9 @@ pub fn candidates<'a>(
     out.sort_by(|a, b| {
         (a.endpoint.addr, a.port, !a.local).cmp(&(b.endpoint.addr, b.port, !b.local))
     });
-    out.dedup_by(|later, kept| later.endpoint.addr == kept.endpoint.addr && later.port == kept.port);
+    out.dedup_by(|later, kept| {
+        later.endpoint.addr == kept.endpoint.addr && later.port == kept.port
+    });
     out
 }
 
@@ -307,7 +309,10 @@ mod tests {
     }
 
     fn ips(targets: &[Target]) -> Vec<String> {
-        targets.iter().map(|t| format!("{}:{}", t.ip, t.port)).collect()
+        targets
+            .iter()
+            .map(|t| format!("{}:{}", t.ip, t.port))
+            .collect()
     }
 
     /// A.5: endpoints are the union of slices, de-duplicated by IP:port; the local copy wins.
@@ -322,7 +327,10 @@ mod tests {
         let e3 = f.endpoint("10.1.0.3", READY, "node-b");
         let s2 = f.slice("http", 8080, vec![e2_local, e3]);
         let sets = port_endpoints(&[s1, s2], Family::V4, &port, &f.node);
-        assert_eq!(ips(&sets.cluster), ["10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080"]);
+        assert_eq!(
+            ips(&sets.cluster),
+            ["10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080"]
+        );
         assert_eq!(ips(&sets.local), ["10.1.0.2:8080"]);
     }
 
@@ -335,8 +343,15 @@ mod tests {
         let e = f.endpoint("10.1.0.1", READY, "node-b");
         let s = f.slice("http", 8080, vec![e]);
         let slices = [s];
-        assert_eq!(ips(&port_endpoints(&slices, Family::V4, &http, &f.node).cluster), ["10.1.0.1:8080"]);
-        assert!(port_endpoints(&slices, Family::V4, &metrics, &f.node).cluster.is_empty());
+        assert_eq!(
+            ips(&port_endpoints(&slices, Family::V4, &http, &f.node).cluster),
+            ["10.1.0.1:8080"]
+        );
+        assert!(
+            port_endpoints(&slices, Family::V4, &metrics, &f.node)
+                .cluster
+                .is_empty()
+        );
     }
 
     /// A.7 / J.57: only slices of the asked family contribute.
@@ -349,8 +364,14 @@ mod tests {
         let s4 = f.slice("", 80, vec![v4]);
         let s6 = f.slice("", 80, vec![v6]);
         let slices = [s4, s6];
-        assert_eq!(ips(&port_endpoints(&slices, Family::V6, &port, &f.node).cluster), ["fd00::1:80"]);
-        assert_eq!(ips(&port_endpoints(&slices, Family::V4, &port, &f.node).cluster), ["10.1.0.1:80"]);
+        assert_eq!(
+            ips(&port_endpoints(&slices, Family::V6, &port, &f.node).cluster),
+            ["fd00::1:80"]
+        );
+        assert_eq!(
+            ips(&port_endpoints(&slices, Family::V4, &port, &f.node).cluster),
+            ["10.1.0.1:80"]
+        );
     }
 
     /// A.9: locality is by node name, never by IP.
@@ -398,7 +419,10 @@ mod tests {
         let sets = port_endpoints(&[s], Family::V4, &port, &f.node);
         assert_eq!(ips(&sets.cluster), ["10.1.0.1:80"]);
         assert_eq!(ips(&sets.local), ["10.1.0.2:80"]);
-        assert_eq!(sets.local_ready, 0, "terminating endpoints are not healthy for the LB");
+        assert_eq!(
+            sets.local_ready, 0,
+            "terminating endpoints are not healthy for the LB"
+        );
     }
 
     /// B.14: nothing ready or serving-terminating means no endpoints (reject).
@@ -428,7 +452,11 @@ mod tests {
         let unhinted = f.endpoint("10.1.0.2", READY, "node-c");
         let s = f.slice("", 80, vec![a, unhinted]);
         let sets = port_endpoints(&[s], Family::V4, &port, &f.node);
-        assert_eq!(sets.cluster.len(), 2, "one endpoint without a hint disables hints");
+        assert_eq!(
+            sets.cluster.len(),
+            2,
+            "one endpoint without a hint disables hints"
+        );
 
         let b = f.hinted("10.1.0.2", "node-c", &["zone-b"], &[]);
         let s = f.slice("", 80, vec![b]);
@@ -469,6 +497,10 @@ mod tests {
         udp.protocol = Protocol::Udp;
         let e = f.endpoint("10.1.0.1", READY, "node-b");
         let s = f.slice("dns", 53, vec![e]);
-        assert!(port_endpoints(&[s], Family::V4, &udp, &f.node).cluster.is_empty());
+        assert!(
+            port_endpoints(&[s], Family::V4, &udp, &f.node)
+                .cluster
+                .is_empty()
+        );
     }
 }

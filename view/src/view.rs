@@ -34,12 +34,13 @@ impl Kind {
     }
 }
 
-/// One event from a watch, as the view consumes it.
+/// One event from a watch, as the view consumes it. Objects are boxed: a batch holds
+/// hundreds of updates, and most of them are not the largest kind.
 #[derive(Debug)]
 pub enum Update {
-    Service(wire::Service),
-    EndpointSlice(wire::EndpointSlice),
-    Node(wire::Node),
+    Service(Box<wire::Service>),
+    EndpointSlice(Box<wire::EndpointSlice>),
+    Node(Box<wire::Node>),
     Deleted {
         kind: Kind,
         namespace: String,
@@ -174,12 +175,16 @@ impl View {
     }
 
     pub fn nodes(&self) -> impl Iterator<Item = (&str, &Node)> {
-        self.nodes.iter().map(|(k, n)| (self.strings.resolve(*k), n))
+        self.nodes
+            .iter()
+            .map(|(k, n)| (self.strings.resolve(*k), n))
     }
 
     /// Every service the view knows, including slices whose Service has not arrived.
     pub fn services(&self) -> impl Iterator<Item = ServiceView<'_>> {
-        self.services.iter().map(|(key, entry)| self.service_view(key, entry))
+        self.services
+            .iter()
+            .map(|(key, entry)| self.service_view(key, entry))
     }
 
     pub fn service(&self, namespace: &str, name: &str) -> Option<ServiceView<'_>> {
@@ -210,7 +215,11 @@ impl View {
         for entry in self.services.values() {
             counts.services += usize::from(entry.service.is_some());
             counts.endpoint_slices += entry.slices.len();
-            counts.endpoints += entry.slices.iter().map(|s| s.endpoints.len()).sum::<usize>();
+            counts.endpoints += entry
+                .slices
+                .iter()
+                .map(|s| s.endpoints.len())
+                .sum::<usize>();
         }
         counts
     }
@@ -220,9 +229,9 @@ impl View {
         let mut report = ApplyReport::default();
         for update in batch {
             let result = match update {
-                Update::Service(svc) => self.upsert_service(svc, &mut report.changes),
-                Update::EndpointSlice(slice) => self.upsert_slice(slice, &mut report.changes),
-                Update::Node(node) => self.upsert_node(node, &mut report.changes),
+                Update::Service(svc) => self.upsert_service(*svc, &mut report.changes),
+                Update::EndpointSlice(slice) => self.upsert_slice(*slice, &mut report.changes),
+                Update::Node(node) => self.upsert_node(*node, &mut report.changes),
                 Update::Deleted {
                     kind,
                     namespace,
@@ -334,7 +343,12 @@ impl View {
         self.seen(Kind::EndpointSlice, namespace, name);
         let decoded =
             decode::slice(&wire, &mut self.strings).map_err(|e| (Kind::EndpointSlice, e))?;
-        let owner = wire.metadata.labels.service_name.as_deref().unwrap_or_default();
+        let owner = wire
+            .metadata
+            .labels
+            .service_name
+            .as_deref()
+            .unwrap_or_default();
         // A slice without a service label, or one nodus cannot use, is gone for the view.
         let slice = match decoded {
             Some(slice) if !owner.is_empty() => slice,
@@ -366,7 +380,11 @@ impl View {
         let Some(entry) = self.services.get_mut(&key) else {
             return Ok(());
         };
-        match entry.slices.iter_mut().find(|s| s.name_hash == slice.name_hash) {
+        match entry
+            .slices
+            .iter_mut()
+            .find(|s| s.name_hash == slice.name_hash)
+        {
             Some(existing) if *existing == slice => {
                 slice.release(&mut self.strings);
                 return Ok(());
@@ -455,7 +473,10 @@ impl View {
             name: owner,
         };
         if let Some(entry) = self.services.get_mut(&key)
-            && let Some(i) = entry.slices.iter().position(|s| s.name_hash == slice_key.name_hash)
+            && let Some(i) = entry
+                .slices
+                .iter()
+                .position(|s| s.name_hash == slice_key.name_hash)
         {
             entry.slices.swap_remove(i).release(&mut self.strings);
         }
@@ -643,7 +664,10 @@ mod tests {
         assert_eq!(report.invalid[0].object, "default/web");
         assert_eq!(names(&report.changes), ["default/ok"]);
         let web = view.service("default", "web").expect("kept");
-        assert_eq!(web.service.expect("spec").cluster_ips[0].to_string(), "10.0.0.1");
+        assert_eq!(
+            web.service.expect("spec").cluster_ips[0].to_string(),
+            "10.0.0.1"
+        );
         let again = view.apply([service("default", "web", "not-an-ip")]);
         assert!(again.invalid.is_empty(), "reported once");
         assert_eq!(again.skipped, [Kind::Service]);
@@ -663,10 +687,18 @@ mod tests {
             service("default", "web", "10.0.0.1"),
         ]);
         assert!(report.changes.is_empty());
-        assert!(view.service("default", "gone").is_some(), "kept during the relist");
+        assert!(
+            view.service("default", "gone").is_some(),
+            "kept during the relist"
+        );
         let report = view.apply([Update::RelistDone(Kind::Service)]);
         assert_eq!(names(&report.changes), ["default/gone"]);
-        assert!(view.service("default", "gone").expect("slices remain").service.is_none());
+        assert!(
+            view.service("default", "gone")
+                .expect("slices remain")
+                .service
+                .is_none()
+        );
 
         view.apply([
             Update::RelistStarted(Kind::EndpointSlice),
@@ -723,7 +755,13 @@ mod tests {
                 deleted(Kind::EndpointSlice, &ns, "orphan-1"),
             ]);
         }
-        assert_eq!(view.counts(), Counts { strings: 1, ..Counts::default() });
+        assert_eq!(
+            view.counts(),
+            Counts {
+                strings: 1,
+                ..Counts::default()
+            }
+        );
         assert_eq!(view.strings().len(), 1);
     }
 }

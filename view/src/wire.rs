@@ -312,7 +312,10 @@ mod tests {
         assert!(slice.metadata.labels.headless);
         assert_eq!(
             slice.metadata.annotations.0,
-            vec![("nodus.dev/wireguard-public-key".to_string(), "abc".to_string())]
+            vec![(
+                "nodus.dev/wireguard-public-key".to_string(),
+                "abc".to_string()
+            )]
         );
         assert!(slice.endpoints.is_empty());
     }
