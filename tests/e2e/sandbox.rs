@@ -1,61 +1,90 @@
-//! `nodus sandbox`: the README's first command, brought up and torn down for real.
+//! `nodus sandbox`: the README's first command, brought up, queried and torn down for real.
 
-use crate::support::{NODUS, free_port};
+use crate::support::{NODUS, WAIT, free_port};
 use nodus_testbed::netns;
-use std::process::Command;
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
 
 #[test]
-fn sandbox_brings_every_node_up_and_removes_everything() {
+fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything() {
     assert!(
         netns::is_root(),
         "the sandbox test needs root (network namespaces)"
     );
     let dir = std::env::temp_dir().join(format!("nodus-e2e-sandbox-{}", std::process::id()));
-    let output = Command::new(NODUS)
-        .args([
-            "sandbox",
-            "--exit-when-ready",
-            "--api-port",
-            &free_port().to_string(),
-        ])
+    let mut sandbox = Command::new(NODUS)
+        .args(["sandbox", "--api-port", &free_port().to_string()])
         .arg("--dir")
         .arg(&dir)
-        .output()
-        .expect("sandbox runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sandbox starts");
+    let (tx, rx) = mpsc::channel();
+    let stdout = sandbox.stdout.take().expect("stdout");
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut printed = Vec::new();
+    while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+        match rx.recv_timeout(WAIT * 2) {
+            Ok(line) => printed.push(line),
+            Err(_) => {
+                let _ = sandbox.kill();
+                panic!("the sandbox did not come up:\n{}", printed.join("\n"));
+            }
+        }
+    }
+    let printed = printed.join("\n");
     for node in ["node-1", "node-2", "node-3"] {
-        let row = stdout
+        let row = printed
             .lines()
             .find(|l| l.starts_with(node))
-            .unwrap_or_else(|| panic!("{node} missing:\n{stdout}"));
+            .unwrap_or_else(|| panic!("{node} missing:\n{printed}"));
         let columns: Vec<&str> = row.split_whitespace().collect();
         assert_eq!(columns[1..], ["true", "5", "4", "10", "1"], "{row}");
     }
     assert!(
-        stdout.contains("web-1") && stdout.contains("db-1"),
-        "{stdout}"
+        printed.contains("web-1") && printed.contains("db-1"),
+        "{printed}"
     );
-    // Namespace names start with "n" and the creating process's pid in hex.
+
+    // `nodus view` against the sandbox's API server shows the example cluster.
+    let view = Command::new(NODUS)
+        .args(["view", "--node-name", "node-3", "--kubeconfig"])
+        .arg(dir.join("kubeconfig"))
+        .output()
+        .expect("nodus view runs");
+    let view: Value = serde_json::from_slice(&view.stdout).expect("view JSON");
+    assert_eq!(view["counts"]["services"], 5);
+    assert_eq!(view["nodeZone"], "zone-b");
+    let nodes: Vec<&str> = view["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .filter_map(|n| n["addresses"][0]["address"].as_str())
+        .collect();
+    assert_eq!(
+        nodes,
+        ["172.30.0.11", "172.30.0.12", "172.30.0.13"],
+        "addresses the namespaces really have"
+    );
+
+    // SAFETY: signalling a child we own.
+    unsafe { libc::kill(sandbox.id() as i32, libc::SIGINT) };
+    let status = sandbox.wait().expect("sandbox exits");
+    assert!(status.success(), "{status}");
+    let pid_prefix = format!("n{:x}", sandbox.id() & 0xfffff);
     let list = netns::run("ip", &["netns", "list"]).expect("ip netns list");
-    let child_prefix = format!("n{:x}", output_pid_hint(&stdout));
     assert!(
-        !list.lines().any(|l| l.starts_with(&child_prefix)),
-        "sandbox left namespaces behind:\n{list}"
+        !list.lines().any(|l| l.starts_with(&pid_prefix)),
+        "the sandbox left namespaces behind:\n{list}"
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The sandbox prints its pid so that leftovers can be told apart from other tests'.
-fn output_pid_hint(stdout: &str) -> u32 {
-    let pid: u32 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("sandbox pid: "))
-        .and_then(|p| p.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no pid line in:\n{stdout}"));
-    pid & 0xfffff
 }
