@@ -6,7 +6,7 @@
 
 use crate::intern::{Interner, Sym};
 use crate::model::{
-    Cidr, Endpoint, EndpointExtra, Endpoints, Family, LoadBalancerIngress, Node, NodeAddress,
+    Cidr, EndpointExtra, Endpoints, Family, LoadBalancerIngress, Node, NodeAddress,
     NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
     TrafficDistribution, TrafficPolicy, conditions,
 };
@@ -292,54 +292,21 @@ pub fn slice(
         })
         .collect();
     let mut extras = Vec::new();
-    let mut intern = |i: usize, e: &wire::Endpoint| {
-        if let Some(extra) = intern_extra(e, keep_pod, strings) {
-            extras.push((i as u32, extra));
-        }
-        (
-            condition_bits(&e.conditions),
-            strings.intern(e.node_name.as_deref().unwrap_or("")),
-            strings.intern(e.zone.as_deref().unwrap_or("")),
-        )
-    };
-    let endpoints = match family {
-        Family::V4 => Endpoints::V4(
-            endpoints
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (addr, e))| match addr {
-                    IpAddr::V4(addr) => {
-                        let (conditions, node, zone) = intern(i, e);
-                        Some(Endpoint {
-                            addr: *addr,
-                            conditions,
-                            node,
-                            zone,
-                        })
-                    }
-                    IpAddr::V6(_) => None,
-                })
-                .collect(),
-        ),
-        Family::V6 => Endpoints::V6(
-            endpoints
-                .iter()
-                .enumerate()
-                .filter_map(|(i, (addr, e))| match addr {
-                    IpAddr::V6(addr) => {
-                        let (conditions, node, zone) = intern(i, e);
-                        Some(Endpoint {
-                            addr: *addr,
-                            conditions,
-                            node,
-                            zone,
-                        })
-                    }
-                    IpAddr::V4(_) => None,
-                })
-                .collect(),
-        ),
-    };
+    // check_slice already dropped other families, so indexes match the stored order.
+    let endpoints = Endpoints::collect(
+        family,
+        endpoints.iter().enumerate().map(|(i, (addr, e))| {
+            if let Some(extra) = intern_extra(e, keep_pod, strings) {
+                extras.push((i as u32, extra));
+            }
+            (
+                *addr,
+                condition_bits(&e.conditions),
+                strings.intern(e.node_name.as_deref().unwrap_or("")),
+                strings.intern(e.zone.as_deref().unwrap_or("")),
+            )
+        }),
+    );
     Ok(Some(Slice {
         name_hash: hash_name(&wire.metadata.name),
         ports,

@@ -325,6 +325,42 @@ impl EndpointRef<'_> {
 }
 
 impl Endpoints {
+    /// Stores `(address, conditions, node, zone)` of `family`; other addresses are skipped.
+    pub fn collect(
+        family: Family,
+        items: impl IntoIterator<Item = (IpAddr, u8, Sym, Sym)>,
+    ) -> Endpoints {
+        let items = items.into_iter();
+        match family {
+            Family::V4 => Endpoints::V4(
+                items
+                    .filter_map(|(addr, conditions, node, zone)| match addr {
+                        IpAddr::V4(addr) => Some(Endpoint {
+                            addr,
+                            conditions,
+                            node,
+                            zone,
+                        }),
+                        IpAddr::V6(_) => None,
+                    })
+                    .collect(),
+            ),
+            Family::V6 => Endpoints::V6(
+                items
+                    .filter_map(|(addr, conditions, node, zone)| match addr {
+                        IpAddr::V6(addr) => Some(Endpoint {
+                            addr,
+                            conditions,
+                            node,
+                            zone,
+                        }),
+                        IpAddr::V4(_) => None,
+                    })
+                    .collect(),
+            ),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Endpoints::V4(e) => e.len(),

@@ -201,7 +201,7 @@ pub fn port_endpoints(
 mod tests {
     use super::*;
     use crate::intern::Interner;
-    use crate::model::{Endpoint, EndpointExtra, Endpoints, Protocol, SlicePort, conditions};
+    use crate::model::{EndpointExtra, Endpoints, Protocol, SlicePort, conditions};
     use std::net::IpAddr;
 
     const READY: u8 = conditions::READY | conditions::SERVING;
@@ -264,37 +264,13 @@ mod tests {
                 .enumerate()
                 .filter_map(|(i, e)| e.extra.clone().map(|x| (i as u32, x)))
                 .collect();
-            let stored = |e: &TestEndpoint, addr| Endpoint {
-                addr,
-                conditions: e.conditions,
-                node: e.node,
-                zone: Sym::EMPTY,
-            };
-            let endpoints = match endpoints.first().map(|e| e.addr) {
-                Some(IpAddr::V6(_)) => Endpoints::V6(
-                    endpoints
-                        .iter()
-                        .filter_map(|e| match e.addr {
-                            IpAddr::V6(a) => Some(stored(e, a)),
-                            IpAddr::V4(_) => None,
-                        })
-                        .collect(),
-                ),
-                _ => Endpoints::V4(
-                    endpoints
-                        .iter()
-                        .filter_map(|e| match e.addr {
-                            IpAddr::V4(a) => Some(Endpoint {
-                                addr: a,
-                                conditions: e.conditions,
-                                node: e.node,
-                                zone: Sym::EMPTY,
-                            }),
-                            IpAddr::V6(_) => None,
-                        })
-                        .collect(),
-                ),
-            };
+            let family = endpoints.first().map_or(Family::V4, |e| Family::of(e.addr));
+            let endpoints = Endpoints::collect(
+                family,
+                endpoints
+                    .iter()
+                    .map(|e| (e.addr, e.conditions, e.node, Sym::EMPTY)),
+            );
             Slice {
                 name_hash: self.strings.len() as u64,
                 ports: Box::new([SlicePort {
