@@ -359,6 +359,35 @@ impl Pod {
 mod tests {
     use super::*;
 
+    fn listed(name: &str) -> bool {
+        run("ip", &["netns", "list"]).is_ok_and(|list| {
+            list.lines()
+                .any(|l| l.split_whitespace().next() == Some(name))
+        })
+    }
+
+    #[test]
+    fn namespaces_are_removed_even_when_a_test_panics() {
+        assert!(is_root(), "kernel tests need root");
+        let mut name = String::new();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let underlay = Underlay::new([10, 199, 0], [0xfd00, 0x199, 0, 0]).expect("underlay");
+            let node = Node::new(&underlay, "cleanup", 2).expect("node");
+            name = node.ns.name().to_string();
+            assert!(listed(&name));
+            let reply = node
+                .ns
+                .exec("ping", &["-c1", "-W2", &underlay.v4(1).to_string()]);
+            assert!(reply.is_ok(), "the node reaches the underlay: {reply:?}");
+            panic!("a failing test");
+        }));
+        assert!(result.is_err());
+        assert!(
+            !name.is_empty() && !listed(&name),
+            "{name} survived the panic"
+        );
+    }
+
     #[test]
     fn unique_names_fit_a_device_name() {
         let a = unique_name("node");
