@@ -309,6 +309,7 @@ pub fn slice(
     );
     Ok(Some(Slice {
         name_hash: hash_name(&wire.metadata.name),
+        headless: wire.metadata.labels.headless,
         ports,
         endpoints,
         extras: extras.into(),

@@ -10,6 +10,7 @@ pub mod intern;
 pub mod model;
 pub mod output;
 pub mod resolve;
+mod reverse;
 pub mod view;
 pub mod wire;
 

@@ -244,6 +244,8 @@ pub mod conditions {
 pub struct Slice {
     /// The slice's name, hashed: nodus never prints it, it only needs to find it again.
     pub name_hash: u64,
+    /// Labelled `service.kubernetes.io/headless`: the proxy skips it, DNS answers with it.
+    pub headless: bool,
     pub ports: Box<[SlicePort]>,
     pub endpoints: Endpoints,
     /// Hostnames, target pods and hints of the few endpoints that have any, sorted by the

@@ -273,6 +273,7 @@ mod tests {
             );
             Slice {
                 name_hash: self.strings.len() as u64,
+                headless: false,
                 ports: Box::new([SlicePort {
                     name: self.strings.intern(port_name),
                     protocol: Protocol::Tcp,

@@ -5,10 +5,12 @@ use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
 use crate::model::{Node, Service, Slice};
 use crate::resolve::NodeContext;
+use crate::reverse::ReverseIndex;
 use crate::wire;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::IpAddr;
 
 /// The kinds of object the view holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -126,6 +128,12 @@ pub struct View {
     relists: [Option<HashSet<u64>>; 3],
     /// Invalid objects already reported, by (kind, name, reason).
     reported: HashSet<u64>,
+    /// Which services own an address: cluster IPs, and the endpoints of headless services.
+    /// PTR answers read it; it holds keys of live entries only, so it takes no references.
+    reverse: ReverseIndex<ServiceKey>,
+    /// Service entries per namespace, so that `<ns>.svc.<zone>` can tell an existing
+    /// namespace from a missing one without a namespace watch.
+    namespaces: HashMap<Sym, u32>,
 }
 
 fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
@@ -148,6 +156,8 @@ impl View {
             nodes: HashMap::new(),
             relists: [None, None, None],
             reported: HashSet::new(),
+            reverse: ReverseIndex::default(),
+            namespaces: HashMap::new(),
         }
     }
 
@@ -204,6 +214,23 @@ impl View {
             service: entry.service.as_deref(),
             slices: &entry.slices,
         }
+    }
+
+    /// Whether any service (or slice) lives in `namespace`.
+    pub fn has_namespace(&self, namespace: &str) -> bool {
+        self.strings
+            .lookup(namespace)
+            .is_some_and(|ns| self.namespaces.contains_key(&ns))
+    }
+
+    /// The services that own `ip`: through a cluster IP, or an endpoint of a headless
+    /// service.
+    pub fn services_by_ip(&self, ip: IpAddr) -> impl Iterator<Item = ServiceView<'_>> {
+        self.reverse.owners(ip).filter_map(|key| {
+            self.services
+                .get_key_value(&key)
+                .map(|(key, entry)| self.service_view(key, entry))
+        })
     }
 
     pub fn counts(&self) -> Counts {
@@ -288,7 +315,22 @@ impl View {
             name: self.strings.intern(name),
         };
         self.services.insert(key, ServiceEntry::default());
+        *self.namespaces.entry(key.namespace).or_default() += 1;
         key
+    }
+
+    fn index(&mut self, key: ServiceKey, ips: impl IntoIterator<Item = IpAddr>, add: bool) {
+        for ip in ips {
+            if add {
+                self.reverse.add(ip, key);
+            } else {
+                self.reverse.remove(ip, key);
+            }
+        }
+    }
+
+    fn index_service(&mut self, key: ServiceKey, service: &Service, add: bool) {
+        self.index(key, service.cluster_ips.iter().copied(), add);
     }
 
     fn drop_entry_if_empty(&mut self, key: ServiceKey) {
@@ -297,6 +339,12 @@ impl View {
             && entry.slices.is_empty()
         {
             self.services.remove(&key);
+            if let Some(count) = self.namespaces.get_mut(&key.namespace) {
+                *count -= 1;
+                if *count == 0 {
+                    self.namespaces.remove(&key.namespace);
+                }
+            }
             self.strings.release(key.namespace);
             self.strings.release(key.name);
         }
@@ -326,9 +374,12 @@ impl View {
             service.release(&mut self.strings);
             return Ok(());
         }
+        let cluster_ips = service.cluster_ips.clone();
         if let Some(old) = entry.service.replace(Box::new(service)) {
+            self.index_service(key, &old, false);
             old.release(&mut self.strings);
         }
+        self.index(key, cluster_ips.iter().copied(), true);
         self.service_changed(key, changes);
         Ok(())
     }
@@ -380,23 +431,32 @@ impl View {
         let Some(entry) = self.services.get_mut(&key) else {
             return Ok(());
         };
-        match entry
+        let position = entry
             .slices
-            .iter_mut()
-            .find(|s| s.name_hash == slice.name_hash)
+            .iter()
+            .position(|s| s.name_hash == slice.name_hash);
+        if let Some(i) = position
+            && entry.slices[i] == slice
         {
-            Some(existing) if *existing == slice => {
-                slice.release(&mut self.strings);
-                return Ok(());
-            }
-            Some(existing) => std::mem::replace(existing, slice).release(&mut self.strings),
+            slice.release(&mut self.strings);
+            return Ok(());
+        }
+        let indexed = headless_addrs(&slice);
+        let replaced = match position {
+            Some(i) => Some(std::mem::replace(&mut entry.slices[i], slice)),
             None => {
                 // Most services have one slice: an exact reservation avoids Vec's
                 // minimum of four.
                 entry.slices.reserve_exact(1);
                 entry.slices.push(slice);
+                None
             }
+        };
+        if let Some(old) = replaced {
+            self.index(key, headless_addrs(&old), false);
+            old.release(&mut self.strings);
         }
+        self.index(key, indexed, true);
         self.service_changed(key, changes);
         Ok(())
     }
@@ -442,13 +502,20 @@ impl View {
         else {
             return;
         };
-        let key = ServiceKey {
-            namespace: ns,
-            name: n,
-        };
+        self.remove_service(
+            ServiceKey {
+                namespace: ns,
+                name: n,
+            },
+            changes,
+        );
+    }
+
+    fn remove_service(&mut self, key: ServiceKey, changes: &mut ChangeSet) {
         let Some(old) = self.services.get_mut(&key).and_then(|e| e.service.take()) else {
             return;
         };
+        self.index_service(key, &old, false);
         old.release(&mut self.strings);
         self.service_changed(key, changes);
         self.drop_entry_if_empty(key);
@@ -478,7 +545,9 @@ impl View {
                 .iter()
                 .position(|s| s.name_hash == slice_key.name_hash)
         {
-            entry.slices.swap_remove(i).release(&mut self.strings);
+            let old = entry.slices.swap_remove(i);
+            self.index(key, headless_addrs(&old), false);
+            old.release(&mut self.strings);
         }
         self.service_changed(key, changes);
         self.drop_entry_if_empty(key);
@@ -522,11 +591,7 @@ impl View {
                     .map(|(k, _)| *k)
                     .collect();
                 for key in stale {
-                    if let Some(old) = self.services.get_mut(&key).and_then(|e| e.service.take()) {
-                        old.release(&mut self.strings);
-                    }
-                    self.service_changed(key, changes);
-                    self.drop_entry_if_empty(key);
+                    self.remove_service(key, changes);
                 }
             }
             Kind::EndpointSlice => {
@@ -566,6 +631,15 @@ fn slice_relist_hash(namespace: &str, name_hash: u64) -> u64 {
     let mut h = DefaultHasher::new();
     (Kind::EndpointSlice.index(), namespace, name_hash).hash(&mut h);
     h.finish()
+}
+
+/// The addresses a slice puts in the reverse index: a headless service's endpoints.
+fn headless_addrs(slice: &Slice) -> Vec<IpAddr> {
+    if slice.headless {
+        slice.endpoints().map(|e| e.addr).collect()
+    } else {
+        Vec::new()
+    }
 }
 
 /// A service as the view holds it: its spec (absent while only slices are known) and slices.
@@ -735,6 +809,40 @@ mod tests {
         assert_eq!(view.strings().resolve(view.node_context().zone), "z1");
         assert!(view.apply([node("node-a", "z2")]).changes.this_node);
         assert!(!view.apply([node("node-a", "z2")]).changes.this_node);
+    }
+
+    #[test]
+    fn addresses_lead_back_to_their_services() {
+        let mut view = View::new("node-a");
+        let owners = |view: &View, ip: &str| -> Vec<String> {
+            view.services_by_ip(ip.parse().expect("ip"))
+                .map(|s| s.name.to_string())
+                .collect()
+        };
+        let mut headless = slice("default", "db-1", "db", &["10.1.0.7"], "node-a");
+        if let Update::EndpointSlice(s) = &mut headless {
+            s.metadata.labels.headless = true;
+        }
+        view.apply([
+            service("default", "web", "10.0.0.1"),
+            slice("default", "web-1", "web", &["10.1.0.1"], "node-a"),
+            headless,
+        ]);
+        assert_eq!(owners(&view, "10.0.0.1"), ["web"]);
+        assert_eq!(owners(&view, "10.1.0.7"), ["db"]);
+        assert!(owners(&view, "10.1.0.1").is_empty(), "only headless endpoints are indexed");
+        assert!(view.has_namespace("default") && !view.has_namespace("other"));
+
+        view.apply([service("default", "web", "10.0.0.2")]);
+        assert!(owners(&view, "10.0.0.1").is_empty());
+        assert_eq!(owners(&view, "10.0.0.2"), ["web"]);
+        view.apply([
+            deleted(Kind::Service, "default", "web"),
+            deleted(Kind::EndpointSlice, "default", "web-1"),
+            deleted(Kind::EndpointSlice, "default", "db-1"),
+        ]);
+        assert!(owners(&view, "10.0.0.2").is_empty() && owners(&view, "10.1.0.7").is_empty());
+        assert!(!view.has_namespace("default"));
     }
 
     /// Churn must not leak strings: once everything is deleted only the node name remains.
