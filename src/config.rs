@@ -54,20 +54,43 @@ pub struct ProxyConfig {
     pub enabled: bool,
 }
 
-/// The cluster DNS server. Not in this build yet: `enabled` defaults to false until it ships.
+/// The cluster DNS server.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct DnsConfig {
     pub enabled: bool,
     /// UDP and TCP addresses to answer on.
     pub listen: Vec<SocketAddr>,
+    /// TTL of cluster records, and the SOA minimum (how long misses are cached).
+    pub ttl: u32,
+    /// `<a-b-c-d>.<ns>.pod.<zone>` records: `disabled` or `insecure` (as in CoreDNS).
+    pub pod_records: PodRecordsConfig,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum PodRecordsConfig {
+    #[default]
+    Disabled,
+    Insecure,
+}
+
+impl From<PodRecordsConfig> for nodus_dns::PodRecords {
+    fn from(value: PodRecordsConfig) -> Self {
+        match value {
+            PodRecordsConfig::Disabled => nodus_dns::PodRecords::Disabled,
+            PodRecordsConfig::Insecure => nodus_dns::PodRecords::Insecure,
+        }
+    }
 }
 
 impl Default for DnsConfig {
     fn default() -> Self {
         DnsConfig {
-            enabled: false,
+            enabled: true,
             listen: vec!["127.0.0.1:53".parse().expect("valid default address")],
+            ttl: 5,
+            pod_records: PodRecordsConfig::Disabled,
         }
     }
 }
@@ -124,15 +147,11 @@ impl Config {
 
     /// The subsystems switched on in this configuration that this build does not have yet.
     pub fn unavailable_subsystems(&self) -> Vec<&'static str> {
-        [
-            ("proxy", self.proxy.enabled),
-            ("dns", self.dns.enabled),
-            ("mesh", self.mesh.enabled),
-        ]
-        .into_iter()
-        .filter(|(_, on)| *on)
-        .map(|(name, _)| name)
-        .collect()
+        [("proxy", self.proxy.enabled), ("mesh", self.mesh.enabled)]
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect()
     }
 }
 
@@ -150,7 +169,7 @@ mod tests {
     fn sections_parse() {
         let config = Config::parse(
             "cluster_domain: example.org\ncluster_cidrs: [10.244.0.0/16, 'fd00:10::/56']\n\
-             proxy:\n  enabled: false\ndns:\n  enabled: false\n  listen: ['127.0.0.1:5353']\n\
+             proxy:\n  enabled: false\ndns:\n  enabled: false\n  listen: ['127.0.0.1:5353']\n  pod_records: insecure\n\
              mesh:\n  enabled: false\n",
         )
         .expect("valid");

@@ -6,8 +6,10 @@
 use crate::metrics::Metrics;
 use crate::watch::WatchItem;
 use futures::{Stream, StreamExt};
+use nodus_dns::server::SharedView;
 use nodus_view::{ChangeSet, Kind, Update, View};
 use std::sync::Arc;
+use std::sync::{RwLockReadGuard, RwLockWriteGuard};
 use std::time::Instant;
 
 /// The most watch items one batch takes: enough to coalesce any burst, small enough that a
@@ -23,19 +25,35 @@ pub struct Applied {
 }
 
 pub struct Feed {
-    pub view: View,
+    /// Shared with the DNS server, which reads it while the feed is between batches.
+    pub view: SharedView,
     pub metrics: Arc<Metrics>,
     /// Kinds whose initial list has not completed yet.
     waiting: Vec<Kind>,
 }
 
 impl Feed {
-    pub fn new(view: View, metrics: Arc<Metrics>, kinds: Vec<Kind>) -> Feed {
+    pub fn new(view: SharedView, metrics: Arc<Metrics>, kinds: Vec<Kind>) -> Feed {
         Feed {
             view,
             metrics,
             waiting: kinds,
         }
+    }
+
+    /// The view, for reading. A panic while the lock was held cannot leave the view half
+    /// applied in a way readers must avoid (each update is applied whole), so a poisoned
+    /// lock is used as it is.
+    pub fn read(&self) -> RwLockReadGuard<'_, View> {
+        self.view
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn read_write(&self) -> RwLockWriteGuard<'_, View> {
+        self.view
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Every watched kind has delivered its initial list: the view is complete.
@@ -61,7 +79,11 @@ impl Feed {
             }
         }
         let start = Instant::now();
-        let report = self.view.apply(updates);
+        let (report, counts) = {
+            let mut view = self.read_write();
+            let report = view.apply(updates);
+            (report, view.counts())
+        };
         self.metrics.batch_applied(start.elapsed());
         for invalid in &report.invalid {
             tracing::warn!(kind = invalid.kind, object = %invalid.object, reason = %invalid.reason, "skipping invalid object");
@@ -69,7 +91,7 @@ impl Feed {
         for kind in report.skipped {
             self.metrics.object_skipped(kind);
         }
-        self.metrics.set_counts(&self.view.counts());
+        self.metrics.set_counts(&counts);
         Applied {
             changes: report.changes,
             initial_sync: !was_synced && self.synced(),

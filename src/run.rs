@@ -6,10 +6,12 @@ use crate::metrics::Metrics;
 use crate::watch::{self, WatchSet};
 use crate::{ClusterArgs, RunArgs};
 use anyhow::Context;
+use nodus_dns::Zone;
+use nodus_dns::server::{DnsServer, SharedView};
 use nodus_view::View;
 use std::ops::ControlFlow;
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, RwLock};
 
 /// The configuration file, if any, with the flags applied over it.
 pub fn load_config(cluster: &ClusterArgs) -> anyhow::Result<Config> {
@@ -29,6 +31,22 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
+}
+
+/// Binds the DNS server on every `dns.listen` address; it serves for as long as the
+/// returned server lives. Until the view is complete it answers from what it has.
+async fn start_dns(config: &Config, view: SharedView) -> anyhow::Result<DnsServer> {
+    let zone = Zone::new(
+        &config.cluster_domain,
+        config.dns.ttl,
+        config.dns.pod_records.into(),
+    )
+    .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?;
+    let server = nodus_dns::server::serve(view, zone, &config.dns.listen)
+        .await
+        .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
+    tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
+    Ok(server)
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -56,18 +74,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let http_addr = crate::http::serve(config.http_addr, metrics.clone()).await?;
     tracing::info!(node = %node_name, %http_addr, "nodus starting");
 
+    let view: SharedView = Arc::new(RwLock::new(View::new(&node_name)));
+    // Bound before the first list: a port already taken fails start-up, not later.
+    let _dns = match config.dns.enabled {
+        true => Some(start_dns(&config, view.clone()).await?),
+        false => None,
+    };
     let set = WatchSet {
         page_size: config.watch_page_size,
         all_nodes: config.mesh.enabled,
         node_name: node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
-    let mut feed = Feed::new(View::new(&node_name), metrics.clone(), kinds);
+    let mut feed = Feed::new(view, metrics.clone(), kinds);
     let follow = feed.drive(items, |feed, applied| {
         if applied.initial_sync {
-            // No subsystem is in this build yet, so applying the view is all there is.
+            // DNS answers from the view itself, so once the view is complete every
+            // enabled subsystem is serving it.
             feed.metrics.ready.store(true, Relaxed);
-            let counts = feed.view.counts();
+            let counts = feed.read().counts();
             tracing::info!(
                 services = counts.services,
                 endpoint_slices = counts.endpoint_slices,

@@ -8,7 +8,7 @@
 use anyhow::{Context, bail};
 use clap::Args;
 use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
-use nodus_testbed::netns::{self, Node, Pod, Underlay};
+use nodus_testbed::netns::{self, Node, POD_GATEWAY_V4, Pod, Underlay};
 use nodus_testbed::probe::http_get;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -199,6 +199,36 @@ fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
     (ready, objects)
 }
 
+/// `dig` from a pod to its node's DNS, through the pod's gateway.
+fn demonstrate_dns(pod: &Pod) {
+    for (name, qtype) in [
+        ("web.default.svc.cluster.local", "A"),
+        ("_pg._tcp.db.shop.svc.cluster.local", "SRV"),
+    ] {
+        let answer = pod
+            .ns
+            .exec(
+                "dig",
+                &[
+                    &format!("@{POD_GATEWAY_V4}"),
+                    "+short",
+                    "+time=2",
+                    "+tries=1",
+                    name,
+                    qtype,
+                ],
+            )
+            .map(|out| out.split_whitespace().collect::<Vec<_>>().join(" "));
+        match answer {
+            Ok(answer) => println!("dig from pod {}: {name} {qtype} → {answer}", pod.name),
+            Err(error) => println!(
+                "dig from pod {}: {name} {qtype} failed: {error:#}",
+                pod.name
+            ),
+        }
+    }
+}
+
 pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     if !netns::is_root() {
         bail!("the sandbox creates network namespaces: run it as root");
@@ -261,6 +291,10 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         &format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1)),
     )?;
 
+    // DNS on every address of the node, so that pods reach it through their gateway.
+    let node_config = args.dir.join("node-config.yaml");
+    std::fs::write(&node_config, "dns:\n  listen: [\"0.0.0.0:53\"]\n")?;
+
     let exe = std::env::current_exe().context("finding the nodus binary")?;
     let mut nodes = Vec::new();
     for (i, name) in node_names.iter().enumerate() {
@@ -269,6 +303,8 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         let mut cmd = node.ns.command(&exe.to_string_lossy());
         cmd.args(["run", "--node-name", name, "--kubeconfig"])
             .arg(&node_kubeconfig)
+            .arg("--config")
+            .arg(&node_config)
             .args(["--http-addr", &format!("127.0.0.1:{NODE_HTTP_PORT}")])
             .stdout(log.try_clone()?)
             .stderr(log);
@@ -328,6 +364,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             .join(", ")
     );
     println!("logs: {}/<node>.log", args.dir.display());
+    if let Some(pod) = pods.first() {
+        demonstrate_dns(pod);
+    }
     if !statuses.iter().all(|(ready, _)| *ready) {
         println!("warning: not every node became ready; see the logs");
     }

@@ -15,7 +15,7 @@ use nodus_view::{ChangeSet, View};
 use serde::Serialize;
 use std::io::Write;
 use std::ops::ControlFlow;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 #[derive(Serialize)]
 struct Line<'a, T: Serialize> {
@@ -90,7 +90,7 @@ pub async fn view(args: ViewArgs) -> anyhow::Result<()> {
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let mut feed = Feed::new(
-        View::new(&args.cluster.node_name),
+        Arc::new(RwLock::new(View::new(&args.cluster.node_name))),
         Arc::new(Metrics::default()),
         kinds,
     );
@@ -101,15 +101,18 @@ pub async fn view(args: ViewArgs) -> anyhow::Result<()> {
         let printed = if !feed.synced() {
             return ControlFlow::Continue(());
         } else if !args.watch {
-            serde_json::to_writer_pretty(&mut out, &resolve_view(&feed.view))
+            serde_json::to_writer_pretty(&mut out, &resolve_view(&feed.read()))
                 .map_err(std::io::Error::from)
                 .and_then(|()| writeln!(out))
                 .map(|()| ControlFlow::Break(()))
         } else if applied.initial_sync {
-            print_changes(&feed.view, &everything(&feed.view), &mut out)
-                .map(|()| ControlFlow::Continue(()))
+            {
+                let view = feed.read();
+                print_changes(&view, &everything(&view), &mut out)
+            }
+            .map(|()| ControlFlow::Continue(()))
         } else {
-            print_changes(&feed.view, &applied.changes, &mut out)
+            print_changes(&feed.read(), &applied.changes, &mut out)
                 .map(|()| ControlFlow::Continue(()))
         };
         printed.unwrap_or_else(|error| {

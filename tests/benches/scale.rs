@@ -7,7 +7,7 @@
 //! it asserts nothing.
 //!
 //! `cargo bench --bench scale -- [--shape 1000x10x100]… [--churn 1000] [--nodus PATH]
-//! [--page-size N] [--settle-ms MS]`
+//! [--page-size N] [--settle-ms MS] [--dns]`
 
 use anyhow::{Context, bail};
 use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
@@ -24,6 +24,8 @@ struct Options {
     nodus: PathBuf,
     settle: Duration,
     page_size: Option<u32>,
+    /// Run with the DNS server on (on an ephemeral port) rather than no subsystem at all.
+    dns: bool,
 }
 
 fn parse_shape(text: &str) -> anyhow::Result<Shape> {
@@ -51,6 +53,7 @@ fn options() -> anyhow::Result<Options> {
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
         settle: Duration::from_secs(2),
         page_size: None,
+        dns: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -61,6 +64,7 @@ fn options() -> anyhow::Result<Options> {
             "--nodus" => opts.nodus = value()?.into(),
             "--settle-ms" => opts.settle = Duration::from_millis(value()?.parse()?),
             "--page-size" => opts.page_size = Some(value()?.parse()?),
+            "--dns" => opts.dns = true,
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -126,10 +130,14 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
     let log = std::fs::File::create(dir.join("nodus.log"))?;
     let config = dir.join("config.yaml");
-    let page_size = opts
+    let mut settings = opts
         .page_size
         .map_or(String::new(), |n| format!("watch_page_size: {n}\n"));
-    std::fs::write(&config, page_size)?;
+    settings.push_str(&match opts.dns {
+        true => format!("dns:\n  listen: [\"127.0.0.1:{}\"]\n", free_port()?),
+        false => "dns:\n  enabled: false\n".to_string(),
+    });
+    std::fs::write(&config, settings)?;
 
     let start = Instant::now();
     let agent = Agent(
@@ -219,9 +227,10 @@ fn mib(kib: u64) -> String {
 fn main() -> anyhow::Result<()> {
     let opts = options()?;
     println!(
-        "nodus scale bench: {} (churn {} endpoint-slice updates)",
+        "nodus scale bench: {} (churn {} endpoint-slice updates; DNS {})",
         opts.nodus.display(),
-        opts.churn
+        opts.churn,
+        if opts.dns { "on" } else { "off" }
     );
     println!(
         "{:<14} {:>9} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>8} {:>8} {:>8}",

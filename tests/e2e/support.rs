@@ -75,10 +75,22 @@ impl Cluster {
 
     /// Starts `nodus run` for `node` and returns its HTTP address.
     pub fn run_agent(&mut self, node: &str) -> SocketAddr {
+        self.run_agent_with_dns(node).0
+    }
+
+    /// Starts `nodus run` for `node` with DNS on an ephemeral port; returns the HTTP and
+    /// DNS addresses.
+    pub fn run_agent_with_dns(&mut self, node: &str) -> (SocketAddr, SocketAddr) {
         let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-        let cmd = self.nodus(&["run", "--node-name", node, "--http-addr", &http.to_string()]);
+        let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let config = self
+            .dir
+            .join(format!("config-{}.yaml", self.children.len()));
+        std::fs::write(&config, format!("dns:\n  listen: [\"{dns}\"]\n")).expect("config");
+        let mut cmd = self.nodus(&["run", "--node-name", node, "--http-addr", &http.to_string()]);
+        cmd.arg("--config").arg(&config);
         self.spawn(cmd);
-        http
+        (http, dns)
     }
 
     pub fn restart_server(&mut self) {

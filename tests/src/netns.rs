@@ -277,8 +277,8 @@ pub struct Pod {
 
 /// The node-side gateway every pod uses, as `ptp` sets it up: link-local, so one address
 /// serves every pod veth on the node.
-const POD_GATEWAY_V4: &str = "169.254.1.1";
-const POD_GATEWAY_V6: &str = "fe80::1";
+pub const POD_GATEWAY_V4: &str = "169.254.1.1";
+pub const POD_GATEWAY_V6: &str = "fe80::1";
 
 impl Pod {
     pub fn new(

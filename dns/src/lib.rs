@@ -1,0 +1,9 @@
+//! Cluster DNS: the Kubernetes DNS specification 1.1.0 answered from the node view.
+//!
+//! [`lookup`] is the protocol: a question in, records out, computed from the view at query
+//! time. [`server`] puts it on UDP and TCP sockets through hickory-server.
+
+pub mod lookup;
+pub mod server;
+
+pub use lookup::{PodRecords, Zone};

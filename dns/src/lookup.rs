@@ -1,0 +1,695 @@
+//! Answers for the cluster zone, computed from the node view at query time.
+//!
+//! This is the Kubernetes DNS-Based Service Discovery specification 1.1.0 and CoreDNS's
+//! behaviour around it (`research/dns.md`): a query name is classified by its labels, then
+//! answered by looking the service up in the view (a hash lookup), or the address up in the
+//! view's reverse index. Nothing is stored twice and nothing is scanned, so a miss costs
+//! the same as a hit. Pure code: no sockets here.
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use nodus_view::model::{Family, Protocol, Service, ServiceType};
+use nodus_view::{ServiceView, View};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The schema version the `dns-version` TXT record announces.
+pub const SCHEMA_VERSION: &str = "1.1.0";
+/// TTL of the `dns-version` record, as in the specification's example and CoreDNS.
+const SCHEMA_TTL: u32 = 28_800;
+/// The Service whose cluster IPs are the zone's name server (`ns.dns.<zone>`).
+const DNS_SERVICE: (&str, &str) = ("kube-system", "kube-dns");
+
+/// Whether `<a-b-c-d>.<ns>.pod.<zone>` names are answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PodRecords {
+    /// Every pod name is NXDOMAIN (CoreDNS's default).
+    #[default]
+    Disabled,
+    /// Any well-formed dashed address is answered without checking that the pod exists.
+    Insecure,
+}
+
+/// The cluster zone and how it is answered.
+#[derive(Clone, Debug)]
+pub struct Zone {
+    /// Lower case, fully qualified.
+    origin: Name,
+    soa_name: Name,
+    hostmaster: Name,
+    ttl: u32,
+    pods: PodRecords,
+}
+
+impl Zone {
+    pub fn new(
+        domain: &str,
+        ttl: u32,
+        pods: PodRecords,
+    ) -> Result<Zone, hickory_proto::ProtoError> {
+        let mut origin = Name::from_ascii(domain)?.to_lowercase();
+        origin.set_fqdn(true);
+        Ok(Zone {
+            soa_name: Name::from_ascii("ns.dns")?.append_domain(&origin)?,
+            hostmaster: Name::from_ascii("hostmaster")?.append_domain(&origin)?,
+            origin,
+            ttl,
+            pods,
+        })
+    }
+
+    pub fn origin(&self) -> &Name {
+        &self.origin
+    }
+
+    /// The SOA that negative answers carry in their authority section; its minimum is the
+    /// TTL, so resolvers cache misses exactly as long as hits.
+    fn soa(&self) -> Record {
+        let serial = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs() as u32);
+        Record::from_rdata(
+            self.origin.clone(),
+            self.ttl,
+            RData::SOA(SOA::new(
+                self.soa_name.clone(),
+                self.hostmaster.clone(),
+                serial,
+                7200,
+                1800,
+                86400,
+                self.ttl,
+            )),
+        )
+    }
+
+    /// `<svc>.<ns>.svc.<zone>.`
+    fn service_name(&self, namespace: &str, service: &str) -> Option<Name> {
+        Name::from_labels([service, namespace, "svc"])
+            .ok()?
+            .append_domain(&self.origin)
+            .ok()
+    }
+}
+
+/// The answer to one question.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Answer {
+    pub rcode: ResponseCode,
+    pub answers: Vec<Record>,
+    /// The SOA of a negative answer, or the NS of the apex.
+    pub authority: Vec<Record>,
+    pub additionals: Vec<Record>,
+}
+
+/// What the server does with a question.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// An authoritative answer from the cluster zone.
+    Authoritative(Answer),
+    /// The name is not in the cluster zone (nor a reverse name nodus knows): forward it.
+    NotOurs,
+}
+
+/// What a query name means in the cluster zone.
+enum Target<'q> {
+    Apex,
+    SchemaVersion,
+    NameServer,
+    /// A name that exists but holds no records (`svc.<zone>`, an existing `<ns>.svc.<zone>`).
+    Empty,
+    Service {
+        namespace: &'q str,
+        service: &'q str,
+    },
+    Endpoint {
+        namespace: &'q str,
+        service: &'q str,
+        endpoint: &'q str,
+    },
+    Port {
+        namespace: &'q str,
+        service: &'q str,
+        port: &'q str,
+        protocol: &'q str,
+    },
+    Pod {
+        address: IpAddr,
+    },
+    Missing,
+}
+
+fn classify<'q>(view: &View, zone: &Zone, labels: &'q [&'q str]) -> Target<'q> {
+    match labels {
+        [] => Target::Apex,
+        ["dns-version"] => Target::SchemaVersion,
+        ["ns", "dns"] => Target::NameServer,
+        ["svc"] | ["pod"] => Target::Empty,
+        [namespace, "svc" | "pod"] if view.has_namespace(namespace) => Target::Empty,
+        [service, namespace, "svc"] => Target::Service { namespace, service },
+        [endpoint, service, namespace, "svc"] => Target::Endpoint {
+            namespace,
+            service,
+            endpoint,
+        },
+        [port, protocol, service, namespace, "svc"] => Target::Port {
+            namespace,
+            service,
+            port: port.strip_prefix('_').unwrap_or(port),
+            protocol: protocol.strip_prefix('_').unwrap_or(protocol),
+        },
+        [dashed, _namespace, "pod"] if zone.pods == PodRecords::Insecure => {
+            parse_dashed(dashed).map_or(Target::Missing, |address| Target::Pod { address })
+        }
+        _ => Target::Missing,
+    }
+}
+
+/// `10-244-1-7` or `fd00-10--7` back to an address.
+fn parse_dashed(label: &str) -> Option<IpAddr> {
+    if label.matches('-').count() == 3 && !label.contains("--") {
+        label
+            .replace('-', ".")
+            .parse::<Ipv4Addr>()
+            .ok()
+            .map(IpAddr::V4)
+    } else {
+        label
+            .replace('-', ":")
+            .parse::<Ipv6Addr>()
+            .ok()
+            .map(IpAddr::V6)
+    }
+}
+
+/// The generated hostname of an endpoint without one: its address with dashes, as CoreDNS
+/// writes it (a label may not start or end with a dash, so a `0` pads it).
+pub fn dashed(ip: IpAddr) -> String {
+    let mut label = ip.to_string().replace(['.', ':'], "-");
+    if label.ends_with('-') {
+        label.push('0');
+    }
+    if label.starts_with('-') {
+        label.insert(0, '0');
+    }
+    label
+}
+
+fn protocol_label(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn address_record(name: Name, ttl: u32, ip: IpAddr) -> Record {
+    let rdata = match ip {
+        IpAddr::V4(a) => RData::A(A(a)),
+        IpAddr::V6(a) => RData::AAAA(AAAA(a)),
+    };
+    Record::from_rdata(name, ttl, rdata)
+}
+
+fn family_of_query(qtype: RecordType) -> Option<Family> {
+    match qtype {
+        RecordType::A => Some(Family::V4),
+        RecordType::AAAA => Some(Family::V6),
+        _ => None,
+    }
+}
+
+/// A backend of a headless service as DNS sees it: a published address and its name.
+struct Published {
+    ip: IpAddr,
+    hostname: String,
+    /// The endpoint's port for each of the slice's named ports.
+    ports: Vec<(String, Protocol, u16)>,
+}
+
+/// The endpoints a headless service publishes: ready ones, or all of them under
+/// `publishNotReadyAddresses`; de-duplicated by address across slices.
+fn published(view: &View, svc: &ServiceView<'_>, service: &Service) -> Vec<Published> {
+    let strings = view.strings();
+    let mut out: Vec<Published> = Vec::new();
+    for slice in svc.slices {
+        let ports: Vec<(String, Protocol, u16)> = slice
+            .ports
+            .iter()
+            .filter(|p| !p.name.is_empty())
+            .map(|p| (strings.resolve(p.name).to_string(), p.protocol, p.port))
+            .collect();
+        for endpoint in slice.endpoints() {
+            if !(endpoint.is_ready() || service.publish_not_ready_addresses) {
+                continue;
+            }
+            if out.iter().any(|p| p.ip == endpoint.addr) {
+                continue;
+            }
+            out.push(Published {
+                ip: endpoint.addr,
+                hostname: endpoint
+                    .hostname()
+                    .map_or_else(|| dashed(endpoint.addr), str::to_string),
+                ports: ports.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Answers one question about the cluster zone. `qname` keeps the client's case; owner
+/// names in the answer use it, so that 0x20-randomising resolvers accept the reply.
+pub fn lookup(view: &View, zone: &Zone, qname: &Name, qtype: RecordType) -> Outcome {
+    let lower = qname.to_lowercase();
+    if let Some(ip) = reverse_address(&lower) {
+        return reverse(view, zone, qname, qtype, ip);
+    }
+    if !zone.origin.zone_of(&lower) {
+        return Outcome::NotOurs;
+    }
+    let relative = usize::from(lower.num_labels() - zone.origin.num_labels());
+    let labels: Vec<&str> = lower
+        .iter()
+        .take(relative)
+        .map(|l| std::str::from_utf8(l).unwrap_or(""))
+        .collect();
+    let mut resolver = Resolver {
+        view,
+        zone,
+        answer: Answer::default(),
+    };
+    resolver.answer_target(classify(view, zone, &labels), qname, qtype);
+    Outcome::Authoritative(resolver.finish())
+}
+
+struct Resolver<'a> {
+    view: &'a View,
+    zone: &'a Zone,
+    answer: Answer,
+}
+
+impl Resolver<'_> {
+    fn nxdomain(&mut self) {
+        self.answer.rcode = ResponseCode::NXDomain;
+    }
+
+    fn finish(mut self) -> Answer {
+        if self.answer.answers.is_empty() && self.answer.authority.is_empty() {
+            // NXDOMAIN and NODATA both carry the SOA, for negative caching (RFC 2308).
+            self.answer.authority.push(self.zone.soa());
+        }
+        self.answer
+    }
+
+    fn answer_target(&mut self, target: Target<'_>, qname: &Name, qtype: RecordType) {
+        let ttl = self.zone.ttl;
+        match target {
+            Target::Missing => self.nxdomain(),
+            Target::Empty => {}
+            Target::Apex => match qtype {
+                RecordType::SOA => {
+                    let mut soa = self.zone.soa();
+                    soa.name = qname.clone();
+                    self.answer.answers.push(soa);
+                }
+                RecordType::NS => {
+                    self.answer.answers.push(Record::from_rdata(
+                        qname.clone(),
+                        ttl,
+                        RData::NS(NS(self.zone.soa_name.clone())),
+                    ));
+                    let glue = self.name_server_ips();
+                    for ip in glue {
+                        self.answer.additionals.push(address_record(
+                            self.zone.soa_name.clone(),
+                            ttl,
+                            ip,
+                        ));
+                    }
+                }
+                _ => {}
+            },
+            Target::SchemaVersion => {
+                if matches!(qtype, RecordType::TXT | RecordType::ANY) {
+                    self.answer.answers.push(Record::from_rdata(
+                        qname.clone(),
+                        SCHEMA_TTL,
+                        RData::TXT(TXT::new(vec![SCHEMA_VERSION.to_string()])),
+                    ));
+                }
+            }
+            Target::NameServer => {
+                if let Some(family) = family_of_query(qtype) {
+                    for ip in self.name_server_ips() {
+                        if Family::of(ip) == family {
+                            self.answer
+                                .answers
+                                .push(address_record(qname.clone(), ttl, ip));
+                        }
+                    }
+                }
+            }
+            Target::Service { namespace, service } => {
+                self.service(namespace, service, qname, qtype, 0)
+            }
+            Target::Endpoint {
+                namespace,
+                service,
+                endpoint,
+            } => self.endpoint(namespace, service, endpoint, qname, qtype),
+            Target::Port {
+                namespace,
+                service,
+                port,
+                protocol,
+            } => self.port(namespace, service, port, protocol, qname, qtype),
+            Target::Pod { address } => {
+                if family_of_query(qtype) == Some(Family::of(address)) || qtype == RecordType::ANY {
+                    self.answer
+                        .answers
+                        .push(address_record(qname.clone(), ttl, address));
+                }
+            }
+        }
+    }
+
+    fn name_server_ips(&self) -> Vec<IpAddr> {
+        self.view
+            .service(DNS_SERVICE.0, DNS_SERVICE.1)
+            .and_then(|s| s.service)
+            .map(|s| s.cluster_ips.to_vec())
+            .unwrap_or_default()
+    }
+
+    /// `depth` bounds CNAME chasing inside the zone.
+    fn service(&mut self, namespace: &str, name: &str, qname: &Name, qtype: RecordType, depth: u8) {
+        let ttl = self.zone.ttl;
+        let view = self.view;
+        let Some(svc) = view.service(namespace, name) else {
+            return self.nxdomain();
+        };
+        let Some(service) = svc.service else {
+            return self.nxdomain();
+        };
+        if service.type_ == ServiceType::ExternalName {
+            return self.external_name(service, qname, qtype, depth);
+        }
+        let own_name = self.zone.service_name(namespace, name);
+        if service.headless {
+            let backends = published(view, &svc, service);
+            if backends.is_empty() {
+                // Spec rule 10: a headless service with no ready endpoints does not exist.
+                return self.nxdomain();
+            }
+            match qtype {
+                RecordType::A | RecordType::AAAA | RecordType::ANY => {
+                    for b in &backends {
+                        if family_of_query(qtype).is_none_or(|f| f == Family::of(b.ip)) {
+                            self.answer
+                                .answers
+                                .push(address_record(qname.clone(), ttl, b.ip));
+                        }
+                    }
+                }
+                RecordType::SRV => {
+                    let Some(own) = own_name else { return };
+                    self.headless_srv(&backends, &own, qname, |_, _| true);
+                }
+                _ => {}
+            }
+            return;
+        }
+        match qtype {
+            RecordType::A | RecordType::AAAA | RecordType::ANY => {
+                for ip in service.cluster_ips.iter() {
+                    if family_of_query(qtype).is_none_or(|f| f == Family::of(*ip)) {
+                        self.answer
+                            .answers
+                            .push(address_record(qname.clone(), ttl, *ip));
+                    }
+                }
+            }
+            RecordType::SRV => {
+                let Some(own) = own_name else { return };
+                let ports: Vec<u16> = service
+                    .ports
+                    .iter()
+                    .filter(|p| !p.name.is_empty())
+                    .map(|p| p.port)
+                    .collect();
+                self.cluster_srv(service, &own, qname, &ports);
+            }
+            _ => {}
+        }
+    }
+
+    fn external_name(&mut self, service: &Service, qname: &Name, qtype: RecordType, depth: u8) {
+        let ttl = self.zone.ttl;
+        let Some(target) = service
+            .external_name()
+            .and_then(|n| Name::from_ascii(n).ok())
+            .map(|mut n| {
+                n.set_fqdn(true);
+                n
+            })
+        else {
+            return;
+        };
+        if qtype == RecordType::SRV {
+            return;
+        }
+        self.answer.answers.push(Record::from_rdata(
+            qname.clone(),
+            ttl,
+            RData::CNAME(CNAME(target.clone())),
+        ));
+        if qtype == RecordType::CNAME || depth >= 8 {
+            return;
+        }
+        // Chase a target inside the zone, as CoreDNS does; outside it the resolver follows.
+        let lower = target.to_lowercase();
+        if self.zone.origin.zone_of(&lower) {
+            let relative = usize::from(lower.num_labels() - self.zone.origin.num_labels());
+            let labels: Vec<&str> = lower
+                .iter()
+                .take(relative)
+                .map(|l| std::str::from_utf8(l).unwrap_or(""))
+                .collect();
+            if let [svc, ns, "svc"] = labels[..] {
+                let before = self.answer.rcode;
+                self.service(ns, svc, &target, qtype, depth + 1);
+                // The CNAME itself exists even when its target does not.
+                self.answer.rcode = before;
+            }
+        }
+    }
+
+    fn cluster_srv(&mut self, service: &Service, own: &Name, qname: &Name, ports: &[u16]) {
+        let ttl = self.zone.ttl;
+        if ports.is_empty() {
+            return;
+        }
+        let weight = srv_weight(ports.len());
+        for port in ports {
+            self.answer.answers.push(Record::from_rdata(
+                qname.clone(),
+                ttl,
+                RData::SRV(SRV::new(0, weight, *port, own.clone())),
+            ));
+        }
+        for ip in service.cluster_ips.iter() {
+            self.answer
+                .additionals
+                .push(address_record(own.clone(), ttl, *ip));
+        }
+    }
+
+    fn headless_srv(
+        &mut self,
+        backends: &[Published],
+        own: &Name,
+        qname: &Name,
+        wanted: impl Fn(&str, Protocol) -> bool,
+    ) {
+        let ttl = self.zone.ttl;
+        let mut targets: Vec<(Name, u16, IpAddr)> = Vec::new();
+        for b in backends {
+            let Some(target) = Name::from_labels([b.hostname.as_str()])
+                .ok()
+                .and_then(|h| h.append_domain(own).ok())
+            else {
+                continue;
+            };
+            for (name, protocol, port) in &b.ports {
+                if wanted(name, *protocol) {
+                    targets.push((target.clone(), *port, b.ip));
+                }
+            }
+        }
+        let mut distinct: Vec<(&Name, u16)> = targets.iter().map(|(n, p, _)| (n, *p)).collect();
+        distinct.sort();
+        distinct.dedup();
+        let weight = srv_weight(distinct.len());
+        for (target, port) in &distinct {
+            self.answer.answers.push(Record::from_rdata(
+                qname.clone(),
+                ttl,
+                RData::SRV(SRV::new(0, weight, *port, (*target).clone())),
+            ));
+        }
+        for (target, _, ip) in &targets {
+            let record = address_record(target.clone(), ttl, *ip);
+            if !self.answer.additionals.contains(&record) {
+                self.answer.additionals.push(record);
+            }
+        }
+    }
+
+    fn endpoint(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        endpoint: &str,
+        qname: &Name,
+        qtype: RecordType,
+    ) {
+        let ttl = self.zone.ttl;
+        let view = self.view;
+        let Some(svc) = view.service(namespace, name) else {
+            return self.nxdomain();
+        };
+        let Some(service) = svc.service else {
+            return self.nxdomain();
+        };
+        let matching: Vec<IpAddr> = published(view, &svc, service)
+            .into_iter()
+            .filter(|b| b.hostname.eq_ignore_ascii_case(endpoint))
+            .map(|b| b.ip)
+            .collect();
+        if matching.is_empty() {
+            return self.nxdomain();
+        }
+        for ip in matching {
+            if family_of_query(qtype).is_some_and(|f| f == Family::of(ip))
+                || qtype == RecordType::ANY
+            {
+                self.answer
+                    .answers
+                    .push(address_record(qname.clone(), ttl, ip));
+            }
+        }
+    }
+
+    fn port(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        port: &str,
+        protocol: &str,
+        qname: &Name,
+        qtype: RecordType,
+    ) {
+        let view = self.view;
+        let Some(svc) = view.service(namespace, name) else {
+            return self.nxdomain();
+        };
+        let Some(service) = svc.service else {
+            return self.nxdomain();
+        };
+        let Some(own) = self.zone.service_name(namespace, name) else {
+            return self.nxdomain();
+        };
+        let strings = view.strings();
+        let wanted = |name: &str, proto: Protocol| {
+            name.eq_ignore_ascii_case(port) && protocol_label(proto).eq_ignore_ascii_case(protocol)
+        };
+        let exists = service
+            .ports
+            .iter()
+            .any(|p| !p.name.is_empty() && wanted(strings.resolve(p.name), p.protocol));
+        if !exists || service.type_ == ServiceType::ExternalName {
+            return self.nxdomain();
+        }
+        if qtype != RecordType::SRV {
+            return;
+        }
+        if service.headless {
+            let backends = published(view, &svc, service);
+            self.headless_srv(&backends, &own, qname, wanted);
+        } else {
+            let ports: Vec<u16> = service
+                .ports
+                .iter()
+                .filter(|p| wanted(strings.resolve(p.name), p.protocol))
+                .map(|p| p.port)
+                .collect();
+            self.cluster_srv(service, &own, qname, &ports);
+        }
+    }
+}
+
+/// CoreDNS's SRV weight: 100 shared between the records of one priority, at least 1.
+fn srv_weight(records: usize) -> u16 {
+    (100 / records.max(1)).max(1) as u16
+}
+
+/// The address a reverse name (`in-addr.arpa`, `ip6.arpa`) asks about, if it is complete.
+fn reverse_address(lower: &Name) -> Option<IpAddr> {
+    let labels: Vec<&[u8]> = lower.iter().collect();
+    match labels.as_slice() {
+        [d, c, b, a, b"in-addr", b"arpa"] => {
+            let octet = |l: &[u8]| std::str::from_utf8(l).ok()?.parse::<u8>().ok();
+            Some(IpAddr::V4(Ipv4Addr::new(
+                octet(a)?,
+                octet(b)?,
+                octet(c)?,
+                octet(d)?,
+            )))
+        }
+        [nibbles @ .., b"ip6", b"arpa"] if nibbles.len() == 32 => {
+            let mut value: u128 = 0;
+            for nibble in nibbles.iter().rev() {
+                let [digit] = nibble else { return None };
+                value = value << 4 | u128::from((*digit as char).to_digit(16)?);
+            }
+            Some(IpAddr::V6(Ipv6Addr::from(value)))
+        }
+        _ => None,
+    }
+}
+
+fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr) -> Outcome {
+    let mut targets: Vec<Name> = Vec::new();
+    for svc in view.services_by_ip(ip) {
+        let Some(service) = svc.service else { continue };
+        let Some(own) = zone.service_name(svc.namespace, svc.name) else {
+            continue;
+        };
+        let target = if service.cluster_ips.contains(&ip) {
+            Some(own)
+        } else if service.headless {
+            published(view, &svc, service)
+                .into_iter()
+                .find(|b| b.ip == ip)
+                .and_then(|b| Name::from_labels([b.hostname.as_str()]).ok())
+                .and_then(|h| h.append_domain(&own).ok())
+        } else {
+            None
+        };
+        targets.extend(target);
+    }
+    if targets.is_empty() {
+        return Outcome::NotOurs;
+    }
+    let mut answer = Answer::default();
+    if matches!(qtype, RecordType::PTR | RecordType::ANY) {
+        answer.answers = targets
+            .into_iter()
+            .map(|t| Record::from_rdata(qname.clone(), zone.ttl, RData::PTR(PTR(t))))
+            .collect();
+    } else {
+        answer.authority.push(zone.soa());
+    }
+    Outcome::Authoritative(answer)
+}

@@ -1,0 +1,139 @@
+//! The DNS server: [`crate::lookup`] behind hickory-server's UDP and TCP listeners.
+//!
+//! hickory-server owns the sockets, the message framing, EDNS size limits and truncation;
+//! this module only turns a request into a lookup and the lookup into a response.
+
+use crate::lookup::{Outcome, Zone, lookup};
+use hickory_server::Server;
+use hickory_server::net::runtime::Time;
+use hickory_server::proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::MessageResponseBuilder;
+use nodus_view::View;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// The view, shared between the watch loop (the only writer) and the servers.
+pub type SharedView = Arc<RwLock<View>>;
+
+/// The UDP payload we accept and advertise: the DNS flag day 2020 value, which avoids IP
+/// fragmentation.
+pub const MAX_UDP_PAYLOAD: u16 = 1232;
+/// An idle TCP connection is closed after this long.
+const TCP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Answers the cluster zone from the view.
+pub struct ClusterDns {
+    view: SharedView,
+    zone: Zone,
+}
+
+impl ClusterDns {
+    pub fn new(view: SharedView, zone: Zone) -> ClusterDns {
+        ClusterDns { view, zone }
+    }
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for ClusterDns {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        mut response_handle: R,
+    ) -> ResponseInfo {
+        let mut metadata = Metadata::response_from_request(&request.metadata);
+        // Our OPT advertises what we accept, never more than the client does.
+        let edns = request.edns.as_ref().map(|theirs| {
+            let mut ours = Edns::new();
+            ours.set_max_payload(theirs.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+            ours
+        });
+        let builder = MessageResponseBuilder::new(&request.queries, edns.as_ref());
+        let info = match request.request_info() {
+            Err(_) => Err(ResponseCode::FormErr),
+            Ok(_) if request.metadata.op_code != OpCode::Query => Err(ResponseCode::NotImp),
+            Ok(info) => Ok(info),
+        };
+        let result = match info {
+            Err(code) => {
+                metadata.response_code = code;
+                response_handle
+                    .send_response(builder.build_no_records(metadata))
+                    .await
+            }
+            Ok(info) => {
+                let query = info.query.original();
+                let outcome = {
+                    let view = self
+                        .view
+                        .read()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    lookup(&view, &self.zone, query.name(), query.query_type())
+                };
+                match outcome {
+                    Outcome::Authoritative(answer) => {
+                        metadata.authoritative = true;
+                        metadata.response_code = answer.rcode;
+                        response_handle
+                            .send_response(builder.build(
+                                metadata,
+                                answer.answers.iter(),
+                                answer.authority.iter(),
+                                std::iter::empty(),
+                                answer.additionals.iter(),
+                            ))
+                            .await
+                    }
+                    Outcome::NotOurs => {
+                        // Nothing to forward to in this build: refuse, as a non-recursive
+                        // authoritative server does.
+                        metadata.response_code = ResponseCode::Refused;
+                        response_handle
+                            .send_response(builder.build_no_records(metadata))
+                            .await
+                    }
+                }
+            }
+        };
+        result.unwrap_or_else(|error| {
+            tracing::debug!(%error, "sending a DNS response");
+            let mut failed = Metadata::response_from_request(&request.metadata);
+            failed.response_code = ResponseCode::ServFail;
+            ResponseInfo::from(Header {
+                metadata: failed,
+                counts: HeaderCounts::default(),
+            })
+        })
+    }
+}
+
+/// A running DNS server: it serves on the runtime that started it until dropped.
+pub struct DnsServer {
+    _server: Server<ClusterDns>,
+    /// The bound addresses (a port 0 in the configuration is resolved here).
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// Binds UDP and TCP on every address and serves until the returned server is dropped.
+pub async fn serve(
+    view: SharedView,
+    zone: Zone,
+    listen: &[SocketAddr],
+) -> std::io::Result<DnsServer> {
+    let mut server = Server::new(ClusterDns::new(view, zone));
+    let mut bound = Vec::new();
+    for addr in listen {
+        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        // Port 0 picks one port for UDP; TCP takes the same one.
+        let addr = udp.local_addr()?;
+        let tcp = tokio::net::TcpListener::bind(addr).await?;
+        server.register_socket(udp);
+        server.register_listener(tcp, TCP_TIMEOUT, 64);
+        bound.push(addr);
+    }
+    Ok(DnsServer {
+        _server: server,
+        addrs: bound,
+    })
+}

@@ -1,0 +1,463 @@
+//! The DNS server asked by real clients (`dig` and `kdig`) over UDP and TCP, answering from
+//! a view of the example cluster plus a few services made for these rules.
+
+use nodus_dns::server::{DnsServer, SharedView, serve};
+use nodus_dns::{PodRecords, Zone};
+use nodus_view::{Update, View, wire};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::sync::{Arc, RwLock};
+
+const EXAMPLE: &str = include_str!("../../deploy/examples/cluster.yaml");
+
+/// Services for the rules the example cluster does not show.
+const EXTRA: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: dual, namespace: default}
+spec:
+  clusterIP: 10.96.0.40
+  clusterIPs: [10.96.0.40, "fd00:96::40"]
+  ports: [{name: http, port: 80}, {port: 81}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty-headless, namespace: default}
+spec: {clusterIP: None}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: inner, namespace: shop}
+spec: {type: ExternalName, externalName: web.default.svc.cluster.local}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: many, namespace: default}
+spec: {clusterIP: None, ports: [{name: http, port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: many-1
+  namespace: default
+  labels: {kubernetes.io/service-name: many, service.kubernetes.io/headless: ""}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints:
+"#;
+
+fn view() -> SharedView {
+    let mut extra = EXTRA.to_string();
+    // Enough endpoints that the A answer does not fit in 512 bytes of UDP.
+    for i in 1..=60 {
+        extra.push_str(&format!("- addresses: [\"10.244.9.{i}\"]\n"));
+    }
+    extra.push_str("- addresses: [\"10.244.9.200\"]\n  conditions: {ready: false}\n");
+    let mut updates = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(EXAMPLE)
+        .chain(serde_yaml::Deserializer::from_str(&extra))
+    {
+        let value = serde_json::Value::deserialize(doc).expect("yaml");
+        let update = match value["kind"].as_str() {
+            Some("Service") => {
+                Update::Service(serde_json::from_value::<Box<wire::Service>>(value).expect("svc"))
+            }
+            Some("EndpointSlice") => {
+                Update::EndpointSlice(serde_json::from_value(value).expect("slice"))
+            }
+            Some("Node") => Update::Node(serde_json::from_value(value).expect("node")),
+            _ => continue,
+        };
+        updates.push(update);
+    }
+    let mut view = View::new("node-1");
+    let report = view.apply(updates);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    Arc::new(RwLock::new(view))
+}
+
+struct Dns {
+    addr: SocketAddr,
+    _server: DnsServer,
+    _rt: tokio::runtime::Runtime,
+}
+
+fn start(pods: PodRecords) -> Dns {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let zone = Zone::new("cluster.local", 5, pods).expect("zone");
+    let server = rt
+        .block_on(serve(view(), zone, &["127.0.0.1:0".parse().expect("addr")]))
+        .expect("bind");
+    Dns {
+        addr: server.addrs[0],
+        _server: server,
+        _rt: rt,
+    }
+}
+
+/// `dig` output reduced to (status, flags, answer lines, authority lines).
+struct Reply {
+    status: String,
+    flags: String,
+    answers: Vec<String>,
+    authority: Vec<String>,
+    additional: Vec<String>,
+    raw: String,
+}
+
+impl Reply {
+    fn data(&self) -> Vec<String> {
+        let mut data: Vec<String> = self
+            .answers
+            .iter()
+            .map(|l| l.split_whitespace().skip(3).collect::<Vec<_>>().join(" "))
+            .collect();
+        data.sort();
+        data
+    }
+}
+
+fn dig(dns: &Dns, args: &[&str]) -> Reply {
+    let output = Command::new("dig")
+        .arg(format!("@{}", dns.addr.ip()))
+        .args(["-p", &dns.addr.port().to_string(), "+tries=1", "+time=3"])
+        .args(args)
+        .output()
+        .expect("dig is installed (dnsutils)");
+    let raw = String::from_utf8_lossy(&output.stdout).into_owned();
+    let status = raw
+        .split("status: ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or("")
+        .to_string();
+    let flags = raw
+        .split("flags: ")
+        .nth(1)
+        .and_then(|s| s.split(';').next())
+        .unwrap_or("")
+        .to_string();
+    let section = |name: &str| -> Vec<String> {
+        raw.split(&format!(";; {name} SECTION:\n"))
+            .nth(1)
+            .map(|s| s.split("\n\n").next().unwrap_or(""))
+            .unwrap_or("")
+            .lines()
+            .filter(|l| !l.starts_with(';') && !l.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    Reply {
+        status,
+        flags,
+        answers: section("ANSWER"),
+        authority: section("AUTHORITY"),
+        additional: section("ADDITIONAL"),
+        raw: raw.clone(),
+    }
+}
+
+fn ask(dns: &Dns, name: &str, qtype: &str) -> Reply {
+    dig(dns, &[name, qtype])
+}
+
+#[test]
+fn spec_1_schema_version() {
+    let dns = start(PodRecords::Disabled);
+    let r = ask(&dns, "dns-version.cluster.local", "TXT");
+    assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    assert_eq!(r.data(), ["TXT \"1.1.0\""]);
+    assert!(r.answers[0].contains("28800"), "{}", r.raw);
+}
+
+#[test]
+fn spec_2_3_4_cluster_ip_a_aaaa_and_dual_stack() {
+    let dns = start(PodRecords::Disabled);
+    let a = ask(&dns, "dual.default.svc.cluster.local", "A");
+    assert_eq!(
+        (a.status.as_str(), a.data()),
+        ("NOERROR", vec!["A 10.96.0.40".to_string()]),
+        "{}",
+        a.raw
+    );
+    assert!(a.flags.contains("aa"), "authoritative: {}", a.flags);
+    let aaaa = ask(&dns, "dual.default.svc.cluster.local", "AAAA");
+    assert_eq!(aaaa.data(), ["AAAA fd00:96::40"]);
+    // Single-stack: the other family is NODATA with the SOA, not NXDOMAIN.
+    let nodata = ask(&dns, "api.shop.svc.cluster.local", "AAAA");
+    assert_eq!(nodata.status, "NOERROR");
+    assert!(nodata.answers.is_empty());
+    assert!(nodata.authority[0].contains("SOA"), "{}", nodata.raw);
+}
+
+#[test]
+fn spec_5_srv_for_named_ports() {
+    let dns = start(PodRecords::Disabled);
+    let r = ask(&dns, "_http._tcp.dual.default.svc.cluster.local", "SRV");
+    assert_eq!(
+        r.data(),
+        ["SRV 0 100 80 dual.default.svc.cluster.local."],
+        "{}",
+        r.raw
+    );
+    assert!(
+        r.additional.iter().any(|l| l.contains("10.96.0.40")),
+        "{}",
+        r.raw
+    );
+    let wrong_proto = ask(&dns, "_http._udp.dual.default.svc.cluster.local", "SRV");
+    assert_eq!(wrong_proto.status, "NXDOMAIN");
+    // The bare service name lists its named ports only.
+    let bare = ask(&dns, "dual.default.svc.cluster.local", "SRV");
+    assert_eq!(
+        bare.data(),
+        ["SRV 0 100 80 dual.default.svc.cluster.local."],
+        "{}",
+        bare.raw
+    );
+}
+
+#[test]
+fn spec_6_7_13_ptr() {
+    let dns = start(PodRecords::Disabled);
+    let v4 = dig(&dns, &["-x", "10.96.0.20"]);
+    assert_eq!(
+        v4.data(),
+        ["PTR web.default.svc.cluster.local."],
+        "{}",
+        v4.raw
+    );
+    let v6 = dig(&dns, &["-x", "fd00:96::20"]);
+    assert_eq!(
+        v6.data(),
+        ["PTR web.default.svc.cluster.local."],
+        "{}",
+        v6.raw
+    );
+    let headless = dig(&dns, &["-x", "10.244.2.30"]);
+    assert_eq!(
+        headless.data(),
+        ["PTR db-0.db.shop.svc.cluster.local."],
+        "{}",
+        headless.raw
+    );
+    let generated = dig(&dns, &["-x", "10.244.9.7"]);
+    assert_eq!(
+        generated.data(),
+        ["PTR 10-244-9-7.many.default.svc.cluster.local."],
+        "{}",
+        generated.raw
+    );
+}
+
+#[test]
+fn spec_8_10_11_12_headless() {
+    let dns = start(PodRecords::Disabled);
+    let a = ask(&dns, "db.shop.svc.cluster.local", "A");
+    assert_eq!(a.data(), ["A 10.244.2.30", "A 10.244.3.30"], "{}", a.raw);
+    let host = ask(&dns, "db-1.db.shop.svc.cluster.local", "A");
+    assert_eq!(host.data(), ["A 10.244.3.30"], "{}", host.raw);
+    let srv = ask(&dns, "_pg._tcp.db.shop.svc.cluster.local", "SRV");
+    assert_eq!(
+        srv.data(),
+        [
+            "SRV 0 50 5432 db-0.db.shop.svc.cluster.local.",
+            "SRV 0 50 5432 db-1.db.shop.svc.cluster.local."
+        ],
+        "{}",
+        srv.raw
+    );
+    let glue = srv
+        .additional
+        .iter()
+        .filter(|l| l.split_whitespace().nth(3) == Some("A"));
+    assert_eq!(glue.count(), 2, "{}", srv.raw);
+    let empty = ask(&dns, "empty-headless.default.svc.cluster.local", "A");
+    assert_eq!(empty.status, "NXDOMAIN", "rule 10: {}", empty.raw);
+    let not_ready = ask(&dns, "10-244-9-200.many.default.svc.cluster.local", "A");
+    assert_eq!(
+        not_ready.status, "NXDOMAIN",
+        "not-ready endpoints are not published"
+    );
+}
+
+#[test]
+fn spec_14_external_name_is_a_cname_chased_inside_the_zone() {
+    let dns = start(PodRecords::Disabled);
+    let outside = ask(&dns, "docs.shop.svc.cluster.local", "A");
+    assert_eq!(
+        outside.data(),
+        ["CNAME docs.example.org."],
+        "{}",
+        outside.raw
+    );
+    let inside = ask(&dns, "inner.shop.svc.cluster.local", "A");
+    assert_eq!(inside.answers.len(), 2, "{}", inside.raw);
+    assert!(
+        inside.answers[0].contains("CNAME"),
+        "CNAME first: {}",
+        inside.raw
+    );
+    assert!(inside.answers[1].ends_with("10.96.0.20"), "{}", inside.raw);
+}
+
+#[test]
+fn spec_15_case_is_preserved() {
+    let dns = start(PodRecords::Disabled);
+    let r = ask(&dns, "WEB.Default.SVC.cluster.LOCAL", "A");
+    assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    assert!(
+        r.answers[0].starts_with("WEB.Default.SVC.cluster.LOCAL."),
+        "{}",
+        r.raw
+    );
+}
+
+#[test]
+fn nxdomain_and_nodata_carry_the_soa() {
+    let dns = start(PodRecords::Disabled);
+    for (name, qtype, status) in [
+        ("missing.default.svc.cluster.local", "A", "NXDOMAIN"),
+        ("web.missing-ns.svc.cluster.local", "A", "NXDOMAIN"),
+        ("missing.svc.cluster.local", "A", "NXDOMAIN"),
+        ("web.default.svc.cluster.local", "TXT", "NOERROR"),
+        ("default.svc.cluster.local", "A", "NOERROR"),
+        ("svc.cluster.local", "A", "NOERROR"),
+        ("cluster.local", "A", "NOERROR"),
+        ("a.b.c.web.default.svc.cluster.local", "A", "NXDOMAIN"),
+        ("something.cluster.local", "A", "NXDOMAIN"),
+    ] {
+        let r = ask(&dns, name, qtype);
+        assert_eq!(r.status, status, "{name} {qtype}: {}", r.raw);
+        assert!(r.answers.is_empty(), "{name}: {}", r.raw);
+        assert!(
+            r.authority
+                .iter()
+                .any(|l| l.contains("SOA") && l.starts_with("cluster.local.")),
+            "{name}: {}",
+            r.raw
+        );
+    }
+}
+
+#[test]
+fn apex_soa_and_ns() {
+    let dns = start(PodRecords::Disabled);
+    let soa = ask(&dns, "cluster.local", "SOA");
+    assert_eq!(soa.answers.len(), 1);
+    assert!(
+        soa.answers[0].contains("ns.dns.cluster.local. hostmaster.cluster.local."),
+        "{}",
+        soa.raw
+    );
+    let ns = ask(&dns, "cluster.local", "NS");
+    assert_eq!(ns.data(), ["NS ns.dns.cluster.local."], "{}", ns.raw);
+    assert!(
+        ns.additional.iter().any(|l| l.contains("10.96.0.10")),
+        "glue is kube-dns: {}",
+        ns.raw
+    );
+}
+
+#[test]
+fn pod_records_follow_the_option() {
+    let disabled = start(PodRecords::Disabled);
+    assert_eq!(
+        ask(&disabled, "10-244-1-10.default.pod.cluster.local", "A").status,
+        "NXDOMAIN"
+    );
+    let insecure = start(PodRecords::Insecure);
+    let r = ask(&insecure, "10-244-1-10.default.pod.cluster.local", "A");
+    assert_eq!(r.data(), ["A 10.244.1.10"], "{}", r.raw);
+    assert_eq!(
+        ask(&insecure, "not-an-ip.default.pod.cluster.local", "A").status,
+        "NXDOMAIN"
+    );
+}
+
+#[test]
+fn truncation_over_udp_then_the_full_answer_over_tcp() {
+    let dns = start(PodRecords::Disabled);
+    let udp = dig(
+        &dns,
+        &["+noedns", "+ignore", "many.default.svc.cluster.local", "A"],
+    );
+    assert!(udp.flags.contains("tc"), "{}", udp.raw);
+    let tcp = dig(&dns, &["+tcp", "many.default.svc.cluster.local", "A"]);
+    assert_eq!(tcp.answers.len(), 60, "{}", tcp.raw);
+    assert!(!tcp.flags.contains("tc"));
+}
+
+#[test]
+fn edns_is_echoed_with_our_payload_size() {
+    let dns = start(PodRecords::Disabled);
+    let r = dig(
+        &dns,
+        &["+bufsize=4096", "web.default.svc.cluster.local", "A"],
+    );
+    assert!(r.raw.contains("; EDNS: version: 0"), "{}", r.raw);
+    assert!(r.raw.contains("udp: 1232"), "{}", r.raw);
+}
+
+#[test]
+fn odd_questions_get_protocol_answers() {
+    let dns = start(PodRecords::Disabled);
+    // An unknown type is NODATA, not FORMERR.
+    let r = ask(&dns, "web.default.svc.cluster.local", "TYPE65000");
+    assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    // ANY gets a minimal answer: the addresses, nothing else.
+    let any = ask(&dns, "web.default.svc.cluster.local", "ANY");
+    assert_eq!(
+        any.data(),
+        ["A 10.96.0.20", "AAAA fd00:96::20"],
+        "{}",
+        any.raw
+    );
+    // Other opcodes are not implemented.
+    let status = dig(
+        &dns,
+        &["+opcode=status", "web.default.svc.cluster.local", "A"],
+    );
+    assert_eq!(status.status, "NOTIMP", "{}", status.raw);
+    // kdig, a second client, over TCP.
+    let kdig = Command::new("kdig")
+        .arg(format!("@{}", dns.addr.ip()))
+        .args([
+            "-p",
+            &dns.addr.port().to_string(),
+            "+tcp",
+            "web.default.svc.cluster.local",
+            "AAAA",
+        ])
+        .output()
+        .expect("kdig is installed (knot-dnsutils)");
+    let text = String::from_utf8_lossy(&kdig.stdout);
+    assert!(
+        text.contains("NOERROR") && text.contains("fd00:96::20"),
+        "{text}"
+    );
+    // Names outside the zone are refused until forwarding is configured.
+    assert_eq!(ask(&dns, "example.org", "A").status, "REFUSED");
+}
+
+#[test]
+fn malformed_packets_never_take_the_server_down() {
+    let dns = start(PodRecords::Disabled);
+    let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    for junk in [
+        &b""[..],
+        b"\x00",
+        b"\x12\x34\x01\x00\x00\x01",
+        &[0xff; 64],
+        &[0u8; 512],
+    ] {
+        let _ = socket.send_to(junk, dns.addr);
+    }
+    let r = ask(&dns, "web.default.svc.cluster.local", "A");
+    assert_eq!(r.status, "NOERROR", "still answering: {}", r.raw);
+}
