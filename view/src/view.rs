@@ -830,7 +830,10 @@ mod tests {
         ]);
         assert_eq!(owners(&view, "10.0.0.1"), ["web"]);
         assert_eq!(owners(&view, "10.1.0.7"), ["db"]);
-        assert!(owners(&view, "10.1.0.1").is_empty(), "only headless endpoints are indexed");
+        assert!(
+            owners(&view, "10.1.0.1").is_empty(),
+            "only headless endpoints are indexed"
+        );
         assert!(view.has_namespace("default") && !view.has_namespace("other"));
 
         view.apply([service("default", "web", "10.0.0.2")]);
