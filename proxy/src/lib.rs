@@ -1,0 +1,4 @@
+//! The nftables service proxy: kube-proxy's semantics, planned from the node view and
+//! programmed into the kernel over nf_tables netlink.
+
+pub mod nft;
