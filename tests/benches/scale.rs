@@ -10,12 +10,9 @@
 //! [--page-size N] [--settle-ms MS] [--dns]`
 
 use anyhow::{Context, bail};
-use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
-use nodus_testbed::probe::http_get;
+use nodus_testbed::bench::{BenchCluster, free_port};
 use nodus_testbed::scale::{self, ProcMemory, Shape, proc_memory};
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 struct Options {
@@ -87,129 +84,49 @@ struct Row {
     churned: ProcMemory,
 }
 
-fn metric(body: &str, line_prefix: &str) -> Option<f64> {
-    body.lines()
-        .find_map(|l| l.strip_prefix(line_prefix))
-        .and_then(|v| v.trim().parse().ok())
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // SAFETY: kill with a pid we own; at worst the process is already gone.
-        unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        let _ = self.0.wait();
-    }
-}
-
 fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    let store = Store::new(ApiServerConfig {
-        history: opts.churn + 10_000,
-        ..ApiServerConfig::default()
-    });
-    for object in scale::cluster(&shape) {
-        store.apply_value(object)?;
-    }
-    let listener = rt.block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))?;
-    let server = rt.block_on(apiserver::serve(store.clone(), listener))?;
-    let dir = std::env::temp_dir().join(format!("nodus-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let kubeconfig = dir.join("kubeconfig");
-    apiserver::write_kubeconfig(&kubeconfig, &server.url())?;
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
-    let log = std::fs::File::create(dir.join("nodus.log"))?;
-    let config = dir.join("config.yaml");
-    let mut settings = opts
+    let cluster = BenchCluster::new(opts.churn + 10_000, scale::cluster(&shape))?;
+    let mut config = opts
         .page_size
         .map_or(String::new(), |n| format!("watch_page_size: {n}\n"));
-    settings.push_str(&match opts.dns {
+    config.push_str(&match opts.dns {
         true => format!("dns:\n  listen: [\"127.0.0.1:{}\"]\n", free_port()?),
         false => "dns:\n  enabled: false\n".to_string(),
     });
-    std::fs::write(&config, settings)?;
-
-    let start = Instant::now();
-    let agent = Agent(
-        Command::new(&opts.nodus)
-            .args([
-                "run",
-                "--node-name",
-                &scale::node_name(0),
-                "--http-addr",
-                &http.to_string(),
-            ])
-            .arg("--kubeconfig")
-            .arg(&kubeconfig)
-            .arg("--config")
-            .arg(&config)
-            .env("NODUS_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", opts.nodus.display()))?,
-    );
-    let pid = agent.0.id();
-    let timeout = Duration::from_secs(5);
-    loop {
-        if http_get(http, "/readyz", timeout).is_ok_and(|(code, _)| code == 200) {
-            break;
-        }
-        if start.elapsed() > Duration::from_secs(600) {
-            bail!(
-                "nodus not ready after 10 minutes; see {}",
-                dir.join("nodus.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    let ready = start.elapsed();
+    let agent = cluster.start_agent(&opts.nodus, &scale::node_name(0), &config)?;
+    let ready = agent.wait_ready(Duration::from_secs(600))?;
     std::thread::sleep(opts.settle);
-    let synced = proc_memory(pid)?;
+    let synced = proc_memory(agent.pid())?;
 
-    let metrics = |what: &str| -> anyhow::Result<f64> {
-        let (_, body) = http_get(http, "/metrics", timeout)?;
-        metric(&body, what).with_context(|| format!("no {what} in /metrics"))
-    };
-    let endpoints_before = metrics("nodus_view_objects{kind=\"endpoint\"}")?;
-    let apply_before = metrics("nodus_view_apply_duration_seconds_sum")?;
+    let endpoints = "nodus_view_objects{kind=\"endpoint\"}";
+    let apply_sum = "nodus_view_apply_duration_seconds_sum";
+    let endpoints_before = agent.metric(endpoints)?;
+    let apply_before = agent.metric(apply_sum)?;
     let churn_start = Instant::now();
     for k in 0..opts.churn {
         let i = k % shape.services;
-        store.apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
+        cluster
+            .store
+            .apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
     }
     // A last update adds one endpoint: once nodus counts it, every update before it is in.
     let marker = Shape {
         endpoints_per_service: 1,
         ..shape
     };
-    store.apply_value(scale::slice(shape.services, &marker, 0))?;
-    loop {
-        if metrics("nodus_view_objects{kind=\"endpoint\"}")? > endpoints_before {
-            break;
-        }
+    cluster
+        .store
+        .apply_value(scale::slice(shape.services, &marker, 0))?;
+    while agent.metric(endpoints)? <= endpoints_before {
         if churn_start.elapsed() > Duration::from_secs(300) {
             bail!("churn not applied after 5 minutes");
         }
         std::thread::sleep(Duration::from_millis(1));
     }
     let churn_wall = churn_start.elapsed();
-    let churn_apply = metrics("nodus_view_apply_duration_seconds_sum")? - apply_before;
+    let churn_apply = agent.metric(apply_sum)? - apply_before;
     std::thread::sleep(opts.settle);
-    let churned = proc_memory(pid)?;
-    drop(agent);
-    rt.block_on(server.shutdown());
-    let _ = std::fs::remove_dir_all(&dir);
+    let churned = proc_memory(agent.pid())?;
     Ok(Row {
         shape,
         ready,

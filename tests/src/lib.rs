@@ -2,6 +2,7 @@
 //! nodes and pods, and the pieces the scale bench and the sandbox share.
 
 pub mod apiserver;
+pub mod bench;
 pub mod netns;
 pub mod probe;
 pub mod scale;

@@ -1,0 +1,250 @@
+//! DNS throughput: `dnsperf` against nodus answering a generated cluster, and against NSD
+//! serving the equivalent zone file, in the same run, on the same query files.
+//!
+//! Query sets: existing service A names; SRV names; and the search-path mix that `ndots:5`
+//! produces (four misses per hit). It prints figures and asserts nothing.
+//!
+//! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--nodus PATH]`
+//! (needs `dnsperf` and `nsd` from Debian).
+
+use anyhow::{Context, bail};
+use nodus_testbed::bench::{BenchCluster, free_port};
+use nodus_testbed::scale::{self, Shape, proc_memory};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Options {
+    services: usize,
+    seconds: u32,
+    nodus: PathBuf,
+}
+
+fn options() -> anyhow::Result<Options> {
+    let mut opts = Options {
+        services: 10_000,
+        seconds: 10,
+        nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--services" => opts.services = value()?.parse()?,
+            "--seconds" => opts.seconds = value()?.parse()?,
+            "--nodus" => opts.nodus = value()?.into(),
+            "--bench" => {}
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    Ok(opts)
+}
+
+fn service_fqdn(i: usize) -> String {
+    format!(
+        "{}.{}.svc.cluster.local",
+        scale::service_name(i),
+        scale::namespace(i)
+    )
+}
+
+/// The three query files, as dnsperf reads them (`name type` per line).
+fn query_files(dir: &Path, services: usize) -> anyhow::Result<Vec<(&'static str, PathBuf)>> {
+    let (mut hits, mut srv, mut mix) = (String::new(), String::new(), String::new());
+    for i in 0..services {
+        let name = service_fqdn(i);
+        writeln!(hits, "{name} A")?;
+        writeln!(srv, "_http._tcp.{name} SRV")?;
+        // A pod in another namespace looks up `svc.ns` (one miss, then the hit) and an
+        // external name (three misses through the search list before it leaves the zone).
+        let own_ns = scale::namespace(i + 1);
+        let short = format!("{}.{}", scale::service_name(i), scale::namespace(i));
+        writeln!(mix, "{short}.{own_ns}.svc.cluster.local A")?;
+        writeln!(mix, "{name} A")?;
+        for suffix in [
+            format!("{own_ns}.svc.cluster.local"),
+            "svc.cluster.local".into(),
+            "cluster.local".into(),
+        ] {
+            writeln!(mix, "api-{i}.example.com.{suffix} A")?;
+        }
+    }
+    let mut files = Vec::new();
+    for (label, text) in [
+        ("A, existing names", hits),
+        ("SRV", srv),
+        ("search-path mix (4 misses per hit)", mix),
+    ] {
+        let path = dir.join(format!("queries-{}.txt", files.len()));
+        std::fs::write(&path, text)?;
+        files.push((label, path));
+    }
+    Ok(files)
+}
+
+/// The same records as a zone file, for NSD.
+fn zone_file(dir: &Path, services: usize) -> anyhow::Result<PathBuf> {
+    let mut zone = String::from(
+        "$ORIGIN cluster.local.\n$TTL 5\n\
+         @ IN SOA ns.dns.cluster.local. hostmaster.cluster.local. 1 7200 1800 86400 5\n\
+         @ IN NS ns.dns.cluster.local.\nns.dns IN A 10.96.0.10\n\
+         dns-version IN TXT \"1.1.0\"\n",
+    );
+    for i in 0..services {
+        let rel = format!("{}.{}.svc", scale::service_name(i), scale::namespace(i));
+        writeln!(zone, "{rel} IN A {}", scale::cluster_ip(i))?;
+        writeln!(
+            zone,
+            "_http._tcp.{rel} IN SRV 0 100 80 {rel}.cluster.local."
+        )?;
+    }
+    let path = dir.join("cluster.local.zone");
+    std::fs::write(&path, zone)?;
+    Ok(path)
+}
+
+struct Nsd(Child);
+
+impl Drop for Nsd {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Nsd> {
+    let d = dir.display();
+    let conf = format!(
+        "server:\n  ip-address: 127.0.0.1\n  port: {port}\n  server-count: 1\n  username: \"\"\n  \
+         chroot: \"\"\n  zonesdir: \"{d}\"\n  database: \"\"\n  pidfile: \"{d}/nsd.pid\"\n  \
+         xfrdfile: \"{d}/xfrd.state\"\n  zonelistfile: \"{d}/zone.list\"\n  logfile: \"{d}/nsd.log\"\n  \
+         rrl-ratelimit: 0\nremote-control:\n  control-enable: no\nzone:\n  name: cluster.local\n  \
+         zonefile: \"{}\"\n",
+        zone.display()
+    );
+    let path = dir.join("nsd.conf");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("nsd")
+        .args(["-d", "-c"])
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting nsd (Debian package nsd)")?;
+    let nsd = Nsd(child);
+    for _ in 0..200 {
+        let probe = Command::new("dig")
+            .args([
+                "@127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "+short",
+                "+time=1",
+                "+tries=1",
+            ])
+            .arg(service_fqdn(0))
+            .output()?;
+        if !probe.stdout.is_empty() {
+            return Ok(nsd);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("nsd did not answer; see {d}/nsd.log")
+}
+
+struct Perf {
+    qps: f64,
+    latency_ms: f64,
+    lost: String,
+}
+
+fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
+    let output = Command::new("dnsperf")
+        .args([
+            "-s",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "-c",
+            "4",
+            "-T",
+            "1",
+            "-q",
+            "200",
+        ])
+        .args(["-l", &seconds.to_string(), "-d"])
+        .arg(queries)
+        .output()
+        .context("running dnsperf (Debian package dnsperf)")?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let field = |key: &str| -> Option<String> {
+        text.lines()
+            .find_map(|l| l.trim().strip_prefix(key))
+            .map(|v| v.trim().to_string())
+    };
+    let number = |key: &str| -> anyhow::Result<f64> {
+        field(key)
+            .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
+            .with_context(|| format!("no {key:?} in dnsperf output:\n{text}"))
+    };
+    Ok(Perf {
+        qps: number("Queries per second:")?,
+        latency_ms: number("Average Latency (s):")? * 1000.0,
+        lost: field("Queries lost:").unwrap_or_default(),
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let opts = options()?;
+    let shape = Shape {
+        services: opts.services,
+        endpoints_per_service: 10,
+        nodes: 100,
+    };
+    let cluster = BenchCluster::new(10_000, scale::cluster(&shape))?;
+    let nodus_port = free_port()?;
+    let agent = cluster.start_agent(
+        &opts.nodus,
+        &scale::node_name(0),
+        &format!("dns:\n  listen: [\"127.0.0.1:{nodus_port}\"]\n"),
+    )?;
+    agent.wait_ready(Duration::from_secs(600))?;
+    let before = proc_memory(agent.pid())?;
+
+    let files = query_files(&cluster.dir, opts.services)?;
+    let zone = zone_file(&cluster.dir, opts.services)?;
+    let nsd_port = free_port()?;
+    let nsd = start_nsd(&cluster.dir, &zone, nsd_port)?;
+
+    println!(
+        "DNS bench: {} services × 10 endpoints; dnsperf -c 4 -T 1 -q 200 -l {} on loopback",
+        opts.services, opts.seconds
+    );
+    println!(
+        "{:<36} | {:>10} {:>8} {:>14} | {:>10} {:>8} | {:>6}",
+        "query set", "nodus QPS", "avg ms", "lost", "NSD QPS", "avg ms", "ratio"
+    );
+    for (label, file) in &files {
+        let ours = dnsperf(nodus_port, file, opts.seconds)?;
+        let theirs = dnsperf(nsd_port, file, opts.seconds)?;
+        println!(
+            "{label:<36} | {:>10.0} {:>8.2} {:>14} | {:>10.0} {:>8.2} | {:>5.2}×",
+            ours.qps,
+            ours.latency_ms,
+            ours.lost,
+            theirs.qps,
+            theirs.latency_ms,
+            ours.qps / theirs.qps
+        );
+    }
+    let after = proc_memory(agent.pid())?;
+    drop(nsd);
+    println!(
+        "nodus RSS {:.1} MiB before the load, {:.1} MiB after (peak {:.1} MiB)",
+        before.rss_kib as f64 / 1024.0,
+        after.rss_kib as f64 / 1024.0,
+        after.peak_rss_kib as f64 / 1024.0
+    );
+    Ok(())
+}

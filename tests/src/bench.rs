@@ -1,0 +1,148 @@
+//! What the benchmarks share: a generated cluster served by the API-server stand-in, and a
+//! real `nodus run` process against it.
+
+use crate::apiserver::{self, ApiServerConfig, ServerHandle, Store};
+use crate::probe::http_get;
+use anyhow::{Context, bail};
+use serde_json::Value;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free TCP port on loopback (free when asked; good enough for one machine's benches).
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+        .local_addr()?
+        .port())
+}
+
+/// The stand-in, loaded and serving on loopback, with a kubeconfig for it.
+pub struct BenchCluster {
+    pub store: Store,
+    server: Option<ServerHandle>,
+    rt: tokio::runtime::Runtime,
+    pub dir: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+impl BenchCluster {
+    /// `history` bounds the stand-in's event log: it must hold every write a bench makes
+    /// while nodus watches.
+    pub fn new(
+        history: usize,
+        objects: impl IntoIterator<Item = Value>,
+    ) -> anyhow::Result<BenchCluster> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()?;
+        let store = Store::new(ApiServerConfig {
+            history,
+            ..ApiServerConfig::default()
+        });
+        for object in objects {
+            store.apply_value(object)?;
+        }
+        let listener = rt.block_on(tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))?;
+        let server = rt.block_on(apiserver::serve(store.clone(), listener))?;
+        let dir = std::env::temp_dir().join(format!(
+            "nodus-bench-{}-{}",
+            std::process::id(),
+            free_port()?
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let kubeconfig = dir.join("kubeconfig");
+        apiserver::write_kubeconfig(&kubeconfig, &server.url())?;
+        Ok(BenchCluster {
+            store,
+            server: Some(server),
+            rt,
+            dir,
+            kubeconfig,
+        })
+    }
+
+    /// Starts `nodus run` as node `node` with the configuration `config` (YAML).
+    pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
+        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+        let config_path = self.dir.join("config.yaml");
+        std::fs::write(&config_path, config)?;
+        let log = self.dir.join("nodus.log");
+        let child = Command::new(nodus)
+            .args(["run", "--node-name", node, "--http-addr", &http.to_string()])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--config")
+            .arg(&config_path)
+            .env("NODUS_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log)?)
+            .spawn()
+            .with_context(|| format!("starting {}", nodus.display()))?;
+        Ok(Agent {
+            child,
+            http,
+            started: Instant::now(),
+            log,
+        })
+    }
+}
+
+impl Drop for BenchCluster {
+    fn drop(&mut self) {
+        if let Some(server) = self.server.take() {
+            self.rt.block_on(server.shutdown());
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running `nodus run`, stopped with SIGTERM when dropped.
+pub struct Agent {
+    child: Child,
+    pub http: SocketAddr,
+    started: Instant,
+    log: PathBuf,
+}
+
+impl Agent {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for `/readyz`; returns the time since the process started.
+    pub fn wait_ready(&self, limit: Duration) -> anyhow::Result<Duration> {
+        loop {
+            if http_get(self.http, "/readyz", Duration::from_secs(5))
+                .is_ok_and(|(code, _)| code == 200)
+            {
+                return Ok(self.started.elapsed());
+            }
+            if self.started.elapsed() > limit {
+                bail!(
+                    "nodus not ready after {limit:?}; see {}",
+                    self.log.display()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// One series of `/metrics`, e.g. `nodus_view_objects{kind="endpoint"}`.
+    pub fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let (_, body) = http_get(self.http, "/metrics", Duration::from_secs(5))?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+            .with_context(|| format!("no {series} in /metrics"))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // SAFETY: signalling a child we own; at worst it has already exited.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+    }
+}
