@@ -36,7 +36,8 @@ pub struct Zone {
     /// Lower case, fully qualified.
     origin: Name,
     soa_name: Name,
-    hostmaster: Name,
+    /// Built once: every negative answer carries it, and misses are most queries.
+    soa: Record,
     ttl: u32,
     pods: PodRecords,
 }
@@ -49,9 +50,28 @@ impl Zone {
     ) -> Result<Zone, hickory_proto::ProtoError> {
         let mut origin = Name::from_ascii(domain)?.to_lowercase();
         origin.set_fqdn(true);
+        let soa_name = Name::from_ascii("ns.dns")?.append_domain(&origin)?;
+        // The serial is the start time: answers are computed, so there is no zone version
+        // to count, and secondaries never transfer this zone.
+        let serial = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs() as u32);
+        let soa = Record::from_rdata(
+            origin.clone(),
+            ttl,
+            RData::SOA(SOA::new(
+                soa_name.clone(),
+                Name::from_ascii("hostmaster")?.append_domain(&origin)?,
+                serial,
+                7200,
+                1800,
+                86400,
+                ttl,
+            )),
+        );
         Ok(Zone {
-            soa_name: Name::from_ascii("ns.dns")?.append_domain(&origin)?,
-            hostmaster: Name::from_ascii("hostmaster")?.append_domain(&origin)?,
+            soa_name,
+            soa,
             origin,
             ttl,
             pods,
@@ -65,22 +85,7 @@ impl Zone {
     /// The SOA that negative answers carry in their authority section; its minimum is the
     /// TTL, so resolvers cache misses exactly as long as hits.
     fn soa(&self) -> Record {
-        let serial = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_secs() as u32);
-        Record::from_rdata(
-            self.origin.clone(),
-            self.ttl,
-            RData::SOA(SOA::new(
-                self.soa_name.clone(),
-                self.hostmaster.clone(),
-                serial,
-                7200,
-                1800,
-                86400,
-                self.ttl,
-            )),
-        )
+        self.soa.clone()
     }
 
     /// `<svc>.<ns>.svc.<zone>.`
@@ -268,19 +273,35 @@ pub fn lookup(view: &View, zone: &Zone, qname: &Name, qtype: RecordType) -> Outc
     if !zone.origin.zone_of(&lower) {
         return Outcome::NotOurs;
     }
-    let relative = usize::from(lower.num_labels() - zone.origin.num_labels());
-    let labels: Vec<&str> = lower
-        .iter()
-        .take(relative)
-        .map(|l| std::str::from_utf8(l).unwrap_or(""))
-        .collect();
+    let mut buffer = [""; MAX_LABELS];
+    let labels = relative_labels(&lower, zone, &mut buffer);
     let mut resolver = Resolver {
         view,
         zone,
         answer: Answer::default(),
     };
-    resolver.answer_target(classify(view, zone, &labels), qname, qtype);
+    resolver.answer_target(classify(view, zone, labels), qname, qtype);
     Outcome::Authoritative(resolver.finish())
+}
+
+/// More labels below the zone than any cluster name has (`_port._proto.svc.ns.svc` is 5).
+const MAX_LABELS: usize = 6;
+
+/// The labels of `lower` below the zone, in a caller's buffer: this runs for every query,
+/// so it does not allocate. Names deeper than any cluster name come back with one label
+/// too many, which matches nothing.
+fn relative_labels<'n>(
+    lower: &'n Name,
+    zone: &Zone,
+    buffer: &'n mut [&'n str; MAX_LABELS],
+) -> &'n [&'n str] {
+    let relative = usize::from(lower.num_labels().saturating_sub(zone.origin.num_labels()));
+    let mut n = 0;
+    for label in lower.iter().take(relative.min(MAX_LABELS)) {
+        buffer[n] = std::str::from_utf8(label).unwrap_or("");
+        n += 1;
+    }
+    &buffer[..n]
 }
 
 struct Resolver<'a> {
@@ -470,13 +491,8 @@ impl Resolver<'_> {
         // Chase a target inside the zone, as CoreDNS does; outside it the resolver follows.
         let lower = target.to_lowercase();
         if self.zone.origin.zone_of(&lower) {
-            let relative = usize::from(lower.num_labels() - self.zone.origin.num_labels());
-            let labels: Vec<&str> = lower
-                .iter()
-                .take(relative)
-                .map(|l| std::str::from_utf8(l).unwrap_or(""))
-                .collect();
-            if let [svc, ns, "svc"] = labels[..] {
+            let mut buffer = [""; MAX_LABELS];
+            if let [svc, ns, "svc"] = *relative_labels(&lower, self.zone, &mut buffer) {
                 let before = self.answer.rcode;
                 self.service(ns, svc, &target, qtype, depth + 1);
                 // The CNAME itself exists even when its target does not.

@@ -4,7 +4,7 @@
 //! Query sets: existing service A names; SRV names; and the search-path mix that `ndots:5`
 //! produces (four misses per hit). It prints figures and asserts nothing.
 //!
-//! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--nodus PATH]`
+//! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]`
 //! (needs `dnsperf` and `nsd` from Debian).
 
 use anyhow::{Context, bail};
@@ -18,6 +18,8 @@ use std::time::Duration;
 struct Options {
     services: usize,
     seconds: u32,
+    /// Alternating runs per server and query set; the medians are reported.
+    runs: usize,
     nodus: PathBuf,
 }
 
@@ -25,6 +27,7 @@ fn options() -> anyhow::Result<Options> {
     let mut opts = Options {
         services: 10_000,
         seconds: 10,
+        runs: 3,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
     };
     let mut args = std::env::args().skip(1);
@@ -33,6 +36,7 @@ fn options() -> anyhow::Result<Options> {
         match arg.as_str() {
             "--services" => opts.services = value()?.parse()?,
             "--seconds" => opts.seconds = value()?.parse()?,
+            "--runs" => opts.runs = value()?.parse::<usize>()?.max(1),
             "--nodus" => opts.nodus = value()?.into(),
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
@@ -195,6 +199,12 @@ fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
     })
 }
 
+/// The run with the median QPS.
+fn median(mut runs: Vec<Perf>) -> Perf {
+    runs.sort_by(|a, b| a.qps.total_cmp(&b.qps));
+    runs.swap_remove(runs.len() / 2)
+}
+
 fn main() -> anyhow::Result<()> {
     let opts = options()?;
     let shape = Shape {
@@ -218,16 +228,21 @@ fn main() -> anyhow::Result<()> {
     let nsd = start_nsd(&cluster.dir, &zone, nsd_port)?;
 
     println!(
-        "DNS bench: {} services × 10 endpoints; dnsperf -c 4 -T 1 -q 200 -l {} on loopback",
-        opts.services, opts.seconds
+        "DNS bench: {} services × 10 endpoints; dnsperf -c 4 -T 1 -q 200 -l {} on loopback; \
+         median of {} alternating runs",
+        opts.services, opts.seconds, opts.runs
     );
     println!(
         "{:<36} | {:>10} {:>8} {:>14} | {:>10} {:>8} | {:>6}",
         "query set", "nodus QPS", "avg ms", "lost", "NSD QPS", "avg ms", "ratio"
     );
     for (label, file) in &files {
-        let ours = dnsperf(nodus_port, file, opts.seconds)?;
-        let theirs = dnsperf(nsd_port, file, opts.seconds)?;
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for _ in 0..opts.runs {
+            ours.push(dnsperf(nodus_port, file, opts.seconds)?);
+            theirs.push(dnsperf(nsd_port, file, opts.seconds)?);
+        }
+        let (ours, theirs) = (median(ours), median(theirs));
         println!(
             "{label:<36} | {:>10.0} {:>8.2} {:>14} | {:>10.0} {:>8.2} | {:>5.2}×",
             ours.qps,
