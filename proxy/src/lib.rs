@@ -2,3 +2,4 @@
 //! programmed into the kernel over nf_tables netlink.
 
 pub mod nft;
+pub mod plan;

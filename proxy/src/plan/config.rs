@@ -1,0 +1,86 @@
+//! The proxy's settings, and the facts about this node that every plan depends on.
+
+use std::net::IpAddr;
+
+use nodus_view::View;
+use nodus_view::model::{Cidr, Family};
+use nodus_view::resolve::NodeContext;
+
+/// kube-proxy's default masquerade bit 14 (checklist D.30). Not an API: other components
+/// must not rely on it.
+pub const DEFAULT_MASQUERADE_MARK: u32 = 0x4000;
+
+/// How the proxy is set up; the equivalent of kube-proxy's flags that nodus keeps.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyConfig {
+    /// Pod address ranges of the whole cluster: traffic from them is "local" to the
+    /// cluster (D.29, F.45). Empty: the pod CIDRs of this node's Node object.
+    pub cluster_cidrs: Vec<Cidr>,
+    /// The packet mark bit that asks `nat-postrouting` to masquerade.
+    pub masquerade_mark: u32,
+    /// Masquerade every connection to a ClusterIP (D.28).
+    pub masquerade_all: bool,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> ProxyConfig {
+        ProxyConfig {
+            cluster_cidrs: Vec::new(),
+            masquerade_mark: DEFAULT_MASQUERADE_MARK,
+            masquerade_all: false,
+        }
+    }
+}
+
+/// What the plans need from the configuration and this node's Node object, worked out
+/// once per sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFacts {
+    pub node: NodeContext,
+    /// The node's primary address per family: the only NodePort addresses (E.34, E.35).
+    pub node_port_ips: Vec<IpAddr>,
+    /// The local-traffic detector's ranges; a family without any has no detector.
+    pub pod_cidrs: Vec<Cidr>,
+    pub masquerade_mark: u32,
+    pub masquerade_all: bool,
+}
+
+impl NodeFacts {
+    pub fn new(view: &View, config: &ProxyConfig) -> NodeFacts {
+        let this_node = view.this_node();
+        let node_port_ips = this_node
+            .map(|node| {
+                Family::ALL
+                    .iter()
+                    .filter_map(|family| node.primary_ip(*family))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let pod_cidrs = if config.cluster_cidrs.is_empty() {
+            this_node
+                .map(|node| node.pod_cidrs.to_vec())
+                .unwrap_or_default()
+        } else {
+            config.cluster_cidrs.clone()
+        };
+        NodeFacts {
+            node: view.node_context(),
+            node_port_ips,
+            pod_cidrs,
+            masquerade_mark: config.masquerade_mark,
+            masquerade_all: config.masquerade_all,
+        }
+    }
+
+    /// Whether pod traffic of `family` can be told from other traffic.
+    pub fn detects_local(&self, family: Family) -> bool {
+        self.pod_cidrs.iter().any(|cidr| cidr.family() == family)
+    }
+
+    pub fn node_port_ips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {
+        self.node_port_ips
+            .iter()
+            .copied()
+            .filter(move |ip| Family::of(*ip) == family)
+    }
+}

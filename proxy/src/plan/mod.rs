@@ -1,0 +1,81 @@
+//! The planning half of the service proxy: from the node view to the desired content of
+//! one `inet` table, `nodus`, for IPv4 and IPv6 together. Pure code: no sockets, no
+//! runtime.
+//!
+//! The plan has two parts. The [`Skeleton`] is fixed: base chains, helper chains, the
+//! shared sets and maps, and this node's NodePort addresses and pod ranges. A
+//! [`ServicePlan`] is everything one Service adds: its chains and affinity sets, and
+//! its elements in the shared maps. Services are planned one at a time, so an applier
+//! re-plans only the services of a `ChangeSet`, compares [`ServicePlan::digest`]s, and
+//! programs the difference with [`PlanBatch::update_service`]; a cold start streams
+//! them through [`cold_start`]. [`render`] writes the same plans as `nft -f` text.
+//!
+//! The ruleset follows kube-proxy's nftables mode (research note §2); the README names
+//! every chain and lists the checklist items not covered yet.
+
+mod config;
+mod names;
+mod objects;
+mod program;
+mod ranges;
+mod render;
+mod rule;
+mod service;
+mod skeleton;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{DEFAULT_MASQUERADE_MARK, NodeFacts, ProxyConfig};
+pub use objects::{ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton};
+pub use program::{ColdStart, PlanBatch, cold_start};
+pub use render::{render, write_ruleset, write_service};
+pub use rule::{Addr, LookupKey, RulePlan, Stmt};
+
+use nodus_view::View;
+
+/// The one table the proxy owns.
+pub const TABLE: &str = "nodus";
+
+/// Plans from one state of the view; cheap to make, so make one per sync.
+pub struct Planner<'v> {
+    view: &'v View,
+    facts: NodeFacts,
+}
+
+impl<'v> Planner<'v> {
+    pub fn new(view: &'v View, config: &ProxyConfig) -> Planner<'v> {
+        Planner {
+            view,
+            facts: NodeFacts::new(view, config),
+        }
+    }
+
+    /// What the plans take from the configuration and this node. When it changes (the
+    /// node's addresses, pod CIDRs or zone), every service must be re-planned.
+    pub fn facts(&self) -> &NodeFacts {
+        &self.facts
+    }
+
+    pub fn skeleton(&self) -> Skeleton {
+        skeleton::plan_skeleton(&self.facts)
+    }
+
+    /// The plan of one service; empty when the view does not know it (deleted) or the
+    /// proxy leaves it alone.
+    pub fn service(&self, namespace: &str, name: &str) -> ServicePlan {
+        match self.view.service(namespace, name) {
+            Some(service) => service::plan_service(self.view, &service, &self.facts),
+            None => ServicePlan::empty(namespace, name),
+        }
+    }
+
+    /// The plans of every service the proxy programs, one at a time, in no particular
+    /// order.
+    pub fn services(&self) -> impl Iterator<Item = ServicePlan> + '_ {
+        self.view
+            .services()
+            .map(|service| service::plan_service(self.view, &service, &self.facts))
+            .filter(|plan| !plan.is_empty())
+    }
+}

@@ -1,0 +1,179 @@
+//! What a plan is made of: chains with their rules, sets, and elements of the shared
+//! maps. Everything derives `Hash` and `Eq`, so an applier can keep one digest per
+//! service and re-program only the services whose digest changed.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+use nodus_view::model::Family;
+
+use super::rule::RulePlan;
+use crate::nft::{Chain, DataType, Element, Fields, Set};
+
+/// A chain and its rules, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ChainPlan {
+    pub chain: Chain,
+    pub rules: Vec<RulePlan>,
+}
+
+impl ChainPlan {
+    pub fn regular(name: String, rules: Vec<RulePlan>) -> ChainPlan {
+        ChainPlan {
+            chain: Chain::regular(name),
+            rules,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.chain.name
+    }
+}
+
+/// The sets and maps of the skeleton that services add elements to; one of each per
+/// IP family, because an address key has one width.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum SharedKind {
+    /// `addr`: active ClusterIPs, to reject their undefined ports (C.24).
+    ClusterIps,
+    /// `addr . proto . port : verdict`: ClusterIP, ExternalIP and LB IP dispatch.
+    ServiceIps,
+    /// `proto . port : verdict`: NodePort dispatch.
+    ServiceNodeports,
+    /// `addr . proto . port : verdict`: reject or drop, for ports without endpoints.
+    NoEndpointServices,
+    /// `proto . port : verdict`: the same for NodePorts.
+    NoEndpointNodeports,
+    /// `addr . proto . port : verdict`: LB IPs with source ranges, to their firewall.
+    FirewallIps,
+}
+
+impl SharedKind {
+    pub const ALL: [SharedKind; 6] = [
+        SharedKind::ClusterIps,
+        SharedKind::ServiceIps,
+        SharedKind::ServiceNodeports,
+        SharedKind::NoEndpointServices,
+        SharedKind::NoEndpointNodeports,
+        SharedKind::FirewallIps,
+    ];
+
+    fn base_name(self) -> &'static str {
+        match self {
+            SharedKind::ClusterIps => "cluster-ips",
+            SharedKind::ServiceIps => "service-ips",
+            SharedKind::ServiceNodeports => "service-nodeports",
+            SharedKind::NoEndpointServices => "no-endpoint-services",
+            SharedKind::NoEndpointNodeports => "no-endpoint-nodeports",
+            SharedKind::FirewallIps => "firewall-ips",
+        }
+    }
+}
+
+/// One shared set or map: its kind in one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SharedSet {
+    pub kind: SharedKind,
+    pub family: Family,
+}
+
+impl SharedSet {
+    pub fn new(kind: SharedKind, family: Family) -> SharedSet {
+        SharedSet { kind, family }
+    }
+
+    /// `service-ips-v4`, `no-endpoint-nodeports-v6`, …
+    pub fn name(self) -> String {
+        format!("{}-{}", self.kind.base_name(), family_suffix(self.family))
+    }
+
+    /// The set's definition, without elements.
+    pub fn definition(self) -> Set {
+        let addr = super::rule::address_type(self.family);
+        let addr_proto_port = Fields::new([addr, DataType::InetProto, DataType::InetService]);
+        let proto_port = Fields::new([DataType::InetProto, DataType::InetService]);
+        match self.kind {
+            SharedKind::ClusterIps => Set::new(self.name(), addr),
+            SharedKind::ServiceIps | SharedKind::NoEndpointServices | SharedKind::FirewallIps => {
+                Set::verdict_map(self.name(), addr_proto_port)
+            }
+            SharedKind::ServiceNodeports | SharedKind::NoEndpointNodeports => {
+                Set::verdict_map(self.name(), proto_port)
+            }
+        }
+    }
+}
+
+pub fn family_suffix(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "v4",
+        Family::V6 => "v6",
+    }
+}
+
+/// An element a service contributes to a shared set or map.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ElementPlan {
+    pub set: SharedSet,
+    pub element: Element,
+}
+
+/// A set with the elements it is created with.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SetPlan {
+    pub set: Set,
+    pub elements: Vec<Element>,
+}
+
+/// The fixed part of the table: base chains, helper chains, shared sets and maps, and
+/// the node's own sets (NodePort addresses, pod ranges). It changes only with the
+/// configuration or this node's Node object.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Skeleton {
+    pub sets: Vec<SetPlan>,
+    pub chains: Vec<ChainPlan>,
+}
+
+/// Everything one Service puts in the table: its chains (per port and family), its
+/// affinity sets, and its elements in the shared maps. Empty for services the proxy
+/// leaves alone (headless, ExternalName, owned by another proxy, no spec yet).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ServicePlan {
+    pub namespace: String,
+    pub name: String,
+    pub sets: Vec<Set>,
+    pub chains: Vec<ChainPlan>,
+    pub elements: Vec<ElementPlan>,
+}
+
+impl ServicePlan {
+    pub fn empty(namespace: &str, name: &str) -> ServicePlan {
+        ServicePlan {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            sets: Vec::new(),
+            chains: Vec::new(),
+            elements: Vec::new(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.sets.is_empty() && self.chains.is_empty() && self.elements.is_empty()
+    }
+
+    /// A compact summary for change detection: equal plans have equal digests. The value
+    /// is stable within one build of the agent, which is all an in-memory diff needs;
+    /// it is not meant to be stored.
+    pub fn digest(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    /// The elements this service puts in `set`.
+    pub fn elements_in(&self, set: SharedSet) -> impl Iterator<Item = &Element> {
+        self.elements
+            .iter()
+            .filter(move |element| element.set == set)
+            .map(|element| &element.element)
+    }
+}

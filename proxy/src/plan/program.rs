@@ -1,0 +1,243 @@
+//! Plans into nf_tables transactions: the skeleton and services for a cold start, in
+//! bounded batches, and one service's add, update or removal for incremental syncs.
+//!
+//! Within a batch, objects are created before anything refers to them: sets and chains
+//! first, then rules, then map elements (which name chains). References are dropped
+//! before objects go: elements are deleted and chains flushed before chains and sets are
+//! deleted. Every batch is therefore valid on its own, and a cold start may be split
+//! into many commits without a map ever pointing at a missing chain.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use super::TABLE;
+use super::objects::{ChainPlan, ElementPlan, ServicePlan, SharedSet, Skeleton};
+use super::rule::RulePlan;
+use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
+
+/// A batch on the `nodus` table, remembering the sets it creates so that rules in the
+/// same batch refer to them by the batch-local id as nft does.
+#[derive(Debug)]
+pub struct PlanBatch {
+    batch: Batch,
+    created_sets: HashMap<String, SetRef>,
+}
+
+impl Default for PlanBatch {
+    fn default() -> PlanBatch {
+        PlanBatch::new()
+    }
+}
+
+impl PlanBatch {
+    pub fn new() -> PlanBatch {
+        PlanBatch {
+            batch: Batch::new(Table::inet(TABLE)),
+            created_sets: HashMap::new(),
+        }
+    }
+
+    /// Messages so far.
+    pub fn len(&self) -> usize {
+        self.batch.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
+
+    pub fn into_batch(self) -> Batch {
+        self.batch
+    }
+
+    /// Replaces whatever `nodus` table exists with the skeleton: the table is added (so
+    /// that deleting it cannot fail), deleted with everything in it, and built again, in
+    /// one transaction.
+    pub fn recreate_skeleton(&mut self, skeleton: &Skeleton) {
+        self.batch.add_table().delete_table().add_table();
+        for set in &skeleton.sets {
+            let reference = self.add_set(&set.set);
+            if !set.elements.is_empty() {
+                self.batch.add_elements(&reference, &set.elements);
+            }
+        }
+        for chain in &skeleton.chains {
+            self.batch.add_chain(&chain.chain);
+        }
+        for chain in &skeleton.chains {
+            self.add_rules(chain);
+        }
+    }
+
+    /// Programs a service that is not in the table yet.
+    pub fn add_service(&mut self, plan: &ServicePlan) {
+        self.update_service(&ServicePlan::empty(&plan.namespace, &plan.name), plan);
+    }
+
+    /// Removes everything `old` programmed.
+    pub fn remove_service(&mut self, old: &ServicePlan) {
+        self.update_service(old, &ServicePlan::empty(&old.namespace, &old.name));
+    }
+
+    /// Turns the programmed `old` into `new`: unchanged chains, sets and elements are
+    /// left alone, so established flows and affinity entries survive.
+    pub fn update_service(&mut self, old: &ServicePlan, new: &ServicePlan) {
+        let old_sets: HashSet<&str> = old.sets.iter().map(|set| set.name.as_str()).collect();
+        let new_sets: HashSet<&str> = new.sets.iter().map(|set| set.name.as_str()).collect();
+        let old_chains: HashMap<&str, &ChainPlan> = old
+            .chains
+            .iter()
+            .map(|chain| (chain.name(), chain))
+            .collect();
+        let new_chains: HashMap<&str, &ChainPlan> = new
+            .chains
+            .iter()
+            .map(|chain| (chain.name(), chain))
+            .collect();
+        let old_elements: HashSet<&ElementPlan> = old.elements.iter().collect();
+        let new_elements: HashSet<&ElementPlan> = new.elements.iter().collect();
+
+        for set in new
+            .sets
+            .iter()
+            .filter(|set| !old_sets.contains(set.name.as_str()))
+        {
+            self.add_set(set);
+        }
+        for chain in new
+            .chains
+            .iter()
+            .filter(|c| !old_chains.contains_key(c.name()))
+        {
+            self.batch.add_chain(&chain.chain);
+        }
+        self.delete_elements(old.elements.iter().filter(|e| !new_elements.contains(e)));
+        // Old chains whose rules change or that go: flush them, dropping their jumps.
+        for chain in &old.chains {
+            if new_chains.get(chain.name()) != Some(&chain) {
+                self.batch.flush_chain(chain.name());
+            }
+        }
+        for chain in &new.chains {
+            if old_chains.get(chain.name()) != Some(&chain) {
+                self.add_rules(chain);
+            }
+        }
+        self.add_elements(new.elements.iter().filter(|e| !old_elements.contains(e)));
+        for chain in old
+            .chains
+            .iter()
+            .filter(|c| !new_chains.contains_key(c.name()))
+        {
+            self.batch.delete_chain(chain.name());
+        }
+        for set in old
+            .sets
+            .iter()
+            .filter(|set| !new_sets.contains(set.name.as_str()))
+        {
+            self.batch.delete_set(&set.name);
+        }
+    }
+
+    fn add_set(&mut self, set: &Set) -> SetRef {
+        let reference = self.batch.add_set(set);
+        self.created_sets
+            .insert(set.name.clone(), reference.clone());
+        reference
+    }
+
+    fn set_ref(&self, name: &str) -> SetRef {
+        set_ref(&self.created_sets, name)
+    }
+
+    fn add_rules(&mut self, chain: &ChainPlan) {
+        for rule in &chain.rules {
+            let rule = self.rule(chain.name(), rule);
+            self.batch.add_rule(&rule);
+        }
+    }
+
+    fn rule(&mut self, chain: &str, rule: &RulePlan) -> Rule {
+        let created_sets = &self.created_sets;
+        let exprs = rule.to_exprs(&mut self.batch, |name| set_ref(created_sets, name));
+        Rule::new(chain, exprs)
+    }
+
+    fn add_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
+        for (set, elements) in by_set(elements) {
+            let reference = self.set_ref(&set.name());
+            self.batch.add_elements(&reference, &elements);
+        }
+    }
+
+    fn delete_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
+        for (set, elements) in by_set(elements) {
+            let reference = self.set_ref(&set.name());
+            self.batch.delete_elements(&reference, &elements);
+        }
+    }
+}
+
+/// A set created in this batch by its id, any other by name.
+fn set_ref(created_sets: &HashMap<String, SetRef>, name: &str) -> SetRef {
+    created_sets
+        .get(name)
+        .cloned()
+        .unwrap_or_else(|| SetRef::named(name))
+}
+
+/// Elements grouped by set, one message per set.
+fn by_set<'a>(
+    elements: impl Iterator<Item = &'a ElementPlan>,
+) -> BTreeMap<SharedSet, Vec<Element>> {
+    let mut grouped: BTreeMap<SharedSet, Vec<Element>> = BTreeMap::new();
+    for element in elements {
+        grouped
+            .entry(element.set)
+            .or_default()
+            .push(element.element.clone());
+    }
+    grouped
+}
+
+/// The transactions of a cold start: the skeleton, then services packed into batches of
+/// about `budget` messages (a service is never split), planned lazily from `plans` so
+/// that the whole ruleset is never held at once. Small transactions keep the kernel's
+/// commit lock short, so forwarding does not stall while a large table is built.
+pub fn cold_start<I>(skeleton: &Skeleton, plans: I, budget: usize) -> ColdStart<I::IntoIter>
+where
+    I: IntoIterator<Item = ServicePlan>,
+{
+    let mut first = PlanBatch::new();
+    first.recreate_skeleton(skeleton);
+    ColdStart {
+        skeleton: Some(first.into_batch()),
+        plans: plans.into_iter(),
+        budget,
+    }
+}
+
+/// The iterator of [`cold_start`].
+pub struct ColdStart<I> {
+    skeleton: Option<Batch>,
+    plans: I,
+    budget: usize,
+}
+
+impl<I: Iterator<Item = ServicePlan>> Iterator for ColdStart<I> {
+    type Item = Batch;
+
+    fn next(&mut self) -> Option<Batch> {
+        if let Some(skeleton) = self.skeleton.take() {
+            return Some(skeleton);
+        }
+        let mut batch = PlanBatch::new();
+        for plan in self.plans.by_ref() {
+            batch.add_service(&plan);
+            if batch.len() >= self.budget {
+                break;
+            }
+        }
+        (!batch.is_empty()).then(|| batch.into_batch())
+    }
+}

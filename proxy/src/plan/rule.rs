@@ -1,0 +1,359 @@
+//! The rule language of the plan: the few matches and statements the ruleset uses, each
+//! rendered both as nft text and as nf_tables expressions, so that `nodus proxy render`
+//! prints exactly what the agent programs.
+
+use std::fmt;
+use std::net::IpAddr;
+
+use nodus_view::model::{Family, Protocol};
+
+use super::names::protocol_name;
+use crate::nft::expr::{
+    self, CmpOp, DynsetOp, FibFlags, IcmpxCode, NatFlags, NumgenKind, RTN_LOCAL, Reject, ct_state,
+};
+use crate::nft::{AnonymousSet, Batch, DataType, Element, Expr, Field, Register, SetRef, Value};
+use crate::nft::{Tuple, Verdict};
+
+/// Which address of the packet a match reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Addr {
+    Source,
+    Destination,
+}
+
+/// The key a verdict-map lookup builds from the packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LookupKey {
+    /// `ip daddr . meta l4proto . th dport`
+    DaddrProtoPort(Family),
+    /// `meta l4proto . th dport`
+    ProtoPort,
+}
+
+/// One match or statement of a rule.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Stmt {
+    /// `ct state new`
+    CtStateNew,
+    /// `ip saddr 10.0.0.1` / `ip6 daddr fd00::1`
+    AddrIs {
+        addr: Addr,
+        value: IpAddr,
+    },
+    /// `ip daddr @set`, or `ip saddr != @set` when `negated`.
+    AddrInSet {
+        addr: Addr,
+        family: Family,
+        set: String,
+        negated: bool,
+    },
+    /// `ip saddr != { 10.0.0.0-10.0.0.255, … }`: inclusive ranges, sorted and disjoint.
+    SaddrNotInRanges {
+        family: Family,
+        ranges: Vec<(IpAddr, IpAddr)>,
+    },
+    /// `meta l4proto tcp`
+    L4Proto(Protocol),
+    /// `th dport 80`
+    Dport(u16),
+    /// `fib saddr type local`: the packet comes from this host.
+    FibSaddrLocal,
+    /// `meta mark & <bits> == 0`
+    MarkClear(u32),
+    /// `<key> vmap @map`
+    Vmap {
+        key: LookupKey,
+        map: String,
+    },
+    /// `meta mark set meta mark | <bits>`
+    MarkOr(u32),
+    /// `meta mark set meta mark ^ <bits>`
+    MarkXor(u32),
+    /// `masquerade fully-random`
+    Masquerade,
+    /// `dnat ip to 10.244.1.5:8080` (needs a preceding [`Stmt::L4Proto`]).
+    Dnat {
+        addr: IpAddr,
+        port: u16,
+    },
+    /// `reject with icmpx port-unreachable`: ICMP or ICMPv6, whichever the packet needs.
+    Reject,
+    /// `numgen random mod N vmap { 0 : goto a, 1 : goto b, … }`
+    RandomGoto(Vec<String>),
+    /// `update @set { ip saddr }`
+    RememberSource {
+        family: Family,
+        set: String,
+    },
+    Verdict(Verdict),
+}
+
+/// A rule: statements in order.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RulePlan(pub Vec<Stmt>);
+
+impl RulePlan {
+    pub fn new(stmts: impl IntoIterator<Item = Stmt>) -> RulePlan {
+        RulePlan(stmts.into_iter().collect())
+    }
+
+    /// The expressions of this rule. Anonymous sets (`numgen … vmap {…}`, `{ ranges }`)
+    /// are created in `batch`; `set_ref` resolves named sets.
+    pub fn to_exprs(&self, batch: &mut Batch, set_ref: impl Fn(&str) -> SetRef) -> Vec<Expr> {
+        let mut exprs = Vec::new();
+        for stmt in &self.0 {
+            stmt.encode(batch, &set_ref, &mut exprs);
+        }
+        exprs
+    }
+}
+
+impl fmt::Display for RulePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, stmt) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" ")?;
+            }
+            write!(f, "{stmt}")?;
+        }
+        Ok(())
+    }
+}
+
+/// `ip` or `ip6`: the nft keyword for a family's header.
+fn header(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ip",
+        Family::V6 => "ip6",
+    }
+}
+
+fn address_field(addr: Addr, family: Family) -> Field {
+    match (addr, family) {
+        (Addr::Source, Family::V4) => Field::IpSaddr,
+        (Addr::Destination, Family::V4) => Field::IpDaddr,
+        (Addr::Source, Family::V6) => Field::Ip6Saddr,
+        (Addr::Destination, Family::V6) => Field::Ip6Daddr,
+    }
+}
+
+fn address_word(addr: Addr) -> &'static str {
+    match addr {
+        Addr::Source => "saddr",
+        Addr::Destination => "daddr",
+    }
+}
+
+pub fn ip_value(ip: IpAddr) -> Value {
+    match ip {
+        IpAddr::V4(ip) => Value::Ipv4(ip),
+        IpAddr::V6(ip) => Value::Ipv6(ip),
+    }
+}
+
+pub fn protocol_value(protocol: Protocol) -> Value {
+    match protocol {
+        Protocol::Tcp => Value::TCP,
+        Protocol::Udp => Value::UDP,
+        Protocol::Sctp => Value::SCTP,
+    }
+}
+
+pub fn address_type(family: Family) -> DataType {
+    match family {
+        Family::V4 => DataType::Ipv4Addr,
+        Family::V6 => DataType::Ipv6Addr,
+    }
+}
+
+fn lookup(set: SetRef, dreg: Option<Register>, inverted: bool) -> Expr {
+    Expr::Lookup {
+        set,
+        sreg: Register::FIRST,
+        dreg,
+        inverted,
+    }
+}
+
+impl Stmt {
+    fn encode(&self, batch: &mut Batch, set_ref: &impl Fn(&str) -> SetRef, out: &mut Vec<Expr>) {
+        match self {
+            Stmt::CtStateNew => out.extend(expr::match_ct_state(ct_state::NEW)),
+            Stmt::AddrIs { addr, value } => {
+                let field = address_field(*addr, Family::of(*value));
+                out.extend(expr::match_fields(
+                    &[field],
+                    CmpOp::Eq,
+                    &ip_value(*value).into(),
+                ));
+            }
+            Stmt::AddrInSet {
+                addr,
+                family,
+                set,
+                negated,
+            } => {
+                out.extend(expr::load_concat(&[address_field(*addr, *family)]));
+                out.push(lookup(set_ref(set), None, *negated));
+            }
+            Stmt::SaddrNotInRanges { family, ranges } => {
+                let elements = ranges
+                    .iter()
+                    .map(|(start, end)| Element::range(ip_value(*start), ip_value(*end)))
+                    .collect();
+                let set = batch.add_anonymous_set(&AnonymousSet {
+                    key: address_type(*family).into(),
+                    data: None,
+                    interval: true,
+                    elements,
+                });
+                out.extend(expr::load_concat(&[address_field(Addr::Source, *family)]));
+                out.push(lookup(set, None, true));
+            }
+            Stmt::L4Proto(protocol) => {
+                out.push(Field::L4Proto.load(Register::FIRST));
+                out.push(expr::cmp_eq(
+                    Register::FIRST,
+                    protocol_value(*protocol).to_bytes(),
+                ));
+            }
+            Stmt::Dport(port) => {
+                out.push(Field::ThDport.load(Register::FIRST));
+                out.push(expr::cmp_eq(Register::FIRST, port.to_be_bytes().to_vec()));
+            }
+            Stmt::FibSaddrLocal => out.extend(expr::match_fib_type(FibFlags::SADDR, RTN_LOCAL)),
+            Stmt::MarkClear(bits) => out.extend(expr::match_mark_bits(*bits, CmpOp::Eq, 0)),
+            Stmt::Vmap { key, map } => {
+                let fields: &[Field] = match key {
+                    LookupKey::DaddrProtoPort(family) => &[
+                        address_field(Addr::Destination, *family),
+                        Field::L4Proto,
+                        Field::ThDport,
+                    ],
+                    LookupKey::ProtoPort => &[Field::L4Proto, Field::ThDport],
+                };
+                out.extend(expr::load_concat(fields));
+                out.push(lookup(set_ref(map), Some(Register::VERDICT), false));
+            }
+            Stmt::MarkOr(bits) => out.extend(expr::mark_or(*bits)),
+            Stmt::MarkXor(bits) => out.extend(expr::mark_xor(*bits)),
+            Stmt::Masquerade => out.push(Expr::Masquerade {
+                flags: NatFlags::FULLY_RANDOM,
+            }),
+            Stmt::Dnat { addr, port } => out.extend(expr::dnat_to(ip_value(*addr), Some(*port))),
+            Stmt::Reject => out.push(Expr::Reject(Reject::Icmpx(IcmpxCode::PortUnreachable))),
+            Stmt::RandomGoto(chains) => {
+                let set = batch.add_anonymous_set(&AnonymousSet::numgen_vmap(
+                    chains.iter().map(Verdict::goto),
+                ));
+                out.push(Expr::Numgen {
+                    kind: NumgenKind::Random,
+                    modulus: u32::try_from(chains.len()).unwrap_or(u32::MAX),
+                    offset: 0,
+                    dreg: Register::FIRST,
+                });
+                out.push(lookup(set, Some(Register::VERDICT), false));
+            }
+            Stmt::RememberSource { family, set } => {
+                out.extend(expr::load_concat(&[address_field(Addr::Source, *family)]));
+                out.push(Expr::Dynset {
+                    set: set_ref(set),
+                    op: DynsetOp::Update,
+                    key: Register::FIRST,
+                    data: None,
+                    timeout: None,
+                });
+            }
+            Stmt::Verdict(verdict) => out.push(Expr::Verdict(verdict.clone())),
+        }
+    }
+}
+
+impl fmt::Display for Stmt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Stmt::CtStateNew => f.write_str("ct state new"),
+            Stmt::AddrIs { addr, value } => write!(
+                f,
+                "{} {} {value}",
+                header(Family::of(*value)),
+                address_word(*addr)
+            ),
+            Stmt::AddrInSet {
+                addr,
+                family,
+                set,
+                negated,
+            } => write!(
+                f,
+                "{} {} {}@{set}",
+                header(*family),
+                address_word(*addr),
+                if *negated { "!= " } else { "" }
+            ),
+            Stmt::SaddrNotInRanges { family, ranges } => {
+                let ranges: Vec<String> = ranges
+                    .iter()
+                    .map(|(start, end)| format!("{start}-{end}"))
+                    .collect();
+                write!(
+                    f,
+                    "{} saddr != {{ {} }}",
+                    header(*family),
+                    ranges.join(", ")
+                )
+            }
+            Stmt::L4Proto(protocol) => write!(f, "meta l4proto {}", protocol_name(*protocol)),
+            Stmt::Dport(port) => write!(f, "th dport {port}"),
+            Stmt::FibSaddrLocal => f.write_str("fib saddr type local"),
+            Stmt::MarkClear(bits) => write!(f, "meta mark & {bits:#010x} == 0x00000000"),
+            Stmt::Vmap { key, map } => match key {
+                LookupKey::DaddrProtoPort(family) => write!(
+                    f,
+                    "{} daddr . meta l4proto . th dport vmap @{map}",
+                    header(*family)
+                ),
+                LookupKey::ProtoPort => write!(f, "meta l4proto . th dport vmap @{map}"),
+            },
+            Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
+            Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
+            Stmt::Masquerade => f.write_str("masquerade fully-random"),
+            Stmt::Dnat { addr, port } => match addr {
+                IpAddr::V4(addr) => write!(f, "dnat ip to {addr}:{port}"),
+                IpAddr::V6(addr) => write!(f, "dnat ip6 to [{addr}]:{port}"),
+            },
+            Stmt::Reject => f.write_str("reject with icmpx port-unreachable"),
+            Stmt::RandomGoto(chains) => {
+                let entries: Vec<String> = chains
+                    .iter()
+                    .enumerate()
+                    .map(|(i, chain)| format!("{i} : goto {chain}"))
+                    .collect();
+                write!(
+                    f,
+                    "numgen random mod {} vmap {{ {} }}",
+                    chains.len(),
+                    entries.join(", ")
+                )
+            }
+            Stmt::RememberSource { family, set } => {
+                write!(f, "update @{set} {{ {} saddr }}", header(*family))
+            }
+            Stmt::Verdict(verdict) => write!(f, "{verdict}"),
+        }
+    }
+}
+
+/// A set or map element's key from the packet fields the lookups build.
+pub fn service_key(ip: IpAddr, protocol: Protocol, port: u16) -> Tuple {
+    Tuple(vec![
+        ip_value(ip),
+        protocol_value(protocol),
+        Value::InetService(port),
+    ])
+}
+
+/// `proto . port`, the key of the NodePort maps.
+pub fn node_port_key(protocol: Protocol, port: u16) -> Tuple {
+    Tuple(vec![protocol_value(protocol), Value::InetService(port)])
+}

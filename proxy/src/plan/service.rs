@@ -1,0 +1,424 @@
+//! One Service's part of the table, after kube-proxy's `syncProxyRules` and
+//! `writeServiceToEndpointRules`: per service port and IP family, the dispatch elements
+//! for its ClusterIP, ExternalIPs, LB IPs and NodePort, the reject/drop elements when it
+//! has no usable endpoints, and the chains that pick an endpoint and DNAT to it.
+//! Endpoint sets come from `nodus_view::resolve`; this module only decides what to
+//! program for them.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use nodus_view::model::{Family, Service, ServicePort, ServiceType, TrafficPolicy};
+use nodus_view::resolve::{PortEndpoints, Target, port_endpoints};
+use nodus_view::{ServiceView, View};
+
+use super::config::NodeFacts;
+use super::names::PortIdentity;
+use super::objects::{ChainPlan, ElementPlan, ServicePlan, SharedKind, SharedSet};
+use super::ranges::merged_ranges;
+use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
+use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
+use crate::nft::{Element, Set, SetFlags, Tuple, Verdict};
+
+/// Entries an affinity set may hold; the kernel wants a bound on sets the packet path
+/// fills.
+const AFFINITY_SET_SIZE: u32 = 65535;
+
+/// Whether the proxy programs anything for `service` (A.1, A.2).
+fn is_proxied(service: &Service) -> bool {
+    service.proxy_name.is_empty()
+        && !service.headless
+        && service.type_ != ServiceType::ExternalName
+        && !service.cluster_ips.is_empty()
+}
+
+/// The plan of one service of `view`.
+pub fn plan_service(view: &View, service: &ServiceView<'_>, facts: &NodeFacts) -> ServicePlan {
+    let mut plan = ServicePlan::empty(service.namespace, service.name);
+    let Some(spec) = service.service.filter(|spec| is_proxied(spec)) else {
+        return plan;
+    };
+    for family in Family::ALL {
+        let Some(cluster_ip) = spec.cluster_ip(family) else {
+            continue;
+        };
+        for port in &spec.ports {
+            let port_name = view.strings().resolve(port.name);
+            let label = if port_name.is_empty() {
+                port.port.to_string()
+            } else {
+                port_name.to_string()
+            };
+            let identity = PortIdentity::new(
+                service.namespace,
+                service.name,
+                family,
+                port.protocol,
+                &label,
+            );
+            let endpoints = port_endpoints(service.slices, family, port, &facts.node);
+            PortPlanner {
+                spec,
+                port,
+                family,
+                cluster_ip,
+                identity,
+                facts,
+                plan: &mut plan,
+            }
+            .plan(&endpoints);
+        }
+    }
+    dedup_elements(&mut plan.elements);
+    plan
+}
+
+/// A service may name one address twice (an ExternalIP that is also its LB IP). The
+/// kernel refuses a key with two different data in one map, so the first entry is kept.
+fn dedup_elements(elements: &mut Vec<ElementPlan>) {
+    let mut seen: HashSet<(SharedSet, Tuple)> = HashSet::new();
+    elements.retain(|element| seen.insert((element.set, element.element.key.clone())));
+}
+
+/// The planning of one service port in one family.
+struct PortPlanner<'a> {
+    spec: &'a Service,
+    port: &'a ServicePort,
+    family: Family,
+    cluster_ip: IpAddr,
+    identity: PortIdentity,
+    facts: &'a NodeFacts,
+    plan: &'a mut ServicePlan,
+}
+
+impl PortPlanner<'_> {
+    fn plan(mut self, endpoints: &PortEndpoints) {
+        let spec = self.spec;
+        let family = self.family;
+        let external_ips: Vec<IpAddr> = of_family(spec.external_ips().iter().copied(), family);
+        // F.41: `ipMode: Proxy` LBs deliver to the node; their IPs are not captured.
+        let lb_ips: Vec<IpAddr> = of_family(
+            spec.load_balancer_ingress()
+                .iter()
+                .filter(|ingress| !ingress.proxy_mode)
+                .map(|ingress| ingress.ip),
+            family,
+        );
+        let node_port = self.port.node_port;
+
+        // B.20: which endpoint sets the port needs.
+        let externally_accessible =
+            node_port != 0 || !external_ips.is_empty() || !lb_ips.is_empty();
+        let internal_local = spec.internal_policy == TrafficPolicy::Local;
+        let external_local = externally_accessible && spec.external_policy == TrafficPolicy::Local;
+        let uses_cluster = !internal_local || externally_accessible;
+        let uses_local = internal_local || external_local;
+
+        let has_endpoints = endpoints.has_endpoints;
+        let has_local = !endpoints.local.is_empty();
+        // B.19, E.37: with endpoints elsewhere but none here, Local traffic is dropped,
+        // not rejected, so clients retry while the LB's health check catches up.
+        let has_internal = if internal_local {
+            has_local
+        } else {
+            has_endpoints
+        };
+        let has_external = if external_local {
+            has_local
+        } else {
+            has_endpoints
+        };
+        let filter_verdict = if has_endpoints {
+            Verdict::Drop
+        } else {
+            Verdict::goto(REJECT)
+        };
+
+        let cluster_chain =
+            (uses_cluster && !endpoints.cluster.is_empty()).then(|| self.identity.cluster_chain());
+        let local_chain = (uses_local && has_local).then(|| self.identity.local_chain());
+        let external_chain =
+            (has_endpoints && externally_accessible).then(|| self.identity.external_chain());
+        let firewall_chain = (!lb_ips.is_empty()
+            && spec
+                .load_balancer_source_ranges()
+                .iter()
+                .any(|range| range.family() == family))
+        .then(|| self.identity.firewall_chain());
+
+        // C.21, C.23, C.24, B.19: the ClusterIP.
+        let protocol = self.port.protocol;
+        let cluster_key = service_key(self.cluster_ip, protocol, self.port.port);
+        let internal_chain = if internal_local {
+            &local_chain
+        } else {
+            &cluster_chain
+        };
+        match internal_chain {
+            Some(chain) if has_internal => {
+                self.element(SharedKind::ServiceIps, cluster_key, goto(chain))
+            }
+            _ => self.element(
+                SharedKind::NoEndpointServices,
+                cluster_key,
+                Some(filter_verdict.clone()),
+            ),
+        }
+        self.element(
+            SharedKind::ClusterIps,
+            Tuple::from(ip_value(self.cluster_ip)),
+            None,
+        );
+
+        // F.40, F.41, F.42, F.44: ExternalIPs and LB IPs.
+        for (ip, is_lb) in external_ips
+            .iter()
+            .map(|ip| (*ip, false))
+            .chain(lb_ips.iter().map(|ip| (*ip, true)))
+        {
+            let key = service_key(ip, protocol, self.port.port);
+            if let Some(chain) = &external_chain {
+                self.element(SharedKind::ServiceIps, key.clone(), goto(chain));
+            }
+            if let (true, Some(chain)) = (is_lb, &firewall_chain) {
+                self.element(SharedKind::FirewallIps, key.clone(), goto(chain));
+            }
+            if !has_external {
+                self.element(
+                    SharedKind::NoEndpointServices,
+                    key,
+                    Some(filter_verdict.clone()),
+                );
+            }
+        }
+
+        // E.33, E.36, E.37: the NodePort, on the addresses of `nodeport-ips`.
+        if node_port != 0 {
+            let key = node_port_key(protocol, node_port);
+            if let Some(chain) = &external_chain {
+                self.element(SharedKind::ServiceNodeports, key.clone(), goto(chain));
+            }
+            if !has_external {
+                self.element(
+                    SharedKind::NoEndpointNodeports,
+                    key,
+                    Some(filter_verdict.clone()),
+                );
+            }
+        }
+
+        if let Some(chain) = &firewall_chain {
+            self.firewall_chain(chain, &lb_ips);
+        }
+        if let Some(chain) = &external_chain {
+            let policy_chain = if external_local {
+                &local_chain
+            } else {
+                &cluster_chain
+            };
+            let rules = self.external_rules(
+                external_local,
+                cluster_chain.as_deref(),
+                policy_chain.as_deref().filter(|_| has_external),
+            );
+            self.chain(chain.clone(), rules);
+        }
+        let mut endpoint_targets: Vec<Target> = Vec::new();
+        if let Some(chain) = &cluster_chain {
+            let mut rules = self.cluster_masquerade_rules();
+            rules.extend(self.dispatch_rules(&endpoints.cluster));
+            self.chain(chain.clone(), rules);
+            endpoint_targets.extend(&endpoints.cluster);
+        }
+        if let Some(chain) = &local_chain {
+            let rules = self.dispatch_rules(&endpoints.local);
+            self.chain(chain.clone(), rules);
+            endpoint_targets.extend(&endpoints.local);
+        }
+        endpoint_targets.sort_by_key(|target| (target.ip, target.port));
+        endpoint_targets.dedup_by_key(|target| (target.ip, target.port));
+        for target in &endpoint_targets {
+            self.endpoint(target);
+        }
+    }
+
+    fn element(&mut self, kind: SharedKind, key: Tuple, verdict: Option<Verdict>) {
+        let mut element = Element::new(key);
+        element.data = verdict.map(crate::nft::ElementData::Verdict);
+        self.plan.elements.push(ElementPlan {
+            set: SharedSet::new(kind, self.family),
+            element,
+        });
+    }
+
+    fn chain(&mut self, name: String, rules: Vec<RulePlan>) {
+        self.plan.chains.push(ChainPlan::regular(name, rules));
+    }
+
+    /// F.42, F.43: LB traffic from outside the source ranges is dropped before DNAT. When
+    /// the node itself is inside a range, the LB IPs are allowed too: VIP-style LBs that
+    /// route the VIP locally loop the node's traffic back with the VIP as source.
+    fn firewall_chain(&mut self, chain: &str, lb_ips: &[IpAddr]) {
+        let ranges = self.spec.load_balancer_source_ranges();
+        let node_inside = self
+            .facts
+            .node_port_ips(self.family)
+            .any(|ip| ranges.iter().any(|range| range.contains(ip)));
+        let allowed_ips = if node_inside { lb_ips } else { &[] };
+        let rule = RulePlan::new([
+            Stmt::SaddrNotInRanges {
+                family: self.family,
+                ranges: merged_ranges(ranges, allowed_ips, self.family),
+            },
+            Stmt::Verdict(Verdict::Drop),
+        ]);
+        self.chain(chain.to_string(), vec![rule]);
+    }
+
+    /// D.31, D.32, F.45, F.46: the entry for external traffic.
+    fn external_rules(
+        &self,
+        external_local: bool,
+        cluster_chain: Option<&str>,
+        policy_chain: Option<&str>,
+    ) -> Vec<RulePlan> {
+        let mut rules = Vec::new();
+        if !external_local {
+            // The endpoint may be on another node: masquerade so replies come back here.
+            rules.push(RulePlan::new([jump(MARK_FOR_MASQUERADE)]));
+        } else if let Some(cluster_chain) = cluster_chain {
+            // Pods reach an eTP=Local service through the cluster set, as if they had gone
+            // out to the load balancer and come back in.
+            if self.facts.detects_local(self.family) {
+                rules.push(RulePlan::new([
+                    self.source_is_pod(false),
+                    Stmt::Verdict(Verdict::goto(cluster_chain)),
+                ]));
+            }
+            // The host's own traffic has a local (often the external) address as source:
+            // masquerade it, and let it use the cluster set too.
+            rules.push(RulePlan::new([
+                Stmt::FibSaddrLocal,
+                jump(MARK_FOR_MASQUERADE),
+            ]));
+            rules.push(RulePlan::new([
+                Stmt::FibSaddrLocal,
+                Stmt::Verdict(Verdict::goto(cluster_chain)),
+            ]));
+        }
+        if let Some(policy_chain) = policy_chain {
+            rules.push(RulePlan::new([Stmt::Verdict(Verdict::goto(policy_chain))]));
+        }
+        rules
+    }
+
+    /// `ip saddr @pod-cidrs-v4` (or `!=`): the local-traffic detector.
+    fn source_is_pod(&self, negated: bool) -> Stmt {
+        Stmt::AddrInSet {
+            addr: Addr::Source,
+            family: self.family,
+            set: pod_cidrs_set(self.family),
+            negated,
+        }
+    }
+
+    /// D.28, D.29: ClusterIP traffic that does not come from a pod (or all of it, with
+    /// `masquerade_all`) is masqueraded, so replies return through this node.
+    fn cluster_masquerade_rules(&self) -> Vec<RulePlan> {
+        let mut rule = vec![
+            Stmt::AddrIs {
+                addr: Addr::Destination,
+                value: self.cluster_ip,
+            },
+            Stmt::L4Proto(self.port.protocol),
+            Stmt::Dport(self.port.port),
+        ];
+        if self.facts.masquerade_all {
+            rule.push(jump(MARK_FOR_MASQUERADE));
+        } else if self.facts.detects_local(self.family) {
+            rule.push(self.source_is_pod(true));
+            rule.push(jump(MARK_FOR_MASQUERADE));
+        } else {
+            return Vec::new();
+        }
+        vec![RulePlan(rule)]
+    }
+
+    /// C.21, G.48: sticky clients first, then a uniformly random endpoint.
+    fn dispatch_rules(&self, targets: &[Target]) -> Vec<RulePlan> {
+        let mut rules = Vec::new();
+        let timeout = self.spec.affinity_timeout;
+        if timeout > 0 {
+            for target in targets {
+                rules.push(RulePlan::new([
+                    Stmt::AddrInSet {
+                        addr: Addr::Source,
+                        family: self.family,
+                        set: self.identity.affinity_set(target.ip, target.port, timeout),
+                        negated: false,
+                    },
+                    Stmt::Verdict(Verdict::goto(
+                        self.identity.endpoint_chain(target.ip, target.port),
+                    )),
+                ]));
+            }
+        }
+        rules.push(RulePlan::new([Stmt::RandomGoto(
+            targets
+                .iter()
+                .map(|target| self.identity.endpoint_chain(target.ip, target.port))
+                .collect(),
+        )]));
+        rules
+    }
+
+    /// D.27, G.48: hairpin masquerade, affinity refresh, DNAT.
+    fn endpoint(&mut self, target: &Target) {
+        let mut rules = vec![RulePlan::new([
+            Stmt::AddrIs {
+                addr: Addr::Source,
+                value: target.ip,
+            },
+            jump(MARK_FOR_MASQUERADE),
+        ])];
+        let timeout = self.spec.affinity_timeout;
+        if timeout > 0 {
+            let set = self.identity.affinity_set(target.ip, target.port, timeout);
+            self.plan.sets.push(
+                Set::new(set.clone(), address_type(self.family))
+                    .with_flags(SetFlags {
+                        dynamic: true,
+                        ..SetFlags::default()
+                    })
+                    .with_timeout(Duration::from_secs(u64::from(timeout)))
+                    .with_size(AFFINITY_SET_SIZE),
+            );
+            rules.push(RulePlan::new([Stmt::RememberSource {
+                family: self.family,
+                set,
+            }]));
+        }
+        rules.push(RulePlan::new([
+            Stmt::L4Proto(self.port.protocol),
+            Stmt::Dnat {
+                addr: target.ip,
+                port: target.port,
+            },
+        ]));
+        let name = self.identity.endpoint_chain(target.ip, target.port);
+        self.chain(name, rules);
+    }
+}
+
+fn jump(chain: &str) -> Stmt {
+    Stmt::Verdict(Verdict::jump(chain))
+}
+
+fn goto(chain: &str) -> Option<Verdict> {
+    Some(Verdict::goto(chain))
+}
+
+fn of_family(ips: impl Iterator<Item = IpAddr>, family: Family) -> Vec<IpAddr> {
+    ips.filter(|ip| Family::of(*ip) == family).collect()
+}

@@ -1,0 +1,233 @@
+//! The fixed part of the `nodus` table, after kube-proxy's `setupNFTables`: base chains on
+//! the hooks, the helper chains they jump to, and the shared sets and maps that services
+//! fill. See the README for the role of each chain.
+
+use nodus_view::model::Family;
+
+use super::config::NodeFacts;
+use super::objects::{ChainPlan, SetPlan, SharedKind, SharedSet, Skeleton, family_suffix};
+use super::ranges::merged_ranges;
+use super::rule::{Addr, LookupKey, RulePlan, Stmt, address_type, ip_value};
+use crate::nft::{Chain, ChainType, Element, Hook, Set, SetFlags, Verdict, priority};
+
+pub const SERVICES: &str = "services";
+pub const MASQUERADING: &str = "masquerading";
+pub const MARK_FOR_MASQUERADE: &str = "mark-for-masquerade";
+pub const REJECT: &str = "reject-chain";
+pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
+pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
+pub const FIREWALL_CHECK: &str = "firewall-check";
+pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+
+/// `nodeport-ips-v4`: the addresses that accept NodePorts (E.34).
+fn node_port_ips_set(family: Family) -> String {
+    format!("nodeport-ips-{}", family_suffix(family))
+}
+
+/// `pod-cidrs-v4`: the local-traffic detector's ranges (D.29).
+pub fn pod_cidrs_set(family: Family) -> String {
+    format!("pod-cidrs-{}", family_suffix(family))
+}
+
+/// Filter chains run just before DNAT (`dstnat - 10`), except the check that must see
+/// the rewritten destination of host traffic (`dstnat + 10`).
+const FILTER_PRIORITY: i32 = priority::DSTNAT - 10;
+const FILTER_POST_DNAT_PRIORITY: i32 = priority::DSTNAT + 10;
+
+fn jump(chain: &str) -> Stmt {
+    Stmt::Verdict(Verdict::jump(chain))
+}
+
+fn new_then_jump(chain: &str) -> RulePlan {
+    RulePlan::new([Stmt::CtStateNew, jump(chain)])
+}
+
+fn base(name: &str, kind: ChainType, hook: Hook, priority: i32, rules: Vec<RulePlan>) -> ChainPlan {
+    ChainPlan {
+        chain: Chain::base(name, kind, hook, priority),
+        rules,
+    }
+}
+
+fn regular(name: &str, rules: Vec<RulePlan>) -> ChainPlan {
+    ChainPlan::regular(name.to_string(), rules)
+}
+
+fn vmap(family: Family, kind: SharedKind) -> Stmt {
+    Stmt::Vmap {
+        key: LookupKey::DaddrProtoPort(family),
+        map: SharedSet::new(kind, family).name(),
+    }
+}
+
+/// `ip daddr @nodeport-ips-v4 meta l4proto . th dport vmap @<kind>-v4`
+fn node_port_vmap(family: Family, kind: SharedKind) -> RulePlan {
+    RulePlan::new([
+        Stmt::AddrInSet {
+            addr: Addr::Destination,
+            family,
+            set: node_port_ips_set(family),
+            negated: false,
+        },
+        Stmt::Vmap {
+            key: LookupKey::ProtoPort,
+            map: SharedSet::new(kind, family).name(),
+        },
+    ])
+}
+
+fn per_family(rule: impl Fn(Family) -> RulePlan) -> Vec<RulePlan> {
+    Family::ALL.into_iter().map(rule).collect()
+}
+
+/// The skeleton for this node.
+pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
+    let mark = facts.masquerade_mark;
+    let chains = vec![
+        base(
+            "filter-prerouting",
+            ChainType::Filter,
+            Hook::Prerouting,
+            FILTER_PRIORITY,
+            vec![new_then_jump(FIREWALL_CHECK)],
+        ),
+        base(
+            "filter-input",
+            ChainType::Filter,
+            Hook::Input,
+            FILTER_PRIORITY,
+            vec![
+                new_then_jump(NODEPORT_ENDPOINTS_CHECK),
+                new_then_jump(SERVICE_ENDPOINTS_CHECK),
+            ],
+        ),
+        base(
+            "filter-forward",
+            ChainType::Filter,
+            Hook::Forward,
+            FILTER_PRIORITY,
+            vec![
+                new_then_jump(SERVICE_ENDPOINTS_CHECK),
+                new_then_jump(CLUSTER_IPS_CHECK),
+            ],
+        ),
+        base(
+            "filter-output",
+            ChainType::Filter,
+            Hook::Output,
+            FILTER_PRIORITY,
+            vec![
+                new_then_jump(SERVICE_ENDPOINTS_CHECK),
+                new_then_jump(FIREWALL_CHECK),
+            ],
+        ),
+        base(
+            "filter-output-post-dnat",
+            ChainType::Filter,
+            Hook::Output,
+            FILTER_POST_DNAT_PRIORITY,
+            vec![new_then_jump(CLUSTER_IPS_CHECK)],
+        ),
+        base(
+            "nat-prerouting",
+            ChainType::Nat,
+            Hook::Prerouting,
+            priority::DSTNAT,
+            vec![RulePlan::new([jump(SERVICES)])],
+        ),
+        base(
+            "nat-output",
+            ChainType::Nat,
+            Hook::Output,
+            priority::DSTNAT,
+            vec![RulePlan::new([jump(SERVICES)])],
+        ),
+        base(
+            "nat-postrouting",
+            ChainType::Nat,
+            Hook::Postrouting,
+            priority::SRCNAT,
+            vec![RulePlan::new([jump(MASQUERADING)])],
+        ),
+        regular(
+            SERVICES,
+            Family::ALL
+                .into_iter()
+                .flat_map(|family| {
+                    [
+                        RulePlan::new([vmap(family, SharedKind::ServiceIps)]),
+                        node_port_vmap(family, SharedKind::ServiceNodeports),
+                    ]
+                })
+                .collect(),
+        ),
+        regular(
+            SERVICE_ENDPOINTS_CHECK,
+            per_family(|family| RulePlan::new([vmap(family, SharedKind::NoEndpointServices)])),
+        ),
+        regular(
+            NODEPORT_ENDPOINTS_CHECK,
+            per_family(|family| node_port_vmap(family, SharedKind::NoEndpointNodeports)),
+        ),
+        regular(
+            FIREWALL_CHECK,
+            per_family(|family| RulePlan::new([vmap(family, SharedKind::FirewallIps)])),
+        ),
+        regular(
+            CLUSTER_IPS_CHECK,
+            per_family(|family| {
+                RulePlan::new([
+                    Stmt::AddrInSet {
+                        addr: Addr::Destination,
+                        family,
+                        set: SharedSet::new(SharedKind::ClusterIps, family).name(),
+                        negated: false,
+                    },
+                    Stmt::Reject,
+                ])
+            }),
+        ),
+        // `reject` is a statement, not a verdict, so maps reach it through this chain.
+        regular(REJECT, vec![RulePlan::new([Stmt::Reject])]),
+        regular(
+            MARK_FOR_MASQUERADE,
+            vec![RulePlan::new([Stmt::MarkOr(mark)])],
+        ),
+        regular(
+            MASQUERADING,
+            vec![
+                RulePlan::new([Stmt::MarkClear(mark), Stmt::Verdict(Verdict::Return)]),
+                RulePlan::new([Stmt::MarkXor(mark)]),
+                RulePlan::new([Stmt::Masquerade]),
+            ],
+        ),
+    ];
+
+    let mut sets = Vec::new();
+    for family in Family::ALL {
+        for kind in SharedKind::ALL {
+            sets.push(SetPlan {
+                set: SharedSet::new(kind, family).definition(),
+                elements: Vec::new(),
+            });
+        }
+        sets.push(SetPlan {
+            set: Set::new(node_port_ips_set(family), address_type(family)),
+            elements: facts
+                .node_port_ips(family)
+                .map(|ip| Element::new(ip_value(ip)))
+                .collect(),
+        });
+        sets.push(SetPlan {
+            set: Set::new(pod_cidrs_set(family), address_type(family)).with_flags(SetFlags {
+                interval: true,
+                ..SetFlags::default()
+            }),
+            elements: merged_ranges(&facts.pod_cidrs, &[], family)
+                .into_iter()
+                .map(|(start, end)| Element::range(ip_value(start), ip_value(end)))
+                .collect(),
+        });
+    }
+    Skeleton { sets, chains }
+}

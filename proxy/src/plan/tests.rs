@@ -1,0 +1,819 @@
+//! Planning rules, each test named for the checklist item it covers
+//! (`research/kube-proxy.md` §1). Views are built from wire JSON, as the watch delivers it.
+
+use serde_json::{Value as Json, json};
+
+use super::*;
+use nodus_view::model::Family;
+use nodus_view::{Update, View};
+
+const NODE: &str = "node-a";
+
+fn node(name: &str, addresses: Json, pod_cidrs: Json) -> Update {
+    Update::Node(
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"podCIDRs": pod_cidrs},
+            "status": {"addresses": addresses}
+        }))
+        .expect("test node"),
+    )
+}
+
+/// This node: primary IPs 192.168.0.10 and fd00:c::10 (plus an ExternalIP that is not
+/// primary), pods in 10.244.1.0/24 and fd00:244:1::/64.
+fn this_node() -> Update {
+    node(
+        NODE,
+        json!([
+            {"type": "ExternalIP", "address": "203.0.113.1"},
+            {"type": "InternalIP", "address": "192.168.0.10"},
+            {"type": "InternalIP", "address": "fd00:c::10"}
+        ]),
+        json!(["10.244.1.0/24", "fd00:244:1::/64"]),
+    )
+}
+
+/// A service `default/<name>` with `spec` merged over a one-port ClusterIP spec.
+fn service(name: &str, spec: Json, status: Json) -> Update {
+    let mut full = json!({
+        "clusterIP": "10.96.0.10",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
+    });
+    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
+        full.extend(extra.clone());
+    }
+    Update::Service(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": full,
+            "status": status
+        }))
+        .expect("test service"),
+    )
+}
+
+/// An endpoint: address, node, ready.
+type Ep<'a> = (&'a str, &'a str, bool);
+
+fn slice(service: &str, name: &str, family: &str, endpoints: &[Ep<'_>], ports: Json) -> Update {
+    let endpoints: Vec<Json> = endpoints
+        .iter()
+        .map(|(ip, node, ready)| {
+            json!({"addresses": [ip], "nodeName": node,
+                   "conditions": {"ready": ready, "serving": ready, "terminating": !ready}})
+        })
+        .collect();
+    Update::EndpointSlice(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": family,
+            "endpoints": endpoints,
+            "ports": ports
+        }))
+        .expect("test slice"),
+    )
+}
+
+fn http_slice(service: &str, endpoints: &[Ep<'_>]) -> Update {
+    slice(
+        service,
+        &format!("{service}-v4"),
+        "IPv4",
+        endpoints,
+        json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+    )
+}
+
+fn view(updates: impl IntoIterator<Item = Update>) -> View {
+    let mut view = View::new(NODE);
+    let report = view.apply(updates);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    view
+}
+
+fn plan_with(view: &View, config: &ProxyConfig, name: &str) -> ServicePlan {
+    Planner::new(view, config).service("default", name)
+}
+
+fn plan(view: &View, name: &str) -> ServicePlan {
+    plan_with(view, &ProxyConfig::default(), name)
+}
+
+/// The data of the element with key `key` in `kind`/`family`, as nft prints it
+/// (`goto service-…`, `drop`), or "" for a set element.
+fn element(plan: &ServicePlan, kind: SharedKind, family: Family, key: &str) -> Option<String> {
+    plan.elements_in(SharedSet::new(kind, family))
+        .find(|element| element.key.to_string() == key)
+        .map(|element| {
+            element
+                .data
+                .as_ref()
+                .map_or_else(String::new, ToString::to_string)
+        })
+}
+
+fn v4(plan: &ServicePlan, kind: SharedKind, key: &str) -> Option<String> {
+    element(plan, kind, Family::V4, key)
+}
+
+/// The rules, as nft text, of the one chain whose name starts with `prefix`.
+fn rules(plan: &ServicePlan, prefix: &str) -> Vec<String> {
+    let chains: Vec<&ChainPlan> = plan
+        .chains
+        .iter()
+        .filter(|chain| chain.name().starts_with(prefix))
+        .collect();
+    assert_eq!(chains.len(), 1, "one chain {prefix}… in {:#?}", plan.chains);
+    chains[0].rules.iter().map(ToString::to_string).collect()
+}
+
+fn chain_named(plan: &ServicePlan, prefix: &str) -> String {
+    let chain = plan
+        .chains
+        .iter()
+        .find(|chain| chain.name().starts_with(prefix))
+        .unwrap_or_else(|| panic!("no chain {prefix}… in {:#?}", plan.chains));
+    chain.name().to_string()
+}
+
+fn count_chains(plan: &ServicePlan, prefix: &str) -> usize {
+    plan.chains
+        .iter()
+        .filter(|chain| chain.name().starts_with(prefix))
+        .count()
+}
+
+fn two_endpoints() -> [Ep<'static>; 2] {
+    [("10.244.1.5", NODE, true), ("10.244.2.9", "node-b", true)]
+}
+
+#[test]
+fn a1_services_of_another_proxy_are_skipped() {
+    let mut labelled = service("web", json!({}), json!({}));
+    if let Update::Service(svc) = &mut labelled {
+        svc.metadata.labels.service_proxy_name = Some("other".into());
+    }
+    let view = view([this_node(), labelled, http_slice("web", &two_endpoints())]);
+    assert!(plan(&view, "web").is_empty());
+    assert_eq!(
+        Planner::new(&view, &ProxyConfig::default())
+            .services()
+            .count(),
+        0
+    );
+}
+
+#[test]
+fn a2_headless_and_external_name_services_produce_nothing() {
+    let view = view([
+        this_node(),
+        service("headless", json!({"clusterIP": "None"}), json!({})),
+        http_slice("headless", &two_endpoints()),
+        service(
+            "alias",
+            json!({"type": "ExternalName", "externalName": "example.com", "clusterIP": ""}),
+            json!({}),
+        ),
+    ]);
+    assert!(plan(&view, "headless").is_empty());
+    assert!(plan(&view, "alias").is_empty());
+    assert!(plan(&view, "missing").is_empty());
+}
+
+#[test]
+fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
+    let view = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let service_chain = chain_named(&plan, "service-");
+    assert!(service_chain.ends_with("-default/web/ipv4/tcp/http"));
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
+        Some(format!("goto {service_chain}"))
+    );
+    let service_rules = rules(&plan, "service-");
+    let dispatch = service_rules.last().expect("dispatch rule");
+    assert!(
+        dispatch.starts_with("numgen random mod 2 vmap { 0 : goto endpoint-"),
+        "{dispatch}"
+    );
+    assert!(dispatch.contains("__10.244.1.5/8080, 1 : goto endpoint-"));
+    assert_eq!(count_chains(&plan, "endpoint-"), 2);
+    let endpoint = plan
+        .chains
+        .iter()
+        .find(|chain| chain.name().ends_with("__10.244.1.5/8080"))
+        .expect("endpoint chain");
+    assert_eq!(
+        endpoint.rules.last().map(ToString::to_string).as_deref(),
+        Some("meta l4proto tcp dnat ip to 10.244.1.5:8080")
+    );
+    assert!(
+        v4(
+            &plan,
+            SharedKind::NoEndpointServices,
+            "10.96.0.10 . tcp . 80"
+        )
+        .is_none()
+    );
+}
+
+#[test]
+fn c23_no_endpoints_rejects() {
+    let view = view([this_node(), service("web", json!({}), json!({}))]);
+    let plan = plan(&view, "web");
+    assert_eq!(
+        v4(
+            &plan,
+            SharedKind::NoEndpointServices,
+            "10.96.0.10 . tcp . 80"
+        )
+        .as_deref(),
+        Some("goto reject-chain")
+    );
+    assert!(v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80").is_none());
+    assert!(plan.chains.is_empty());
+}
+
+#[test]
+fn c24_active_cluster_ips_reject_undefined_ports() {
+    let view = view([this_node(), service("web", json!({}), json!({}))]);
+    assert_eq!(
+        v4(&plan(&view, "web"), SharedKind::ClusterIps, "10.96.0.10").as_deref(),
+        Some("")
+    );
+    let skeleton = Planner::new(&view, &ProxyConfig::default()).skeleton();
+    let text = render(&skeleton, []);
+    assert!(text.contains("ip daddr @cluster-ips-v4 reject with icmpx port-unreachable"));
+    assert!(
+        text.contains("chain filter-output-post-dnat {\n\t\ttype filter hook output priority -90;")
+    );
+}
+
+#[test]
+fn b19_internal_local_without_local_endpoints_drops() {
+    let spec = json!({"internalTrafficPolicy": "Local"});
+    let remote_only = view([
+        this_node(),
+        service("web", spec.clone(), json!({})),
+        http_slice("web", &[("10.244.2.9", "node-b", true)]),
+    ]);
+    let plan_remote = plan(&remote_only, "web");
+    assert_eq!(
+        v4(
+            &plan_remote,
+            SharedKind::NoEndpointServices,
+            "10.96.0.10 . tcp . 80"
+        )
+        .as_deref(),
+        Some("drop")
+    );
+    assert!(plan_remote.chains.is_empty());
+
+    let with_local = view([
+        this_node(),
+        service("web", spec, json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan_local = plan(&with_local, "web");
+    let local_chain = chain_named(&plan_local, "local-");
+    assert_eq!(
+        v4(&plan_local, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
+        Some(format!("goto {local_chain}"))
+    );
+    let dispatch = rules(&plan_local, "local-");
+    assert!(
+        dispatch[0].starts_with("numgen random mod 1 vmap"),
+        "{dispatch:?}"
+    );
+    assert_eq!(
+        count_chains(&plan_local, "endpoint-"),
+        1,
+        "only the local endpoint"
+    );
+    assert_eq!(count_chains(&plan_local, "service-"), 0);
+}
+
+#[test]
+fn d27_hairpin_traffic_is_masqueraded() {
+    let view = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let endpoint = plan
+        .chains
+        .iter()
+        .find(|chain| chain.name().ends_with("__10.244.2.9/8080"))
+        .expect("endpoint chain");
+    assert_eq!(
+        endpoint.rules[0].to_string(),
+        "ip saddr 10.244.2.9 jump mark-for-masquerade"
+    );
+}
+
+#[test]
+fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
+    let updates = || {
+        [
+            service("web", json!({}), json!({})),
+            http_slice("web", &two_endpoints()),
+        ]
+    };
+    let detected = view(std::iter::once(this_node()).chain(updates()));
+    assert_eq!(
+        rules(&plan(&detected, "web"), "service-")[0],
+        "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 ip saddr != @pod-cidrs-v4 \
+         jump mark-for-masquerade"
+    );
+    let all = ProxyConfig {
+        masquerade_all: true,
+        ..ProxyConfig::default()
+    };
+    assert_eq!(
+        rules(&plan_with(&detected, &all, "web"), "service-")[0],
+        "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 jump mark-for-masquerade"
+    );
+    // No pod CIDRs known: no detector, so no rule (and no short-circuit, F.45).
+    let undetected = view(std::iter::once(node(NODE, json!([]), json!([]))).chain(updates()));
+    let service_rules = rules(&plan(&undetected, "web"), "service-");
+    assert_eq!(service_rules.len(), 1, "{service_rules:?}");
+    // Configured cluster CIDRs replace the node's.
+    let configured = ProxyConfig {
+        cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
+        ..ProxyConfig::default()
+    };
+    let skeleton = Planner::new(&undetected, &configured).skeleton();
+    assert!(
+        render(&skeleton, []).contains("elements = { 10.244.0.0-10.244.255.255 }"),
+        "{}",
+        render(&skeleton, [])
+    );
+}
+
+#[test]
+fn d30_masquerading_uses_the_mark_bit() {
+    let view = view([this_node()]);
+    let config = ProxyConfig {
+        masquerade_mark: 0x8000,
+        ..ProxyConfig::default()
+    };
+    let text = render(&Planner::new(&view, &config).skeleton(), []);
+    for line in [
+        "meta mark set meta mark | 0x00008000",
+        "meta mark & 0x00008000 == 0x00000000 return",
+        "meta mark set meta mark ^ 0x00008000",
+        "masquerade fully-random",
+    ] {
+        assert!(text.contains(line), "{line} in\n{text}");
+    }
+}
+
+fn node_port_service(spec: Json) -> Update {
+    let mut full = json!({
+        "type": "NodePort",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]
+    });
+    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
+        full.extend(extra.clone());
+    }
+    service("web", full, json!({}))
+}
+
+#[test]
+fn d31_e33_node_port_under_cluster_policy_is_masqueraded() {
+    let view = view([
+        this_node(),
+        node_port_service(json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let external = chain_named(&plan, "external-");
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceNodeports, "tcp . 30080"),
+        Some(format!("goto {external}"))
+    );
+    assert_eq!(
+        rules(&plan, "external-"),
+        [
+            "jump mark-for-masquerade".to_string(),
+            format!("goto {}", chain_named(&plan, "service-"))
+        ]
+    );
+}
+
+#[test]
+fn e34_e35_node_ports_are_served_on_primary_ips_only() {
+    let view = view([this_node()]);
+    let skeleton = Planner::new(&view, &ProxyConfig::default()).skeleton();
+    let text = render(&skeleton, []);
+    assert!(
+        text.contains("set nodeport-ips-v4 {\n\t\ttype ipv4_addr\n\t\telements = { 192.168.0.10 }")
+    );
+    assert!(text.contains("elements = { fd00:c::10 }"));
+    assert!(!text.contains("203.0.113.1"), "not the ExternalIP");
+    assert!(
+        text.contains(
+            "ip daddr @nodeport-ips-v4 meta l4proto . th dport vmap @service-nodeports-v4"
+        )
+    );
+}
+
+#[test]
+fn e36_node_port_without_endpoints_rejects() {
+    let view = view([this_node(), node_port_service(json!({}))]);
+    let plan = plan(&view, "web");
+    assert_eq!(
+        v4(&plan, SharedKind::NoEndpointNodeports, "tcp . 30080").as_deref(),
+        Some("goto reject-chain")
+    );
+    assert!(v4(&plan, SharedKind::ServiceNodeports, "tcp . 30080").is_none());
+}
+
+#[test]
+fn e37_f45_local_node_port_without_local_endpoints_drops_but_pods_short_circuit() {
+    let view = view([
+        this_node(),
+        node_port_service(json!({"externalTrafficPolicy": "Local"})),
+        http_slice("web", &[("10.244.2.9", "node-b", true)]),
+    ]);
+    let plan = plan(&view, "web");
+    assert_eq!(
+        v4(&plan, SharedKind::NoEndpointNodeports, "tcp . 30080").as_deref(),
+        Some("drop")
+    );
+    let external = chain_named(&plan, "external-");
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceNodeports, "tcp . 30080"),
+        Some(format!("goto {external}")),
+        "pods and the host still reach the cluster set"
+    );
+    let service = chain_named(&plan, "service-");
+    assert_eq!(
+        rules(&plan, "external-"),
+        [
+            format!("ip saddr @pod-cidrs-v4 goto {service}"),
+            "fib saddr type local jump mark-for-masquerade".to_string(),
+            format!("fib saddr type local goto {service}"),
+        ]
+    );
+    assert_eq!(count_chains(&plan, "local-"), 0);
+}
+
+#[test]
+fn f45_local_policy_keeps_the_source_and_goes_to_local_endpoints() {
+    let view = view([
+        this_node(),
+        node_port_service(json!({"externalTrafficPolicy": "Local"})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let external = rules(&plan, "external-");
+    assert_eq!(external.len(), 4, "{external:?}");
+    assert_eq!(
+        external[3],
+        format!("goto {}", chain_named(&plan, "local-"))
+    );
+    assert!(!external.contains(&"jump mark-for-masquerade".to_string()));
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
+        Some(format!("goto {}", chain_named(&plan, "service-"))),
+        "ClusterIP traffic keeps the Cluster policy"
+    );
+}
+
+#[test]
+fn f40_external_ips_dispatch_to_the_external_chain() {
+    let view = view([
+        this_node(),
+        service(
+            "web",
+            json!({"externalIPs": ["203.0.113.9", "2001:db8::9"]}),
+            json!({}),
+        ),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceIps, "203.0.113.9 . tcp . 80"),
+        Some(format!("goto {}", chain_named(&plan, "external-")))
+    );
+    assert!(
+        plan.elements.iter().all(|e| e.set.family == Family::V4),
+        "the service has no IPv6 ClusterIP, so no IPv6 entries"
+    );
+}
+
+fn load_balancer(spec: Json, ingress: Json) -> Update {
+    let mut full = json!({
+        "type": "LoadBalancer",
+        "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]
+    });
+    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
+        full.extend(extra.clone());
+    }
+    service("web", full, json!({"loadBalancer": {"ingress": ingress}}))
+}
+
+#[test]
+fn f41_proxy_mode_load_balancer_ips_are_not_captured() {
+    let view = view([
+        this_node(),
+        load_balancer(
+            json!({}),
+            json!([{"ip": "198.51.100.1"}, {"ip": "198.51.100.2", "ipMode": "Proxy"},
+                   {"hostname": "lb.example.com"}]),
+        ),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    assert!(v4(&plan, SharedKind::ServiceIps, "198.51.100.1 . tcp . 80").is_some());
+    assert!(v4(&plan, SharedKind::ServiceIps, "198.51.100.2 . tcp . 80").is_none());
+}
+
+#[test]
+fn f42_f43_e38_source_ranges_guard_load_balancer_ips_only() {
+    let view = view([
+        this_node(),
+        load_balancer(
+            json!({"loadBalancerSourceRanges": ["192.168.0.0/16", "10.0.0.0/8", "10.1.0.0/16"]}),
+            json!([{"ip": "198.51.100.1"}]),
+        ),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let firewall = chain_named(&plan, "firewall-");
+    assert_eq!(
+        v4(&plan, SharedKind::FirewallIps, "198.51.100.1 . tcp . 80"),
+        Some(format!("goto {firewall}"))
+    );
+    // The node (192.168.0.10) is inside a range, so the LB IP may be a source too.
+    assert_eq!(
+        rules(&plan, "firewall-"),
+        [
+            "ip saddr != { 10.0.0.0-10.255.255.255, 192.168.0.0-192.168.255.255, \
+          198.51.100.1-198.51.100.1 } drop"
+        ]
+    );
+    assert_eq!(
+        plan.elements_in(SharedSet::new(SharedKind::FirewallIps, Family::V4))
+            .count(),
+        1,
+        "not the NodePort, not the ClusterIP"
+    );
+}
+
+#[test]
+fn g48_client_ip_affinity_sticks_per_endpoint() {
+    let view = view([
+        this_node(),
+        service(
+            "web",
+            json!({"sessionAffinity": "ClientIP",
+                   "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}),
+            json!({}),
+        ),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    assert_eq!(plan.sets.len(), 2);
+    for set in &plan.sets {
+        assert!(set.name.starts_with("affinity-"), "{}", set.name);
+        assert!(set.flags.dynamic && set.flags.timeout);
+        assert_eq!(set.timeout, Some(std::time::Duration::from_secs(600)));
+    }
+    let service_rules = rules(&plan, "service-");
+    // Off-cluster masquerade, two affinity checks, then the random choice.
+    assert_eq!(service_rules.len(), 4, "{service_rules:?}");
+    assert!(service_rules[1].starts_with("ip saddr @affinity-"));
+    assert!(service_rules[1].contains(" goto endpoint-"));
+    let endpoint = plan
+        .chains
+        .iter()
+        .find(|chain| chain.name().ends_with("__10.244.1.5/8080"))
+        .expect("endpoint chain");
+    assert_eq!(
+        endpoint.rules[1].to_string(),
+        format!("update @{} {{ ip saddr }}", plan.sets[0].name)
+    );
+}
+
+#[test]
+fn j57_dual_stack_families_are_planned_independently() {
+    let view = view([
+        this_node(),
+        service(
+            "web",
+            json!({"clusterIPs": ["10.96.0.10", "fd00:96::10"], "ipFamilyPolicy": "RequireDualStack"}),
+            json!({}),
+        ),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let v4_only = plan(&view, "web");
+    assert!(v4(&v4_only, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80").is_some());
+    // Only IPv4 endpoints: the IPv6 ClusterIP rejects.
+    assert_eq!(
+        element(
+            &v4_only,
+            SharedKind::NoEndpointServices,
+            Family::V6,
+            "fd00:96::10 . tcp . 80"
+        )
+        .as_deref(),
+        Some("goto reject-chain")
+    );
+
+    let plan = plan(&view_with_v6_endpoint(), "web");
+    let v6_chain = plan
+        .chains
+        .iter()
+        .find(|chain| chain.name().ends_with("__fd00.244.1..5/8080"))
+        .expect("IPv6 endpoint chain");
+    assert_eq!(
+        v6_chain.rules.last().map(ToString::to_string).as_deref(),
+        Some("meta l4proto tcp dnat ip6 to [fd00:244:1::5]:8080")
+    );
+    assert!(
+        element(
+            &plan,
+            SharedKind::ServiceIps,
+            Family::V6,
+            "fd00:96::10 . tcp . 80"
+        )
+        .is_some_and(|verdict| verdict.contains("/web/ipv6/tcp/http"))
+    );
+}
+
+fn view_with_v6_endpoint() -> View {
+    view([
+        this_node(),
+        service(
+            "web",
+            json!({"clusterIPs": ["10.96.0.10", "fd00:96::10"]}),
+            json!({}),
+        ),
+        http_slice("web", &two_endpoints()),
+        slice(
+            "web",
+            "web-v6",
+            "IPv6",
+            &[("fd00:244:1::5", NODE, true)],
+            json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
+        ),
+    ])
+}
+
+#[test]
+fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
+    let view = view([
+        this_node(),
+        service(
+            "dns",
+            json!({"ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                             {"name": "dns-tcp", "port": 53, "protocol": "TCP"},
+                             {"name": "sig", "port": 9, "protocol": "SCTP"}]}),
+            json!({}),
+        ),
+        slice(
+            "dns",
+            "dns-1",
+            "IPv4",
+            &[("10.244.1.7", NODE, true)],
+            json!([{"name": "dns", "port": 5353, "protocol": "UDP"},
+                   {"name": "dns-tcp", "port": 5353, "protocol": "TCP"},
+                   {"name": "sig", "port": 9999, "protocol": "SCTP"}]),
+        ),
+    ]);
+    let plan = plan(&view, "dns");
+    for key in [
+        "10.96.0.10 . udp . 53",
+        "10.96.0.10 . tcp . 53",
+        "10.96.0.10 . sctp . 9",
+    ] {
+        assert!(v4(&plan, SharedKind::ServiceIps, key).is_some(), "{key}");
+    }
+    assert_eq!(
+        count_chains(&plan, "endpoint-"),
+        3,
+        "one endpoint chain per port"
+    );
+    let text = render(
+        &Planner::new(&view, &ProxyConfig::default()).skeleton(),
+        [plan],
+    );
+    assert!(text.contains("meta l4proto udp dnat ip to 10.244.1.7:5353"));
+    assert!(text.contains("meta l4proto sctp dnat ip to 10.244.1.7:9999"));
+}
+
+#[test]
+fn digests_follow_the_plan() {
+    let before = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let after = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &[("10.244.1.5", NODE, true)]),
+    ]);
+    assert_eq!(plan(&before, "web").digest(), plan(&before, "web").digest());
+    assert_ne!(plan(&before, "web").digest(), plan(&after, "web").digest());
+}
+
+#[test]
+fn updates_touch_only_what_changed() {
+    let before = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let after = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &[("10.244.1.5", NODE, true)]),
+    ]);
+    let (old, new) = (plan(&before, "web"), plan(&after, "web"));
+    let mut same = PlanBatch::new();
+    same.update_service(&old, &old);
+    assert!(same.is_empty());
+
+    let mut batch = PlanBatch::new();
+    batch.update_service(&old, &new);
+    let text = batch.into_batch().to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let service_chain = chain_named(&old, "service-");
+    let gone = old
+        .chains
+        .iter()
+        .find(|chain| chain.name().ends_with("__10.244.2.9/8080"))
+        .expect("endpoint chain")
+        .name()
+        .to_string();
+    // The service chain is rewritten; the departed endpoint's chain is flushed and then
+    // deleted; the shared map entries did not change, so they are not touched.
+    let position = |line: &str| {
+        lines
+            .iter()
+            .position(|l| *l == line)
+            .unwrap_or_else(|| panic!("{line} in\n{text}"))
+    };
+    assert!(position(&format!("flush chain {gone}")) < position(&format!("delete chain {gone}")));
+    assert!(position(&format!("flush chain {service_chain}")) < lines.len());
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains(" element") && !l.contains("__map")),
+        "{text}"
+    );
+
+    let mut removal = PlanBatch::new();
+    removal.remove_service(&new);
+    let text = removal.into_batch().to_string();
+    assert!(text.starts_with("delete "), "{text}");
+    assert!(text.contains("delete element from service-ips-v4: 10.96.0.10 . tcp . 80"));
+}
+
+#[test]
+fn cold_start_packs_services_into_bounded_batches() {
+    let mut updates = vec![this_node()];
+    for i in 0..20 {
+        let name = format!("svc-{i}");
+        updates.push(service(
+            &name,
+            json!({"clusterIP": format!("10.96.1.{i}")}),
+            json!({}),
+        ));
+        updates.push(http_slice(&name, &two_endpoints()));
+    }
+    let view = view(updates);
+    let planner = Planner::new(&view, &ProxyConfig::default());
+    let batches: Vec<_> = cold_start(&planner.skeleton(), planner.services(), 40).collect();
+    assert!(
+        batches[0]
+            .to_string()
+            .starts_with("add table inet nodus\ndelete table")
+    );
+    assert!(batches.len() > 3, "{} batches", batches.len());
+    // Every chain an element points at was added earlier in the same batch.
+    for batch in &batches[1..] {
+        let text = batch.to_string();
+        let lines: Vec<&str> = text.lines().collect();
+        for (at, line) in lines.iter().enumerate() {
+            let Some((_, chain)) = line.split_once(" : goto ") else {
+                continue;
+            };
+            let added = format!("add chain {}", chain.trim_end_matches(')'));
+            assert!(
+                chain == "reject-chain" || lines[..at].contains(&added.as_str()),
+                "{line} before its chain in\n{text}"
+            );
+        }
+    }
+}

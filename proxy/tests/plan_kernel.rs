@@ -1,0 +1,310 @@
+//! The plan in the kernel, each test in fresh network namespaces: a cold start committed
+//! in bounded batches, incremental updates, the `render` text loaded by `nft -f`, and
+//! real TCP connections through the programmed table.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::Duration;
+
+use nodus_proxy::nft::{Batch, Socket};
+use nodus_proxy::plan::{PlanBatch, Planner, ProxyConfig, cold_start, render};
+use nodus_testbed::netns::{self, Netns};
+use nodus_view::{Update, View};
+use serde_json::{Value as Json, json};
+
+const NODE: &str = "node-a";
+
+fn skip_unless_root() -> bool {
+    if netns::is_root() {
+        false
+    } else {
+        eprintln!("skipping: kernel tests need root");
+        true
+    }
+}
+
+fn commit(ns: &Netns, batches: impl IntoIterator<Item = Batch>) {
+    let batches: Vec<Batch> = batches.into_iter().collect();
+    ns.enter(|| {
+        let mut socket = Socket::open().expect("opening the nf_tables socket");
+        for batch in &batches {
+            socket
+                .commit(batch)
+                .unwrap_or_else(|error| panic!("commit: {error}\nbatch:\n{batch}"));
+        }
+    })
+    .expect("entering the namespace");
+}
+
+fn list_table(ns: &Netns) -> String {
+    ns.exec("nft", &["list", "table", "inet", "nodus"])
+        .expect("nft list table inet nodus")
+}
+
+fn service(name: &str, spec: Json, status: Json) -> Update {
+    Update::Service(
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": spec,
+            "status": status
+        }))
+        .expect("test service"),
+    )
+}
+
+fn slice(service: &str, family: &str, endpoints: &[(&str, &str)], port: u16) -> Update {
+    let endpoints: Vec<Json> = endpoints
+        .iter()
+        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node}))
+        .collect();
+    Update::EndpointSlice(
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{service}-{family}"), "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": service}},
+            "addressType": family,
+            "endpoints": endpoints,
+            "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
+        }))
+        .expect("test slice"),
+    )
+}
+
+fn http(extra: Json) -> Json {
+    let mut spec = json!({"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    spec
+}
+
+/// This node is 10.0.0.1 / fd00::1 with pods in 10.244.1.0/24; `web_endpoints` serve
+/// `default/web` (ClusterIP 10.96.0.10) on port 8080.
+fn node_view(web_endpoints: &[(&str, &str)]) -> View {
+    let mut view = View::new(NODE);
+    let report = view.apply([
+        Update::Node(
+            serde_json::from_value(json!({
+                "metadata": {"name": NODE},
+                "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                         {"type": "InternalIP", "address": "fd00::1"}]}
+            }))
+            .expect("test node"),
+        ),
+        service("web", http(json!({"clusterIP": "10.96.0.10"})), json!({})),
+        slice("web", "IPv4", web_endpoints, 8080),
+        service(
+            "nodeport",
+            http(json!({
+                "type": "NodePort", "clusterIP": "10.96.0.11",
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]
+            })),
+            json!({}),
+        ),
+        slice("nodeport", "IPv4", &[("10.0.0.1", NODE)], 8080),
+        service("empty", http(json!({"clusterIP": "10.96.0.12"})), json!({})),
+        service(
+            "dual",
+            http(json!({
+                "clusterIPs": ["10.96.0.13", "fd00:96::13"],
+                "sessionAffinity": "ClientIP"
+            })),
+            json!({}),
+        ),
+        slice("dual", "IPv4", &[("10.244.1.7", NODE)], 8080),
+        slice("dual", "IPv6", &[("fd00:244:1::7", NODE)], 8080),
+        service(
+            "lb",
+            http(json!({
+                "type": "LoadBalancer", "clusterIP": "10.96.0.14",
+                "externalTrafficPolicy": "Local",
+                "loadBalancerSourceRanges": ["10.0.0.0/8", "192.168.0.0/16"],
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30081}]
+            })),
+            json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}),
+        ),
+        slice("lb", "IPv4", &[("10.244.1.8", NODE)], 8080),
+    ]);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    view
+}
+
+const TWO_ENDPOINTS: [(&str, &str); 2] = [("10.244.1.5", NODE), ("10.244.2.9", "node-b")];
+
+#[test]
+fn cold_start_in_small_batches_lists_the_planned_table() {
+    if skip_unless_root() {
+        return;
+    }
+    let ns = Netns::new("plan").expect("namespace");
+    let view = node_view(&TWO_ENDPOINTS);
+    let planner = Planner::new(&view, &ProxyConfig::default());
+    let batches: Vec<Batch> = cold_start(&planner.skeleton(), planner.services(), 25).collect();
+    assert!(batches.len() > 2, "{} batches", batches.len());
+    commit(&ns, batches);
+
+    let listing = list_table(&ns);
+    for expected in [
+        "10.96.0.10 . tcp . 80 : goto service-",
+        "10.96.0.12 . tcp . 80 : goto reject-chain",
+        "tcp . 30080 : goto external-",
+        "fd00:96::13 . tcp . 80 : goto service-",
+        "198.51.100.1 . tcp . 80 : goto firewall-",
+        "dnat ip to 10.244.1.5:8080",
+        "dnat ip6 to [fd00:244:1::7]:8080",
+        "numgen random mod 2 vmap",
+        "flags dynamic,timeout",
+        "ip saddr != @pod-cidrs-v4 jump mark-for-masquerade",
+        "fib saddr type local goto service-",
+        "masquerade fully-random",
+    ] {
+        assert!(listing.contains(expected), "{expected} in\n{listing}");
+    }
+
+    // A sync later: one endpoint left `web`, `empty` was deleted.
+    let later = node_view(&TWO_ENDPOINTS[..1]);
+    let after = Planner::new(&later, &ProxyConfig::default());
+    let mut update = PlanBatch::new();
+    update.update_service(
+        &planner.service("default", "web"),
+        &after.service("default", "web"),
+    );
+    update.remove_service(&planner.service("default", "empty"));
+    commit(&ns, [update.into_batch()]);
+    let listing = list_table(&ns);
+    assert!(!listing.contains("10.244.2.9"), "{listing}");
+    assert!(!listing.contains("10.96.0.12"), "{listing}");
+    assert!(listing.contains("numgen random mod 1 vmap"), "{listing}");
+    assert!(listing.contains("dnat ip to 10.244.1.5:8080"), "{listing}");
+}
+
+#[test]
+fn rendered_text_loads_with_nft() {
+    if skip_unless_root() {
+        return;
+    }
+    let ns = Netns::new("rndr").expect("namespace");
+    let view = node_view(&TWO_ENDPOINTS);
+    let planner = Planner::new(&view, &ProxyConfig::default());
+    let text = render(&planner.skeleton(), planner.services());
+    let path = std::env::temp_dir().join(format!("{}.nft", ns.name()));
+    std::fs::write(&path, &text).expect("writing the ruleset");
+    let loaded = ns.exec("nft", &["-f", path.to_str().expect("utf-8 path")]);
+    let _ = std::fs::remove_file(&path);
+    loaded.unwrap_or_else(|error| panic!("nft -f: {error}\n{text}"));
+
+    // The same plan through netlink lists the same table in another namespace.
+    let programmed = Netns::new("prog").expect("namespace");
+    commit(
+        &programmed,
+        cold_start(&planner.skeleton(), planner.services(), 1000),
+    );
+    assert_eq!(
+        canonical(&list_table(&ns)),
+        canonical(&list_table(&programmed))
+    );
+}
+
+/// The listing as a sorted list of words: element order in hash sets, and the order of
+/// anonymous set names, depend on the kernel, not on what was written.
+fn canonical(listing: &str) -> Vec<String> {
+    let mut words: Vec<String> = listing
+        .split(|c: char| c.is_whitespace() || c == ',')
+        .filter(|word| !word.is_empty())
+        .map(String::from)
+        .collect();
+    words.sort();
+    words
+}
+
+/// Accepts `count` connections on `listener`, answering each "ping" with "pong", and
+/// returns the peers.
+fn serve(listener: &TcpListener, count: usize) -> Vec<SocketAddr> {
+    (0..count)
+        .map(|_| {
+            let (mut stream, peer) = listener.accept().expect("accept");
+            let mut request = [0; 4];
+            stream.read_exact(&mut request).expect("read");
+            stream.write_all(b"pong").expect("write");
+            peer
+        })
+        .collect()
+}
+
+fn ping(address: &str) -> std::io::Result<[u8; 4]> {
+    let address: SocketAddr = address.parse().expect("address");
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"ping")?;
+    let mut reply = [0; 4];
+    stream.read_exact(&mut reply)?;
+    Ok(reply)
+}
+
+/// A client namespace reaches ClusterIPs and a NodePort of a node namespace whose only
+/// endpoint is the node itself; a ClusterIP without endpoints is refused even though a
+/// socket listens on its port.
+#[test]
+fn connections_reach_endpoints_and_empty_services_are_refused() {
+    if skip_unless_root() {
+        return;
+    }
+    let node = Netns::new("node").expect("node namespace");
+    let client = Netns::new("cli").expect("client namespace");
+    netns::veth(&node, "eth0", &client, "eth0").expect("veth");
+    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
+        .expect("node address");
+    client
+        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
+        .expect("client address");
+    client
+        .ip(&["route", "add", "10.96.0.0/16", "via", "10.0.0.1"])
+        .expect("service route");
+    // ClusterIPs are local to the node, so that traffic the rules leave alone would be
+    // accepted by the listener below.
+    node.ip(&["route", "add", "local", "10.96.0.0/16", "dev", "lo"])
+        .expect("local service route");
+
+    let view = node_view(&[("10.0.0.1", NODE)]);
+    let planner = Planner::new(&view, &ProxyConfig::default());
+    commit(
+        &node,
+        cold_start(&planner.skeleton(), planner.services(), 1000),
+    );
+
+    let (endpoint, decoy) = node
+        .enter(|| {
+            (
+                TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"),
+                TcpListener::bind("0.0.0.0:80").expect("decoy listener"),
+            )
+        })
+        .expect("entering the node");
+    std::thread::scope(|scope| {
+        let server = scope.spawn(|| serve(&endpoint, 2));
+        let results = client
+            .enter(|| {
+                (
+                    ping("10.96.0.10:80"),
+                    ping("10.0.0.1:30080"),
+                    ping("10.96.0.12:80"),
+                )
+            })
+            .expect("entering the client");
+        assert_eq!(results.0.expect("ClusterIP"), *b"pong");
+        assert_eq!(results.1.expect("NodePort"), *b"pong");
+        let refused = results
+            .2
+            .expect_err("a service without endpoints must refuse");
+        assert_eq!(refused.kind(), ErrorKind::ConnectionRefused, "{refused}");
+        let peers = server.join().expect("server thread");
+        // Off-cluster ClusterIP traffic is marked for masquerade, but local delivery
+        // never passes postrouting, so the client's address arrives unchanged.
+        assert!(
+            peers
+                .iter()
+                .all(|peer| peer.ip() == Ipv4Addr::new(10, 0, 0, 2))
+        );
+    });
+    drop(decoy);
+}
