@@ -8,7 +8,7 @@ use anyhow::Context;
 use nodus_view::model::Cidr;
 use serde::{Deserialize, Deserializer};
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:10256";
 
@@ -65,6 +65,13 @@ pub struct DnsConfig {
     pub ttl: u32,
     /// `<a-b-c-d>.<ns>.pod.<zone>` records: `disabled` or `insecure` (as in CoreDNS).
     pub pod_records: PodRecordsConfig,
+    /// Names outside the zone go to this file's nameservers (nodus's own addresses skipped).
+    pub resolv_conf: PathBuf,
+    /// How long one upstream gets before the next is tried.
+    pub forward_timeout_ms: u64,
+    /// Caps of the forwarding cache.
+    pub cache_entries: usize,
+    pub cache_bytes: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -91,6 +98,10 @@ impl Default for DnsConfig {
             listen: vec!["127.0.0.1:53".parse().expect("valid default address")],
             ttl: 5,
             pod_records: PodRecordsConfig::Disabled,
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            forward_timeout_ms: 2000,
+            cache_entries: 10_000,
+            cache_bytes: 1 << 20,
         }
     }
 }
@@ -135,6 +146,19 @@ impl Config {
         anyhow::ensure!(
             self.watch_page_size > 0,
             "watch_page_size: must be at least 1"
+        );
+        anyhow::ensure!(
+            self.dns.ttl <= 3600,
+            "dns.ttl: {} is over 3600 seconds",
+            self.dns.ttl
+        );
+        anyhow::ensure!(
+            !self.dns.enabled || !self.dns.listen.is_empty(),
+            "dns.listen: at least one address is needed while dns.enabled is true"
+        );
+        anyhow::ensure!(
+            self.dns.forward_timeout_ms > 0,
+            "dns.forward_timeout_ms: must be at least 1"
         );
         if let Some(url) = &self.api_server {
             anyhow::ensure!(
@@ -195,5 +219,8 @@ mod tests {
         assert!(Config::parse("cluster_cidrs: [10.0.0.0/40]").is_err());
         assert!(Config::parse("http_addr: nowhere").is_err());
         assert!(Config::parse("api_server: ftp://x").is_err());
+        assert!(Config::parse("dns:\n  ttl: 4000\n").is_err());
+        assert!(Config::parse("dns:\n  listen: []\n").is_err());
+        assert!(Config::parse("dns:\n  pod_records: verified\n").is_err());
     }
 }

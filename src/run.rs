@@ -7,11 +7,13 @@ use crate::watch::{self, WatchSet};
 use crate::{ClusterArgs, RunArgs};
 use anyhow::Context;
 use nodus_dns::Zone;
+use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
 use nodus_dns::server::{DnsServer, SharedView};
 use nodus_view::View;
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 /// The configuration file, if any, with the flags applied over it.
 pub fn load_config(cluster: &ClusterArgs) -> anyhow::Result<Config> {
@@ -33,6 +35,31 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
     })
 }
 
+/// The forwarder for names outside the zone, from `dns.resolv_conf`. Without a usable
+/// upstream nodus still serves the zone, and refuses the rest.
+fn forwarder(config: &Config) -> Option<Arc<Forwarder>> {
+    let dns = &config.dns;
+    match upstreams_from_resolv_conf(&dns.resolv_conf, &dns.listen) {
+        Ok(upstreams) if !upstreams.is_empty() => {
+            tracing::info!(?upstreams, "forwarding names outside the cluster zone");
+            Some(Arc::new(Forwarder::new(ForwardConfig {
+                upstreams,
+                timeout: Duration::from_millis(dns.forward_timeout_ms),
+                cache_entries: dns.cache_entries,
+                cache_bytes: dns.cache_bytes,
+            })))
+        }
+        Ok(_) => {
+            tracing::warn!(path = %dns.resolv_conf.display(), "no upstream nameserver; names outside the zone are refused");
+            None
+        }
+        Err(error) => {
+            tracing::warn!(path = %dns.resolv_conf.display(), %error, "cannot read upstreams; names outside the zone are refused");
+            None
+        }
+    }
+}
+
 /// Binds the DNS server on every `dns.listen` address; it serves for as long as the
 /// returned server lives. Until the view is complete it answers from what it has.
 async fn start_dns(config: &Config, view: SharedView) -> anyhow::Result<DnsServer> {
@@ -42,7 +69,7 @@ async fn start_dns(config: &Config, view: SharedView) -> anyhow::Result<DnsServe
         config.dns.pod_records.into(),
     )
     .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?;
-    let server = nodus_dns::server::serve(view, zone, &config.dns.listen)
+    let server = nodus_dns::server::serve(view, zone, forwarder(config), &config.dns.listen)
         .await
         .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");

@@ -3,6 +3,7 @@
 //! hickory-server owns the sockets, the message framing, EDNS size limits and truncation;
 //! this module only turns a request into a lookup and the lookup into a response.
 
+use crate::forward::Forwarder;
 use crate::lookup::{Outcome, Zone, lookup};
 use hickory_server::Server;
 use hickory_server::net::runtime::Time;
@@ -23,15 +24,20 @@ pub const MAX_UDP_PAYLOAD: u16 = 1232;
 /// An idle TCP connection is closed after this long.
 const TCP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Answers the cluster zone from the view.
+/// Answers the cluster zone from the view, and forwards the rest.
 pub struct ClusterDns {
     view: SharedView,
     zone: Zone,
+    forwarder: Option<Arc<Forwarder>>,
 }
 
 impl ClusterDns {
-    pub fn new(view: SharedView, zone: Zone) -> ClusterDns {
-        ClusterDns { view, zone }
+    pub fn new(view: SharedView, zone: Zone, forwarder: Option<Arc<Forwarder>>) -> ClusterDns {
+        ClusterDns {
+            view,
+            zone,
+            forwarder,
+        }
     }
 }
 
@@ -85,14 +91,38 @@ impl RequestHandler for ClusterDns {
                             ))
                             .await
                     }
-                    Outcome::NotOurs => {
-                        // Nothing to forward to in this build: refuse, as a non-recursive
-                        // authoritative server does.
-                        metadata.response_code = ResponseCode::Refused;
-                        response_handle
-                            .send_response(builder.build_no_records(metadata))
-                            .await
-                    }
+                    Outcome::NotOurs => match &self.forwarder {
+                        // Without upstreams, refuse, as a non-recursive server does.
+                        None => {
+                            metadata.response_code = ResponseCode::Refused;
+                            response_handle
+                                .send_response(builder.build_no_records(metadata))
+                                .await
+                        }
+                        Some(forwarder) => {
+                            metadata.recursion_available = true;
+                            match forwarder.resolve(query).await {
+                                Some(answer) => {
+                                    metadata.response_code = answer.rcode;
+                                    response_handle
+                                        .send_response(builder.build(
+                                            metadata,
+                                            answer.answers.iter(),
+                                            answer.authorities.iter(),
+                                            std::iter::empty(),
+                                            answer.additionals.iter(),
+                                        ))
+                                        .await
+                                }
+                                None => {
+                                    metadata.response_code = ResponseCode::ServFail;
+                                    response_handle
+                                        .send_response(builder.build_no_records(metadata))
+                                        .await
+                                }
+                            }
+                        }
+                    },
                 }
             }
         };
@@ -119,9 +149,10 @@ pub struct DnsServer {
 pub async fn serve(
     view: SharedView,
     zone: Zone,
+    forwarder: Option<Arc<Forwarder>>,
     listen: &[SocketAddr],
 ) -> std::io::Result<DnsServer> {
-    let mut server = Server::new(ClusterDns::new(view, zone));
+    let mut server = Server::new(ClusterDns::new(view, zone, forwarder));
     let mut bound = Vec::new();
     for addr in listen {
         let udp = tokio::net::UdpSocket::bind(addr).await?;

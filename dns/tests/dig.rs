@@ -91,7 +91,12 @@ fn start(pods: PodRecords) -> Dns {
         .expect("runtime");
     let zone = Zone::new("cluster.local", 5, pods).expect("zone");
     let server = rt
-        .block_on(serve(view(), zone, &["127.0.0.1:0".parse().expect("addr")]))
+        .block_on(serve(
+            view(),
+            zone,
+            None,
+            &["127.0.0.1:0".parse().expect("addr")],
+        ))
         .expect("bind");
     Dns {
         addr: server.addrs[0],

@@ -1,0 +1,392 @@
+//! Forwarding names outside the cluster zone to the node's upstream resolvers, with a small
+//! cache.
+//!
+//! Upstreams come from a resolv.conf (the host's by default), minus nodus's own addresses,
+//! so that a node whose resolv.conf points at nodus does not loop. Each question is tried on
+//! each upstream in turn: over UDP, again over TCP when the answer is truncated, and on to
+//! the next upstream after a timeout. When every upstream fails the client gets SERVFAIL.
+//! Answers are cached by question for their TTL; negative answers for the SOA's minimum
+//! (RFC 2308); the cache is capped in entries and bytes.
+
+use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Longest time a positive answer is cached, whatever its TTL.
+const MAX_POSITIVE_TTL: u32 = 3600;
+/// Longest time a negative answer is cached (RFC 2308 suggests at most 3 hours; CoreDNS 30 min).
+const MAX_NEGATIVE_TTL: u32 = 1800;
+/// Room for the largest UDP answer an upstream may send.
+const UDP_BUFFER: usize = 4096;
+
+/// How the forwarder is set up.
+#[derive(Clone, Debug)]
+pub struct ForwardConfig {
+    pub upstreams: Vec<SocketAddr>,
+    /// How long one upstream gets before the next is tried.
+    pub timeout: Duration,
+    pub cache_entries: usize,
+    pub cache_bytes: usize,
+}
+
+/// The nameservers of a resolv.conf, on port 53, without `exclude` (nodus's own listeners).
+pub fn upstreams_from_resolv_conf(
+    path: &Path,
+    exclude: &[SocketAddr],
+) -> std::io::Result<Vec<SocketAddr>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(parse_resolv_conf(&text, exclude))
+}
+
+fn parse_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<SocketAddr> {
+    let is_ours = |ip: IpAddr| {
+        exclude
+            .iter()
+            .any(|ours| ours.port() == 53 && (ours.ip() == ip || ours.ip().is_unspecified()))
+    };
+    text.lines()
+        .filter_map(|line| line.split('#').next()?.strip_prefix("nameserver"))
+        .filter_map(|rest| rest.trim().split('%').next()?.parse::<IpAddr>().ok())
+        .filter(|ip| !is_ours(*ip))
+        .map(|ip| SocketAddr::new(ip, 53))
+        .collect()
+}
+
+/// What came back for a question.
+#[derive(Clone, Debug)]
+pub struct Forwarded {
+    pub rcode: ResponseCode,
+    pub answers: Vec<Record>,
+    pub authorities: Vec<Record>,
+    pub additionals: Vec<Record>,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct CacheKey {
+    name: Name,
+    qtype: RecordType,
+}
+
+struct CacheEntry {
+    answer: Forwarded,
+    stored: Instant,
+    expires: Instant,
+    bytes: usize,
+}
+
+#[derive(Default)]
+struct Cache {
+    entries: HashMap<CacheKey, CacheEntry>,
+    /// Insertion order, for evicting the oldest entry when a cap is reached.
+    order: VecDeque<CacheKey>,
+    bytes: usize,
+}
+
+/// Counters for the metrics endpoint.
+#[derive(Default)]
+pub struct ForwardStats {
+    pub forwarded: AtomicU64,
+    pub cache_hits: AtomicU64,
+    pub failures: AtomicU64,
+}
+
+pub struct Forwarder {
+    config: ForwardConfig,
+    cache: Mutex<Cache>,
+    pub stats: ForwardStats,
+}
+
+/// The TTL an answer is cached for: the smallest record TTL, or for a negative answer the
+/// SOA's minimum (bounded by the SOA's own TTL), as RFC 2308 says.
+fn cache_ttl(answer: &Forwarded) -> Option<u32> {
+    let negative = answer.rcode == ResponseCode::NXDomain || answer.answers.is_empty();
+    if negative {
+        let soa = answer.authorities.iter().find_map(|r| match &r.data {
+            RData::SOA(soa) => Some(soa.minimum.min(r.ttl)),
+            _ => None,
+        })?;
+        return Some(soa.min(MAX_NEGATIVE_TTL));
+    }
+    if answer.rcode != ResponseCode::NoError {
+        return None;
+    }
+    answer
+        .answers
+        .iter()
+        .map(|r| r.ttl)
+        .min()
+        .map(|ttl| ttl.min(MAX_POSITIVE_TTL))
+}
+
+fn records_bytes(answer: &Forwarded) -> usize {
+    // An estimate: the records' wire size is close to their in-memory payload.
+    let records = answer.answers.len() + answer.authorities.len() + answer.additionals.len();
+    records * std::mem::size_of::<Record>() + 64
+}
+
+impl Cache {
+    fn get(&mut self, key: &CacheKey, now: Instant) -> Option<Forwarded> {
+        let entry = self.entries.get(key)?;
+        if entry.expires <= now {
+            self.remove(key);
+            return None;
+        }
+        let elapsed = now.duration_since(entry.stored).as_secs() as u32;
+        let mut answer = entry.answer.clone();
+        for record in answer
+            .answers
+            .iter_mut()
+            .chain(answer.authorities.iter_mut())
+            .chain(answer.additionals.iter_mut())
+        {
+            record.ttl = record.ttl.saturating_sub(elapsed);
+        }
+        Some(answer)
+    }
+
+    fn remove(&mut self, key: &CacheKey) {
+        if let Some(old) = self.entries.remove(key) {
+            self.bytes -= old.bytes;
+        }
+        self.order.retain(|k| k != key);
+    }
+
+    fn insert(
+        &mut self,
+        key: CacheKey,
+        answer: Forwarded,
+        ttl: u32,
+        config: &ForwardConfig,
+        now: Instant,
+    ) {
+        let bytes = records_bytes(&answer);
+        if ttl == 0 || config.cache_entries == 0 || bytes > config.cache_bytes {
+            return;
+        }
+        self.remove(&key);
+        while self.entries.len() >= config.cache_entries || self.bytes + bytes > config.cache_bytes
+        {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = self.entries.remove(&oldest) {
+                self.bytes -= old.bytes;
+            }
+        }
+        self.bytes += bytes;
+        self.order.push_back(key.clone());
+        self.entries.insert(
+            key,
+            CacheEntry {
+                answer,
+                stored: now,
+                expires: now + Duration::from_secs(u64::from(ttl)),
+                bytes,
+            },
+        );
+    }
+}
+
+/// Why one upstream gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+enum UpstreamError {
+    #[error("timed out")]
+    Timeout,
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed answer: {0}")]
+    Malformed(String),
+}
+
+impl Forwarder {
+    pub fn new(config: ForwardConfig) -> Forwarder {
+        Forwarder {
+            config,
+            cache: Mutex::new(Cache::default()),
+            stats: ForwardStats::default(),
+        }
+    }
+
+    pub fn upstreams(&self) -> &[SocketAddr] {
+        &self.config.upstreams
+    }
+
+    /// Entries and bytes in the cache, for metrics.
+    pub fn cache_size(&self) -> (usize, usize) {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        (cache.entries.len(), cache.bytes)
+    }
+
+    /// Answers `query` from the cache or the upstreams; `None` when every upstream failed.
+    pub async fn resolve(&self, query: &Query) -> Option<Forwarded> {
+        let key = CacheKey {
+            name: query.name().to_lowercase(),
+            qtype: query.query_type(),
+        };
+        let now = Instant::now();
+        if let Some(hit) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key, now)
+        {
+            self.stats.cache_hits.fetch_add(1, Relaxed);
+            return Some(hit);
+        }
+        self.stats.forwarded.fetch_add(1, Relaxed);
+        for upstream in &self.config.upstreams {
+            match self.ask(*upstream, query).await {
+                Ok(answer) => {
+                    if let Some(ttl) = cache_ttl(&answer) {
+                        self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
+                            key,
+                            answer.clone(),
+                            ttl,
+                            &self.config,
+                            Instant::now(),
+                        );
+                    }
+                    return Some(answer);
+                }
+                Err(error) => {
+                    tracing::debug!(%upstream, %error, name = %query.name(), "upstream failed")
+                }
+            }
+        }
+        self.stats.failures.fetch_add(1, Relaxed);
+        None
+    }
+
+    async fn ask(&self, upstream: SocketAddr, query: &Query) -> Result<Forwarded, UpstreamError> {
+        let id: u16 = rand_id();
+        let mut message = Message::new(id, MessageType::Query, OpCode::Query);
+        message.metadata.recursion_desired = true;
+        message.add_query(query.clone());
+        let bytes = message
+            .to_vec()
+            .map_err(|e| UpstreamError::Malformed(e.to_string()))?;
+        let answer = tokio::time::timeout(self.config.timeout, udp_exchange(upstream, &bytes))
+            .await
+            .map_err(|_| UpstreamError::Timeout)??;
+        let answer = check(answer, id)?;
+        let answer = if answer.metadata.truncation {
+            let full = tokio::time::timeout(self.config.timeout, tcp_exchange(upstream, &bytes))
+                .await
+                .map_err(|_| UpstreamError::Timeout)??;
+            check(full, id)?
+        } else {
+            answer
+        };
+        if answer.metadata.response_code == ResponseCode::ServFail {
+            return Err(UpstreamError::Malformed("SERVFAIL".into()));
+        }
+        Ok(Forwarded {
+            rcode: answer.metadata.response_code,
+            answers: answer.answers,
+            authorities: answer.authorities,
+            additionals: answer
+                .additionals
+                .into_iter()
+                .filter(|r| r.record_type() != RecordType::OPT)
+                .collect(),
+        })
+    }
+}
+
+fn check(bytes: Vec<u8>, id: u16) -> Result<Message, UpstreamError> {
+    let message = Message::from_vec(&bytes).map_err(|e| UpstreamError::Malformed(e.to_string()))?;
+    if message.metadata.id != id || message.metadata.message_type != MessageType::Response {
+        return Err(UpstreamError::Malformed(
+            "not the answer to our query".into(),
+        ));
+    }
+    Ok(message)
+}
+
+/// A query id that an off-path attacker cannot guess cheaply, without a random crate: the
+/// hasher's per-process random keys over a counter.
+fn rand_id() -> u16 {
+    use std::hash::{BuildHasher, RandomState};
+    static STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let state = STATE.get_or_init(RandomState::new);
+    state.hash_one(COUNTER.fetch_add(1, Relaxed)) as u16
+}
+
+async fn udp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
+    let local: SocketAddr = match upstream {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let socket = tokio::net::UdpSocket::bind(local).await?;
+    socket.connect(upstream).await?;
+    socket.send(query).await?;
+    let mut buffer = vec![0u8; UDP_BUFFER];
+    let n = socket.recv(&mut buffer).await?;
+    buffer.truncate(n);
+    Ok(buffer)
+}
+
+async fn tcp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
+    let mut stream = tokio::net::TcpStream::connect(upstream).await?;
+    let length = u16::try_from(query.len()).map_err(|_| std::io::Error::other("query too long"))?;
+    stream.write_all(&length.to_be_bytes()).await?;
+    stream.write_all(query).await?;
+    let mut prefix = [0u8; 2];
+    stream.read_exact(&mut prefix).await?;
+    let mut answer = vec![0u8; usize::from(u16::from_be_bytes(prefix))];
+    stream.read_exact(&mut answer).await?;
+    Ok(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_skips_our_own_addresses() {
+        let text = "search example.org\nnameserver 10.0.0.2 # primary\nnameserver 127.0.0.1\n\
+                    nameserver fe80::1%eth0\n# nameserver 9.9.9.9\noptions ndots:2\n";
+        let ours: SocketAddr = "127.0.0.1:53".parse().expect("addr");
+        let upstreams = parse_resolv_conf(text, &[ours]);
+        assert_eq!(
+            upstreams,
+            [
+                "10.0.0.2:53".parse::<SocketAddr>().expect("addr"),
+                "[fe80::1]:53".parse().expect("addr")
+            ]
+        );
+    }
+
+    #[test]
+    fn negative_answers_are_cached_for_the_soa_minimum() {
+        use hickory_proto::rr::rdata::SOA;
+        let soa = Record::from_rdata(
+            Name::from_ascii("example.org.").expect("name"),
+            300,
+            RData::SOA(SOA::new(Name::root(), Name::root(), 1, 1, 1, 1, 60)),
+        );
+        let answer = Forwarded {
+            rcode: ResponseCode::NXDomain,
+            answers: vec![],
+            authorities: vec![soa],
+            additionals: vec![],
+        };
+        assert_eq!(cache_ttl(&answer), Some(60));
+        let no_soa = Forwarded {
+            authorities: vec![],
+            ..answer
+        };
+        assert_eq!(
+            cache_ttl(&no_soa),
+            None,
+            "without a SOA a negative answer is not cached"
+        );
+    }
+}

@@ -1,0 +1,265 @@
+//! Forwarding through nodus to a local upstream test server: answers, the cache (visible in
+//! the upstream's query count), negative caching, truncation retried over TCP, a dead
+//! upstream skipped, SERVFAIL when none answers, and the zone never forwarded.
+
+use hickory_proto::op::{Message, MessageType, ResponseCode};
+use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::{Name, RData, Record};
+use nodus_dns::forward::{ForwardConfig, Forwarder};
+use nodus_dns::server::{DnsServer, serve};
+use nodus_dns::{PodRecords, Zone};
+use nodus_view::View;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Command;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Queries the upstream saw, by "name transport".
+type Seen = Arc<Mutex<HashMap<String, usize>>>;
+
+fn answer(query: &Message, tcp: bool) -> Message {
+    let mut reply = Message::new(
+        query.metadata.id,
+        MessageType::Response,
+        query.metadata.op_code,
+    );
+    reply.metadata.recursion_available = true;
+    let Some(question) = query.queries.first() else {
+        reply.metadata.response_code = ResponseCode::FormErr;
+        return reply;
+    };
+    reply.add_query(question.clone());
+    let name = question.name().to_lowercase().to_ascii();
+    let record = |ip: Ipv4Addr| Record::from_rdata(question.name().clone(), 60, RData::A(A(ip)));
+    match name.as_str() {
+        "www.example.org." => {
+            reply.add_answer(record(Ipv4Addr::new(192, 0, 2, 1)));
+        }
+        "big.example.org." if !tcp => reply.metadata.truncation = true,
+        "big.example.org." => {
+            for i in 1..=40 {
+                reply.add_answer(record(Ipv4Addr::new(192, 0, 2, i)));
+            }
+        }
+        _ => {
+            reply.metadata.response_code = ResponseCode::NXDomain;
+            let origin = Name::from_ascii("example.org.").expect("name");
+            reply.add_authority(Record::from_rdata(
+                origin.clone(),
+                300,
+                RData::SOA(SOA::new(origin.clone(), origin, 1, 7200, 1800, 86400, 30)),
+            ));
+        }
+    }
+    reply
+}
+
+/// A tiny authoritative server for example.org over UDP and TCP, counting what it is asked.
+async fn upstream(seen: Seen) -> SocketAddr {
+    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = udp.local_addr().expect("addr");
+    let tcp = tokio::net::TcpListener::bind(addr).await.expect("bind tcp");
+    let count = move |seen: &Seen, query: &Message, transport: &str| {
+        if let Some(q) = query.queries.first() {
+            *seen
+                .lock()
+                .expect("lock")
+                .entry(format!("{} {transport}", q.name().to_lowercase()))
+                .or_default() += 1;
+        }
+    };
+    let udp_seen = seen.clone();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        while let Ok((n, from)) = udp.recv_from(&mut buf).await {
+            let Ok(query) = Message::from_vec(&buf[..n]) else {
+                continue;
+            };
+            count(&udp_seen, &query, "udp");
+            if let Ok(bytes) = answer(&query, false).to_vec() {
+                let _ = udp.send_to(&bytes, from).await;
+            }
+        }
+    });
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = tcp.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut len = [0u8; 2];
+                if stream.read_exact(&mut len).await.is_err() {
+                    return;
+                }
+                let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                if stream.read_exact(&mut buf).await.is_err() {
+                    return;
+                }
+                let Ok(query) = Message::from_vec(&buf) else {
+                    return;
+                };
+                count(&seen, &query, "tcp");
+                if let Ok(bytes) = answer(&query, true).to_vec() {
+                    let _ = stream.write_all(&(bytes.len() as u16).to_be_bytes()).await;
+                    let _ = stream.write_all(&bytes).await;
+                }
+            });
+        }
+    });
+    addr
+}
+
+struct Setup {
+    dns: SocketAddr,
+    seen: Seen,
+    forwarder: Arc<Forwarder>,
+    _server: DnsServer,
+    _rt: tokio::runtime::Runtime,
+}
+
+/// nodus DNS with `dead` silent upstreams before the working one (or only dead ones).
+fn setup(dead: usize, with_live: bool) -> Setup {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let seen = Seen::default();
+    let (server, forwarder) = rt.block_on(async {
+        let mut upstreams = Vec::new();
+        for _ in 0..dead {
+            // Bound but never read: queries to it time out.
+            let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+            upstreams.push(silent.local_addr().expect("addr"));
+            std::mem::forget(silent);
+        }
+        if with_live {
+            upstreams.push(upstream(seen.clone()).await);
+        }
+        let forwarder = Arc::new(Forwarder::new(ForwardConfig {
+            upstreams,
+            timeout: Duration::from_millis(300),
+            cache_entries: 100,
+            cache_bytes: 1 << 20,
+        }));
+        let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
+        let view = Arc::new(RwLock::new(View::new("node-1")));
+        let server = serve(
+            view,
+            zone,
+            Some(forwarder.clone()),
+            &["127.0.0.1:0".parse().expect("addr")],
+        )
+        .await
+        .expect("serve");
+        (server, forwarder)
+    });
+    Setup {
+        dns: server.addrs[0],
+        seen,
+        forwarder,
+        _server: server,
+        _rt: rt,
+    }
+}
+
+fn dig(dns: SocketAddr, args: &[&str]) -> String {
+    let output = Command::new("dig")
+        .arg(format!("@{}", dns.ip()))
+        .args(["-p", &dns.port().to_string(), "+tries=1", "+time=3"])
+        .args(args)
+        .output()
+        .expect("dig is installed (dnsutils)");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn seen(setup: &Setup, key: &str) -> usize {
+    setup
+        .seen
+        .lock()
+        .expect("lock")
+        .get(key)
+        .copied()
+        .unwrap_or(0)
+}
+
+#[test]
+fn answers_are_forwarded_then_served_from_the_cache() {
+    let s = setup(0, true);
+    let first = dig(s.dns, &["www.example.org", "A"]);
+    assert!(
+        first.contains("status: NOERROR") && first.contains("192.0.2.1"),
+        "{first}"
+    );
+    assert!(first.contains(" ra"), "recursion available: {first}");
+    assert!(
+        !first.contains(" aa"),
+        "not authoritative for example.org: {first}"
+    );
+    let second = dig(s.dns, &["www.example.org", "A"]);
+    assert!(second.contains("192.0.2.1"), "{second}");
+    assert_eq!(
+        seen(&s, "www.example.org. udp"),
+        1,
+        "the second answer came from the cache"
+    );
+    assert_eq!(
+        s.forwarder
+            .stats
+            .cache_hits
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[test]
+fn negative_answers_are_cached_too() {
+    let s = setup(0, true);
+    for _ in 0..3 {
+        let reply = dig(s.dns, &["nothing.example.org", "A"]);
+        assert!(reply.contains("status: NXDOMAIN"), "{reply}");
+    }
+    assert_eq!(seen(&s, "nothing.example.org. udp"), 1);
+}
+
+#[test]
+fn a_truncated_upstream_answer_is_fetched_again_over_tcp() {
+    let s = setup(0, true);
+    let reply = dig(s.dns, &["+tcp", "big.example.org", "A"]);
+    assert_eq!(reply.matches("192.0.2.").count(), 40, "{reply}");
+    assert_eq!(seen(&s, "big.example.org. udp"), 1);
+    assert_eq!(seen(&s, "big.example.org. tcp"), 1);
+}
+
+#[test]
+fn a_silent_upstream_is_skipped_after_its_timeout() {
+    let s = setup(1, true);
+    let reply = dig(s.dns, &["www.example.org", "A"]);
+    assert!(reply.contains("192.0.2.1"), "{reply}");
+}
+
+#[test]
+fn servfail_when_no_upstream_answers() {
+    let s = setup(2, false);
+    let reply = dig(s.dns, &["www.example.org", "A"]);
+    assert!(reply.contains("status: SERVFAIL"), "{reply}");
+}
+
+#[test]
+fn the_cluster_zone_is_never_forwarded() {
+    let s = setup(0, true);
+    for name in [
+        "missing.default.svc.cluster.local",
+        "x.cluster.local",
+        "cluster.local",
+    ] {
+        let reply = dig(s.dns, &[name, "A"]);
+        assert!(reply.contains(" aa"), "{reply}");
+    }
+    assert!(
+        s.seen.lock().expect("lock").is_empty(),
+        "the upstream was asked about the zone"
+    );
+}
