@@ -1,17 +1,15 @@
-//! The agent's metrics, rendered in the Prometheus text format.
-//!
-//! A handful of atomics is all nodus needs; a metrics crate would cost more memory and
-//! build time than the numbers it carries.
+//! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
 
+use nodus_dns::metrics::DnsMetrics;
+use nodus_prom::{Histogram, family, sample, single};
 use nodus_view::{Counts, Kind};
-use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Upper bounds of the batch-apply histogram, in seconds.
 const APPLY_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
-#[derive(Default)]
 pub struct Metrics {
     pub ready: AtomicBool,
     services: AtomicU64,
@@ -21,9 +19,26 @@ pub struct Metrics {
     strings: AtomicU64,
     watch_restarts: [AtomicU64; 3],
     invalid_objects: [AtomicU64; 3],
-    apply_buckets: [AtomicU64; APPLY_BUCKETS.len()],
-    apply_count: AtomicU64,
-    apply_sum_nanos: AtomicU64,
+    apply: Histogram<{ APPLY_BUCKETS.len() }>,
+    /// Set once the DNS server runs.
+    pub dns: OnceLock<Arc<DnsMetrics>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            ready: AtomicBool::new(false),
+            services: AtomicU64::new(0),
+            endpoint_slices: AtomicU64::new(0),
+            endpoints: AtomicU64::new(0),
+            nodes: AtomicU64::new(0),
+            strings: AtomicU64::new(0),
+            watch_restarts: Default::default(),
+            invalid_objects: Default::default(),
+            apply: Histogram::new(APPLY_BUCKETS),
+            dns: OnceLock::new(),
+        }
+    }
 }
 
 fn kind_index(kind: Kind) -> usize {
@@ -49,40 +64,30 @@ impl Metrics {
     }
 
     pub fn batch_applied(&self, took: Duration) {
-        let seconds = took.as_secs_f64();
-        for (bound, bucket) in APPLY_BUCKETS.iter().zip(&self.apply_buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(1, Relaxed);
-            }
-        }
-        self.apply_count.fetch_add(1, Relaxed);
-        self.apply_sum_nanos
-            .fetch_add(took.as_nanos().min(u128::from(u64::MAX)) as u64, Relaxed);
+        self.apply.observe(took);
     }
 
     pub fn render(&self) -> String {
-        let mut out = String::with_capacity(2048);
-        let gauge = |out: &mut String, name: &str, help: &str, value: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        };
-        let _ = writeln!(
-            out,
-            "# HELP nodus_build_info Build information.\n# TYPE nodus_build_info gauge\n\
-             nodus_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
+        let mut out = String::with_capacity(4096);
+        family(&mut out, "nodus_build_info", "gauge", "Build information.");
+        sample(
+            &mut out,
+            "nodus_build_info",
+            &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
+            1,
         );
-        gauge(
+        single(
             &mut out,
             "nodus_ready",
+            "gauge",
             "1 once every enabled subsystem applied the initial view.",
-            u64::from(self.ready.load(Relaxed)),
+            u8::from(self.ready.load(Relaxed)),
         );
-        let _ = writeln!(
-            out,
-            "# HELP nodus_view_objects Objects in the node view.\n# TYPE nodus_view_objects gauge"
+        family(
+            &mut out,
+            "nodus_view_objects",
+            "gauge",
+            "Objects in the node view.",
         );
         for (kind, value) in [
             ("service", &self.services),
@@ -90,61 +95,50 @@ impl Metrics {
             ("endpoint", &self.endpoints),
             ("node", &self.nodes),
         ] {
-            let _ = writeln!(
-                out,
-                "nodus_view_objects{{kind=\"{kind}\"}} {}",
-                value.load(Relaxed)
+            sample(
+                &mut out,
+                "nodus_view_objects",
+                &format!("kind=\"{kind}\""),
+                value.load(Relaxed),
             );
         }
-        gauge(
+        single(
             &mut out,
             "nodus_view_interned_strings",
+            "gauge",
             "Distinct strings interned by the view.",
             self.strings.load(Relaxed),
         );
-        let per_kind = |out: &mut String, name: &str, help: &str, values: &[AtomicU64; 3]| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+        for (name, help, values) in [
+            (
+                "nodus_watch_restarts_total",
+                "Watch streams that failed and were restarted.",
+                &self.watch_restarts,
+            ),
+            (
+                "nodus_invalid_objects_total",
+                "Objects skipped because they failed validation.",
+                &self.invalid_objects,
+            ),
+        ] {
+            family(&mut out, name, "counter", help);
             for (kind, value) in Kind::ALL.iter().zip(values) {
-                let _ = writeln!(
-                    out,
-                    "{name}{{kind=\"{}\"}} {}",
-                    kind.as_str(),
-                    value.load(Relaxed)
+                sample(
+                    &mut out,
+                    name,
+                    &format!("kind=\"{}\"", kind.as_str()),
+                    value.load(Relaxed),
                 );
             }
-        };
-        per_kind(
-            &mut out,
-            "nodus_watch_restarts_total",
-            "Watch streams that failed and were restarted.",
-            &self.watch_restarts,
-        );
-        per_kind(
-            &mut out,
-            "nodus_invalid_objects_total",
-            "Objects skipped because they failed validation.",
-            &self.invalid_objects,
-        );
-        let name = "nodus_view_apply_duration_seconds";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Time to apply one batch of watch events to the view.\n# TYPE {name} histogram"
-        );
-        for (bound, bucket) in APPLY_BUCKETS.iter().zip(&self.apply_buckets) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
-                bucket.load(Relaxed)
-            );
         }
-        let count = self.apply_count.load(Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum {}",
-            self.apply_sum_nanos.load(Relaxed) as f64 / 1e9
+        self.apply.render(
+            &mut out,
+            "nodus_view_apply_duration_seconds",
+            "Time to apply one batch of watch events to the view.",
         );
-        let _ = writeln!(out, "{name}_count {count}");
+        if let Some(dns) = self.dns.get() {
+            dns.render(&mut out);
+        }
         out
     }
 }
@@ -154,17 +148,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn histogram_is_cumulative() {
+    fn apply_histogram_is_exported() {
         let metrics = Metrics::default();
         metrics.batch_applied(Duration::from_micros(50));
         metrics.batch_applied(Duration::from_millis(3));
         let text = metrics.render();
         assert!(
             text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.0001\"} 1"),
-            "{text}"
-        );
-        assert!(
-            text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.005\"} 2"),
             "{text}"
         );
         assert!(

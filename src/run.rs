@@ -104,7 +104,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let view: SharedView = Arc::new(RwLock::new(View::new(&node_name)));
     // Bound before the first list: a port already taken fails start-up, not later.
     let _dns = match config.dns.enabled {
-        true => Some(start_dns(&config, view.clone()).await?),
+        true => {
+            let dns = start_dns(&config, view.clone()).await?;
+            let _ = metrics.dns.set(dns.metrics.clone());
+            Some(dns)
+        }
         false => None,
     };
     let set = WatchSet {

@@ -6,6 +6,7 @@
 
 pub mod forward;
 pub mod lookup;
+pub mod metrics;
 pub mod server;
 
 pub use lookup::{PodRecords, Zone};

@@ -5,6 +5,7 @@
 
 use crate::forward::Forwarder;
 use crate::lookup::{Outcome, Zone, lookup};
+use crate::metrics::DnsMetrics;
 use hickory_server::Server;
 use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
@@ -13,7 +14,7 @@ use hickory_server::zone_handler::MessageResponseBuilder;
 use nodus_view::View;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The view, shared between the watch loop (the only writer) and the servers.
 pub type SharedView = Arc<RwLock<View>>;
@@ -29,11 +30,13 @@ pub struct ClusterDns {
     view: SharedView,
     zone: Zone,
     forwarder: Option<Arc<Forwarder>>,
+    metrics: Arc<DnsMetrics>,
 }
 
 impl ClusterDns {
     pub fn new(view: SharedView, zone: Zone, forwarder: Option<Arc<Forwarder>>) -> ClusterDns {
         ClusterDns {
+            metrics: Arc::new(DnsMetrics::new(forwarder.clone())),
             view,
             zone,
             forwarder,
@@ -48,6 +51,7 @@ impl RequestHandler for ClusterDns {
         request: &Request,
         mut response_handle: R,
     ) -> ResponseInfo {
+        let started = Instant::now();
         let mut metadata = Metadata::response_from_request(&request.metadata);
         // Our OPT advertises what we accept, never more than the client does.
         let edns = request.edns.as_ref().map(|theirs| {
@@ -126,7 +130,8 @@ impl RequestHandler for ClusterDns {
                 }
             }
         };
-        result.unwrap_or_else(|error| {
+        let qtype = request.request_info().ok().map(|i| i.query.query_type());
+        let info = result.unwrap_or_else(|error| {
             tracing::debug!(%error, "sending a DNS response");
             let mut failed = Metadata::response_from_request(&request.metadata);
             failed.response_code = ResponseCode::ServFail;
@@ -134,13 +139,17 @@ impl RequestHandler for ClusterDns {
                 metadata: failed,
                 counts: HeaderCounts::default(),
             })
-        })
+        });
+        self.metrics
+            .answered(qtype, info.response_code, started.elapsed());
+        info
     }
 }
 
 /// A running DNS server: it serves on the runtime that started it until dropped.
 pub struct DnsServer {
     _server: Server<ClusterDns>,
+    pub metrics: Arc<DnsMetrics>,
     /// The bound addresses (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
 }
@@ -152,7 +161,9 @@ pub async fn serve(
     forwarder: Option<Arc<Forwarder>>,
     listen: &[SocketAddr],
 ) -> std::io::Result<DnsServer> {
-    let mut server = Server::new(ClusterDns::new(view, zone, forwarder));
+    let handler = ClusterDns::new(view, zone, forwarder);
+    let metrics = handler.metrics.clone();
+    let mut server = Server::new(handler);
     let mut bound = Vec::new();
     for addr in listen {
         let udp = tokio::net::UdpSocket::bind(addr).await?;
@@ -165,6 +176,7 @@ pub async fn serve(
     }
     Ok(DnsServer {
         _server: server,
+        metrics,
         addrs: bound,
     })
 }

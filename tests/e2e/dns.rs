@@ -1,7 +1,7 @@
 //! DNS answers follow the API: a service created, scaled and deleted shows up in `dig`
 //! within one batch.
 
-use crate::support::{Cluster, EXAMPLE, wait_for, wait_ready};
+use crate::support::{Cluster, EXAMPLE, get, metric, wait_for, wait_ready};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::process::Command;
@@ -92,4 +92,17 @@ fn answers_follow_create_scale_and_delete() {
         let (status, _) = dig(dns, "cache.default.svc.cluster.local", "A");
         (status == "NXDOMAIN").then_some(())
     });
+
+    let (_, body) = get(http, "/metrics").expect("metrics");
+    for series in [
+        "nodus_dns_requests_total{qtype=\"A\"}",
+        "nodus_dns_requests_total{qtype=\"SRV\"}",
+        "nodus_dns_responses_total{rcode=\"NXDOMAIN\"}",
+        "nodus_dns_request_duration_seconds_count",
+    ] {
+        assert!(
+            metric(&body, series).is_some_and(|v| v >= 1.0),
+            "{series}:\n{body}"
+        );
+    }
 }

@@ -1,0 +1,157 @@
+//! DNS metrics: requests by type, responses by code, latency, forwarding and the cache.
+
+use crate::forward::Forwarder;
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use nodus_prom::{Histogram, family, sample, single};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
+
+const QTYPES: [&str; 10] = [
+    "A", "AAAA", "SRV", "PTR", "TXT", "SOA", "NS", "CNAME", "ANY", "other",
+];
+const RCODES: [&str; 7] = [
+    "NOERROR", "NXDOMAIN", "SERVFAIL", "REFUSED", "NOTIMP", "FORMERR", "other",
+];
+/// Upper bounds of the latency histogram, in seconds: loopback answers take microseconds,
+/// forwarded ones milliseconds.
+const LATENCY_BUCKETS: [f64; 9] = [
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005, 0.025, 0.1, 1.0,
+];
+
+pub struct DnsMetrics {
+    requests: [AtomicU64; QTYPES.len()],
+    responses: [AtomicU64; RCODES.len()],
+    latency: Histogram<{ LATENCY_BUCKETS.len() }>,
+    forwarder: Option<Arc<Forwarder>>,
+}
+
+fn qtype_index(qtype: RecordType) -> usize {
+    let name = match qtype {
+        RecordType::A => "A",
+        RecordType::AAAA => "AAAA",
+        RecordType::SRV => "SRV",
+        RecordType::PTR => "PTR",
+        RecordType::TXT => "TXT",
+        RecordType::SOA => "SOA",
+        RecordType::NS => "NS",
+        RecordType::CNAME => "CNAME",
+        RecordType::ANY => "ANY",
+        _ => "other",
+    };
+    QTYPES
+        .iter()
+        .position(|q| *q == name)
+        .unwrap_or(QTYPES.len() - 1)
+}
+
+fn rcode_index(rcode: ResponseCode) -> usize {
+    let name = match rcode {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::Refused => "REFUSED",
+        ResponseCode::NotImp => "NOTIMP",
+        ResponseCode::FormErr => "FORMERR",
+        _ => "other",
+    };
+    RCODES
+        .iter()
+        .position(|r| *r == name)
+        .unwrap_or(RCODES.len() - 1)
+}
+
+impl DnsMetrics {
+    pub fn new(forwarder: Option<Arc<Forwarder>>) -> DnsMetrics {
+        DnsMetrics {
+            requests: Default::default(),
+            responses: Default::default(),
+            latency: Histogram::new(LATENCY_BUCKETS),
+            forwarder,
+        }
+    }
+
+    /// One answered request; `qtype` is `None` when the request had no single question.
+    pub fn answered(&self, qtype: Option<RecordType>, rcode: ResponseCode, took: Duration) {
+        let q = qtype.map_or(QTYPES.len() - 1, qtype_index);
+        self.requests[q].fetch_add(1, Relaxed);
+        self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);
+        self.latency.observe(took);
+    }
+
+    pub fn render(&self, out: &mut String) {
+        family(
+            out,
+            "nodus_dns_requests_total",
+            "counter",
+            "DNS requests by query type.",
+        );
+        for (qtype, count) in QTYPES.iter().zip(&self.requests) {
+            sample(
+                out,
+                "nodus_dns_requests_total",
+                &format!("qtype=\"{qtype}\""),
+                count.load(Relaxed),
+            );
+        }
+        family(
+            out,
+            "nodus_dns_responses_total",
+            "counter",
+            "DNS responses by response code.",
+        );
+        for (rcode, count) in RCODES.iter().zip(&self.responses) {
+            sample(
+                out,
+                "nodus_dns_responses_total",
+                &format!("rcode=\"{rcode}\""),
+                count.load(Relaxed),
+            );
+        }
+        self.latency.render(
+            out,
+            "nodus_dns_request_duration_seconds",
+            "Time from a request's arrival to its response being handed to the socket.",
+        );
+        if let Some(forwarder) = &self.forwarder {
+            let stats = &forwarder.stats;
+            single(
+                out,
+                "nodus_dns_forwarded_total",
+                "counter",
+                "Questions sent upstream.",
+                stats.forwarded.load(Relaxed),
+            );
+            single(
+                out,
+                "nodus_dns_forward_failures_total",
+                "counter",
+                "Questions no upstream answered.",
+                stats.failures.load(Relaxed),
+            );
+            single(
+                out,
+                "nodus_dns_cache_hits_total",
+                "counter",
+                "Forwarded questions answered from the cache.",
+                stats.cache_hits.load(Relaxed),
+            );
+            let (entries, bytes) = forwarder.cache_size();
+            single(
+                out,
+                "nodus_dns_cache_entries",
+                "gauge",
+                "Answers in the forwarding cache.",
+                entries,
+            );
+            single(
+                out,
+                "nodus_dns_cache_bytes",
+                "gauge",
+                "Estimated bytes of the forwarding cache.",
+                bytes,
+            );
+        }
+    }
+}
