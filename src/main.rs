@@ -8,6 +8,7 @@ mod config;
 mod feed;
 mod http;
 mod metrics;
+mod proxy_cmd;
 mod run;
 mod sandbox;
 mod view_cmd;
@@ -41,11 +42,20 @@ enum Command {
         /// The YAML file to check.
         file: PathBuf,
     },
+    /// The service proxy's ruleset.
+    #[command(subcommand)]
+    Proxy(ProxyCommand),
     /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
     Sandbox(sandbox::SandboxArgs),
     /// A tiny TCP and UDP echo server answering with its name (the sandbox's pods).
     #[command(hide = true)]
     Echo(sandbox::EchoArgs),
+}
+
+#[derive(Subcommand)]
+enum ProxyCommand {
+    /// Print the ruleset planned for this node in `nft -f` syntax.
+    Render(ClusterArgs),
 }
 
 /// How to reach the cluster and which node this is.
@@ -123,6 +133,10 @@ fn main() -> anyhow::Result<()> {
                 println!("note: {name} is enabled but not in this build yet");
             }
             Ok(())
+        }
+        Some(Command::Proxy(ProxyCommand::Render(args))) => {
+            init_logging(&args.log_level);
+            runtime()?.block_on(proxy_cmd::render_ruleset(args))
         }
         Some(Command::Sandbox(args)) => {
             init_logging("info");

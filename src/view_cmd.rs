@@ -5,11 +5,13 @@
 //! complete, then each one again whenever a batch touches it (`"object": null` once it is
 //! gone). Any program that reads JSON lines can be a specialised backend.
 
-use crate::ViewArgs;
 use crate::feed::Feed;
 use crate::metrics::Metrics;
 use crate::run::load_config;
+use crate::watch::WatchItem;
 use crate::watch::{self, WatchSet};
+use crate::{ClusterArgs, ViewArgs};
+use futures::Stream;
 use nodus_view::output::{resolve_node, resolve_service, resolve_view};
 use nodus_view::{ChangeSet, View};
 use serde::Serialize;
@@ -76,52 +78,71 @@ fn everything(view: &View) -> ChangeSet {
     all
 }
 
-pub async fn view(args: ViewArgs) -> anyhow::Result<()> {
-    let config = load_config(&args.cluster)?;
-    let client = watch::connect(
-        args.cluster.kubeconfig.as_deref(),
-        config.api_server.as_deref(),
-    )
-    .await?;
+/// Connects, watches every kind the view holds (every Node included), and returns the
+/// feed with the watch streams, before any item is applied.
+async fn follow(
+    cluster: &ClusterArgs,
+) -> anyhow::Result<(Feed, impl Stream<Item = WatchItem> + use<>)> {
+    let config = load_config(cluster)?;
+    let client =
+        watch::connect(cluster.kubeconfig.as_deref(), config.api_server.as_deref()).await?;
     let set = WatchSet {
         page_size: config.watch_page_size,
         all_nodes: true,
-        node_name: args.cluster.node_name.clone(),
+        node_name: cluster.node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
-    let mut feed = Feed::new(
-        Arc::new(RwLock::new(View::new(&args.cluster.node_name))),
-        Arc::new(Metrics::default()),
-        kinds,
+    let view = Arc::new(RwLock::new(View::new(&cluster.node_name)));
+    Ok((Feed::new(view, Arc::new(Metrics::default()), kinds), items))
+}
+
+/// The complete view: every watch's initial list applied.
+pub async fn synced_view(cluster: &ClusterArgs) -> anyhow::Result<Feed> {
+    let (mut feed, items) = follow(cluster).await?;
+    feed.drive(items, |feed, _| match feed.synced() {
+        true => ControlFlow::Break(()),
+        false => ControlFlow::Continue(()),
+    })
+    .await;
+    anyhow::ensure!(
+        feed.synced(),
+        "the watch streams ended before the initial lists"
     );
+    Ok(feed)
+}
+
+pub async fn view(args: ViewArgs) -> anyhow::Result<()> {
+    if !args.watch {
+        let feed = synced_view(&args.cluster).await?;
+        let mut out = std::io::stdout().lock();
+        serde_json::to_writer_pretty(&mut out, &resolve_view(&feed.read()))?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    let (mut feed, items) = follow(&args.cluster).await?;
     let mut result = Ok(());
     let stdout = std::io::stdout();
     feed.drive(items, |feed, applied| {
-        let mut out = stdout.lock();
-        let printed = if !feed.synced() {
+        if !feed.synced() {
             return ControlFlow::Continue(());
-        } else if !args.watch {
-            serde_json::to_writer_pretty(&mut out, &resolve_view(&feed.read()))
-                .map_err(std::io::Error::from)
-                .and_then(|()| writeln!(out))
-                .map(|()| ControlFlow::Break(()))
-        } else if applied.initial_sync {
-            {
-                let view = feed.read();
-                print_changes(&view, &everything(&view), &mut out)
-            }
-            .map(|()| ControlFlow::Continue(()))
+        }
+        let mut out = stdout.lock();
+        let view = feed.read();
+        let printed = if applied.initial_sync {
+            print_changes(&view, &everything(&view), &mut out)
         } else {
-            print_changes(&feed.read(), &applied.changes, &mut out)
-                .map(|()| ControlFlow::Continue(()))
+            print_changes(&view, &applied.changes, &mut out)
         };
-        printed.unwrap_or_else(|error| {
-            // A closed pipe (`nodus view --watch | head`) ends the stream quietly.
-            if error.kind() != std::io::ErrorKind::BrokenPipe {
-                result = Err(error.into());
+        match printed {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(error) => {
+                // A closed pipe (`nodus view --watch | head`) ends the stream quietly.
+                if error.kind() != std::io::ErrorKind::BrokenPipe {
+                    result = Err(error.into());
+                }
+                ControlFlow::Break(())
             }
-            ControlFlow::Break(())
-        })
+        }
     })
     .await;
     result

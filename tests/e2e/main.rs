@@ -2,6 +2,7 @@
 
 mod agent;
 mod dns;
+mod proxy;
 mod sandbox;
 mod support;
 mod view;

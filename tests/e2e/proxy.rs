@@ -1,0 +1,46 @@
+//! `nodus proxy render`: the planned ruleset of the example cluster, checked by the kernel.
+
+use crate::support::{Cluster, EXAMPLE};
+use nodus_testbed::netns::Netns;
+
+#[test]
+fn render_prints_a_ruleset_the_kernel_accepts() {
+    let cluster = Cluster::new("render", EXAMPLE);
+    let output = cluster
+        .nodus(&["proxy", "render", "--node-name", "node-1"])
+        .output()
+        .expect("nodus proxy render runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.starts_with("table inet nodus {"), "{text}");
+    for expected in [
+        "10.96.0.20",
+        "fd00:96::20",
+        "30080",
+        "10.244.1.10",
+        "numgen random mod 3",
+    ] {
+        assert!(text.contains(expected), "{expected} missing from:\n{text}");
+    }
+    assert!(
+        !text.contains("10.244.2.30"),
+        "headless endpoints are not proxied:\n{text}"
+    );
+
+    let file = cluster.dir.join("ruleset.nft");
+    std::fs::write(&file, text.as_bytes()).expect("write ruleset");
+    let ns = Netns::new("rend").expect("netns");
+    let loaded = ns.exec("nft", &["-f", &file.to_string_lossy()]);
+    assert!(
+        loaded.is_ok(),
+        "nft -f refused the rendered ruleset: {loaded:?}"
+    );
+    let listed = ns
+        .exec("nft", &["list", "table", "inet", "nodus"])
+        .expect("nft list");
+    assert!(listed.contains("10.96.0.20"), "{listed}");
+}
