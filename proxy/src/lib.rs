@@ -1,5 +1,6 @@
 //! The nftables service proxy: kube-proxy's semantics, planned from the node view and
 //! programmed into the kernel over nf_tables netlink.
 
+pub mod apply;
 pub mod nft;
 pub mod plan;

@@ -247,6 +247,70 @@ impl Socket {
         Ok(elements)
     }
 
+    /// The names of the chains of `table` that `keep` accepts. The dump is read one
+    /// datagram at a time and only kept names are stored, so listing a table of 100,000
+    /// chains to find a few leftovers costs little memory.
+    pub fn list_chains(
+        &mut self,
+        table: &Table,
+        keep: impl FnMut(&str) -> bool,
+    ) -> Result<Vec<String>> {
+        let attrs = [Attr::string(sys::NFTA_CHAIN_TABLE, &table.name)];
+        self.list_names(
+            sys::NFT_MSG_GETCHAIN,
+            table,
+            &attrs,
+            sys::NFTA_CHAIN_NAME,
+            "list chains",
+            keep,
+        )
+    }
+
+    /// The names of the named sets and maps of `table` that `keep` accepts; anonymous
+    /// sets (`__set0`, `__map3`) are listed too, as the kernel names them.
+    pub fn list_sets(
+        &mut self,
+        table: &Table,
+        keep: impl FnMut(&str) -> bool,
+    ) -> Result<Vec<String>> {
+        let attrs = [Attr::string(sys::NFTA_SET_TABLE, &table.name)];
+        self.list_names(
+            sys::NFT_MSG_GETSET,
+            table,
+            &attrs,
+            sys::NFTA_SET_NAME,
+            "list sets",
+            keep,
+        )
+    }
+
+    fn list_names(
+        &mut self,
+        message: u8,
+        table: &Table,
+        attrs: &[Attr],
+        name_attr: u16,
+        request: &str,
+        mut keep: impl FnMut(&str) -> bool,
+    ) -> Result<Vec<String>> {
+        let mut names = Vec::new();
+        let outcome = self.query_each(message, table, NLM_F_DUMP, attrs, request, |reply| {
+            let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
+            if let Some(name) = attr::find(body, name_attr) {
+                let name = name.split(|&b| b == 0).next().unwrap_or_default();
+                let name = String::from_utf8_lossy(name);
+                if keep(&name) {
+                    names.push(name.into_owned());
+                }
+            }
+        })?;
+        outcome.map_err(|errno| Error::Request {
+            request: request.to_string(),
+            errno,
+        })?;
+        Ok(names)
+    }
+
     /// Sends one request and gathers its replies until its acknowledgement or the end of
     /// the dump: the data messages, or the errno the kernel answered with.
     fn query(
@@ -257,6 +321,23 @@ impl Socket {
         attrs: &[Attr],
         request: &str,
     ) -> Result<Result<Vec<Reply>, Errno>> {
+        let mut messages = Vec::new();
+        let outcome = self.query_each(message, table, extra_flags, attrs, request, |reply| {
+            messages.push(reply);
+        })?;
+        Ok(outcome.map(|()| messages))
+    }
+
+    /// Like [`Socket::query`], handing each data message to `each` as it arrives.
+    fn query_each(
+        &mut self,
+        message: u8,
+        table: &Table,
+        extra_flags: u16,
+        attrs: &[Attr],
+        request: &str,
+        mut each: impl FnMut(Reply),
+    ) -> Result<Result<(), Errno>> {
         self.discard_stale_replies()?;
         let sequence = self.allocate_query_sequence();
         let mut bytes = Vec::new();
@@ -273,7 +354,6 @@ impl Socket {
         );
         self.send_vectored(&[&bytes])?;
         let is_dump = extra_flags & NLM_F_DUMP == NLM_F_DUMP;
-        let mut messages = Vec::new();
         loop {
             for reply in self.receive()? {
                 if reply.sequence != sequence {
@@ -286,11 +366,11 @@ impl Socket {
                             return Ok(Err(Errno(error.errno.abs())));
                         }
                         if !is_dump {
-                            return Ok(Ok(messages));
+                            return Ok(Ok(()));
                         }
                     }
-                    NLMSG_DONE => return Ok(Ok(messages)),
-                    _ => messages.push(reply),
+                    NLMSG_DONE => return Ok(Ok(())),
+                    _ => each(reply),
                 }
             }
         }

@@ -27,6 +27,7 @@ mod skeleton;
 mod tests;
 
 pub use config::{DEFAULT_MASQUERADE_MARK, NodeFacts, ProxyConfig};
+pub(crate) use names::{join_name, split_name};
 pub use objects::{ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton};
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};

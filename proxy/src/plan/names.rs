@@ -98,6 +98,20 @@ fn name(prefix: &str, path: &str) -> String {
     bounded(format!("{prefix}-{}-{path}", hash(path)))
 }
 
+/// Splits `role-HASH-path` into role and path when the name is exactly what
+/// [`join_name`] makes of them (not cut, hash over the path alone), so that a compact
+/// record can store the path and recompute the rest.
+pub(crate) fn split_name(full: &str) -> Option<(&str, &str)> {
+    let (role, rest) = full.split_once('-')?;
+    let path = rest.get(HASH_CHARS + 1..)?;
+    (name(role, path) == full).then_some((role, path))
+}
+
+/// The name of role `role` for `path`, as every per-port chain is named.
+pub(crate) fn join_name(role: &str, path: &str) -> String {
+    name(role, path)
+}
+
 /// Cuts `name` to [`MAX_NAME_LEN`] bytes, on a character boundary.
 fn bounded(mut name: String) -> String {
     if name.len() > MAX_NAME_LEN {

@@ -10,7 +10,9 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::TABLE;
-use super::objects::{ChainPlan, ElementPlan, ServicePlan, SharedSet, Skeleton};
+use nodus_view::model::Family;
+
+use super::objects::{ChainPlan, ElementPlan, ServicePlan, SharedKind, SharedSet, Skeleton};
 use super::rule::RulePlan;
 use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
 
@@ -66,6 +68,82 @@ impl PlanBatch {
         for chain in &skeleton.chains {
             self.add_rules(chain);
         }
+    }
+
+    /// Brings an existing `nodus` table's skeleton up to date without deleting anything,
+    /// in one transaction: objects are created if missing, the skeleton's chains are
+    /// flushed and rewritten, and its own sets (NodePort addresses, pod ranges) refilled.
+    /// The shared maps keep their elements, so every service of a previous run keeps
+    /// working until it is re-programmed. The kernel refuses this when a set or base
+    /// chain exists with another definition; then only [`PlanBatch::recreate_skeleton`]
+    /// helps.
+    pub fn refresh_skeleton(&mut self, skeleton: &Skeleton) {
+        self.batch.add_table();
+        for set in &skeleton.sets {
+            let reference = self.add_set(&set.set);
+            let shared = SharedKind::ALL.iter().any(|kind| {
+                Family::ALL
+                    .iter()
+                    .any(|f| SharedSet::new(*kind, *f).name() == set.set.name)
+            });
+            if !shared {
+                self.batch.flush_set(&reference);
+                if !set.elements.is_empty() {
+                    self.batch.add_elements(&reference, &set.elements);
+                }
+            }
+        }
+        for chain in &skeleton.chains {
+            self.batch.add_chain(&chain.chain);
+            self.batch.flush_chain(chain.name());
+        }
+        for chain in &skeleton.chains {
+            self.add_rules(chain);
+        }
+    }
+
+    /// Programs `plan` over a table a previous run may have left parts of it in: its sets
+    /// and chains are created if missing, every chain is flushed and rewritten, the
+    /// elements in `stale` (present with other data) are deleted, and then those in
+    /// `missing` (which includes the stale ones) are added. Elements already present
+    /// with the same data are left alone, so nothing is ever missing in between.
+    pub fn adopt_service(
+        &mut self,
+        plan: &ServicePlan,
+        stale: &[&ElementPlan],
+        missing: &[&ElementPlan],
+    ) {
+        for set in &plan.sets {
+            self.add_set(set);
+        }
+        for chain in &plan.chains {
+            self.batch.add_chain(&chain.chain);
+            self.batch.flush_chain(chain.name());
+        }
+        for chain in &plan.chains {
+            self.add_rules(chain);
+        }
+        self.delete_elements(stale.iter().copied());
+        self.add_elements(missing.iter().copied());
+    }
+
+    /// Deletes elements a previous run left in the shared maps.
+    pub fn delete_leftover_elements(&mut self, elements: &[ElementPlan]) {
+        self.delete_elements(elements.iter());
+    }
+
+    /// Flushes a chain a previous run left, dropping its references to other chains and
+    /// sets before they are deleted in a later transaction.
+    pub fn flush_chain(&mut self, name: &str) {
+        self.batch.flush_chain(name);
+    }
+
+    pub fn delete_chain(&mut self, name: &str) {
+        self.batch.delete_chain(name);
+    }
+
+    pub fn delete_set(&mut self, name: &str) {
+        self.batch.delete_set(name);
     }
 
     /// Programs a service that is not in the table yet.

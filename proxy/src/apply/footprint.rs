@@ -1,0 +1,276 @@
+//! The compact record of what one service put in the table: the names of its chains and
+//! sets and the keys of its shared-map elements, packed into one small byte string.
+//!
+//! An update needs to know what to flush, delete and replace, but holding every
+//! committed [`ServicePlan`] would hold the whole ruleset (rules, anonymous maps,
+//! element data). A footprint keeps only names and keys. Names are stored without their
+//! `role-HASH-` head when the hash can be recomputed, and front-coded against the
+//! previous name in sorted order, so the ten endpoint chains of a port cost a few bytes
+//! each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). Element data is kept as a
+//! 32-bit digest: an element whose data digest still matches is left alone, any other is
+//! deleted by key and re-added.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use nodus_view::model::Family;
+
+use crate::nft::{Chain, DataType, Element, ElementData, Set, Tuple, Value, Verdict};
+use crate::plan::{
+    ChainPlan, ElementPlan, RulePlan, ServicePlan, SharedKind, SharedSet, Stmt, join_name,
+    split_name,
+};
+
+/// Roles whose names are `role-HASH-path` (see `plan::names`); the index is stored.
+const ROLES: [&str; 6] = [
+    "service", "local", "external", "firewall", "endpoint", "affinity",
+];
+
+/// Tag bits of a name entry.
+const TAG_SET: u8 = 0x01;
+/// Role index + 1 in the upper bits; 0 means the name is stored whole.
+const TAG_ROLE_SHIFT: u32 = 1;
+
+/// What one service last put in the table, in a few dozen bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Footprint(pub(super) Box<[u8]>);
+
+impl Footprint {
+    pub fn of(plan: &ServicePlan) -> Footprint {
+        let mut bytes = Vec::new();
+        let mut names: Vec<(bool, Option<u8>, &str)> = plan
+            .chains
+            .iter()
+            .map(|chain| (false, chain.name()))
+            .chain(plan.sets.iter().map(|set| (true, set.name.as_str())))
+            .map(|(is_set, name)| match split_name(name) {
+                Some((role, path)) => match ROLES.iter().position(|r| *r == role) {
+                    Some(index) => (is_set, u8::try_from(index).ok(), path),
+                    None => (is_set, None, name),
+                },
+                None => (is_set, None, name),
+            })
+            .collect();
+        names.sort_by(|a, b| a.2.cmp(b.2));
+        write_count(&mut bytes, names.len());
+        let mut previous = "";
+        for (is_set, role, text) in names {
+            let shared = common_prefix(previous, text);
+            let suffix = &text[shared..];
+            let role_bits = role.map_or(0, |index| (index + 1) << TAG_ROLE_SHIFT);
+            bytes.push((u8::from(is_set) * TAG_SET) | role_bits);
+            // Names hold at most 255 bytes (nf_tables), so one byte holds each length.
+            bytes.push(u8::try_from(shared).unwrap_or(u8::MAX));
+            bytes.push(u8::try_from(suffix.len()).unwrap_or(u8::MAX));
+            bytes.extend_from_slice(suffix.as_bytes());
+            previous = text;
+        }
+        write_count(&mut bytes, plan.elements.len());
+        for element in &plan.elements {
+            bytes.push(set_index(element.set));
+            bytes.extend_from_slice(&data_digest(&element.element.data).to_ne_bytes());
+            write_tuple(&mut bytes, &element.element.key);
+            match &element.element.key_end {
+                Some(end) => {
+                    bytes.push(1);
+                    write_tuple(&mut bytes, end);
+                }
+                None => bytes.push(0),
+            }
+        }
+        Footprint(bytes.into_boxed_slice())
+    }
+
+    /// Heap bytes held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The previous plan as far as [`crate::plan::PlanBatch::update_service`] needs it to
+    /// turn it into `new`: chains and sets by name, with rules that match no real chain
+    /// so that every surviving chain is flushed and rewritten, and elements equal to
+    /// `new`'s where key and data digest agree (left alone), key-only otherwise (deleted
+    /// and re-added). `None` when the record is corrupt, which cannot happen for a
+    /// footprint made by [`Footprint::of`].
+    pub fn previous_plan(&self, new: &ServicePlan) -> Option<ServicePlan> {
+        let mut plan = ServicePlan::empty(&new.namespace, &new.name);
+        let mut reader = Reader(&self.0);
+        let names = reader.count()?;
+        let mut previous = String::new();
+        for _ in 0..names {
+            let tag = reader.byte()?;
+            let shared = usize::from(reader.byte()?);
+            let suffix_len = usize::from(reader.byte()?);
+            let suffix = std::str::from_utf8(reader.take(suffix_len)?).ok()?;
+            let mut text = previous.get(..shared)?.to_string();
+            text.push_str(suffix);
+            let role = usize::from(tag >> TAG_ROLE_SHIFT);
+            let name = match role.checked_sub(1) {
+                Some(index) => join_name(ROLES.get(index)?, &text),
+                None => text.clone(),
+            };
+            if tag & TAG_SET != 0 {
+                // Only the name of an old set is used (to delete it).
+                plan.sets.push(Set::new(name, DataType::Integer32));
+            } else {
+                plan.chains.push(ChainPlan {
+                    chain: Chain::regular(name),
+                    rules: vec![unknown_rules()],
+                });
+            }
+            previous = text;
+        }
+        let elements = reader.count()?;
+        for _ in 0..elements {
+            let set = set_from_index(reader.byte()?)?;
+            let digest = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
+            let key = reader.tuple()?;
+            let key_end = match reader.byte()? {
+                0 => None,
+                _ => Some(reader.tuple()?),
+            };
+            let same = new.elements.iter().find(|element| {
+                element.set == set
+                    && element.element.key == key
+                    && element.element.key_end == key_end
+                    && data_digest(&element.element.data) == digest
+            });
+            let element = match same {
+                Some(element) => element.element.clone(),
+                None => Element {
+                    key_end,
+                    ..Element::new(key)
+                },
+            };
+            plan.elements.push(ElementPlan { set, element });
+        }
+        Some(plan)
+    }
+}
+
+/// A stand-in for the rules of an old chain we no longer know: a `return` alone, which
+/// no planned chain consists of, so the chain always counts as changed.
+fn unknown_rules() -> RulePlan {
+    RulePlan::new([Stmt::Verdict(Verdict::Return)])
+}
+
+fn common_prefix(a: &str, b: &str) -> usize {
+    let mut shared = a
+        .bytes()
+        .zip(b.bytes())
+        .take(usize::from(u8::MAX))
+        .take_while(|(x, y)| x == y)
+        .count();
+    while !b.is_char_boundary(shared) {
+        shared -= 1;
+    }
+    shared
+}
+
+/// A digest of element data; the process-local hasher is fine for an in-memory record.
+fn data_digest(data: &Option<ElementData>) -> u32 {
+    let mut hasher = DefaultHasher::new();
+    data.hash(&mut hasher);
+    // Truncated: a collision only skips re-adding an element whose data changed in a
+    // way a 1 in 4 billion chance hides; the next full sync corrects it.
+    hasher.finish() as u32
+}
+
+fn set_index(set: SharedSet) -> u8 {
+    let kind = SharedKind::ALL
+        .iter()
+        .position(|kind| *kind == set.kind)
+        .unwrap_or_default();
+    let family = usize::from(set.family == Family::V6);
+    u8::try_from(kind * 2 + family).unwrap_or_default()
+}
+
+fn set_from_index(index: u8) -> Option<SharedSet> {
+    let index = usize::from(index);
+    let kind = *SharedKind::ALL.get(index / 2)?;
+    let family = if index % 2 == 0 {
+        Family::V4
+    } else {
+        Family::V6
+    };
+    Some(SharedSet::new(kind, family))
+}
+
+fn write_count(bytes: &mut Vec<u8>, count: usize) {
+    // Counts above 65,535 per service do not occur (a service has at most a few hundred
+    // ports and endpoints); saturating keeps the record readable anyway.
+    bytes.extend_from_slice(&u16::try_from(count).unwrap_or(u16::MAX).to_ne_bytes());
+}
+
+fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
+    bytes.push(u8::try_from(tuple.0.len()).unwrap_or(u8::MAX));
+    for value in &tuple.0 {
+        match *value {
+            Value::Ipv4(addr) => {
+                bytes.push(0);
+                bytes.extend_from_slice(&addr.octets());
+            }
+            Value::Ipv6(addr) => {
+                bytes.push(1);
+                bytes.extend_from_slice(&addr.octets());
+            }
+            Value::InetProto(proto) => bytes.extend_from_slice(&[2, proto]),
+            Value::InetService(port) => {
+                bytes.push(3);
+                bytes.extend_from_slice(&port.to_be_bytes());
+            }
+            Value::Mark(mark) => {
+                bytes.push(4);
+                bytes.extend_from_slice(&mark.to_ne_bytes());
+            }
+            Value::Integer32(value) => {
+                bytes.push(5);
+                bytes.extend_from_slice(&value.to_ne_bytes());
+            }
+        }
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, len: usize) -> Option<&'a [u8]> {
+        if self.0.len() < len {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(len);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn byte(&mut self) -> Option<u8> {
+        self.take(1).map(|bytes| bytes[0])
+    }
+
+    fn count(&mut self) -> Option<usize> {
+        Some(usize::from(u16::from_ne_bytes(
+            self.take(2)?.try_into().ok()?,
+        )))
+    }
+
+    fn tuple(&mut self) -> Option<Tuple> {
+        let len = self.byte()?;
+        let mut values = Vec::with_capacity(usize::from(len));
+        for _ in 0..len {
+            values.push(match self.byte()? {
+                0 => Value::Ipv4(Ipv4Addr::from(<[u8; 4]>::try_from(self.take(4)?).ok()?)),
+                1 => Value::Ipv6(Ipv6Addr::from(<[u8; 16]>::try_from(self.take(16)?).ok()?)),
+                2 => Value::InetProto(self.byte()?),
+                3 => Value::InetService(u16::from_be_bytes(self.take(2)?.try_into().ok()?)),
+                4 => Value::Mark(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
+                5 => Value::Integer32(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
+                _ => return None,
+            });
+        }
+        Some(Tuple(values))
+    }
+}

@@ -1,0 +1,429 @@
+//! The full sync: the whole view into the `nodus` table, adopting what is there.
+//!
+//! A restart must not drop traffic, so an existing table is never deleted:
+//!
+//! 1. The skeleton is refreshed in one transaction (objects created if missing, its
+//!    chains flushed and rewritten). The shared maps keep the previous run's elements,
+//!    and the chains those point at stay, so services keep working meanwhile. Only if
+//!    the kernel refuses that (a set or base chain defined differently by another
+//!    version) is the table recreated.
+//! 2. The shared maps' elements are read once into a snapshot of keys. Services are then
+//!    programmed in transactions of about [`FULL_SYNC_BATCH_MESSAGES`] messages, each
+//!    creating its chains before the elements that name them; an element already present
+//!    with other data is deleted and re-added within the same transaction.
+//! 3. What the previous run left and nobody claimed is removed: map elements first, then
+//!    chains are flushed, then chains and sets deleted, each step in its own bounded
+//!    transactions, so no map or rule ever points at a missing chain.
+//!
+//! A key claimed by two services (two Services with one ExternalIP:port) goes to the first
+//! in the view's order; the second is reported as refused. A transaction the kernel
+//! refuses is retried service by service, so one bad service does not block the others.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::{Ipv4Addr, Ipv6Addr};
+
+use nodus_view::ServiceName;
+use nodus_view::model::Family;
+use tracing::{error, warn};
+
+use super::{
+    Error, FULL_SYNC_BATCH_MESSAGES, Proxy, RefusedService, SyncReport, applied, service_key,
+};
+use crate::nft::{self, DataType, Element, ElementData, ListedData, Table, Tuple, Value};
+use crate::plan::{ElementPlan, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, TABLE};
+
+/// One key of a shared map during a full sync.
+#[derive(Debug, Default)]
+struct Slot {
+    /// What the table held before this sync, if anything.
+    existing: Option<Option<ListedData>>,
+    claimed: bool,
+}
+
+/// A service in the transaction being built, kept until it commits so that it can be
+/// retried alone.
+struct Member {
+    plan: ServicePlan,
+    /// Indexes into `plan.elements`.
+    stale: Vec<usize>,
+    missing: Vec<usize>,
+}
+
+pub(super) struct FullSync<'a, 'v> {
+    proxy: &'a mut Proxy,
+    planner: &'a Planner<'v>,
+    report: &'a mut SyncReport,
+    table: Table,
+    /// The table was created by this sync: nothing to adopt or clean up.
+    fresh: bool,
+    slots: HashMap<(SharedSet, Vec<u8>), Slot>,
+    /// Hashes of every chain and set name this sync programs.
+    wanted: HashSet<u64>,
+    batch: PlanBatch,
+    members: Vec<Member>,
+}
+
+impl<'a, 'v> FullSync<'a, 'v> {
+    pub(super) fn new(
+        proxy: &'a mut Proxy,
+        planner: &'a Planner<'v>,
+        report: &'a mut SyncReport,
+    ) -> FullSync<'a, 'v> {
+        FullSync {
+            proxy,
+            planner,
+            report,
+            table: Table::inet(TABLE),
+            fresh: false,
+            slots: HashMap::new(),
+            wanted: HashSet::new(),
+            batch: PlanBatch::new(),
+            members: Vec::new(),
+        }
+    }
+
+    pub(super) fn run(mut self) -> Result<(), Error> {
+        self.skeleton()?;
+        if !self.fresh {
+            self.snapshot()?;
+        }
+        self.proxy.applied.clear();
+        let planner = self.planner;
+        for plan in planner.services() {
+            self.add(plan)?;
+            if self.batch.len() >= FULL_SYNC_BATCH_MESSAGES {
+                self.flush()?;
+            }
+        }
+        self.flush()?;
+        if !self.fresh {
+            self.remove_leftovers()?;
+        }
+        Ok(())
+    }
+
+    fn skeleton(&mut self) -> Result<(), Error> {
+        let skeleton = self.planner.skeleton();
+        for name in skeleton
+            .chains
+            .iter()
+            .map(|chain| chain.name())
+            .chain(skeleton.sets.iter().map(|set| set.set.name.as_str()))
+        {
+            self.wanted.insert(name_hash(name));
+        }
+        let exists = self
+            .proxy
+            .socket
+            .table_exists(&self.table)
+            .map_err(Error::netlink("looking for the nodus table"))?;
+        if exists {
+            let mut batch = PlanBatch::new();
+            batch.refresh_skeleton(&skeleton);
+            match self.proxy.commit(&batch.into_batch(), self.report) {
+                Ok(()) => return Ok(()),
+                Err(refusal @ nft::Error::Refused { .. }) => {
+                    warn!(error = %refusal, "cannot adopt the existing nodus table; recreating it");
+                }
+                Err(other) => return Err(Error::netlink("refreshing the skeleton")(other)),
+            }
+        }
+        let mut batch = PlanBatch::new();
+        batch.recreate_skeleton(&skeleton);
+        self.proxy
+            .commit(&batch.into_batch(), self.report)
+            .map_err(Error::netlink("creating the nodus table"))?;
+        self.fresh = true;
+        Ok(())
+    }
+
+    /// Reads the keys of the shared maps as a previous run left them.
+    fn snapshot(&mut self) -> Result<(), Error> {
+        for family in Family::ALL {
+            for kind in SharedKind::ALL {
+                let set = SharedSet::new(kind, family);
+                let elements = self
+                    .proxy
+                    .socket
+                    .list_elements(&self.table, &set.name())
+                    .map_err(Error::netlink("listing the shared maps"))?;
+                for element in elements {
+                    self.slots.insert(
+                        (set, element.key),
+                        Slot {
+                            existing: Some(element.data),
+                            claimed: false,
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds one service to the transaction being built, unless one of its keys belongs
+    /// to a service programmed earlier in this sync.
+    fn add(&mut self, plan: ServicePlan) -> Result<(), Error> {
+        let keys: Vec<(SharedSet, Vec<u8>)> = plan
+            .elements
+            .iter()
+            .map(|element| (element.set, element.element.key.to_bytes()))
+            .collect();
+        if let Some(index) = keys
+            .iter()
+            .position(|key| self.slots.get(key).is_some_and(|slot| slot.claimed))
+        {
+            let element = &plan.elements[index];
+            let reason = format!(
+                "{} in {} is already programmed for another service",
+                element
+                    .element
+                    .key
+                    .0
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" . "),
+                element.set.name()
+            );
+            self.refuse(&plan, reason);
+            return Ok(());
+        }
+        let mut stale = Vec::new();
+        let mut missing = Vec::new();
+        for (index, key) in keys.into_iter().enumerate() {
+            let slot = self.slots.entry(key).or_default();
+            slot.claimed = true;
+            match &slot.existing {
+                Some(data) if same_data(data, &plan.elements[index].element.data) => {}
+                Some(_) => {
+                    stale.push(index);
+                    missing.push(index);
+                }
+                None => missing.push(index),
+            }
+        }
+        for name in owned_names(&plan) {
+            self.wanted.insert(name_hash(name));
+        }
+        let member = Member {
+            plan,
+            stale,
+            missing,
+        };
+        program(&mut self.batch, &member, self.fresh);
+        self.members.push(member);
+        Ok(())
+    }
+
+    /// Commits the transaction being built; when the kernel refuses it, retries each of
+    /// its services alone and reports those refused again.
+    fn flush(&mut self) -> Result<(), Error> {
+        let batch = std::mem::take(&mut self.batch).into_batch();
+        let members = std::mem::take(&mut self.members);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        match self.proxy.commit(&batch, self.report) {
+            Ok(()) => {
+                for member in &members {
+                    self.record(&member.plan);
+                }
+                return Ok(());
+            }
+            Err(refusal @ nft::Error::Refused { .. }) => {
+                error!(error = %refusal, "a full-sync transaction was refused; retrying its services one by one");
+            }
+            Err(other) => return Err(Error::netlink("programming services")(other)),
+        }
+        for member in members {
+            let mut alone = PlanBatch::new();
+            program(&mut alone, &member, self.fresh);
+            match self.proxy.commit(&alone.into_batch(), self.report) {
+                Ok(()) => self.record(&member.plan),
+                Err(refusal @ nft::Error::Refused { .. }) => {
+                    error!(
+                        service = %format!("{}/{}", member.plan.namespace, member.plan.name),
+                        error = %refusal,
+                        "service refused by the kernel"
+                    );
+                    for element in &member.plan.elements {
+                        if let Some(slot) = self
+                            .slots
+                            .get_mut(&(element.set, element.element.key.to_bytes()))
+                        {
+                            slot.claimed = false;
+                        }
+                    }
+                    for name in owned_names(&member.plan) {
+                        self.wanted.remove(&name_hash(name));
+                    }
+                    self.refuse(&member.plan, refusal.to_string());
+                }
+                Err(other) => return Err(Error::netlink("programming a service")(other)),
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&mut self, plan: &ServicePlan) {
+        self.proxy.applied.insert(
+            service_key(&plan.namespace, &plan.name),
+            applied(plan.digest(), plan),
+        );
+        self.report.added += 1;
+    }
+
+    fn refuse(&mut self, plan: &ServicePlan, reason: String) {
+        warn!(service = %format!("{}/{}", plan.namespace, plan.name), %reason, "service not programmed");
+        self.report.refused.push(RefusedService {
+            service: ServiceName {
+                namespace: plan.namespace.clone(),
+                name: plan.name.clone(),
+            },
+            reason,
+        });
+    }
+
+    /// Removes the previous run's elements, chains and sets that this sync did not claim.
+    fn remove_leftovers(&mut self) -> Result<(), Error> {
+        let elements: Vec<ElementPlan> = self
+            .slots
+            .drain()
+            .filter(|(_, slot)| !slot.claimed && slot.existing.is_some())
+            .filter_map(|((set, key), _)| {
+                let key = tuple_from_bytes(set, &key)?;
+                Some(ElementPlan {
+                    set,
+                    element: Element::new(key),
+                })
+            })
+            .collect();
+        let wanted = &self.wanted;
+        let chains = self
+            .proxy
+            .socket
+            .list_chains(&self.table, |name| !wanted.contains(&name_hash(name)))
+            .map_err(Error::netlink("listing chains"))?;
+        // Anonymous sets belong to rules and go with them.
+        let sets = self
+            .proxy
+            .socket
+            .list_sets(&self.table, |name| {
+                !name.starts_with("__") && !wanted.contains(&name_hash(name))
+            })
+            .map_err(Error::netlink("listing sets"))?;
+        self.report.leftovers_removed += elements.len() + chains.len() + sets.len();
+
+        for chunk in elements.chunks(FULL_SYNC_BATCH_MESSAGES * 8) {
+            let mut batch = PlanBatch::new();
+            batch.delete_leftover_elements(chunk);
+            self.commit_cleanup(batch)?;
+        }
+        for chunk in chains.chunks(FULL_SYNC_BATCH_MESSAGES) {
+            let mut batch = PlanBatch::new();
+            chunk.iter().for_each(|chain| batch.flush_chain(chain));
+            self.commit_cleanup(batch)?;
+        }
+        for chunk in chains.chunks(FULL_SYNC_BATCH_MESSAGES) {
+            let mut batch = PlanBatch::new();
+            chunk.iter().for_each(|chain| batch.delete_chain(chain));
+            self.commit_cleanup(batch)?;
+        }
+        for chunk in sets.chunks(FULL_SYNC_BATCH_MESSAGES) {
+            let mut batch = PlanBatch::new();
+            chunk.iter().for_each(|set| batch.delete_set(set));
+            self.commit_cleanup(batch)?;
+        }
+        Ok(())
+    }
+
+    fn commit_cleanup(&mut self, batch: PlanBatch) -> Result<(), Error> {
+        self.proxy
+            .commit(&batch.into_batch(), self.report)
+            .map_err(Error::netlink("removing leftovers of a previous run"))
+    }
+}
+
+fn program(batch: &mut PlanBatch, member: &Member, fresh: bool) {
+    if fresh {
+        batch.add_service(&member.plan);
+    } else {
+        let pick = |indexes: &[usize]| -> Vec<&ElementPlan> {
+            indexes.iter().map(|&i| &member.plan.elements[i]).collect()
+        };
+        batch.adopt_service(&member.plan, &pick(&member.stale), &pick(&member.missing));
+    }
+}
+
+fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = &str> {
+    plan.chains
+        .iter()
+        .map(|chain| chain.name())
+        .chain(plan.sets.iter().map(|set| set.name.as_str()))
+}
+
+fn name_hash(name: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    name.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Whether listed element data is what the plan wants.
+fn same_data(listed: &Option<ListedData>, planned: &Option<ElementData>) -> bool {
+    match (listed, planned) {
+        (None, None) => true,
+        (Some(ListedData::Verdict(listed)), Some(ElementData::Verdict(planned))) => {
+            listed == planned
+        }
+        (Some(ListedData::Value(listed)), Some(ElementData::Value(planned))) => {
+            *listed == planned.to_bytes()
+        }
+        _ => false,
+    }
+}
+
+/// A key of a shared map from the kernel's bytes, to delete it. Shared maps have
+/// exact-match keys, one field unpadded or fields padded to four bytes.
+fn tuple_from_bytes(set: SharedSet, bytes: &[u8]) -> Option<Tuple> {
+    let fields = set.definition().key;
+    let concat = fields.is_concat();
+    let mut values = Vec::new();
+    let mut rest = bytes;
+    for field in fields.fields() {
+        let len = field.byte_len();
+        let value = rest.get(..len)?;
+        values.push(match field {
+            DataType::Ipv4Addr => Value::Ipv4(Ipv4Addr::from(<[u8; 4]>::try_from(value).ok()?)),
+            DataType::Ipv6Addr => Value::Ipv6(Ipv6Addr::from(<[u8; 16]>::try_from(value).ok()?)),
+            DataType::InetProto => Value::InetProto(value[0]),
+            DataType::InetService => Value::InetService(u16::from_be_bytes(value.try_into().ok()?)),
+            DataType::Mark => Value::Mark(u32::from_ne_bytes(value.try_into().ok()?)),
+            DataType::Integer32 => Value::Integer32(u32::from_ne_bytes(value.try_into().ok()?)),
+        });
+        let step = if concat { len.div_ceil(4) * 4 } else { len };
+        rest = rest.get(step.min(rest.len())..)?;
+    }
+    Some(Tuple(values))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_read_back_from_kernel_bytes() {
+        let set = SharedSet::new(SharedKind::ServiceIps, Family::V4);
+        let key = Tuple(vec![
+            Value::Ipv4(Ipv4Addr::new(10, 96, 0, 1)),
+            Value::TCP,
+            Value::InetService(443),
+        ]);
+        assert_eq!(tuple_from_bytes(set, &key.to_bytes()), Some(key));
+        let set = SharedSet::new(SharedKind::ClusterIps, Family::V6);
+        let key = Tuple(vec![Value::Ipv6("fd00::1".parse().expect("ip"))]);
+        assert_eq!(tuple_from_bytes(set, &key.to_bytes()), Some(key));
+        assert_eq!(tuple_from_bytes(set, &[1, 2, 3]), None);
+    }
+}

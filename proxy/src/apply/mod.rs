@@ -1,0 +1,333 @@
+//! The sync engine: programs the planner's output into the kernel and keeps it there.
+//!
+//! A [`Proxy`] owns the nf_tables socket of the namespace it was opened in and, per
+//! service, only a digest of its last committed plan and a compact [`Footprint`] of
+//! names and keys, never the ruleset itself. Syncs come in two kinds:
+//!
+//! - **Full** ([`Proxy::full_sync`]) at start, after any failure, when this node or the
+//!   skeleton's inputs change, and to repair outside changes. It adopts an existing
+//!   `nodus` table instead of deleting it, programs every service in bounded
+//!   transactions, and removes what a previous run left behind (see `full.rs`).
+//! - **Partial** ([`Proxy::sync`]) for a `ChangeSet`: only the changed services are
+//!   re-planned, and those whose digest changed are updated in one atomic transaction.
+
+mod footprint;
+mod full;
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::time::{Duration, Instant};
+
+use nodus_view::{ChangeSet, ServiceName, View};
+use tracing::{error, info, warn};
+
+pub use footprint::Footprint;
+
+use crate::nft::{self, Batch, Socket, Table};
+use crate::plan::{NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE};
+
+/// Messages per transaction of a full sync: large enough to load 10,000 services in a
+/// few hundred commits, small enough that the kernel's commit lock (which stalls packet
+/// processing on other CPUs only for set resizes, but stalls every other nf_tables
+/// writer) is held briefly.
+pub const FULL_SYNC_BATCH_MESSAGES: usize = 2000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("opening the nf_tables socket: {0}")]
+    Open(#[source] nft::Error),
+    /// A netlink exchange failed during `step`; the next sync is a full one.
+    #[error("{step}: {source}")]
+    Netlink {
+        step: &'static str,
+        #[source]
+        source: nft::Error,
+    },
+}
+
+impl Error {
+    fn netlink(step: &'static str) -> impl FnOnce(nft::Error) -> Error {
+        move |source| Error::Netlink { step, source }
+    }
+}
+
+/// Full or partial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncKind {
+    Full,
+    Partial,
+}
+
+/// A service the kernel (or the conflict check) refused; the others were programmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedService {
+    pub service: ServiceName,
+    /// The refused object as the nft layer describes it, or the conflicting key.
+    pub reason: String,
+}
+
+/// What one sync did, for logs and metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncReport {
+    pub kind: SyncKind,
+    /// Services newly programmed (in a full sync: every programmed service).
+    pub added: usize,
+    pub updated: usize,
+    pub removed: usize,
+    /// Services in the change set whose plan did not change.
+    pub unchanged: usize,
+    /// Chains, sets and elements of a previous run that are no longer wanted.
+    pub leftovers_removed: usize,
+    pub refused: Vec<RefusedService>,
+    /// Committed transactions, refused ones included.
+    pub transactions: usize,
+    pub duration: Duration,
+    /// Why a requested partial sync became a full one.
+    pub fell_back: Option<String>,
+}
+
+impl SyncReport {
+    fn new(kind: SyncKind) -> SyncReport {
+        SyncReport {
+            kind,
+            added: 0,
+            updated: 0,
+            removed: 0,
+            unchanged: 0,
+            leftovers_removed: 0,
+            refused: Vec::new(),
+            transactions: 0,
+            duration: Duration::ZERO,
+            fell_back: None,
+        }
+    }
+}
+
+/// What was last committed for one service.
+#[derive(Debug)]
+struct Applied {
+    digest: u64,
+    footprint: Footprint,
+}
+
+/// The applier of the service proxy for one network namespace.
+pub struct Proxy {
+    config: ProxyConfig,
+    socket: Socket,
+    /// By [`service_key`]: a hash, so that the map holds no strings.
+    applied: HashMap<u64, Applied>,
+    /// The node facts of the last full sync; a change means a full sync.
+    facts: Option<NodeFacts>,
+    /// The ruleset generation after our last commit.
+    generation: Option<u32>,
+    /// Set after a failure: the kernel may not hold what `applied` says.
+    needs_full_sync: bool,
+}
+
+impl Proxy {
+    /// Opens the nf_tables socket in the calling thread's network namespace; nothing is
+    /// programmed until the first [`Proxy::full_sync`].
+    pub fn new(config: ProxyConfig) -> Result<Proxy, Error> {
+        Ok(Proxy {
+            config,
+            socket: Socket::open().map_err(Error::Open)?,
+            applied: HashMap::new(),
+            facts: None,
+            generation: None,
+            needs_full_sync: true,
+        })
+    }
+
+    /// Services currently programmed.
+    pub fn programmed_services(&self) -> usize {
+        self.applied.len()
+    }
+
+    /// Heap bytes of the per-service records (footprints plus the map's table), an
+    /// estimate for the memory budget.
+    pub fn record_bytes(&self) -> usize {
+        let table = self.applied.capacity() * (std::mem::size_of::<(u64, Applied)>() + 1);
+        table
+            + self
+                .applied
+                .values()
+                .map(|applied| applied.footprint.len())
+                .sum::<usize>()
+    }
+
+    /// Programs the whole view; see `full.rs` for adoption and cleanup of leftovers.
+    pub fn full_sync(&mut self, view: &View) -> Result<SyncReport, Error> {
+        let start = Instant::now();
+        let mut report = SyncReport::new(SyncKind::Full);
+        self.needs_full_sync = true;
+        let planner = Planner::new(view, &self.config);
+        let outcome = full::FullSync::new(self, &planner, &mut report).run();
+        report.duration = start.elapsed();
+        outcome?;
+        self.facts = Some(planner.facts().clone());
+        self.needs_full_sync = false;
+        info!(
+            services = report.added,
+            refused = report.refused.len(),
+            leftovers = report.leftovers_removed,
+            transactions = report.transactions,
+            duration_ms = report.duration.as_millis() as u64,
+            "full proxy sync"
+        );
+        Ok(report)
+    }
+
+    /// Applies the services of `changes`; falls back to a full sync when this node or
+    /// the skeleton's inputs changed, after an earlier failure, or when the kernel
+    /// refuses the transaction.
+    pub fn sync(&mut self, view: &View, changes: &ChangeSet) -> Result<SyncReport, Error> {
+        let planner = Planner::new(view, &self.config);
+        let reason = if self.needs_full_sync {
+            Some("the previous sync failed or none ran yet".to_string())
+        } else if changes.this_node || self.facts.as_ref() != Some(planner.facts()) {
+            Some("this node or the proxy's node facts changed".to_string())
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return self.fall_back(view, reason);
+        }
+
+        let start = Instant::now();
+        let mut report = SyncReport::new(SyncKind::Partial);
+        let mut batch = PlanBatch::new();
+        let mut records: Vec<(u64, Option<Applied>)> = Vec::new();
+        for name in &changes.services {
+            let key = service_key(&name.namespace, &name.name);
+            let plan = planner.service(&name.namespace, &name.name);
+            let previous = self.applied.get(&key);
+            let digest = (!plan.is_empty()).then(|| plan.digest());
+            match (previous, digest) {
+                (None, None) => report.unchanged += 1,
+                (Some(previous), Some(digest)) if previous.digest == digest => {
+                    report.unchanged += 1;
+                }
+                (None, Some(digest)) => {
+                    batch.add_service(&plan);
+                    report.added += 1;
+                    records.push((key, Some(applied(digest, &plan))));
+                }
+                (Some(previous), digest) => {
+                    let Some(old) = previous.footprint.previous_plan(&plan) else {
+                        return self.fall_back(view, format!("the record of {name:?} is corrupt"));
+                    };
+                    batch.update_service(&old, &plan);
+                    match digest {
+                        Some(digest) => {
+                            report.updated += 1;
+                            records.push((key, Some(applied(digest, &plan))));
+                        }
+                        None => {
+                            report.removed += 1;
+                            records.push((key, None));
+                        }
+                    }
+                }
+            }
+        }
+        if !batch.is_empty() {
+            let batch = batch.into_batch();
+            report.transactions += 1;
+            match self.socket.commit(&batch) {
+                Ok(generation) => self.generation = Some(generation),
+                Err(failure) => {
+                    if let nft::Error::Refused { message, .. } = &failure {
+                        error!(refused = %message, error = %failure, "partial proxy sync refused");
+                    } else {
+                        error!(error = %failure, "partial proxy sync failed");
+                    }
+                    let mut full = self.fall_back(view, failure.to_string())?;
+                    full.transactions += 1;
+                    return Ok(full);
+                }
+            }
+        }
+        for (key, record) in records {
+            match record {
+                Some(record) => self.applied.insert(key, record),
+                None => self.applied.remove(&key),
+            };
+        }
+        report.duration = start.elapsed();
+        Ok(report)
+    }
+
+    fn fall_back(&mut self, view: &View, reason: String) -> Result<SyncReport, Error> {
+        warn!(%reason, "full proxy sync instead of a partial one");
+        let mut report = self.full_sync(view)?;
+        report.fell_back = Some(reason);
+        Ok(report)
+    }
+
+    /// Detects outside changes: when the ruleset generation moved since our last commit
+    /// (someone ran `nft flush table inet nodus`, or changed any other table), the table
+    /// is rebuilt with a full sync, whose report is returned. Cheap when nothing changed:
+    /// one netlink round trip.
+    pub fn check(&mut self, view: &View) -> Result<Option<SyncReport>, Error> {
+        let current = self
+            .socket
+            .generation()
+            .map_err(Error::netlink("reading the ruleset generation"))?;
+        if !self.needs_full_sync && self.generation == Some(current) {
+            return Ok(None);
+        }
+        warn!(
+            expected = ?self.generation,
+            current,
+            "the nf_tables ruleset changed outside the proxy; repairing"
+        );
+        let mut report = self.full_sync(view)?;
+        report.fell_back = Some("the ruleset changed outside the proxy".into());
+        Ok(Some(report))
+    }
+
+    fn commit(&mut self, batch: &Batch, report: &mut SyncReport) -> Result<(), nft::Error> {
+        report.transactions += 1;
+        let generation = self.socket.commit(batch)?;
+        self.generation = Some(generation);
+        Ok(())
+    }
+}
+
+/// Deletes the `nodus` table, with everything in it, from the calling thread's network
+/// namespace (`nodus cleanup`). Returns whether there was one.
+pub fn cleanup() -> Result<bool, Error> {
+    let mut socket = Socket::open().map_err(Error::Open)?;
+    let table = Table::inet(TABLE);
+    if !socket
+        .table_exists(&table)
+        .map_err(Error::netlink("looking for the nodus table"))?
+    {
+        return Ok(false);
+    }
+    let mut batch = Batch::new(table);
+    batch.delete_table();
+    socket
+        .commit(&batch)
+        .map_err(Error::netlink("deleting the nodus table"))?;
+    Ok(true)
+}
+
+fn applied(digest: u64, plan: &ServicePlan) -> Applied {
+    Applied {
+        digest,
+        footprint: Footprint::of(plan),
+    }
+}
+
+/// The record key of a service: a 64-bit hash of its name. Collisions among a cluster's
+/// services are vanishingly unlikely (about 10⁻¹¹ for 10,000 services).
+fn service_key(namespace: &str, name: &str) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    namespace.hash(&mut hasher);
+    name.hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests;
