@@ -72,6 +72,7 @@ impl Feed {
                     }
                     updates.push(update);
                 }
+                WatchItem::Tick => {}
                 WatchItem::Restarted(kind, error) => {
                     tracing::warn!(kind = kind.as_str(), %error, "watch failed; retrying");
                     self.metrics.watch_restarted(kind);

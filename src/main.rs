@@ -71,7 +71,12 @@ pub struct ClusterArgs {
     #[arg(long, global = true)]
     pub config: Option<PathBuf>,
     /// Log filter, e.g. `info` or `nodus=debug,kube=warn`.
-    #[arg(long, env = "NODUS_LOG", global = true, default_value = "info")]
+    #[arg(
+        long,
+        env = "NODUS_LOG",
+        global = true,
+        default_value = "info,hickory_server=warn"
+    )]
     pub log_level: String,
 }
 
@@ -139,7 +144,7 @@ fn main() -> anyhow::Result<()> {
             runtime()?.block_on(proxy_cmd::render_ruleset(args))
         }
         Some(Command::Sandbox(args)) => {
-            init_logging("info");
+            init_logging("info,hickory_server=warn");
             sandbox::sandbox(args)
         }
         Some(Command::Echo(args)) => runtime()?.block_on(sandbox::echo(args)),

@@ -2,11 +2,14 @@
 
 use nodus_dns::metrics::DnsMetrics;
 use nodus_prom::{Histogram, family, sample, single};
+use nodus_proxy::apply::{SyncKind, SyncReport};
 use nodus_view::{Counts, Kind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+/// Upper bounds of the proxy sync histograms, in seconds.
+const SYNC_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0];
 /// Upper bounds of the batch-apply histogram, in seconds.
 const APPLY_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
@@ -20,6 +23,11 @@ pub struct Metrics {
     watch_restarts: [AtomicU64; 3],
     invalid_objects: [AtomicU64; 3],
     apply: Histogram<{ APPLY_BUCKETS.len() }>,
+    proxy_full: Histogram<{ SYNC_BUCKETS.len() }>,
+    proxy_partial: Histogram<{ SYNC_BUCKETS.len() }>,
+    proxy_services: AtomicU64,
+    proxy_transactions: AtomicU64,
+    proxy_failures: AtomicU64,
     /// Set once the DNS server runs.
     pub dns: OnceLock<Arc<DnsMetrics>>,
 }
@@ -36,6 +44,11 @@ impl Default for Metrics {
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
             apply: Histogram::new(APPLY_BUCKETS),
+            proxy_full: Histogram::new(SYNC_BUCKETS),
+            proxy_partial: Histogram::new(SYNC_BUCKETS),
+            proxy_services: AtomicU64::new(0),
+            proxy_transactions: AtomicU64::new(0),
+            proxy_failures: AtomicU64::new(0),
             dns: OnceLock::new(),
         }
     }
@@ -65,6 +78,20 @@ impl Metrics {
 
     pub fn batch_applied(&self, took: Duration) {
         self.apply.observe(took);
+    }
+
+    pub fn proxy_synced(&self, report: &SyncReport, programmed: usize) {
+        match report.kind {
+            SyncKind::Full => self.proxy_full.observe(report.duration),
+            SyncKind::Partial => self.proxy_partial.observe(report.duration),
+        }
+        self.proxy_services.store(programmed as u64, Relaxed);
+        self.proxy_transactions
+            .fetch_add(report.transactions as u64, Relaxed);
+    }
+
+    pub fn proxy_sync_failed(&self) {
+        self.proxy_failures.fetch_add(1, Relaxed);
     }
 
     pub fn render(&self) -> String {
@@ -136,6 +163,39 @@ impl Metrics {
             "nodus_view_apply_duration_seconds",
             "Time to apply one batch of watch events to the view.",
         );
+        if self.proxy_full.count() > 0 || self.proxy_failures.load(Relaxed) > 0 {
+            self.proxy_full.render(
+                &mut out,
+                "nodus_proxy_full_sync_duration_seconds",
+                "Time of a full proxy sync (start-up, repair, after a failure).",
+            );
+            self.proxy_partial.render(
+                &mut out,
+                "nodus_proxy_partial_sync_duration_seconds",
+                "Time of a partial proxy sync: the services one batch changed.",
+            );
+            single(
+                &mut out,
+                "nodus_proxy_services_programmed",
+                "gauge",
+                "Services whose rules are in the kernel.",
+                self.proxy_services.load(Relaxed),
+            );
+            single(
+                &mut out,
+                "nodus_proxy_transactions_total",
+                "counter",
+                "nf_tables transactions committed.",
+                self.proxy_transactions.load(Relaxed),
+            );
+            single(
+                &mut out,
+                "nodus_proxy_sync_failures_total",
+                "counter",
+                "Proxy syncs that failed (each is followed by a full sync).",
+                self.proxy_failures.load(Relaxed),
+            );
+        }
         if let Some(dns) = self.dns.get() {
             dns.render(&mut out);
         }

@@ -3,17 +3,21 @@
 use crate::config::Config;
 use crate::feed::Feed;
 use crate::metrics::Metrics;
+use crate::proxy_cmd::proxy_config;
+use crate::watch::WatchItem;
 use crate::watch::{self, WatchSet};
 use crate::{ClusterArgs, RunArgs};
 use anyhow::Context;
+use futures::Stream;
 use nodus_dns::Zone;
 use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
 use nodus_dns::server::{DnsServer, SharedView};
-use nodus_view::View;
+use nodus_proxy::apply::Proxy;
+use nodus_view::{ChangeSet, View};
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The configuration file, if any, with the flags applied over it.
 pub fn load_config(cluster: &ClusterArgs) -> anyhow::Result<Config> {
@@ -33,6 +37,69 @@ pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
     })
+}
+
+/// How often the proxy checks that nobody changed its table (and retries a failed sync).
+const PROXY_CHECK_PERIOD: Duration = Duration::from_secs(10);
+
+/// A tick every `period`, merged into the watch stream so that the loop also runs when the
+/// cluster is quiet.
+fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
+    futures::stream::unfold((), move |()| async move {
+        tokio::time::sleep(period).await;
+        Some((WatchItem::Tick, ()))
+    })
+}
+
+/// The service proxy in the run loop: a full sync first, then one transaction per batch,
+/// and a periodic check that repairs outside changes.
+struct ProxyLoop {
+    proxy: Proxy,
+    /// The last sync failed, or none happened yet: the next step is a full sync.
+    needs_full: bool,
+    last_check: Instant,
+}
+
+impl ProxyLoop {
+    fn new(config: &Config) -> anyhow::Result<ProxyLoop> {
+        let proxy = Proxy::new(proxy_config(config)).context("opening nf_tables netlink")?;
+        Ok(ProxyLoop {
+            proxy,
+            needs_full: true,
+            last_check: Instant::now(),
+        })
+    }
+
+    /// Brings the kernel in step with `view`; returns whether the table is programmed.
+    fn step(&mut self, view: &View, changes: &ChangeSet, metrics: &Metrics) -> bool {
+        let result = if self.needs_full {
+            self.proxy.full_sync(view).map(Some)
+        } else if !changes.is_empty() {
+            self.proxy.sync(view, changes).map(Some)
+        } else if self.last_check.elapsed() >= PROXY_CHECK_PERIOD {
+            self.last_check = Instant::now();
+            self.proxy.check(view)
+        } else {
+            Ok(None)
+        };
+        match result {
+            Ok(Some(report)) => {
+                self.needs_full = false;
+                metrics.proxy_synced(&report, self.proxy.programmed_services());
+                for refused in &report.refused {
+                    tracing::warn!(service = %format!("{}/{}", refused.service.namespace, refused.service.name), reason = %refused.reason, "the kernel refused a service");
+                }
+                tracing::debug!(?report, "proxy synced");
+            }
+            Ok(None) => {}
+            Err(error) => {
+                self.needs_full = true;
+                metrics.proxy_sync_failed();
+                tracing::error!(error = %error, "proxy sync failed; a full sync follows");
+            }
+        }
+        !self.needs_full
+    }
 }
 
 /// The forwarder for names outside the zone, from `dns.resolv_conf`. Without a usable
@@ -117,12 +184,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
+    let mut proxy = match config.proxy.enabled {
+        true => Some(ProxyLoop::new(&config)?),
+        false => None,
+    };
+    let items = futures::stream::select(items, ticks(PROXY_CHECK_PERIOD));
     let mut feed = Feed::new(view, metrics.clone(), kinds);
     let follow = feed.drive(items, |feed, applied| {
-        if applied.initial_sync {
-            // DNS answers from the view itself, so once the view is complete every
-            // enabled subsystem is serving it.
-            feed.metrics.ready.store(true, Relaxed);
+        if !feed.synced() {
+            return ControlFlow::Continue(());
+        }
+        // DNS answers from the view itself; the proxy must have programmed it.
+        let proxy_ready = proxy
+            .as_mut()
+            .is_none_or(|proxy| proxy.step(&feed.read(), &applied.changes, &feed.metrics));
+        if proxy_ready && !feed.metrics.ready.swap(true, Relaxed) {
             let counts = feed.read().counts();
             tracing::info!(
                 services = counts.services,
@@ -131,7 +207,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 nodes = counts.nodes,
                 "initial view applied; ready"
             );
-        } else if !applied.changes.is_empty() {
+        }
+        if !applied.changes.is_empty() {
             tracing::debug!(
                 services = applied.changes.services.len(),
                 nodes = applied.changes.nodes.len(),

@@ -199,6 +199,49 @@ fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
     (ready, objects)
 }
 
+/// Routes every node's pod CIDRs through that node's underlay address, as a host-gateway
+/// network does: the pod network between nodes until the WireGuard mesh carries it.
+fn route_pod_cidrs(docs: &[Value], nodes: &[Node]) -> anyhow::Result<()> {
+    for doc in docs.iter().filter(|d| d["kind"] == "Node") {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        let Some(target) = nodes.iter().find(|n| n.name == name) else {
+            continue;
+        };
+        for cidr in doc["spec"]["podCIDRs"].as_array().into_iter().flatten() {
+            let Some(cidr) = cidr.as_str() else { continue };
+            let via = match cidr.contains(':') {
+                true => target.v6.to_string(),
+                false => target.v4.to_string(),
+            };
+            for node in nodes.iter().filter(|n| n.name != name) {
+                node.ns.ip(&["route", "add", cidr, "via", &via])?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `curl` from a pod to a ClusterIP and to a NodePort on another node.
+fn demonstrate_proxy(pod: &Pod, nodes: &[Node]) {
+    let mut targets = vec![
+        "http://10.96.0.20/".to_string(),
+        "http://[fd00:96::20]/".to_string(),
+    ];
+    if let Some(other) = nodes.last() {
+        targets.push(format!("http://{}:30080/", other.v4));
+    }
+    for url in targets {
+        let answer = pod
+            .ns
+            .exec("curl", &["-s", "-m", "3", &url])
+            .map(|out| out.trim().to_string());
+        match answer {
+            Ok(answer) => println!("curl from pod {}: {url} → {answer}", pod.name),
+            Err(error) => println!("curl from pod {}: {url} failed: {error:#}", pod.name),
+        }
+    }
+}
+
 /// `dig` from a pod to its node's DNS, through the pod's gateway.
 fn demonstrate_dns(pod: &Pod) {
     for (name, qtype) in [
@@ -291,9 +334,13 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         &format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1)),
     )?;
 
-    // DNS on every address of the node, so that pods reach it through their gateway.
+    // DNS on every address of the node, so that pods reach it through their gateway; the
+    // proxy on, programming each node's own namespace.
     let node_config = args.dir.join("node-config.yaml");
-    std::fs::write(&node_config, "dns:\n  listen: [\"0.0.0.0:53\"]\n")?;
+    std::fs::write(
+        &node_config,
+        "dns:\n  listen: [\"0.0.0.0:53\"]\nproxy:\n  enabled: true\n",
+    )?;
 
     let exe = std::env::current_exe().context("finding the nodus binary")?;
     let mut nodes = Vec::new();
@@ -311,6 +358,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         node.ns.spawn(cmd)?;
         nodes.push(node);
     }
+    route_pod_cidrs(&docs, &nodes)?;
     let known: BTreeSet<String> = node_names.iter().cloned().collect();
     let mut pods = Vec::new();
     for (name, plan) in plan_pods(&docs, &known) {
@@ -364,8 +412,14 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             .join(", ")
     );
     println!("logs: {}/<node>.log", args.dir.display());
-    if let Some(pod) = pods.first() {
+    // A dual-stack pod, so that both families of a dual-stack service can be shown.
+    if let Some(pod) = pods
+        .iter()
+        .find(|p| p.v4.is_some() && p.v6.is_some())
+        .or(pods.first())
+    {
         demonstrate_dns(pod);
+        demonstrate_proxy(pod, &nodes);
     }
     if !statuses.iter().all(|(ready, _)| *ready) {
         println!("warning: not every node became ready; see the logs");

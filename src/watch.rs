@@ -156,6 +156,8 @@ pub enum WatchItem {
     Update(Update),
     /// A watch failed; kube-rs retries with backoff and relists when it must.
     Restarted(Kind, String),
+    /// Time passed: periodic work runs even when the cluster is quiet.
+    Tick,
 }
 
 fn kind_stream<T: WireKind>(

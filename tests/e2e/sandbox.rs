@@ -54,6 +54,24 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
         printed.contains("web-1") && printed.contains("db-1"),
         "{printed}"
     );
+    // A pod asks its node's DNS through its gateway.
+    assert!(
+        printed.contains("web.default.svc.cluster.local A → 10.96.0.20"),
+        "{printed}"
+    );
+    // The proxy on each node: a ClusterIP in both families, and a NodePort of another node.
+    for url in [
+        "http://10.96.0.20/",
+        "http://[fd00:96::20]/",
+        "http://172.30.0.13:30080/",
+    ] {
+        let line = printed
+            .lines()
+            .find(|l| l.starts_with("curl from pod") && l.contains(url))
+            .unwrap_or_else(|| panic!("no curl to {url}:\n{printed}"));
+        let answer = line.rsplit("→ ").next().unwrap_or_default();
+        assert!(answer.starts_with("web-"), "{line}");
+    }
 
     // `nodus view` against the sandbox's API server shows the example cluster.
     let view = Command::new(NODUS)
