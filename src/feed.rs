@@ -79,20 +79,21 @@ impl Feed {
                 }
             }
         }
+        let mut view = self.read_write();
         let start = Instant::now();
-        let (report, counts) = {
-            let mut view = self.read_write();
-            let report = view.apply(updates);
-            (report, view.counts())
-        };
+        let report = view.apply(updates);
         self.metrics.batch_applied(start.elapsed());
+        // Counting walks the view (about 1 ms at 10,000 services), so only after a change.
+        if !report.changes.is_empty() {
+            self.metrics.set_counts(&view.counts());
+        }
+        drop(view);
         for invalid in &report.invalid {
             tracing::warn!(kind = invalid.kind, object = %invalid.object, reason = %invalid.reason, "skipping invalid object");
         }
         for kind in report.skipped {
             self.metrics.object_skipped(kind);
         }
-        self.metrics.set_counts(&counts);
         Applied {
             changes: report.changes,
             initial_sync: !was_synced && self.synced(),
