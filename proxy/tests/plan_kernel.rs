@@ -9,19 +9,9 @@ use std::time::Duration;
 use nodus_proxy::nft::{Batch, Socket};
 use nodus_proxy::plan::{PlanBatch, Planner, ProxyConfig, cold_start, render};
 use nodus_testbed::netns::{self, Netns};
-use nodus_view::{Update, View};
-use serde_json::{Value as Json, json};
 
-const NODE: &str = "node-a";
-
-fn skip_unless_root() -> bool {
-    if netns::is_root() {
-        false
-    } else {
-        eprintln!("skipping: kernel tests need root");
-        true
-    }
-}
+mod common;
+use common::*;
 
 fn commit(ns: &Netns, batches: impl IntoIterator<Item = Batch>) {
     let batches: Vec<Batch> = batches.into_iter().collect();
@@ -35,101 +25,6 @@ fn commit(ns: &Netns, batches: impl IntoIterator<Item = Batch>) {
     })
     .expect("entering the namespace");
 }
-
-fn list_table(ns: &Netns) -> String {
-    ns.exec("nft", &["list", "table", "inet", "nodus"])
-        .expect("nft list table inet nodus")
-}
-
-fn service(name: &str, spec: Json, status: Json) -> Update {
-    Update::Service(
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": spec,
-            "status": status
-        }))
-        .expect("test service"),
-    )
-}
-
-fn slice(service: &str, family: &str, endpoints: &[(&str, &str)], port: u16) -> Update {
-    let endpoints: Vec<Json> = endpoints
-        .iter()
-        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node}))
-        .collect();
-    Update::EndpointSlice(
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("{service}-{family}"), "namespace": "default",
-                         "labels": {"kubernetes.io/service-name": service}},
-            "addressType": family,
-            "endpoints": endpoints,
-            "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
-        }))
-        .expect("test slice"),
-    )
-}
-
-fn http(extra: Json) -> Json {
-    let mut spec = json!({"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-        spec.extend(extra.clone());
-    }
-    spec
-}
-
-/// This node is 10.0.0.1 / fd00::1 with pods in 10.244.1.0/24; `web_endpoints` serve
-/// `default/web` (ClusterIP 10.96.0.10) on port 8080.
-fn node_view(web_endpoints: &[(&str, &str)]) -> View {
-    let mut view = View::new(NODE);
-    let report = view.apply([
-        Update::Node(
-            serde_json::from_value(json!({
-                "metadata": {"name": NODE},
-                "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]},
-                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
-                                         {"type": "InternalIP", "address": "fd00::1"}]}
-            }))
-            .expect("test node"),
-        ),
-        service("web", http(json!({"clusterIP": "10.96.0.10"})), json!({})),
-        slice("web", "IPv4", web_endpoints, 8080),
-        service(
-            "nodeport",
-            http(json!({
-                "type": "NodePort", "clusterIP": "10.96.0.11",
-                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]
-            })),
-            json!({}),
-        ),
-        slice("nodeport", "IPv4", &[("10.0.0.1", NODE)], 8080),
-        service("empty", http(json!({"clusterIP": "10.96.0.12"})), json!({})),
-        service(
-            "dual",
-            http(json!({
-                "clusterIPs": ["10.96.0.13", "fd00:96::13"],
-                "sessionAffinity": "ClientIP"
-            })),
-            json!({}),
-        ),
-        slice("dual", "IPv4", &[("10.244.1.7", NODE)], 8080),
-        slice("dual", "IPv6", &[("fd00:244:1::7", NODE)], 8080),
-        service(
-            "lb",
-            http(json!({
-                "type": "LoadBalancer", "clusterIP": "10.96.0.14",
-                "externalTrafficPolicy": "Local",
-                "loadBalancerSourceRanges": ["10.0.0.0/8", "192.168.0.0/16"],
-                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30081}]
-            })),
-            json!({"loadBalancer": {"ingress": [{"ip": "198.51.100.1"}]}}),
-        ),
-        slice("lb", "IPv4", &[("10.244.1.8", NODE)], 8080),
-    ]);
-    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
-    view
-}
-
-const TWO_ENDPOINTS: [(&str, &str); 2] = [("10.244.1.5", NODE), ("10.244.2.9", "node-b")];
 
 #[test]
 fn cold_start_in_small_batches_lists_the_planned_table() {
