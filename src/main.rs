@@ -45,6 +45,12 @@ enum Command {
     /// The service proxy's ruleset.
     #[command(subcommand)]
     Proxy(ProxyCommand),
+    /// Remove what nodus programmed on this host: the `inet nodus` nftables table.
+    Cleanup {
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+    },
     /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
     Sandbox(sandbox::SandboxArgs),
     /// A tiny TCP and UDP echo server answering with its name (the sandbox's pods).
@@ -143,6 +149,7 @@ fn main() -> anyhow::Result<()> {
             init_logging(&args.log_level);
             runtime()?.block_on(proxy_cmd::render_ruleset(args))
         }
+        Some(Command::Cleanup { yes }) => proxy_cmd::cleanup(yes),
         Some(Command::Sandbox(args)) => {
             init_logging("info,hickory_server=warn");
             sandbox::sandbox(args)

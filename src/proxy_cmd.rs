@@ -30,3 +30,28 @@ pub async fn render_ruleset(cluster: ClusterArgs) -> anyhow::Result<()> {
     out.write_all(text.as_bytes())?;
     Ok(())
 }
+
+/// Deletes the proxy's table, after asking on a terminal unless `yes`. Traffic to services
+/// stops being translated on this node at once, which is why it asks.
+pub fn cleanup(yes: bool) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    if !yes {
+        anyhow::ensure!(
+            std::io::stdin().is_terminal(),
+            "refusing to remove the nftables table without --yes when not on a terminal"
+        );
+        print!("Remove the nftables table inet nodus? Services stop working on this node. [y/N] ");
+        std::io::stdout().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            println!("nothing removed");
+            return Ok(());
+        }
+    }
+    match nodus_proxy::apply::cleanup()? {
+        true => println!("removed table inet nodus"),
+        false => println!("no table inet nodus; nothing to remove"),
+    }
+    Ok(())
+}

@@ -44,3 +44,34 @@ fn render_prints_a_ruleset_the_kernel_accepts() {
         .expect("nft list");
     assert!(listed.contains("10.96.0.20"), "{listed}");
 }
+
+#[test]
+fn cleanup_removes_the_table_and_asks_first() {
+    let cluster = Cluster::new("cleanup", EXAMPLE);
+    let output = cluster
+        .nodus(&["proxy", "render", "--node-name", "node-2"])
+        .output()
+        .expect("render");
+    let file = cluster.dir.join("ruleset.nft");
+    std::fs::write(&file, &output.stdout).expect("write ruleset");
+    let ns = Netns::new("clean").expect("netns");
+    ns.exec("nft", &["-f", &file.to_string_lossy()])
+        .expect("load");
+
+    let asked = ns.exec(crate::support::NODUS, &["cleanup"]);
+    assert!(
+        asked.is_err(),
+        "without --yes and without a terminal nothing is removed"
+    );
+    assert!(ns.exec("nft", &["list", "table", "inet", "nodus"]).is_ok());
+
+    let removed = ns
+        .exec(crate::support::NODUS, &["cleanup", "--yes"])
+        .expect("cleanup");
+    assert!(removed.contains("removed table inet nodus"), "{removed}");
+    assert!(ns.exec("nft", &["list", "table", "inet", "nodus"]).is_err());
+    let again = ns
+        .exec(crate::support::NODUS, &["cleanup", "--yes"])
+        .expect("cleanup");
+    assert!(again.contains("nothing to remove"), "{again}");
+}
