@@ -1,0 +1,187 @@
+//! The proxy's programming cost, in a fresh network namespace: a cold full sync, one
+//! endpoint change and one new service at 1,000 and 10,000 services × 10 endpoints; the
+//! kernel memory of the ruleset (unreclaimable slab, the part charged to the pod's memory
+//! cgroup); and, at 1,000 services, `nft -f` of the same ruleset as `nodus proxy render`
+//! prints it, which is what kube-proxy and knls pay. Latencies here are view update → plan
+//! → netlink commit, in process; the API round trip comes on top (see the scale bench).
+//! It prints figures and asserts nothing.
+//!
+//! `cargo bench --bench proxy -- [--services 1000,10000] [--changes 200]`
+
+use anyhow::{Context, bail};
+use nodus_proxy::apply::Proxy;
+use nodus_proxy::plan::{Planner, ProxyConfig, render};
+use nodus_testbed::netns::Netns;
+use nodus_testbed::scale::{self, Shape};
+use nodus_view::{Update, View, wire};
+use std::time::{Duration, Instant};
+
+fn update(object: serde_json::Value) -> anyhow::Result<Update> {
+    Ok(match object["kind"].as_str() {
+        Some("Service") => Update::Service(serde_json::from_value::<Box<wire::Service>>(object)?),
+        Some("EndpointSlice") => Update::EndpointSlice(serde_json::from_value(object)?),
+        _ => Update::Node(serde_json::from_value(object)?),
+    })
+}
+
+fn view_of(shape: &Shape) -> anyhow::Result<View> {
+    let mut view = View::new(&scale::node_name(0));
+    let updates: Vec<Update> = scale::cluster(shape)
+        .map(update)
+        .collect::<Result<_, _>>()?;
+    let report = view.apply(updates);
+    anyhow::ensure!(report.invalid.is_empty(), "{:?}", report.invalid);
+    Ok(view)
+}
+
+/// Unreclaimable slab, in KiB: where nf_tables objects live.
+fn slab_kib() -> anyhow::Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("SUnreclaim:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no SUnreclaim in /proc/meminfo")
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+struct Row {
+    services: usize,
+    cold: Duration,
+    slab_mib: f64,
+    change: (Duration, Duration),
+    new_service: (Duration, Duration),
+    nft_file: Option<Duration>,
+}
+
+fn run(services: usize, changes: usize) -> anyhow::Result<Row> {
+    let shape = Shape {
+        services,
+        endpoints_per_service: 10,
+        nodes: 100,
+    };
+    let mut view = view_of(&shape)?;
+    let ns = Netns::new("pbench")?;
+    let slab_before = slab_kib()?;
+    let (mut proxy, cold) = ns.enter(|| -> anyhow::Result<(Proxy, Duration)> {
+        let mut proxy = Proxy::new(ProxyConfig::default())?;
+        let start = Instant::now();
+        let report = proxy.full_sync(&view)?;
+        anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
+        Ok((proxy, start.elapsed()))
+    })??;
+    let slab_mib = slab_kib()?.saturating_sub(slab_before) as f64 / 1024.0;
+
+    let mut timed = |updates: Vec<Update>, view: &mut View| -> anyhow::Result<Duration> {
+        let start = Instant::now();
+        let report = view.apply(updates);
+        proxy.sync(view, &report.changes)?;
+        Ok(start.elapsed())
+    };
+    let mut change_times = Vec::with_capacity(changes);
+    for k in 0..changes {
+        let slice = scale::slice(k % services, &shape, k / services + 1);
+        change_times.push(timed(vec![update(slice)?], &mut view)?);
+    }
+    let mut add_times = Vec::new();
+    for k in 0..changes.min(100) {
+        let i = services + k;
+        let objects = vec![
+            update(scale::service(i))?,
+            update(scale::slice(i, &shape, 0))?,
+        ];
+        add_times.push(timed(objects, &mut view)?);
+    }
+    change_times.sort();
+    add_times.sort();
+
+    // What the `nft` binary costs for the same ruleset, where that stays affordable.
+    let nft_file = if services <= 1000 {
+        let planner = Planner::new(&view, &ProxyConfig::default());
+        let text = render(&planner.skeleton(), planner.services());
+        let file =
+            std::env::temp_dir().join(format!("nodus-proxy-bench-{}.nft", std::process::id()));
+        std::fs::write(&file, text)?;
+        let other = Netns::new("pbnft")?;
+        let start = Instant::now();
+        other.exec("nft", &["-f", &file.to_string_lossy()])?;
+        let took = start.elapsed();
+        let _ = std::fs::remove_file(&file);
+        Some(took)
+    } else {
+        None
+    };
+    Ok(Row {
+        services,
+        cold,
+        slab_mib,
+        change: (
+            percentile(&change_times, 0.5),
+            percentile(&change_times, 0.99),
+        ),
+        new_service: (percentile(&add_times, 0.5), percentile(&add_times, 0.99)),
+        nft_file,
+    })
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut sizes = vec![1000, 10_000];
+    let mut changes = 200;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--services" => {
+                sizes = args
+                    .next()
+                    .context("--services needs a list")?
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<Result<_, _>>()?;
+            }
+            "--changes" => changes = args.next().context("--changes needs a value")?.parse()?,
+            "--bench" => {}
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    println!(
+        "proxy bench: services × 10 endpoints, in a fresh network namespace; {changes} changes"
+    );
+    println!(
+        "{:>9} | {:>10} | {:>9} | {:>21} | {:>21} | {:>14}",
+        "services",
+        "cold ms",
+        "slab MiB",
+        "endpoint change p50/p99",
+        "new service p50/p99",
+        "nft -f ms (×)"
+    );
+    for services in sizes {
+        let row = run(services, changes)?;
+        let nft = row.nft_file.map_or("-".to_string(), |d| {
+            format!(
+                "{:.0} ({:.1}×)",
+                ms(d),
+                d.as_secs_f64() / row.cold.as_secs_f64()
+            )
+        });
+        println!(
+            "{:>9} | {:>10.1} | {:>9.1} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
+            row.services,
+            ms(row.cold),
+            row.slab_mib,
+            ms(row.change.0),
+            ms(row.change.1),
+            ms(row.new_service.0),
+            ms(row.new_service.1),
+            nft
+        );
+    }
+    Ok(())
+}
