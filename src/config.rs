@@ -7,7 +7,7 @@
 use anyhow::Context;
 use nodus_view::model::Cidr;
 use serde::{Deserialize, Deserializer};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:10256";
@@ -49,10 +49,21 @@ impl Default for Config {
 
 /// The service proxy. Off by default until it has every behaviour of its issue (health-check
 /// node ports and UDP conntrack cleanup are missing).
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
     pub enabled: bool,
+    /// Where health-check node ports listen (every address, as kube-proxy does).
+    pub health_check_address: IpAddr,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> Self {
+        ProxyConfig {
+            enabled: false,
+            health_check_address: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        }
+    }
 }
 
 /// The cluster DNS server.

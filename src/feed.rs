@@ -6,7 +6,7 @@
 use crate::metrics::Metrics;
 use crate::watch::WatchItem;
 use futures::{Stream, StreamExt};
-use nodus_dns::server::SharedView;
+use nodus_view::SharedView;
 use nodus_view::{ChangeSet, Kind, Update, View};
 use std::sync::Arc;
 use std::sync::{RwLockReadGuard, RwLockWriteGuard};

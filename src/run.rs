@@ -11,8 +11,10 @@ use anyhow::Context;
 use futures::Stream;
 use nodus_dns::Zone;
 use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
-use nodus_dns::server::{DnsServer, SharedView};
+use nodus_dns::server::DnsServer;
 use nodus_proxy::apply::Proxy;
+use nodus_proxy::health::HealthChecks;
+use nodus_view::SharedView;
 use nodus_view::{ChangeSet, View};
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering::Relaxed;
@@ -55,16 +57,18 @@ fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
 /// and a periodic check that repairs outside changes.
 struct ProxyLoop {
     proxy: Proxy,
+    health: HealthChecks,
     /// The last sync failed, or none happened yet: the next step is a full sync.
     needs_full: bool,
     last_check: Instant,
 }
 
 impl ProxyLoop {
-    fn new(config: &Config) -> anyhow::Result<ProxyLoop> {
+    fn new(config: &Config, view: SharedView) -> anyhow::Result<ProxyLoop> {
         let proxy = Proxy::new(proxy_config(config)).context("opening nf_tables netlink")?;
         Ok(ProxyLoop {
             proxy,
+            health: HealthChecks::new(view, config.proxy.health_check_address),
             needs_full: true,
             last_check: Instant::now(),
         })
@@ -185,7 +189,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let mut proxy = match config.proxy.enabled {
-        true => Some(ProxyLoop::new(&config)?),
+        true => Some(ProxyLoop::new(&config, view.clone())?),
         false => None,
     };
     let items = futures::stream::select(items, ticks(PROXY_CHECK_PERIOD));
@@ -195,9 +199,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             return ControlFlow::Continue(());
         }
         // DNS answers from the view itself; the proxy must have programmed it.
-        let proxy_ready = proxy
-            .as_mut()
-            .is_none_or(|proxy| proxy.step(&feed.read(), &applied.changes, &feed.metrics));
+        let proxy_ready = proxy.as_mut().is_none_or(|proxy| {
+            let programmed = proxy.step(&feed.read(), &applied.changes, &feed.metrics);
+            let changes = (!applied.initial_sync).then_some(&applied.changes);
+            proxy.health.update(changes);
+            programmed
+        });
         if proxy_ready && !feed.metrics.ready.swap(true, Relaxed) {
             let counts = feed.read().counts();
             tracing::info!(

@@ -11,13 +11,11 @@ use hickory_server::net::runtime::Time;
 use hickory_server::proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
-use nodus_view::View;
+use nodus_view::SharedView;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// The view, shared between the watch loop (the only writer) and the servers.
-pub type SharedView = Arc<RwLock<View>>;
 
 /// The UDP payload we accept and advertise: the DNS flag day 2020 value, which avoids IP
 /// fragmentation.

@@ -1,7 +1,8 @@
 //! The DNS server asked by real clients (`dig` and `kdig`) over UDP and TCP, answering from
 //! a view of the example cluster plus a few services made for these rules.
 
-use nodus_dns::server::{DnsServer, SharedView, serve};
+use nodus_dns::server::{DnsServer, serve};
+use nodus_view::SharedView;
 use nodus_dns::{PodRecords, Zone};
 use nodus_view::{Update, View, wire};
 use serde::Deserialize;

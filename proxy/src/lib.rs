@@ -2,5 +2,6 @@
 //! programmed into the kernel over nf_tables netlink.
 
 pub mod apply;
+pub mod health;
 pub mod nft;
 pub mod plan;

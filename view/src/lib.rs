@@ -17,3 +17,7 @@ pub mod wire;
 pub use decode::InvalidObject;
 pub use intern::{Interner, Sym};
 pub use view::{ApplyReport, ChangeSet, Counts, Kind, ServiceName, ServiceView, Update, View};
+
+/// The view shared between the watch loop (its only writer) and the servers that answer
+/// from it (DNS, health checks).
+pub type SharedView = std::sync::Arc<std::sync::RwLock<View>>;

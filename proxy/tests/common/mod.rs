@@ -12,7 +12,10 @@ pub const NODE: &str = "node-a";
 
 /// Kernel tests fail, rather than pass silently, without the root they need.
 pub fn skip_unless_root() -> bool {
-    assert!(netns::is_root(), "kernel tests need root (network namespaces)");
+    assert!(
+        netns::is_root(),
+        "kernel tests need root (network namespaces)"
+    );
     false
 }
 

@@ -1,0 +1,128 @@
+//! Health-check node ports answered over real HTTP (checklist H.50, H.51).
+
+use nodus_proxy::health::HealthChecks;
+use nodus_testbed::probe::http_get;
+use nodus_view::{ChangeSet, ServiceName, SharedView, Update, View};
+use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+fn free_port() -> u16 {
+    nodus_testbed::bench::free_port().expect("free port")
+}
+
+fn lb(port: u16) -> Update {
+    Update::Service(
+        serde_json::from_value(json!({
+            "metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.50",
+                     "externalTrafficPolicy": "Local", "healthCheckNodePort": port,
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30090}]}
+        }))
+        .expect("service"),
+    )
+}
+
+fn slice(local: &[(&str, bool, bool)]) -> Update {
+    let endpoints: Vec<_> = local
+        .iter()
+        .map(|(ip, ready, terminating)| {
+            json!({"addresses": [ip], "nodeName": "node-a",
+                   "conditions": {"ready": ready, "serving": true, "terminating": terminating}})
+        })
+        .chain([json!({"addresses": ["10.244.2.9"], "nodeName": "node-b"})])
+        .collect();
+    Update::EndpointSlice(
+        serde_json::from_value(json!({
+            "metadata": {"name": "lb-1", "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "lb"}},
+            "addressType": "IPv4", "endpoints": endpoints,
+            "ports": [{"name": "http", "port": 8080}]
+        }))
+        .expect("slice"),
+    )
+}
+
+fn changed() -> ChangeSet {
+    let mut changes = ChangeSet::default();
+    changes.services.insert(ServiceName {
+        namespace: "default".into(),
+        name: "lb".into(),
+    });
+    changes
+}
+
+fn get(port: u16) -> Option<(u16, serde_json::Value)> {
+    let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
+    let (code, body) = http_get(addr, "/healthz", Duration::from_secs(2)).ok()?;
+    Some((code, serde_json::from_str(&body).expect("JSON body")))
+}
+
+#[test]
+fn health_check_node_port_follows_local_endpoints() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let port = free_port();
+    let view: SharedView = Arc::new(RwLock::new(View::new("node-a")));
+    let apply = |updates: Vec<Update>| {
+        view.write().expect("lock").apply(updates);
+    };
+    apply(vec![
+        lb(port),
+        slice(&[("10.244.1.5", true, false), ("10.244.1.6", true, false)]),
+    ]);
+    let mut checks = HealthChecks::new(view.clone(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    checks.update(None);
+    assert_eq!(checks.ports(), [port]);
+
+    let (code, body) = get(port).expect("served");
+    assert_eq!(code, 200);
+    assert_eq!(
+        body["localEndpoints"], 2,
+        "remote endpoints do not count: {body}"
+    );
+    assert_eq!(body["service"]["name"], "lb");
+
+    // Only terminating locally: 503, so the load balancer drains the node.
+    apply(vec![slice(&[("10.244.1.5", false, true)])]);
+    checks.update(Some(&changed()));
+    let (code, body) = get(port).expect("served");
+    assert_eq!((code, body["localEndpoints"].clone()), (503, json!(0)));
+
+    // Cluster policy needs no health check: the port closes.
+    apply(vec![Update::Service(
+        serde_json::from_value(json!({
+            "metadata": {"name": "lb", "namespace": "default"},
+            "spec": {"type": "LoadBalancer", "clusterIP": "10.96.0.50",
+                     "ports": [{"name": "http", "port": 80, "nodePort": 30090}]}
+        }))
+        .expect("service"),
+    )]);
+    checks.update(Some(&changed()));
+    assert!(checks.ports().is_empty());
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(get(port).is_none(), "the port is closed");
+}
+
+#[test]
+fn a_port_that_cannot_be_bound_is_skipped() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let _guard = rt.enter();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let view: SharedView = Arc::new(RwLock::new(View::new("node-a")));
+    view.write()
+        .expect("lock")
+        .apply([lb(port), slice(&[("10.244.1.5", true, false)])]);
+    let mut checks = HealthChecks::new(view, IpAddr::V4(Ipv4Addr::LOCALHOST));
+    checks.update(None);
+    assert!(checks.ports().is_empty(), "logged and skipped, no panic");
+}
