@@ -16,7 +16,6 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-
 /// The UDP payload we accept and advertise: the DNS flag day 2020 value, which avoids IP
 /// fragmentation.
 pub const MAX_UDP_PAYLOAD: u16 = 1232;

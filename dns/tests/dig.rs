@@ -2,8 +2,8 @@
 //! a view of the example cluster plus a few services made for these rules.
 
 use nodus_dns::server::{DnsServer, serve};
-use nodus_view::SharedView;
 use nodus_dns::{PodRecords, Zone};
+use nodus_view::SharedView;
 use nodus_view::{Update, View, wire};
 use serde::Deserialize;
 use std::net::SocketAddr;
