@@ -122,17 +122,25 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
+/// `nodus run`. With the proxy on, a second worker keeps DNS and the HTTP endpoints
+/// answering while a netlink commit blocks the first (a full sync can take seconds).
+fn agent(args: RunArgs) -> anyhow::Result<()> {
+    init_logging(&args.cluster.log_level);
+    let runtime = match run::load_config(&args.cluster)?.proxy.enabled {
+        true => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        false => runtime()?,
+    };
+    runtime.block_on(run::run(args))
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        None => {
-            init_logging(&cli.run.cluster.log_level);
-            runtime()?.block_on(run::run(cli.run))
-        }
-        Some(Command::Run(args)) => {
-            init_logging(&args.cluster.log_level);
-            runtime()?.block_on(run::run(args))
-        }
+        None => agent(cli.run),
+        Some(Command::Run(args)) => agent(args),
         Some(Command::View(args)) => {
             init_logging(&args.cluster.log_level);
             runtime()?.block_on(view_cmd::view(args))

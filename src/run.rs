@@ -182,6 +182,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         false => None,
     };
+    let dns_synced = _dns.as_ref().map(|d| d.synced.clone()).unwrap_or_default();
     let set = WatchSet {
         page_size: config.watch_page_size,
         all_nodes: config.mesh.enabled,
@@ -200,12 +201,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         // DNS answers from the view itself; the proxy must have programmed it.
         let proxy_ready = proxy.as_mut().is_none_or(|proxy| {
-            let programmed = proxy.step(&feed.read(), &applied.changes, &feed.metrics);
+            // Netlink commits block: let the runtime move DNS and HTTP to the other worker.
+            let programmed = tokio::task::block_in_place(|| {
+                proxy.step(&feed.read(), &applied.changes, &feed.metrics)
+            });
             let changes = (!applied.initial_sync).then_some(&applied.changes);
             proxy.health.update(changes);
             programmed
         });
-        if proxy_ready && !feed.metrics.ready.swap(true, Relaxed) {
+        // Readiness follows the proxy: a node whose rules are failing to sync is not ready.
+        dns_synced.store(true, Relaxed);
+        if proxy_ready != feed.metrics.ready.swap(proxy_ready, Relaxed) && proxy_ready {
             let counts = feed.read().counts();
             tracing::info!(
                 services = counts.services,

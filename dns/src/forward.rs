@@ -45,10 +45,13 @@ pub fn upstreams_from_resolv_conf(
 }
 
 fn parse_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<SocketAddr> {
+    // A wildcard listener (`0.0.0.0:53`) is reached through loopback; any other upstream
+    // is someone else's server.
     let is_ours = |ip: IpAddr| {
-        exclude
-            .iter()
-            .any(|ours| ours.port() == 53 && (ours.ip() == ip || ours.ip().is_unspecified()))
+        exclude.iter().any(|ours| {
+            ours.port() == 53
+                && (ours.ip() == ip || (ours.ip().is_unspecified() && ip.is_loopback()))
+        })
     };
     text.lines()
         .filter_map(|line| line.split('#').next()?.strip_prefix("nameserver"))
@@ -105,6 +108,10 @@ pub struct Forwarder {
 /// The TTL an answer is cached for: the smallest record TTL, or for a negative answer the
 /// SOA's minimum (bounded by the SOA's own TTL), as RFC 2308 says.
 fn cache_ttl(answer: &Forwarded) -> Option<u32> {
+    // REFUSED, NOTIMP and the like say something about the upstream, not the name.
+    if !matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) {
+        return None;
+    }
     let negative = answer.rcode == ResponseCode::NXDomain || answer.answers.is_empty();
     if negative {
         let soa = answer.authorities.iter().find_map(|r| match &r.data {
@@ -274,12 +281,12 @@ impl Forwarder {
         let answer = tokio::time::timeout(self.config.timeout, udp_exchange(upstream, &bytes))
             .await
             .map_err(|_| UpstreamError::Timeout)??;
-        let answer = check(answer, id)?;
+        let answer = check(answer, id, query)?;
         let answer = if answer.metadata.truncation {
             let full = tokio::time::timeout(self.config.timeout, tcp_exchange(upstream, &bytes))
                 .await
                 .map_err(|_| UpstreamError::Timeout)??;
-            check(full, id)?
+            check(full, id, query)?
         } else {
             answer
         };
@@ -299,9 +306,18 @@ impl Forwarder {
     }
 }
 
-fn check(bytes: Vec<u8>, id: u16) -> Result<Message, UpstreamError> {
+/// An answer is ours only if it echoes our id and our question: it is cached under that
+/// question, so a reply to anything else must never be taken.
+fn check(bytes: Vec<u8>, id: u16, query: &Query) -> Result<Message, UpstreamError> {
     let message = Message::from_vec(&bytes).map_err(|e| UpstreamError::Malformed(e.to_string()))?;
-    if message.metadata.id != id || message.metadata.message_type != MessageType::Response {
+    let same_question = matches!(message.queries.as_slice(), [q]
+        if q.name().to_lowercase() == query.name().to_lowercase()
+            && q.query_type() == query.query_type()
+            && q.query_class() == query.query_class());
+    if message.metadata.id != id
+        || message.metadata.message_type != MessageType::Response
+        || !same_question
+    {
         return Err(UpstreamError::Malformed(
             "not the answer to our query".into(),
         ));
@@ -348,6 +364,16 @@ async fn tcp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wildcard_listener_skips_only_loopback_upstreams() {
+        let text = "nameserver 10.0.0.2\nnameserver 127.0.0.53\n";
+        let ours: SocketAddr = "0.0.0.0:53".parse().expect("addr");
+        assert_eq!(
+            parse_resolv_conf(text, &[ours]),
+            ["10.0.0.2:53".parse::<SocketAddr>().expect("addr")]
+        );
+    }
 
     #[test]
     fn resolv_conf_skips_our_own_addresses() {

@@ -237,6 +237,7 @@ struct Published {
 fn published(view: &View, svc: &ServiceView<'_>, service: &Service) -> Vec<Published> {
     let strings = view.strings();
     let mut out: Vec<Published> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
     for slice in svc.slices {
         let ports: Vec<(String, Protocol, u16)> = slice
             .ports
@@ -248,7 +249,7 @@ fn published(view: &View, svc: &ServiceView<'_>, service: &Service) -> Vec<Publi
             if !(endpoint.is_ready() || service.publish_not_ready_addresses) {
                 continue;
             }
-            if out.iter().any(|p| p.ip == endpoint.addr) {
+            if !seen.insert(endpoint.addr) {
                 continue;
             }
             out.push(Published {
@@ -295,7 +296,11 @@ fn relative_labels<'n>(
     zone: &Zone,
     buffer: &'n mut [&'n str; MAX_LABELS],
 ) -> &'n [&'n str] {
-    let relative = usize::from(lower.num_labels().saturating_sub(zone.origin.num_labels()));
+    // Counted by iterating: `num_labels` leaves out a leading `*`, which `iter` yields.
+    let relative = lower
+        .iter()
+        .count()
+        .saturating_sub(zone.origin.iter().count());
     let mut n = 0;
     for label in lower.iter().take(relative.min(MAX_LABELS)) {
         buffer[n] = std::str::from_utf8(label).unwrap_or("");

@@ -4,16 +4,19 @@
 //! this module only turns a request into a lookup and the lookup into a response.
 
 use crate::forward::Forwarder;
-use crate::lookup::{Outcome, Zone, lookup};
+use crate::lookup::{Answer, Outcome, Zone, lookup};
 use crate::metrics::DnsMetrics;
 use hickory_server::Server;
 use hickory_server::net::runtime::Time;
+use hickory_server::proto::op::Query;
 use hickory_server::proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
+use hickory_server::proto::rr::{RData, RecordType};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::MessageResponseBuilder;
 use nodus_view::SharedView;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// The UDP payload we accept and advertise: the DNS flag day 2020 value, which avoids IP
@@ -28,15 +31,45 @@ pub struct ClusterDns {
     zone: Zone,
     forwarder: Option<Arc<Forwarder>>,
     metrics: Arc<DnsMetrics>,
+    /// Set once the view holds every initial list. Until then a name the view lacks may
+    /// only be missing from it: misses get SERVFAIL (which resolvers retry) rather than an
+    /// NXDOMAIN they would cache, as CoreDNS does before it syncs.
+    synced: Arc<AtomicBool>,
 }
 
 impl ClusterDns {
     pub fn new(view: SharedView, zone: Zone, forwarder: Option<Arc<Forwarder>>) -> ClusterDns {
         ClusterDns {
             metrics: Arc::new(DnsMetrics::new(forwarder.clone())),
+            synced: Arc::default(),
             view,
             zone,
             forwarder,
+        }
+    }
+}
+
+impl ClusterDns {
+    /// An ExternalName's CNAME to a name outside the zone: stub resolvers do not follow
+    /// it, so the target's records are fetched upstream and appended (spec rule 14).
+    async fn chase_outside(&self, answer: &mut Answer, query: &Query) {
+        if query.query_type() == RecordType::CNAME {
+            return;
+        }
+        let (Some(forwarder), Some(last)) = (&self.forwarder, answer.answers.last()) else {
+            return;
+        };
+        let RData::CNAME(target) = &last.data else {
+            return;
+        };
+        if self.zone.origin().zone_of(&target.0.to_lowercase()) {
+            return;
+        }
+        let mut chased = Query::query(target.0.clone(), query.query_type());
+        chased.set_query_class(query.query_class());
+        if let Some(upstream) = forwarder.resolve(&chased).await {
+            answer.rcode = upstream.rcode;
+            answer.answers.extend(upstream.answers);
         }
     }
 }
@@ -79,7 +112,18 @@ impl RequestHandler for ClusterDns {
                     lookup(&view, &self.zone, query.name(), query.query_type())
                 };
                 match outcome {
-                    Outcome::Authoritative(answer) => {
+                    Outcome::Authoritative(answer)
+                        if !self.synced.load(Relaxed)
+                            && (answer.rcode == ResponseCode::NXDomain
+                                || answer.answers.is_empty()) =>
+                    {
+                        metadata.response_code = ResponseCode::ServFail;
+                        response_handle
+                            .send_response(builder.build_no_records(metadata))
+                            .await
+                    }
+                    Outcome::Authoritative(mut answer) => {
+                        self.chase_outside(&mut answer, query).await;
                         metadata.authoritative = true;
                         metadata.response_code = answer.rcode;
                         response_handle
@@ -147,6 +191,8 @@ impl RequestHandler for ClusterDns {
 pub struct DnsServer {
     _server: Server<ClusterDns>,
     pub metrics: Arc<DnsMetrics>,
+    /// Set it once the view is complete; until then misses are SERVFAIL.
+    pub synced: Arc<AtomicBool>,
     /// The bound addresses (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
 }
@@ -160,6 +206,7 @@ pub async fn serve(
 ) -> std::io::Result<DnsServer> {
     let handler = ClusterDns::new(view, zone, forwarder);
     let metrics = handler.metrics.clone();
+    let synced = handler.synced.clone();
     let mut server = Server::new(handler);
     let mut bound = Vec::new();
     for addr in listen {
@@ -174,6 +221,7 @@ pub async fn serve(
     Ok(DnsServer {
         _server: server,
         metrics,
+        synced,
         addrs: bound,
     })
 }

@@ -99,6 +99,9 @@ fn start(pods: PodRecords) -> Dns {
             &["127.0.0.1:0".parse().expect("addr")],
         ))
         .expect("bind");
+    server
+        .synced
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     Dns {
         addr: server.addrs[0],
         _server: server,

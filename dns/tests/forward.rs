@@ -119,8 +119,13 @@ struct Setup {
     _rt: tokio::runtime::Runtime,
 }
 
-/// nodus DNS with `dead` silent upstreams before the working one (or only dead ones).
+/// nodus DNS with `dead` silent upstreams before the working one (or only dead ones),
+/// over a view with one ExternalName service pointing outside the zone.
 fn setup(dead: usize, with_live: bool) -> Setup {
+    setup_with(dead, with_live, true)
+}
+
+fn setup_with(dead: usize, with_live: bool, synced: bool) -> Setup {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -145,7 +150,15 @@ fn setup(dead: usize, with_live: bool) -> Setup {
             cache_bytes: 1 << 20,
         }));
         let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
-        let view = Arc::new(RwLock::new(View::new("node-1")));
+        let mut view = View::new("node-1");
+        view.apply([nodus_view::Update::Service(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "db", "namespace": "default"},
+                "spec": {"type": "ExternalName", "externalName": "www.example.org"}
+            }))
+            .expect("service"),
+        )]);
+        let view = Arc::new(RwLock::new(view));
         let server = serve(
             view,
             zone,
@@ -154,6 +167,9 @@ fn setup(dead: usize, with_live: bool) -> Setup {
         )
         .await
         .expect("serve");
+        server
+            .synced
+            .store(synced, std::sync::atomic::Ordering::Relaxed);
         (server, forwarder)
     });
     Setup {
@@ -261,5 +277,33 @@ fn the_cluster_zone_is_never_forwarded() {
     assert!(
         s.seen.lock().expect("lock").is_empty(),
         "the upstream was asked about the zone"
+    );
+}
+
+#[test]
+fn an_external_name_outside_the_zone_is_chased_upstream() {
+    let s = setup(0, true);
+    let reply = dig(s.dns, &["db.default.svc.cluster.local", "A"]);
+    assert!(
+        reply.contains("CNAME") && reply.contains("www.example.org."),
+        "{reply}"
+    );
+    assert!(
+        reply.contains("192.0.2.1"),
+        "the target's address is appended: {reply}"
+    );
+    let cname_only = dig(s.dns, &["db.default.svc.cluster.local", "CNAME"]);
+    assert!(!cname_only.contains("192.0.2.1"), "{cname_only}");
+}
+
+#[test]
+fn misses_are_servfail_until_the_view_is_complete() {
+    let s = setup_with(0, true, false);
+    let miss = dig(s.dns, &["missing.default.svc.cluster.local", "A"]);
+    assert!(miss.contains("status: SERVFAIL"), "{miss}");
+    let hit = dig(s.dns, &["db.default.svc.cluster.local", "CNAME"]);
+    assert!(
+        hit.contains("status: NOERROR"),
+        "known names still answer: {hit}"
     );
 }

@@ -323,10 +323,26 @@ impl View {
         for ip in ips {
             if add {
                 self.reverse.add(ip, key);
-            } else {
+            } else if !self.still_owns(key, ip) {
                 self.reverse.remove(ip, key);
             }
         }
+    }
+
+    /// Whether the service still claims `ip` through what remains in its entry: slices
+    /// overlap while the EndpointSlice controller moves endpoints between them.
+    fn still_owns(&self, key: ServiceKey, ip: IpAddr) -> bool {
+        self.services.get(&key).is_some_and(|entry| {
+            entry
+                .service
+                .as_ref()
+                .is_some_and(|s| s.cluster_ips.contains(&ip))
+                || entry
+                    .slices
+                    .iter()
+                    .filter(|s| s.headless)
+                    .any(|s| s.endpoints().any(|e| e.addr == ip))
+        })
     }
 
     fn index_service(&mut self, key: ServiceKey, service: &Service, add: bool) {
@@ -835,6 +851,15 @@ mod tests {
             "only headless endpoints are indexed"
         );
         assert!(view.has_namespace("default") && !view.has_namespace("other"));
+
+        // An address in two slices of a service stays indexed until both let go of it.
+        let mut second = slice("default", "db-2", "db", &["10.1.0.7"], "node-a");
+        if let Update::EndpointSlice(s) = &mut second {
+            s.metadata.labels.headless = true;
+        }
+        view.apply([second]);
+        view.apply([deleted(Kind::EndpointSlice, "default", "db-2")]);
+        assert_eq!(owners(&view, "10.1.0.7"), ["db"]);
 
         view.apply([service("default", "web", "10.0.0.2")]);
         assert!(owners(&view, "10.0.0.1").is_empty());
