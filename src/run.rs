@@ -80,7 +80,8 @@ impl ProxyLoop {
             self.proxy.full_sync(view).map(Some)
         } else if !changes.is_empty() {
             self.proxy.sync(view, changes).map(Some)
-        } else if self.last_check.elapsed() >= PROXY_CHECK_PERIOD {
+        } else if self.last_check.elapsed() >= PROXY_CHECK_PERIOD / 2 {
+            // Half the tick period: a tick a few milliseconds early must not skip a check.
             self.last_check = Instant::now();
             self.proxy.check(view)
         } else {

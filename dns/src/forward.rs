@@ -275,6 +275,10 @@ impl Forwarder {
         let mut message = Message::new(id, MessageType::Query, OpCode::Query);
         message.metadata.recursion_desired = true;
         message.add_query(query.clone());
+        // Room for answers up to the flag-day size, so fewer of them fall back to TCP.
+        let mut edns = hickory_proto::op::Edns::new();
+        edns.set_max_payload(1232);
+        message.set_edns(edns);
         let bytes = message
             .to_vec()
             .map_err(|e| UpstreamError::Malformed(e.to_string()))?;

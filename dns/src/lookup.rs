@@ -632,13 +632,16 @@ impl Resolver<'_> {
         if !exists || service.type_ == ServiceType::ExternalName {
             return self.nxdomain();
         }
-        if qtype != RecordType::SRV {
-            return;
-        }
         if service.headless {
             let backends = published(view, &svc, service);
-            self.headless_srv(&backends, &own, qname, wanted);
-        } else {
+            if backends.is_empty() {
+                // Spec rule 10 holds below the service name too.
+                return self.nxdomain();
+            }
+            if qtype == RecordType::SRV {
+                self.headless_srv(&backends, &own, qname, wanted);
+            }
+        } else if qtype == RecordType::SRV {
             let ports: Vec<u16> = service
                 .ports
                 .iter()

@@ -126,8 +126,10 @@ pub struct View {
     nodes: HashMap<Sym, Node>,
     /// Per kind, the objects a relist in progress has delivered so far.
     relists: [Option<HashSet<u64>>; 3],
-    /// Invalid objects already reported, by (kind, name, reason).
-    reported: HashSet<u64>,
+    /// Objects that are invalid now, with the reason last reported: a new reason, or the
+    /// same one after a valid version in between, is reported again. A valid update or a
+    /// delete removes the object, so this holds only what is broken at present.
+    reported: HashMap<u64, u64>,
     /// Which services own an address: cluster IPs, and the endpoints of headless services.
     /// PTR answers read it; it holds keys of live entries only, so it takes no references.
     reverse: ReverseIndex<ServiceKey>,
@@ -155,7 +157,7 @@ impl View {
             slice_owner: HashMap::new(),
             nodes: HashMap::new(),
             relists: [None, None, None],
-            reported: HashSet::new(),
+            reported: HashMap::new(),
             reverse: ReverseIndex::default(),
             namespaces: HashMap::new(),
         }
@@ -255,6 +257,7 @@ impl View {
     pub fn apply(&mut self, batch: impl IntoIterator<Item = Update>) -> ApplyReport {
         let mut report = ApplyReport::default();
         for update in batch {
+            let object = update_key(&update);
             let result = match update {
                 Update::Service(svc) => self.upsert_service(*svc, &mut report.changes),
                 Update::EndpointSlice(slice) => self.upsert_slice(*slice, &mut report.changes),
@@ -276,12 +279,22 @@ impl View {
                     Ok(())
                 }
             };
-            if let Err((kind, err)) = result {
-                report.skipped.push(kind);
-                let mut h = DefaultHasher::new();
-                (kind.index(), &err.object, &err.reason).hash(&mut h);
-                if self.reported.insert(h.finish()) {
-                    report.invalid.push(err);
+            match result {
+                Err((kind, err)) => {
+                    report.skipped.push(kind);
+                    let mut h = DefaultHasher::new();
+                    err.reason.hash(&mut h);
+                    let reason = h.finish();
+                    let fresh =
+                        object.is_none_or(|o| self.reported.insert(o, reason) != Some(reason));
+                    if fresh {
+                        report.invalid.push(err);
+                    }
+                }
+                Ok(()) => {
+                    if let Some(o) = object {
+                        self.reported.remove(&o);
+                    }
                 }
             }
         }
@@ -642,6 +655,26 @@ impl View {
     }
 }
 
+/// The key an update's object is reported under, if it names one.
+fn update_key(update: &Update) -> Option<u64> {
+    let (kind, meta) = match update {
+        Update::Service(s) => (Kind::Service, &s.metadata),
+        Update::EndpointSlice(s) => (Kind::EndpointSlice, &s.metadata),
+        Update::Node(n) => (Kind::Node, &n.metadata),
+        Update::Deleted {
+            kind,
+            namespace,
+            name,
+        } => return Some(object_hash(*kind, namespace, name)),
+        Update::RelistStarted(_) | Update::RelistDone(_) => return None,
+    };
+    Some(object_hash(
+        kind,
+        meta.namespace.as_deref().unwrap_or_default(),
+        &meta.name,
+    ))
+}
+
 /// Slice names are not stored, so a relist records slices by `(namespace, name hash)`.
 fn slice_relist_hash(namespace: &str, name_hash: u64) -> u64 {
     let mut h = DefaultHasher::new();
@@ -761,6 +794,10 @@ mod tests {
         let again = view.apply([service("default", "web", "not-an-ip")]);
         assert!(again.invalid.is_empty(), "reported once");
         assert_eq!(again.skipped, [Kind::Service]);
+        // Fixed, then broken again: reported again.
+        view.apply([service("default", "web", "10.0.0.1")]);
+        let broken = view.apply([service("default", "web", "not-an-ip")]);
+        assert_eq!(broken.invalid.len(), 1);
     }
 
     #[test]
