@@ -285,6 +285,17 @@ pub fn lookup(view: &View, zone: &Zone, qname: &Name, qtype: RecordType) -> Outc
     Outcome::Authoritative(resolver.finish())
 }
 
+/// A service whose spec the view has; slices alone do not make a name exist.
+fn find_service<'v>(
+    view: &'v View,
+    namespace: &str,
+    name: &str,
+) -> Option<(ServiceView<'v>, &'v Service)> {
+    let svc = view.service(namespace, name)?;
+    let service = svc.service?;
+    Some((svc, service))
+}
+
 /// More labels below the zone than any cluster name has (`_port._proto.svc.ns.svc` is 5).
 const MAX_LABELS: usize = 6;
 
@@ -412,10 +423,7 @@ impl Resolver<'_> {
     fn service(&mut self, namespace: &str, name: &str, qname: &Name, qtype: RecordType, depth: u8) {
         let ttl = self.zone.ttl;
         let view = self.view;
-        let Some(svc) = view.service(namespace, name) else {
-            return self.nxdomain();
-        };
-        let Some(service) = svc.service else {
+        let Some((svc, service)) = find_service(view, namespace, name) else {
             return self.nxdomain();
         };
         if service.type_ == ServiceType::ExternalName {
@@ -577,10 +585,7 @@ impl Resolver<'_> {
     ) {
         let ttl = self.zone.ttl;
         let view = self.view;
-        let Some(svc) = view.service(namespace, name) else {
-            return self.nxdomain();
-        };
-        let Some(service) = svc.service else {
+        let Some((svc, service)) = find_service(view, namespace, name) else {
             return self.nxdomain();
         };
         let matching: Vec<IpAddr> = published(view, &svc, service)
@@ -612,10 +617,7 @@ impl Resolver<'_> {
         qtype: RecordType,
     ) {
         let view = self.view;
-        let Some(svc) = view.service(namespace, name) else {
-            return self.nxdomain();
-        };
-        let Some(service) = svc.service else {
+        let Some((svc, service)) = find_service(view, namespace, name) else {
             return self.nxdomain();
         };
         let Some(own) = self.zone.service_name(namespace, name) else {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
 use nodus_proxy::nft::Socket;
 use nodus_proxy::plan::ProxyConfig;
-use nodus_testbed::netns::{self, Netns};
+use nodus_testbed::netns::Netns;
 
 mod common;
 use common::*;
@@ -122,25 +122,6 @@ fn full_then_partial_syncs_touch_only_what_changed() {
 
     assert!(ns.enter(cleanup).expect("enter").expect("cleanup"));
     assert!(ns.exec("nft", &["list", "table", "inet", "nodus"]).is_err());
-}
-
-/// Two namespaces joined by a veth: the client reaches ClusterIPs routed to the node,
-/// whose only endpoint for `web` is the node itself on port 8080.
-fn node_and_client() -> (Netns, Netns) {
-    let node = Netns::new("apnd").expect("node namespace");
-    let client = Netns::new("apcl").expect("client namespace");
-    netns::veth(&node, "eth0", &client, "eth0").expect("veth");
-    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
-        .expect("node address");
-    client
-        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
-        .expect("client address");
-    client
-        .ip(&["route", "add", "10.96.0.0/16", "via", "10.0.0.1"])
-        .expect("service route");
-    node.ip(&["route", "add", "local", "10.96.0.0/16", "dev", "lo"])
-        .expect("local service route");
-    (node, client)
 }
 
 /// An echo server: every connection gets back what it sends, until it closes.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nodus_proxy::nft::{Batch, Socket};
 use nodus_proxy::plan::{PlanBatch, Planner, ProxyConfig, cold_start, render};
-use nodus_testbed::netns::{self, Netns};
+use nodus_testbed::netns::Netns;
 
 mod common;
 use common::*;
@@ -144,21 +144,7 @@ fn connections_reach_endpoints_and_empty_services_are_refused() {
     if skip_unless_root() {
         return;
     }
-    let node = Netns::new("node").expect("node namespace");
-    let client = Netns::new("cli").expect("client namespace");
-    netns::veth(&node, "eth0", &client, "eth0").expect("veth");
-    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
-        .expect("node address");
-    client
-        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
-        .expect("client address");
-    client
-        .ip(&["route", "add", "10.96.0.0/16", "via", "10.0.0.1"])
-        .expect("service route");
-    // ClusterIPs are local to the node, so that traffic the rules leave alone would be
-    // accepted by the listener below.
-    node.ip(&["route", "add", "local", "10.96.0.0/16", "dev", "lo"])
-        .expect("local service route");
+    let (node, client) = node_and_client();
 
     let view = node_view(&[("10.0.0.1", NODE)]);
     let planner = Planner::new(&view, &ProxyConfig::default());

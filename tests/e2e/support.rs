@@ -148,10 +148,7 @@ impl Drop for Cluster {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    nodus_testbed::bench::free_port().expect("free port")
 }
 
 /// Polls `check` until it returns `Some`, or panics after [`WAIT`] naming `what`.

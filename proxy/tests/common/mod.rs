@@ -113,3 +113,23 @@ pub fn node_view(web_endpoints: &[(&str, &str)]) -> View {
 }
 
 pub const TWO_ENDPOINTS: [(&str, &str); 2] = [("10.244.1.5", NODE), ("10.244.2.9", "node-b")];
+
+/// Two namespaces joined by a veth: the client reaches ClusterIPs routed to the node,
+/// where they are local addresses, so that traffic the rules leave alone would be
+/// accepted by a listener there.
+pub fn node_and_client() -> (Netns, Netns) {
+    let node = Netns::new("apnd").expect("node namespace");
+    let client = Netns::new("apcl").expect("client namespace");
+    netns::veth(&node, "eth0", &client, "eth0").expect("veth");
+    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
+        .expect("node address");
+    client
+        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
+        .expect("client address");
+    client
+        .ip(&["route", "add", "10.96.0.0/16", "via", "10.0.0.1"])
+        .expect("service route");
+    node.ip(&["route", "add", "local", "10.96.0.0/16", "dev", "lo"])
+        .expect("local service route");
+    (node, client)
+}
