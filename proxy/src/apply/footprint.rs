@@ -17,7 +17,7 @@ use nodus_view::model::Family;
 
 use crate::nft::{Chain, DataType, Element, ElementData, Set, Tuple, Value, Verdict};
 use crate::plan::{
-    ChainPlan, ElementPlan, RulePlan, ServicePlan, SharedKind, SharedSet, Stmt, join_name,
+    ChainPlan, ElementPlan, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt, join_name,
     split_name,
 };
 
@@ -38,31 +38,39 @@ pub struct Footprint(pub(super) Box<[u8]>);
 impl Footprint {
     pub fn of(plan: &ServicePlan) -> Footprint {
         let mut bytes = Vec::new();
-        let mut names: Vec<(bool, Option<u8>, &str)> = plan
+        // A set's entry carries a digest of its elements; a chain's does not.
+        let mut names: Vec<(Option<u32>, Option<u8>, &str)> = plan
             .chains
             .iter()
-            .map(|chain| (false, chain.name()))
-            .chain(plan.sets.iter().map(|set| (true, set.name.as_str())))
-            .map(|(is_set, name)| match split_name(name) {
+            .map(|chain| (None, chain.name()))
+            .chain(
+                plan.sets
+                    .iter()
+                    .map(|set| (Some(elements_digest(&set.elements)), set.set.name.as_str())),
+            )
+            .map(|(digest, name)| match split_name(name) {
                 Some((role, path)) => match ROLES.iter().position(|r| *r == role) {
-                    Some(index) => (is_set, u8::try_from(index).ok(), path),
-                    None => (is_set, None, name),
+                    Some(index) => (digest, u8::try_from(index).ok(), path),
+                    None => (digest, None, name),
                 },
-                None => (is_set, None, name),
+                None => (digest, None, name),
             })
             .collect();
         names.sort_by(|a, b| a.2.cmp(b.2));
         write_count(&mut bytes, names.len());
         let mut previous = "";
-        for (is_set, role, text) in names {
+        for (digest, role, text) in names {
             let shared = common_prefix(previous, text);
             let suffix = &text[shared..];
             let role_bits = role.map_or(0, |index| (index + 1) << TAG_ROLE_SHIFT);
-            bytes.push((u8::from(is_set) * TAG_SET) | role_bits);
+            bytes.push((u8::from(digest.is_some()) * TAG_SET) | role_bits);
             // Names hold at most 255 bytes (nf_tables), so one byte holds each length.
             bytes.push(u8::try_from(shared).unwrap_or(u8::MAX));
             bytes.push(u8::try_from(suffix.len()).unwrap_or(u8::MAX));
             bytes.extend_from_slice(suffix.as_bytes());
+            if let Some(digest) = digest {
+                bytes.extend_from_slice(&digest.to_ne_bytes());
+            }
             previous = text;
         }
         write_count(&mut bytes, plan.elements.len());
@@ -114,8 +122,21 @@ impl Footprint {
                 None => text.clone(),
             };
             if tag & TAG_SET != 0 {
-                // Only the name of an old set is used (to delete it).
-                plan.sets.push(Set::new(name, DataType::Integer32));
+                let digest = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
+                // The old set's name is used to delete it; its elements only to tell
+                // whether `new`'s differ: the same set with the same digest is taken as
+                // equal, anything else as different, so that it is flushed and refilled.
+                let same = new
+                    .sets
+                    .iter()
+                    .find(|set| set.set.name == name && elements_digest(&set.elements) == digest);
+                plan.sets.push(match same {
+                    Some(set) => set.clone(),
+                    None => SetPlan {
+                        set: Set::new(name, DataType::Integer32),
+                        elements: vec![unknown_element()],
+                    },
+                });
             } else {
                 plan.chains.push(ChainPlan {
                     chain: Chain::regular(name),
@@ -156,6 +177,19 @@ impl Footprint {
 /// no planned chain consists of, so the chain always counts as changed.
 fn unknown_rules() -> RulePlan {
     RulePlan::new([Stmt::Verdict(Verdict::Return)])
+}
+
+/// A stand-in for the elements of an old set we no longer know, equal to no planned
+/// element list.
+fn unknown_element() -> Element {
+    Element::new(Value::Integer32(u32::MAX))
+}
+
+/// A digest of a set's elements, like [`data_digest`] for one element's data.
+fn elements_digest(elements: &[Element]) -> u32 {
+    let mut hasher = DefaultHasher::new();
+    elements.hash(&mut hasher);
+    hasher.finish() as u32
 }
 
 fn common_prefix(a: &str, b: &str) -> usize {
@@ -231,6 +265,10 @@ fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
                 bytes.push(5);
                 bytes.extend_from_slice(&value.to_ne_bytes());
             }
+            Value::Bucket(value) => {
+                bytes.push(6);
+                bytes.extend_from_slice(&value.to_ne_bytes());
+            }
         }
     }
 }
@@ -268,6 +306,7 @@ impl<'a> Reader<'a> {
                 3 => Value::InetService(u16::from_be_bytes(self.take(2)?.try_into().ok()?)),
                 4 => Value::Mark(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
                 5 => Value::Integer32(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
+                6 => Value::Bucket(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
                 _ => return None,
             });
         }

@@ -4,7 +4,9 @@ use nodus_view::model::Family;
 
 use super::Footprint;
 use crate::nft::{Chain, DataType, Element, Set, Tuple, Value, Verdict};
-use crate::plan::{ChainPlan, ElementPlan, RulePlan, ServicePlan, SharedKind, SharedSet, Stmt};
+use crate::plan::{
+    ChainPlan, ElementPlan, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
+};
 
 fn plan(endpoints: u8, data_chain: &str) -> ServicePlan {
     let mut plan = ServicePlan::empty("default", "web");
@@ -20,8 +22,10 @@ fn plan(endpoints: u8, data_chain: &str) -> ServicePlan {
         plan.chains
             .push(chain(crate::plan::join_name("endpoint", &endpoint)));
     }
-    plan.sets
-        .push(Set::new("affinity-XXXXXXXX-cut", DataType::Ipv4Addr));
+    plan.sets.push(SetPlan {
+        set: Set::new("affinity-XXXXXXXX-cut", DataType::Ipv4Addr),
+        elements: Vec::new(),
+    });
     plan.elements.push(ElementPlan {
         set: SharedSet::new(SharedKind::ServiceIps, Family::V4),
         element: Element::new(Tuple(vec![
@@ -50,7 +54,7 @@ fn footprint_restores_names_and_keys() {
     names.sort();
     expected.sort();
     assert_eq!(names, expected);
-    assert_eq!(previous.sets[0].name, "affinity-XXXXXXXX-cut");
+    assert_eq!(previous.sets[0].set.name, "affinity-XXXXXXXX-cut");
     let keys: Vec<&Tuple> = previous.elements.iter().map(|e| &e.element.key).collect();
     let expected: Vec<&Tuple> = old.elements.iter().map(|e| &e.element.key).collect();
     assert_eq!(keys, expected);

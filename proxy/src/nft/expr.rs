@@ -355,6 +355,15 @@ pub enum Expr {
         offset: u32,
         dreg: Register,
     },
+    /// `byteorder reg = hton(reg, size, len)`: host to network order, `size`-byte words
+    /// over `len` bytes. nft converts host-order keys (a `numgen` result) this way before
+    /// an interval lookup, so that ranges compare numerically.
+    HostToNetwork {
+        sreg: Register,
+        dreg: Register,
+        len: u32,
+        size: u32,
+    },
     Fib {
         flags: FibFlags,
         result: FibResult,
@@ -402,6 +411,7 @@ impl Expr {
             Expr::Nat { .. } => "nat",
             Expr::Masquerade { .. } => "masq",
             Expr::Numgen { .. } => "numgen",
+            Expr::HostToNetwork { .. } => "byteorder",
             Expr::Fib { .. } => "fib",
             Expr::CtLoad { .. } | Expr::CtSet { .. } => "ct",
             Expr::Reject(_) => "reject",
@@ -555,6 +565,18 @@ impl Expr {
                 }
                 attrs
             }
+            Expr::HostToNetwork {
+                sreg,
+                dreg,
+                len,
+                size,
+            } => vec![
+                sreg.attr(sys::NFTA_BYTEORDER_SREG),
+                dreg.attr(sys::NFTA_BYTEORDER_DREG),
+                Attr::u32(sys::NFTA_BYTEORDER_OP, sys::NFT_BYTEORDER_HTON),
+                Attr::u32(sys::NFTA_BYTEORDER_LEN, *len),
+                Attr::u32(sys::NFTA_BYTEORDER_SIZE, *size),
+            ],
             Expr::Fib {
                 flags,
                 result,
@@ -696,6 +718,9 @@ pub enum Field {
     ThDport,
     /// `meta mark`
     Mark,
+    /// `ct original ip daddr` / `ct original ip6 daddr`: the address the client asked
+    /// for, before DNAT.
+    CtOriginalDaddr(IpFamily),
 }
 
 impl Field {
@@ -703,7 +728,8 @@ impl Field {
     pub fn byte_len(self) -> usize {
         match self {
             Field::IpSaddr | Field::IpDaddr | Field::Mark => 4,
-            Field::Ip6Saddr | Field::Ip6Daddr => 16,
+            Field::CtOriginalDaddr(IpFamily::V4) => 4,
+            Field::Ip6Saddr | Field::Ip6Daddr | Field::CtOriginalDaddr(IpFamily::V6) => 16,
             Field::L4Proto => 1,
             Field::ThSport | Field::ThDport => 2,
         }
@@ -716,6 +742,7 @@ impl Field {
         match self {
             Field::IpSaddr | Field::IpDaddr => Some(IpFamily::V4),
             Field::Ip6Saddr | Field::Ip6Daddr => Some(IpFamily::V6),
+            Field::CtOriginalDaddr(family) => Some(family),
             _ => None,
         }
     }
@@ -740,6 +767,14 @@ impl Field {
             },
             Field::Mark => Expr::MetaLoad {
                 key: MetaKey::Mark,
+                dreg,
+            },
+            Field::CtOriginalDaddr(family) => Expr::CtLoad {
+                key: match family {
+                    IpFamily::V4 => CtKey::DstIp,
+                    IpFamily::V6 => CtKey::DstIp6,
+                },
+                direction: Some(CtDirection::Original),
                 dreg,
             },
         }
@@ -1121,6 +1156,26 @@ mod tests {
         ]
         .concat();
         assert_eq!(expr_bytes(&numgen), expected);
+    }
+
+    #[test]
+    fn byteorder_hton_of_a_numgen_result() {
+        // [ byteorder reg 1 = hton(reg 1, 4, 4) ]
+        let expr = Expr::HostToNetwork {
+            sreg: Register::FIRST,
+            dreg: Register::FIRST,
+            len: 4,
+            size: 4,
+        };
+        let expected = [
+            u32_attr(sys::NFTA_BYTEORDER_SREG, 1),
+            u32_attr(sys::NFTA_BYTEORDER_DREG, 1),
+            u32_attr(sys::NFTA_BYTEORDER_OP, 1),
+            u32_attr(sys::NFTA_BYTEORDER_LEN, 4),
+            u32_attr(sys::NFTA_BYTEORDER_SIZE, 4),
+        ]
+        .concat();
+        assert_eq!(expr_bytes(&expr), expected);
     }
 
     #[test]

@@ -217,6 +217,9 @@ impl Set {
     /// and data (marks, `numgen` results) as big-endian without them. The format is
     /// libnftnl's udata: type byte, length byte, value.
     fn userdata(&self) -> Option<Vec<u8>> {
+        if self.key == Fields::from(DataType::Bucket) {
+            return self.data.as_ref().and_then(bucket_map_userdata);
+        }
         let mut userdata = Vec::new();
         let mut annotate = |kind: u8| {
             userdata.extend_from_slice(&[kind, 4]);
@@ -232,6 +235,71 @@ impl Set {
         }
         (!userdata.is_empty()).then_some(userdata)
     }
+}
+
+/// The annotation nft 1.0.6 writes for `typeof numgen random mod 2 : ip daddr . tcp
+/// dport` (or `ip6 daddr`). An `integer` key has no type name `nft list` could print, so
+/// it prints the map's type from this; with it, a map we program lists exactly like one
+/// nft loaded from `nodus proxy render`.
+fn bucket_map_userdata(data: &SetData) -> Option<Vec<u8>> {
+    let SetData::Value(fields) = data else {
+        return None;
+    };
+    let (proto, field) = match fields.fields() {
+        [DataType::Ipv4Addr, DataType::InetService] => (sys::NFT_PROTO_IP, sys::NFT_IPHDR_DADDR),
+        [DataType::Ipv6Addr, DataType::InetService] => (sys::NFT_PROTO_IP6, sys::NFT_IP6HDR_DADDR),
+        _ => return None,
+    };
+    let typeof_expr = |kind: u32, attrs: Vec<u8>| {
+        [
+            udata_u32(sys::NFTNL_UDATA_SET_TYPEOF_EXPR, kind),
+            udata(sys::NFTNL_UDATA_SET_TYPEOF_DATA, &attrs),
+        ]
+        .concat()
+    };
+    let payload = |proto: u32, field: u32| {
+        typeof_expr(
+            sys::NFT_EXPR_TYPE_PAYLOAD,
+            [udata_u32(0, proto), udata_u32(1, field)].concat(),
+        )
+    };
+    // numgen: type random, modulus 2, offset 0.
+    let numgen = typeof_expr(
+        sys::NFT_EXPR_TYPE_NUMGEN,
+        [udata_u32(0, 1), udata_u32(1, 2), udata_u32(2, 0)].concat(),
+    );
+    let concat = typeof_expr(
+        sys::NFT_EXPR_TYPE_CONCAT,
+        [
+            udata(0, &payload(proto, field)),
+            udata(1, &payload(sys::NFT_PROTO_TCP, sys::NFT_TCPHDR_DPORT)),
+        ]
+        .concat(),
+    );
+    Some(
+        [
+            udata_u32(
+                sys::NFTNL_UDATA_SET_KEYBYTEORDER,
+                sys::NFT_BYTEORDER_HOST_ENDIAN,
+            ),
+            udata_u32(sys::NFTNL_UDATA_SET_DATABYTEORDER, 0),
+            udata(sys::NFTNL_UDATA_SET_KEY_TYPEOF, &numgen),
+            udata(sys::NFTNL_UDATA_SET_DATA_TYPEOF, &concat),
+            udata_u32(sys::NFTNL_UDATA_SET_DATA_INTERVAL, 0),
+        ]
+        .concat(),
+    )
+}
+
+/// One libnftnl udata item: type byte, length byte, value.
+fn udata(kind: u8, value: &[u8]) -> Vec<u8> {
+    let mut item = vec![kind, u8::try_from(value.len()).unwrap_or(u8::MAX)];
+    item.extend_from_slice(value);
+    item
+}
+
+fn udata_u32(kind: u8, value: u32) -> Vec<u8> {
+    udata(kind, &value.to_ne_bytes())
 }
 
 fn len_u32(len: usize) -> u32 {
@@ -505,6 +573,27 @@ mod tests {
         .concat();
         assert_eq!(bytes, expected);
         assert_eq!(element.to_string(), "10.96.0.1 . tcp . 80 : goto svc-a");
+    }
+
+    #[test]
+    fn bucket_maps_carry_the_typeof_annotation_nft_writes() {
+        // `nft --debug=mnl` for `map m { typeof numgen random mod 2 : ip daddr . tcp
+        // dport; flags interval; }`, nft 1.0.6 on x86_64: NFTA_SET_USERDATA.
+        let expected = "00040100000001040000000003 1a000417000000011200040100000001040200000002040000000004340004 0d000000012c0014000407000000010c00040c0000000104 0c000000011400040700000001 0c0004080000000104020000000604 00000000";
+        let expected: Vec<u8> = expected
+            .replace(' ', "")
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| {
+                u8::from_str_radix(std::str::from_utf8(pair).expect("hex"), 16).expect("hex")
+            })
+            .collect();
+        let map = Set::data_map(
+            "m",
+            DataType::Bucket,
+            Fields::new([DataType::Ipv4Addr, DataType::InetService]),
+        );
+        assert_eq!(map.userdata(), Some(expected));
     }
 
     #[test]

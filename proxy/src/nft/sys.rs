@@ -100,6 +100,23 @@ pub const NFT_SET_CONCAT: u32 = 0x80;
 // and nftables `enum byteorder`): how to print keys and data.
 pub const NFTNL_UDATA_SET_KEYBYTEORDER: u8 = 0;
 pub const NFTNL_UDATA_SET_DATABYTEORDER: u8 = 1;
+pub const NFTNL_UDATA_SET_KEY_TYPEOF: u8 = 3;
+pub const NFTNL_UDATA_SET_DATA_TYPEOF: u8 = 4;
+pub const NFTNL_UDATA_SET_DATA_INTERVAL: u8 = 6;
+// Inside a typeof annotation: the expression's type, then its own attributes.
+pub const NFTNL_UDATA_SET_TYPEOF_EXPR: u8 = 0;
+pub const NFTNL_UDATA_SET_TYPEOF_DATA: u8 = 1;
+// nftables' `enum expr_types` numbers, and its protocol and field numbers, as they
+// appear in typeof annotations.
+pub const NFT_EXPR_TYPE_PAYLOAD: u32 = 7;
+pub const NFT_EXPR_TYPE_CONCAT: u32 = 13;
+pub const NFT_EXPR_TYPE_NUMGEN: u32 = 23;
+pub const NFT_PROTO_IP: u32 = 12;
+pub const NFT_PROTO_IP6: u32 = 13;
+pub const NFT_PROTO_TCP: u32 = 8;
+pub const NFT_IPHDR_DADDR: u32 = 12;
+pub const NFT_IP6HDR_DADDR: u32 = 9;
+pub const NFT_TCPHDR_DPORT: u32 = 2;
 pub const NFT_BYTEORDER_HOST_ENDIAN: u32 = 1;
 
 /// `NFTA_SET_DATA_TYPE` of a verdict map (`NFT_DATA_VERDICT`).
@@ -197,6 +214,14 @@ pub const NFTA_NG_TYPE: u16 = 3;
 pub const NFTA_NG_OFFSET: u16 = 4;
 pub const NFT_NG_INCREMENTAL: u32 = 0;
 pub const NFT_NG_RANDOM: u32 = 1;
+
+// byteorder
+pub const NFTA_BYTEORDER_SREG: u16 = 1;
+pub const NFTA_BYTEORDER_DREG: u16 = 2;
+pub const NFTA_BYTEORDER_OP: u16 = 3;
+pub const NFTA_BYTEORDER_LEN: u16 = 4;
+pub const NFTA_BYTEORDER_SIZE: u16 = 5;
+pub const NFT_BYTEORDER_HTON: u32 = 1;
 
 // fib
 pub const NFTA_FIB_DREG: u16 = 1;

@@ -45,16 +45,20 @@ pub enum SharedKind {
     NoEndpointNodeports,
     /// `addr . proto . port : verdict`: LB IPs with source ranges, to their firewall.
     FirewallIps,
+    /// `addr . addr . addr`: a local endpoint, itself, and a service address it backs,
+    /// for hairpin masquerade (D.27).
+    Hairpin,
 }
 
 impl SharedKind {
-    pub const ALL: [SharedKind; 6] = [
+    pub const ALL: [SharedKind; 7] = [
         SharedKind::ClusterIps,
         SharedKind::ServiceIps,
         SharedKind::ServiceNodeports,
         SharedKind::NoEndpointServices,
         SharedKind::NoEndpointNodeports,
         SharedKind::FirewallIps,
+        SharedKind::Hairpin,
     ];
 
     fn base_name(self) -> &'static str {
@@ -65,6 +69,7 @@ impl SharedKind {
             SharedKind::NoEndpointServices => "no-endpoint-services",
             SharedKind::NoEndpointNodeports => "no-endpoint-nodeports",
             SharedKind::FirewallIps => "firewall-ips",
+            SharedKind::Hairpin => "hairpin",
         }
     }
 }
@@ -99,6 +104,7 @@ impl SharedSet {
             SharedKind::ServiceNodeports | SharedKind::NoEndpointNodeports => {
                 Set::verdict_map(self.name(), proto_port)
             }
+            SharedKind::Hairpin => Set::new(self.name(), Fields::new([addr, addr, addr])),
         }
     }
 }
@@ -133,14 +139,15 @@ pub struct Skeleton {
     pub chains: Vec<ChainPlan>,
 }
 
-/// Everything one Service puts in the table: its chains (per port and family), its
-/// affinity sets, and its elements in the shared maps. Empty for services the proxy
+/// Everything one Service puts in the table: its chains (per port and family), its own
+/// sets and maps (endpoint maps with their elements, affinity sets), and its elements in
+/// the shared maps. Empty for services the proxy
 /// leaves alone (headless, ExternalName, owned by another proxy, no spec yet).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePlan {
     pub namespace: String,
     pub name: String,
-    pub sets: Vec<Set>,
+    pub sets: Vec<SetPlan>,
     pub chains: Vec<ChainPlan>,
     pub elements: Vec<ElementPlan>,
 }

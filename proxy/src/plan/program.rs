@@ -12,7 +12,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::TABLE;
 use nodus_view::model::Family;
 
-use super::objects::{ChainPlan, ElementPlan, ServicePlan, SharedKind, SharedSet, Skeleton};
+use super::objects::{
+    ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton,
+};
 use super::rule::RulePlan;
 use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
 
@@ -114,7 +116,11 @@ impl PlanBatch {
         missing: &[&ElementPlan],
     ) {
         for set in &plan.sets {
-            self.add_set(set);
+            let reference = self.add_set(&set.set);
+            if !set.elements.is_empty() {
+                self.batch.flush_set(&reference);
+                self.batch.add_elements(&reference, &set.elements);
+            }
         }
         for chain in &plan.chains {
             self.batch.add_chain(&chain.chain);
@@ -157,10 +163,15 @@ impl PlanBatch {
     }
 
     /// Turns the programmed `old` into `new`: unchanged chains, sets and elements are
-    /// left alone, so established flows and affinity entries survive.
+    /// left alone, so established flows and affinity entries survive. A service's own
+    /// map whose elements change is flushed and refilled in the same transaction.
     pub fn update_service(&mut self, old: &ServicePlan, new: &ServicePlan) {
-        let old_sets: HashSet<&str> = old.sets.iter().map(|set| set.name.as_str()).collect();
-        let new_sets: HashSet<&str> = new.sets.iter().map(|set| set.name.as_str()).collect();
+        let old_sets: HashMap<&str, &SetPlan> = old
+            .sets
+            .iter()
+            .map(|set| (set.set.name.as_str(), set))
+            .collect();
+        let new_sets: HashSet<&str> = new.sets.iter().map(|set| set.set.name.as_str()).collect();
         let old_chains: HashMap<&str, &ChainPlan> = old
             .chains
             .iter()
@@ -174,12 +185,23 @@ impl PlanBatch {
         let old_elements: HashSet<&ElementPlan> = old.elements.iter().collect();
         let new_elements: HashSet<&ElementPlan> = new.elements.iter().collect();
 
-        for set in new
-            .sets
-            .iter()
-            .filter(|set| !old_sets.contains(set.name.as_str()))
-        {
-            self.add_set(set);
+        for set in &new.sets {
+            match old_sets.get(set.set.name.as_str()) {
+                None => {
+                    let reference = self.add_set(&set.set);
+                    if !set.elements.is_empty() {
+                        self.batch.add_elements(&reference, &set.elements);
+                    }
+                }
+                Some(old_set) if old_set.elements != set.elements => {
+                    let reference = self.set_ref(&set.set.name);
+                    self.batch.flush_set(&reference);
+                    if !set.elements.is_empty() {
+                        self.batch.add_elements(&reference, &set.elements);
+                    }
+                }
+                Some(_) => {}
+            }
         }
         for chain in new
             .chains
@@ -211,9 +233,9 @@ impl PlanBatch {
         for set in old
             .sets
             .iter()
-            .filter(|set| !new_sets.contains(set.name.as_str()))
+            .filter(|set| !new_sets.contains(set.set.name.as_str()))
         {
-            self.batch.delete_set(&set.name);
+            self.batch.delete_set(&set.set.name);
         }
     }
 

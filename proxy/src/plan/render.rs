@@ -6,7 +6,7 @@ use std::fmt::{self, Write};
 
 use super::TABLE;
 use super::objects::{ChainPlan, ServicePlan, SharedSet, Skeleton};
-use crate::nft::{ChainType, Element, Hook, Policy, Set, SetData};
+use crate::nft::{ChainType, DataType, Element, Fields, Hook, Policy, Set, SetData};
 
 /// The whole ruleset: `table inet nodus { … }` with the skeleton, then each service's
 /// chains and its elements of the shared maps.
@@ -46,7 +46,7 @@ pub fn write_service(out: &mut impl Write, service: &ServicePlan) -> fmt::Result
     if !service.sets.is_empty() || !service.chains.is_empty() {
         writeln!(out, "table inet {TABLE} {{")?;
         for set in &service.sets {
-            write_set(out, set, &[])?;
+            write_set(out, &set.set, &set.elements)?;
         }
         for chain in &service.chains {
             write_chain(out, chain)?;
@@ -71,6 +71,12 @@ pub fn write_service(out: &mut impl Write, service: &ServicePlan) -> fmt::Result
 fn write_set(out: &mut impl Write, set: &Set, elements: &[Element]) -> fmt::Result {
     writeln!(out, "\t{} {} {{", set.noun(), set.name)?;
     match &set.data {
+        // nft has no type name for a numgen result; it takes the type from an expression.
+        Some(SetData::Value(data)) if set.key == Fields::from(DataType::Bucket) => writeln!(
+            out,
+            "\t\ttypeof numgen random mod 2 : {}",
+            typeof_fields(data)
+        )?,
         None => writeln!(out, "\t\ttype {}", set.key)?,
         Some(SetData::Verdict) => writeln!(out, "\t\ttype {} : verdict", set.key)?,
         Some(SetData::Value(data)) => writeln!(out, "\t\ttype {} : {data}", set.key)?,
@@ -98,6 +104,24 @@ fn write_set(out: &mut impl Write, set: &Set, elements: &[Element]) -> fmt::Resu
         writeln!(out, "\t\telements = {{ {} }}", elements.join(", "))?;
     }
     writeln!(out, "\t}}")
+}
+
+/// The `typeof` spelling of endpoint map data, `ip daddr . tcp dport`: expressions of
+/// the same types (`tcp dport` stands for any port).
+fn typeof_fields(data: &Fields) -> String {
+    let words: Vec<&str> = data
+        .fields()
+        .iter()
+        .map(|field| match field {
+            DataType::Ipv4Addr => "ip daddr",
+            DataType::Ipv6Addr => "ip6 daddr",
+            DataType::InetProto => "meta l4proto",
+            DataType::InetService => "tcp dport",
+            DataType::Mark => "meta mark",
+            DataType::Integer32 | DataType::Bucket => "numgen random mod 2",
+        })
+        .collect();
+    words.join(" . ")
 }
 
 fn write_chain(out: &mut impl Write, chain: &ChainPlan) -> fmt::Result {

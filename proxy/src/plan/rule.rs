@@ -9,7 +9,8 @@ use nodus_view::model::{Family, Protocol};
 
 use super::names::protocol_name;
 use crate::nft::expr::{
-    self, CmpOp, DynsetOp, FibFlags, IcmpxCode, NatFlags, NumgenKind, RTN_LOCAL, Reject, ct_state,
+    self, CmpOp, DynsetOp, FibFlags, IcmpxCode, IpFamily, NatFlags, NatKind, NumgenKind, RTN_LOCAL,
+    Reject, ct_state,
 };
 use crate::nft::{AnonymousSet, Batch, DataType, Element, Expr, Field, Register, SetRef, Value};
 use crate::nft::{Tuple, Verdict};
@@ -75,6 +76,20 @@ pub enum Stmt {
     Dnat {
         addr: IpAddr,
         port: u16,
+    },
+    /// `dnat ip addr . port to numgen random mod 4294967295 map @map`: a uniformly random
+    /// endpoint from an interval map that splits the numgen range evenly (needs a
+    /// preceding [`Stmt::L4Proto`]). The rule never names an endpoint, so endpoint
+    /// changes touch only the map's elements.
+    DnatFromMap {
+        family: Family,
+        map: String,
+    },
+    /// `ip saddr . ip daddr . ct original ip daddr @set`: a DNATed connection from an
+    /// endpoint back to itself through a service address (hairpin).
+    Hairpin {
+        family: Family,
+        set: String,
     },
     /// `reject with icmpx port-unreachable`: ICMP or ICMPv6, whichever the packet needs.
     Reject,
@@ -166,6 +181,24 @@ pub fn address_type(family: Family) -> DataType {
     }
 }
 
+/// The key of the hairpin set: who sent, where it goes after DNAT, and the service
+/// address it was sent to. (nft cannot put `ct original proto-dst` in a concatenation,
+/// so the service port is not part of it.)
+pub fn hairpin_fields(family: Family) -> [Field; 3] {
+    let original = Field::CtOriginalDaddr(ip_family(family));
+    match family {
+        Family::V4 => [Field::IpSaddr, Field::IpDaddr, original],
+        Family::V6 => [Field::Ip6Saddr, Field::Ip6Daddr, original],
+    }
+}
+
+fn ip_family(family: Family) -> IpFamily {
+    match family {
+        Family::V4 => IpFamily::V4,
+        Family::V6 => IpFamily::V6,
+    }
+}
+
 fn lookup(set: SetRef, dreg: Option<Register>, inverted: bool) -> Expr {
     Expr::Lookup {
         set,
@@ -241,6 +274,40 @@ impl Stmt {
                 flags: NatFlags::FULLY_RANDOM,
             }),
             Stmt::Dnat { addr, port } => out.extend(expr::dnat_to(ip_value(*addr), Some(*port))),
+            Stmt::DnatFromMap { family, map } => {
+                out.push(Expr::Numgen {
+                    kind: NumgenKind::Random,
+                    modulus: u32::MAX,
+                    offset: 0,
+                    dreg: Register::FIRST,
+                });
+                out.push(Expr::HostToNetwork {
+                    sreg: Register::FIRST,
+                    dreg: Register::FIRST,
+                    len: 4,
+                    size: 4,
+                });
+                out.push(lookup(set_ref(map), Some(Register::FIRST), false));
+                // The map's data is `addr . port`: the port follows the address in the
+                // next 32-bit slot.
+                let port_slot = match family {
+                    Family::V4 => 1,
+                    Family::V6 => 4,
+                };
+                out.push(Expr::Nat {
+                    kind: NatKind::Dnat,
+                    family: ip_family(*family),
+                    addr_min: Some(Register::FIRST),
+                    addr_max: None,
+                    proto_min: Some(Register::slot(port_slot)),
+                    proto_max: None,
+                    flags: NatFlags::default(),
+                });
+            }
+            Stmt::Hairpin { family, set } => {
+                out.extend(expr::load_concat(&hairpin_fields(*family)));
+                out.push(lookup(set_ref(set), None, false));
+            }
             Stmt::Reject => out.push(Expr::Reject(Reject::Icmpx(IcmpxCode::PortUnreachable))),
             Stmt::RandomGoto(chains) => {
                 let set = batch.add_anonymous_set(&AnonymousSet::numgen_vmap(
@@ -322,6 +389,16 @@ impl fmt::Display for Stmt {
                 IpAddr::V4(addr) => write!(f, "dnat ip to {addr}:{port}"),
                 IpAddr::V6(addr) => write!(f, "dnat ip6 to [{addr}]:{port}"),
             },
+            Stmt::DnatFromMap { family, map } => write!(
+                f,
+                "dnat {} addr . port to numgen random mod {} map @{map}",
+                header(*family),
+                u32::MAX
+            ),
+            Stmt::Hairpin { family, set } => {
+                let h = header(*family);
+                write!(f, "{h} saddr . {h} daddr . ct original {h} daddr @{set}")
+            }
             Stmt::Reject => f.write_str("reject with icmpx port-unreachable"),
             Stmt::RandomGoto(chains) => {
                 let entries: Vec<String> = chains

@@ -15,11 +15,11 @@ use nodus_view::{ServiceView, View};
 
 use super::config::NodeFacts;
 use super::names::PortIdentity;
-use super::objects::{ChainPlan, ElementPlan, ServicePlan, SharedKind, SharedSet};
+use super::objects::{ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet};
 use super::ranges::merged_ranges;
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
-use crate::nft::{Element, Set, SetFlags, Tuple, Verdict};
+use crate::nft::{DataType, Element, Fields, Set, SetFlags, Tuple, Value, Verdict};
 
 /// Entries an affinity set may hold; the kernel wants a bound on sets the packet path
 /// fills.
@@ -227,19 +227,46 @@ impl PortPlanner<'_> {
         let mut endpoint_targets: Vec<Target> = Vec::new();
         if let Some(chain) = &cluster_chain {
             let mut rules = self.cluster_masquerade_rules();
-            rules.extend(self.dispatch_rules(&endpoints.cluster));
+            rules.extend(self.dispatch_rules(chain, &endpoints.cluster));
             self.chain(chain.clone(), rules);
             endpoint_targets.extend(&endpoints.cluster);
         }
         if let Some(chain) = &local_chain {
-            let rules = self.dispatch_rules(&endpoints.local);
+            let rules = self.dispatch_rules(chain, &endpoints.local);
             self.chain(chain.clone(), rules);
             endpoint_targets.extend(&endpoints.local);
         }
         endpoint_targets.sort_by_key(|target| (target.ip, target.port));
         endpoint_targets.dedup_by_key(|target| (target.ip, target.port));
-        for target in &endpoint_targets {
-            self.endpoint(target);
+        if self.spec.affinity_timeout > 0 {
+            for target in &endpoint_targets {
+                self.endpoint(target);
+            }
+        }
+        let mut local_ips: Vec<IpAddr> = endpoint_targets
+            .iter()
+            .filter(|target| target.local)
+            .map(|target| target.ip)
+            .collect();
+        local_ips.dedup();
+        // External traffic under the Cluster policy is masqueraded anyway; pods reach
+        // a Local-policy service's external addresses without masquerade, so those
+        // can hairpin too.
+        let mut service_ips = vec![self.cluster_ip];
+        if external_local {
+            service_ips.extend(external_ips.iter().chain(&lb_ips));
+            if node_port != 0 {
+                service_ips.extend(self.facts.node_port_ips(family));
+            }
+        }
+        for ip in local_ips {
+            for service_ip in &service_ips {
+                self.element(
+                    SharedKind::Hairpin,
+                    Tuple(vec![ip_value(ip), ip_value(ip), ip_value(*service_ip)]),
+                    None,
+                );
+            }
         }
     }
 
@@ -345,13 +372,30 @@ impl PortPlanner<'_> {
         vec![RulePlan(rule)]
     }
 
-    /// C.21, G.48: sticky clients first, then a uniformly random endpoint.
-    fn dispatch_rules(&self, targets: &[Target]) -> Vec<RulePlan> {
-        let mut rules = Vec::new();
+    /// C.21, G.48: a uniformly random endpoint. Without affinity the chain DNATs
+    /// straight from its endpoint map (named like the chain), so an endpoint change
+    /// rewrites only map elements, which the kernel commits without re-validating the
+    /// table. With affinity, sticky clients go first, and every endpoint needs a chain
+    /// of its own to refresh its affinity set.
+    fn dispatch_rules(&mut self, chain: &str, targets: &[Target]) -> Vec<RulePlan> {
         let timeout = self.spec.affinity_timeout;
-        if timeout > 0 {
-            for target in targets {
-                rules.push(RulePlan::new([
+        if timeout == 0 {
+            self.plan.sets.push(SetPlan {
+                set: endpoint_map(chain, self.family),
+                elements: endpoint_elements(targets),
+            });
+            return vec![RulePlan::new([
+                Stmt::L4Proto(self.port.protocol),
+                Stmt::DnatFromMap {
+                    family: self.family,
+                    map: chain.to_string(),
+                },
+            ])];
+        }
+        let mut rules: Vec<RulePlan> = targets
+            .iter()
+            .map(|target| {
+                RulePlan::new([
                     Stmt::AddrInSet {
                         addr: Addr::Source,
                         family: self.family,
@@ -361,9 +405,9 @@ impl PortPlanner<'_> {
                     Stmt::Verdict(Verdict::goto(
                         self.identity.endpoint_chain(target.ip, target.port),
                     )),
-                ]));
-            }
-        }
+                ])
+            })
+            .collect();
         rules.push(RulePlan::new([Stmt::RandomGoto(
             targets
                 .iter()
@@ -373,42 +417,71 @@ impl PortPlanner<'_> {
         rules
     }
 
-    /// D.27, G.48: hairpin masquerade, affinity refresh, DNAT.
+    /// G.48: an endpoint of a service with affinity: remember the client, DNAT.
     fn endpoint(&mut self, target: &Target) {
-        let mut rules = vec![RulePlan::new([
-            Stmt::AddrIs {
-                addr: Addr::Source,
-                value: target.ip,
-            },
-            jump(MARK_FOR_MASQUERADE),
-        ])];
         let timeout = self.spec.affinity_timeout;
-        if timeout > 0 {
-            let set = self.identity.affinity_set(target.ip, target.port, timeout);
-            self.plan.sets.push(
-                Set::new(set.clone(), address_type(self.family))
-                    .with_flags(SetFlags {
-                        dynamic: true,
-                        ..SetFlags::default()
-                    })
-                    .with_timeout(Duration::from_secs(u64::from(timeout)))
-                    .with_size(AFFINITY_SET_SIZE),
-            );
-            rules.push(RulePlan::new([Stmt::RememberSource {
+        let set = self.identity.affinity_set(target.ip, target.port, timeout);
+        self.plan.sets.push(SetPlan {
+            set: Set::new(set.clone(), address_type(self.family))
+                .with_flags(SetFlags {
+                    dynamic: true,
+                    ..SetFlags::default()
+                })
+                .with_timeout(Duration::from_secs(u64::from(timeout)))
+                .with_size(AFFINITY_SET_SIZE),
+            elements: Vec::new(),
+        });
+        let rules = vec![
+            RulePlan::new([Stmt::RememberSource {
                 family: self.family,
                 set,
-            }]));
-        }
-        rules.push(RulePlan::new([
-            Stmt::L4Proto(self.port.protocol),
-            Stmt::Dnat {
-                addr: target.ip,
-                port: target.port,
-            },
-        ]));
+            }]),
+            RulePlan::new([
+                Stmt::L4Proto(self.port.protocol),
+                Stmt::Dnat {
+                    addr: target.ip,
+                    port: target.port,
+                },
+            ]),
+        ];
         let name = self.identity.endpoint_chain(target.ip, target.port);
         self.chain(name, rules);
     }
+}
+
+/// The endpoint map of a dispatch chain: `numgen` bucket ranges to `addr . port`.
+fn endpoint_map(name: &str, family: Family) -> Set {
+    Set::data_map(
+        name,
+        DataType::Bucket,
+        Fields::new([address_type(family), DataType::InetService]),
+    )
+    .with_flags(SetFlags {
+        interval: true,
+        ..SetFlags::default()
+    })
+}
+
+/// `targets` in a stable order, each owning an equal share of the 32-bit numgen range
+/// (to within one value), as contiguous ranges from 0 to the top.
+fn endpoint_elements(targets: &[Target]) -> Vec<Element> {
+    let mut targets: Vec<(IpAddr, u16)> = targets.iter().map(|t| (t.ip, t.port)).collect();
+    targets.sort();
+    targets.dedup();
+    let count = targets.len() as u64;
+    let start = |index: u64| (index << 32) / count;
+    targets
+        .iter()
+        .zip(0u64..)
+        .map(|((ip, port), index)| {
+            let end = start(index + 1) - 1;
+            Element::range(
+                Value::Bucket(start(index) as u32),
+                Value::Bucket(end as u32),
+            )
+            .with_value(Tuple(vec![ip_value(*ip), Value::InetService(*port)]))
+        })
+        .collect()
 }
 
 fn jump(chain: &str) -> Stmt {

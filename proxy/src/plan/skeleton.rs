@@ -195,11 +195,24 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
         ),
         regular(
             MASQUERADING,
-            vec![
+            // D.27: hairpin connections are marked here, after DNAT has chosen the
+            // endpoint, instead of in a chain per endpoint before it.
+            per_family(|family| {
+                RulePlan::new([
+                    Stmt::Hairpin {
+                        family,
+                        set: SharedSet::new(SharedKind::Hairpin, family).name(),
+                    },
+                    Stmt::MarkOr(mark),
+                ])
+            })
+            .into_iter()
+            .chain([
                 RulePlan::new([Stmt::MarkClear(mark), Stmt::Verdict(Verdict::Return)]),
                 RulePlan::new([Stmt::MarkXor(mark)]),
                 RulePlan::new([Stmt::Masquerade]),
-            ],
+            ])
+            .collect(),
         ),
     ];
 

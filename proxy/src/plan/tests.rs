@@ -4,6 +4,7 @@
 use serde_json::{Value as Json, json};
 
 use super::*;
+use crate::nft::Element;
 use nodus_view::model::Family;
 use nodus_view::{Update, View};
 
@@ -129,6 +130,22 @@ fn rules(plan: &ServicePlan, prefix: &str) -> Vec<String> {
     chains[0].rules.iter().map(ToString::to_string).collect()
 }
 
+/// The elements, as nft text, of the service's own map named `name`.
+fn endpoint_map(plan: &ServicePlan, name: &str) -> Vec<String> {
+    plan.sets
+        .iter()
+        .find(|set| set.set.name == name)
+        .unwrap_or_else(|| panic!("map {name} in {:#?}", plan.sets))
+        .elements
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+fn dnat_from(map: &str) -> String {
+    format!("meta l4proto tcp dnat ip addr . port to numgen random mod 4294967295 map @{map}")
+}
+
 fn chain_named(plan: &ServicePlan, prefix: &str) -> String {
     let chain = plan
         .chains
@@ -197,22 +214,16 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
         Some(format!("goto {service_chain}"))
     );
     let service_rules = rules(&plan, "service-");
-    let dispatch = service_rules.last().expect("dispatch rule");
-    assert!(
-        dispatch.starts_with("numgen random mod 2 vmap { 0 : goto endpoint-"),
-        "{dispatch}"
-    );
-    assert!(dispatch.contains("__10.244.1.5/8080, 1 : goto endpoint-"));
-    assert_eq!(count_chains(&plan, "endpoint-"), 2);
-    let endpoint = plan
-        .chains
-        .iter()
-        .find(|chain| chain.name().ends_with("__10.244.1.5/8080"))
-        .expect("endpoint chain");
+    assert_eq!(service_rules.last(), Some(&dnat_from(&service_chain)));
+    // Each endpoint owns half of the numgen range.
     assert_eq!(
-        endpoint.rules.last().map(ToString::to_string).as_deref(),
-        Some("meta l4proto tcp dnat ip to 10.244.1.5:8080")
+        endpoint_map(&plan, &service_chain),
+        [
+            "0-2147483647 : 10.244.1.5 . 8080",
+            "2147483648-4294967295 : 10.244.2.9 . 8080"
+        ]
     );
+    assert_eq!(count_chains(&plan, "endpoint-"), 0);
     assert!(
         v4(
             &plan,
@@ -286,14 +297,10 @@ fn b19_internal_local_without_local_endpoints_drops() {
         v4(&plan_local, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
         Some(format!("goto {local_chain}"))
     );
-    let dispatch = rules(&plan_local, "local-");
-    assert!(
-        dispatch[0].starts_with("numgen random mod 1 vmap"),
-        "{dispatch:?}"
-    );
+    assert_eq!(rules(&plan_local, "local-"), [dnat_from(&local_chain)]);
     assert_eq!(
-        count_chains(&plan_local, "endpoint-"),
-        1,
+        endpoint_map(&plan_local, &local_chain),
+        ["0-4294967295 : 10.244.1.5 . 8080"],
         "only the local endpoint"
     );
     assert_eq!(count_chains(&plan_local, "service-"), 0);
@@ -307,14 +314,53 @@ fn d27_hairpin_traffic_is_masqueraded() {
         http_slice("web", &two_endpoints()),
     ]);
     let plan = plan(&view, "web");
-    let endpoint = plan
-        .chains
-        .iter()
-        .find(|chain| chain.name().ends_with("__10.244.2.9/8080"))
-        .expect("endpoint chain");
+    // The local endpoint, back to itself through the ClusterIP; the remote endpoint
+    // cannot be a client on this node.
+    let hairpin: Vec<&Element> = plan
+        .elements_in(SharedSet::new(SharedKind::Hairpin, Family::V4))
+        .collect();
+    assert_eq!(hairpin.len(), 1, "{hairpin:?}");
     assert_eq!(
-        endpoint.rules[0].to_string(),
-        "ip saddr 10.244.2.9 jump mark-for-masquerade"
+        hairpin[0].to_string(),
+        "10.244.1.5 . 10.244.1.5 . 10.96.0.10"
+    );
+    let skeleton = Planner::new(&view, &ProxyConfig::default()).skeleton();
+    let masquerading = render(&skeleton, []);
+    assert!(masquerading.contains(
+        "\t\tip saddr . ip daddr . ct original ip daddr @hairpin-v4 \
+         meta mark set meta mark | 0x00004000\n"
+    ));
+}
+
+#[test]
+fn d27_hairpin_covers_external_addresses_under_the_local_policy() {
+    let spec = |policy: &str| {
+        json!({"type": "NodePort", "externalIPs": ["192.0.2.7"], "externalTrafficPolicy": policy,
+               "ports": [{"name": "http", "port": 80, "targetPort": 8080,
+                          "nodePort": 30080, "protocol": "TCP"}]})
+    };
+    let hairpin = |policy: &str| {
+        let view = view([
+            this_node(),
+            service("web", spec(policy), json!({})),
+            http_slice("web", &two_endpoints()),
+        ]);
+        let mut hairpin: Vec<String> = plan(&view, "web")
+            .elements_in(SharedSet::new(SharedKind::Hairpin, Family::V4))
+            .map(ToString::to_string)
+            .collect();
+        hairpin.sort();
+        hairpin
+    };
+    // Under Cluster, external traffic is masqueraded on entry.
+    assert_eq!(hairpin("Cluster"), ["10.244.1.5 . 10.244.1.5 . 10.96.0.10"]);
+    assert_eq!(
+        hairpin("Local"),
+        [
+            "10.244.1.5 . 10.244.1.5 . 10.96.0.10",
+            "10.244.1.5 . 10.244.1.5 . 192.0.2.7",
+            "10.244.1.5 . 10.244.1.5 . 192.168.0.10",
+        ]
     );
 }
 
@@ -584,6 +630,7 @@ fn g48_client_ip_affinity_sticks_per_endpoint() {
     let plan = plan(&view, "web");
     assert_eq!(plan.sets.len(), 2);
     for set in &plan.sets {
+        let set = &set.set;
         assert!(set.name.starts_with("affinity-"), "{}", set.name);
         assert!(set.flags.dynamic && set.flags.timeout);
         assert_eq!(set.timeout, Some(std::time::Duration::from_secs(600)));
@@ -599,8 +646,8 @@ fn g48_client_ip_affinity_sticks_per_endpoint() {
         .find(|chain| chain.name().ends_with("__10.244.1.5/8080"))
         .expect("endpoint chain");
     assert_eq!(
-        endpoint.rules[1].to_string(),
-        format!("update @{} {{ ip saddr }}", plan.sets[0].name)
+        endpoint.rules[0].to_string(),
+        format!("update @{} {{ ip saddr }}", plan.sets[0].set.name)
     );
 }
 
@@ -633,11 +680,22 @@ fn j57_dual_stack_families_are_planned_independently() {
     let v6_chain = plan
         .chains
         .iter()
-        .find(|chain| chain.name().ends_with("__fd00.244.1..5/8080"))
-        .expect("IPv6 endpoint chain");
+        .find(|chain| chain.name().ends_with("/web/ipv6/tcp/http"))
+        .expect("IPv6 service chain")
+        .name()
+        .to_string();
     assert_eq!(
-        v6_chain.rules.last().map(ToString::to_string).as_deref(),
-        Some("meta l4proto tcp dnat ip6 to [fd00:244:1::5]:8080")
+        rules(&plan, &v6_chain).last().map(String::as_str),
+        Some(
+            format!(
+                "meta l4proto tcp dnat ip6 addr . port to numgen random mod 4294967295 map @{v6_chain}"
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(
+        endpoint_map(&plan, &v6_chain),
+        ["0-4294967295 : fd00:244:1::5 . 8080"]
     );
     assert!(
         element(
@@ -699,16 +757,18 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
         assert!(v4(&plan, SharedKind::ServiceIps, key).is_some(), "{key}");
     }
     assert_eq!(
-        count_chains(&plan, "endpoint-"),
+        count_chains(&plan, "service-"),
         3,
-        "one endpoint chain per port"
+        "one service chain per port"
     );
     let text = render(
         &Planner::new(&view, &ProxyConfig::default()).skeleton(),
         [plan],
     );
-    assert!(text.contains("meta l4proto udp dnat ip to 10.244.1.7:5353"));
-    assert!(text.contains("meta l4proto sctp dnat ip to 10.244.1.7:9999"));
+    assert!(text.contains("meta l4proto udp dnat ip addr . port to numgen"));
+    assert!(text.contains("meta l4proto sctp dnat ip addr . port to numgen"));
+    assert!(text.contains("0-4294967295 : 10.244.1.7 . 5353"));
+    assert!(text.contains("0-4294967295 : 10.244.1.7 . 9999"));
 }
 
 #[test]
@@ -749,27 +809,14 @@ fn updates_touch_only_what_changed() {
     let text = batch.into_batch().to_string();
     let lines: Vec<&str> = text.lines().collect();
     let service_chain = chain_named(&old, "service-");
-    let gone = old
-        .chains
-        .iter()
-        .find(|chain| chain.name().ends_with("__10.244.2.9/8080"))
-        .expect("endpoint chain")
-        .name()
-        .to_string();
-    // The service chain is rewritten; the departed endpoint's chain is flushed and then
-    // deleted; the shared map entries did not change, so they are not touched.
-    let position = |line: &str| {
-        lines
-            .iter()
-            .position(|l| *l == line)
-            .unwrap_or_else(|| panic!("{line} in\n{text}"))
-    };
-    assert!(position(&format!("flush chain {gone}")) < position(&format!("delete chain {gone}")));
-    assert!(position(&format!("flush chain {service_chain}")) < lines.len());
-    assert!(
-        !lines
-            .iter()
-            .any(|l| l.contains(" element") && !l.contains("__map")),
+    // Only the endpoint map changes: it is flushed and refilled. No rule is touched,
+    // and the shared maps' entries did not change, so they are not touched either.
+    assert_eq!(
+        lines,
+        [
+            format!("flush set {service_chain}"),
+            format!("add element to {service_chain}: 0-4294967295 : 10.244.1.5 . 8080"),
+        ],
         "{text}"
     );
 
