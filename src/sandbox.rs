@@ -272,6 +272,31 @@ fn demonstrate_dns(pod: &Pod) {
     }
 }
 
+/// `namespaces.json` in the sandbox directory: the network namespace of the underlay, of
+/// every node and of every pod, for `ip netns exec` (and for the tests that drive
+/// traffic through the sandbox).
+fn write_namespaces(
+    dir: &Path,
+    underlay: &Underlay,
+    nodes: &[Node],
+    pods: &[Pod],
+) -> anyhow::Result<()> {
+    let names = |entries: Vec<(&str, &str)>| {
+        entries
+            .into_iter()
+            .map(|(name, ns)| (name.to_string(), json!(ns)))
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let map = json!({
+        "underlay": underlay.ns.name(),
+        "nodes": names(nodes.iter().map(|n| (n.name.as_str(), n.ns.name())).collect()),
+        "pods": names(pods.iter().map(|p| (p.name.as_str(), p.ns.name())).collect()),
+    });
+    let path = dir.join("namespaces.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&map)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
 pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     if !netns::is_root() {
         bail!("the sandbox creates network namespaces: run it as root");
@@ -346,6 +371,23 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     for (i, name) in node_names.iter().enumerate() {
         let node = Node::new(&underlay, name, FIRST_NODE_INDEX + i as u8)?;
+        // Like a real node, a default route (to the underlay's host): traffic to a
+        // ClusterIP without endpoints must reach the forward hook to be rejected.
+        node.ns.ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &underlay.v4(1).to_string(),
+        ])?;
+        node.ns.ip(&[
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            &underlay.v6(1).to_string(),
+        ])?;
         let log = std::fs::File::create(args.dir.join(format!("{name}.log")))?;
         let mut cmd = node.ns.command(&exe.to_string_lossy());
         cmd.args(["run", "--node-name", name, "--kubeconfig"])
@@ -374,6 +416,8 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         pod.ns.spawn(cmd)?;
         pods.push(pod);
     }
+
+    write_namespaces(&args.dir, &underlay, &nodes, &pods)?;
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let statuses: Vec<_> = loop {

@@ -3,6 +3,7 @@
 mod agent;
 mod dns;
 mod proxy;
+mod proxy_packets;
 mod sandbox;
 mod support;
 mod view;

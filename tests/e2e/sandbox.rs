@@ -1,47 +1,15 @@
 //! `nodus sandbox`: the README's first command, brought up, queried and torn down for real.
 
-use crate::support::{NODUS, WAIT, free_port};
+use crate::support::{NODUS, Sandbox};
 use nodus_testbed::netns;
 use serde_json::Value;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 
 #[test]
 fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything() {
-    assert!(
-        netns::is_root(),
-        "the sandbox test needs root (network namespaces)"
-    );
-    let dir = std::env::temp_dir().join(format!("nodus-e2e-sandbox-{}", std::process::id()));
-    let mut sandbox = Command::new(NODUS)
-        .args(["sandbox", "--api-port", &free_port().to_string()])
-        .arg("--dir")
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("sandbox starts");
-    let (tx, rx) = mpsc::channel();
-    let stdout = sandbox.stdout.take().expect("stdout");
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut printed = Vec::new();
-    while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
-        match rx.recv_timeout(WAIT * 2) {
-            Ok(line) => printed.push(line),
-            Err(_) => {
-                let _ = sandbox.kill();
-                panic!("the sandbox did not come up:\n{}", printed.join("\n"));
-            }
-        }
-    }
-    let printed = printed.join("\n");
+    let mut sandbox = Sandbox::start("sandbox", None);
+    let dir = sandbox.dir.clone();
+    let printed = sandbox.printed.clone();
     for node in ["node-1", "node-2", "node-3"] {
         let row = printed
             .lines()
@@ -94,15 +62,12 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
         "addresses the namespaces really have"
     );
 
-    // SAFETY: signalling a child we own.
-    unsafe { libc::kill(sandbox.id() as i32, libc::SIGINT) };
-    let status = sandbox.wait().expect("sandbox exits");
+    let status = sandbox.interrupt();
     assert!(status.success(), "{status}");
-    let pid_prefix = format!("n{:x}", sandbox.id() & 0xfffff);
+    let pid_prefix = format!("n{:x}", sandbox.pid() & 0xfffff);
     let list = netns::run("ip", &["netns", "list"]).expect("ip netns list");
     assert!(
         !list.lines().any(|l| l.starts_with(&pid_prefix)),
         "the sandbox left namespaces behind:\n{list}"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }

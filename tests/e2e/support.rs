@@ -226,3 +226,98 @@ impl Lines {
         }
     }
 }
+
+/// `nodus sandbox` running a cluster (the built-in example, or `load`), up until dropped,
+/// when it gets SIGINT and tears everything down.
+pub struct Sandbox {
+    child: Child,
+    pub dir: PathBuf,
+    /// What it printed up to its "Ctrl-C" line.
+    pub printed: String,
+    /// `namespaces.json`: `underlay`, `nodes.<name>`, `pods.<name>`.
+    pub namespaces: serde_json::Value,
+}
+
+impl Sandbox {
+    pub fn start(test: &str, load: Option<&str>) -> Sandbox {
+        assert!(
+            nodus_testbed::netns::is_root(),
+            "the sandbox needs root (network namespaces)"
+        );
+        let dir = std::env::temp_dir().join(format!("nodus-e2e-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("sandbox dir");
+        let api_port = free_port();
+        let mut command = Command::new(NODUS);
+        command
+            .args(["sandbox", "--api-port", &api_port.to_string()])
+            .arg("--dir")
+            .arg(&dir);
+        if let Some(yaml) = load {
+            let file = dir.join("cluster.yaml");
+            std::fs::write(&file, yaml).expect("cluster file");
+            command.arg("--load").arg(file);
+        }
+        let mut child = command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sandbox starts");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("stdout");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut printed = Vec::new();
+        while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
+            match rx.recv_timeout(WAIT * 2) {
+                Ok(line) => printed.push(line),
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("the sandbox did not come up:\n{}", printed.join("\n"));
+                }
+            }
+        }
+        let namespaces = std::fs::read_to_string(dir.join("namespaces.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        Sandbox {
+            child,
+            dir,
+            printed: printed.join("\n"),
+            namespaces,
+        }
+    }
+
+    /// The namespace of a node or pod (`kind` is `nodes` or `pods`).
+    pub fn ns(&self, kind: &str, name: &str) -> String {
+        self.namespaces[kind][name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {kind} {name} in {}", self.namespaces))
+            .to_string()
+    }
+
+    /// Stops the sandbox with SIGINT, as Ctrl-C does, and returns its exit status.
+    pub fn interrupt(&mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling a child we own.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        self.child.wait().expect("sandbox exits")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            self.interrupt();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

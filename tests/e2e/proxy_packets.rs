@@ -1,0 +1,242 @@
+//! The proxy with real packets: `nodus sandbox` runs a two-node cluster in network
+//! namespaces, each node running `nodus run` with the proxy on, and pods running the
+//! echo server, which answers with its pod name. Clients in pod namespaces (or on the
+//! underlay, outside the cluster) connect with `curl` and check where they landed.
+
+use crate::support::{Sandbox, WAIT};
+use nodus_testbed::netns;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+fn node(name: &str, index: u8) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+           "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+           "spec": {"podCIDRs": [format!("10.244.{index}.0/24")]},
+           "status": {"addresses": []}})
+}
+
+fn service(name: &str, spec: Value) -> Value {
+    let mut base = json!({"type": "ClusterIP",
+                          "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
+    if let (Some(base), Some(spec)) = (base.as_object_mut(), spec.as_object()) {
+        base.extend(spec.clone());
+    }
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": "default"}, "spec": base})
+}
+
+fn with_status(mut service: Value, status: Value) -> Value {
+    service["status"] = status;
+    service
+}
+
+/// An EndpointSlice of ready pods, `(pod, node, ip)`.
+fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
+    let endpoints: Vec<Value> = pods
+        .iter()
+        .map(|(pod, node, ip)| {
+            json!({"addresses": [ip], "conditions": {"ready": true, "serving": true},
+                   "nodeName": node, "targetRef": {"kind": "Pod", "name": pod}})
+        })
+        .collect();
+    json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+           "metadata": {"name": format!("{service}-1"), "namespace": "default",
+                        "labels": {"kubernetes.io/service-name": service}},
+           "addressType": "IPv4", "endpoints": endpoints,
+           "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
+}
+
+const A1: (&str, &str, &str) = ("a-1", "node-a", "10.244.1.11");
+const A2: (&str, &str, &str) = ("a-2", "node-a", "10.244.1.12");
+const B1: (&str, &str, &str) = ("b-1", "node-b", "10.244.2.11");
+const B2: (&str, &str, &str) = ("b-2", "node-b", "10.244.2.12");
+
+fn cluster() -> String {
+    let docs = [
+        node("node-a", 1),
+        node("node-b", 2),
+        service("spread", json!({"clusterIP": "10.96.1.1"})),
+        slice("spread", &[A1, A2, B1, B2]),
+        service(
+            "sticky",
+            json!({"clusterIP": "10.96.1.2", "sessionAffinity": "ClientIP",
+                   "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 600}}}),
+        ),
+        slice("sticky", &[A1, A2, B1, B2]),
+        service("self", json!({"clusterIP": "10.96.1.3"})),
+        slice("self", &[A1]),
+        service(
+            "local",
+            json!({"clusterIP": "10.96.1.4", "type": "NodePort", "externalTrafficPolicy": "Local",
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080,
+                              "nodePort": 30090, "protocol": "TCP"}]}),
+        ),
+        slice("local", &[B1]),
+        with_status(
+            service(
+                "ranged",
+                json!({"clusterIP": "10.96.1.5", "type": "LoadBalancer",
+                       "loadBalancerSourceRanges": ["172.30.0.1/32"],
+                       "ports": [{"name": "http", "port": 80, "targetPort": 8080,
+                                  "nodePort": 30091, "protocol": "TCP"}]}),
+            ),
+            json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.50"}]}}),
+        ),
+        slice("ranged", &[A1]),
+        service("empty", json!({"clusterIP": "10.96.1.6"})),
+    ];
+    docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
+}
+
+/// `curl` from namespace `ns`: the answering pod's name, or curl's exit code.
+fn curl(ns: &str, url: &str, extra: &[&str]) -> Result<String, i32> {
+    let output = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "curl", "-s", "-m", "2"])
+        .args(extra)
+        .arg(url)
+        .output()
+        .expect("curl runs");
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).trim().to_string())
+    } else {
+        Err(output.status.code().unwrap_or(-1))
+    }
+}
+
+/// Answers to `count` new connections.
+fn spread(ns: &str, url: &str, count: usize) -> BTreeMap<String, usize> {
+    let mut seen = BTreeMap::new();
+    for _ in 0..count {
+        let answer = curl(ns, url, &[]).unwrap_or_else(|code| format!("curl exit {code}"));
+        *seen.entry(answer).or_default() += 1;
+    }
+    seen
+}
+
+const CURL_TIMEOUT: i32 = 28;
+const CURL_REFUSED: i32 = 7;
+
+#[test]
+fn services_deliver_real_connections_where_kube_proxy_would() {
+    let sandbox = Sandbox::start("proxy-packets", Some(&cluster()));
+    let pod = |name: &str| sandbox.ns("pods", name);
+    let underlay = sandbox.namespaces["underlay"]
+        .as_str()
+        .expect("underlay namespace")
+        .to_string();
+    let (node_a, node_b) = ("172.30.0.11", "172.30.0.12");
+
+    // C.21: new connections spread over local and remote endpoints.
+    let seen = spread(&pod("a-2"), "http://10.96.1.1/", 40);
+    for endpoint in ["a-1", "a-2", "b-1", "b-2"] {
+        assert!(
+            seen.contains_key(endpoint),
+            "{endpoint} never chosen: {seen:?}"
+        );
+    }
+
+    // G.48: with ClientIP affinity, 20 connections land on one endpoint.
+    let seen = spread(&pod("a-2"), "http://10.96.1.2/", 20);
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert!(seen.keys().all(|k| k.len() == 3), "{seen:?}");
+
+    // D.27: hairpin, a pod reaching itself through its service.
+    assert_eq!(
+        curl(&pod("a-1"), "http://10.96.1.3/", &[]).as_deref(),
+        Ok("a-1")
+    );
+
+    // C.23: no endpoints: refused (an ICMP error), not left to time out.
+    assert_eq!(
+        curl(&pod("a-2"), "http://10.96.1.6/", &[]),
+        Err(CURL_REFUSED)
+    );
+
+    // E.37, F.45: external Local policy: delivered on the node with the endpoint,
+    // dropped (not refused) on the other; a pod still reaches it through node-a.
+    assert_eq!(
+        curl(&underlay, &format!("http://{node_b}:30090/"), &[]).as_deref(),
+        Ok("b-1")
+    );
+    assert_eq!(
+        curl(&underlay, &format!("http://{node_a}:30090/"), &[]),
+        Err(CURL_TIMEOUT)
+    );
+    assert_eq!(
+        curl(&pod("a-2"), &format!("http://{node_a}:30090/"), &[]).as_deref(),
+        Ok("b-1")
+    );
+
+    // F.42: source ranges on the LB IP: 172.30.0.1 is allowed, 172.30.0.2 is not.
+    netns::run(
+        "ip",
+        &[
+            "-n",
+            &underlay,
+            "route",
+            "add",
+            "192.0.2.50/32",
+            "via",
+            node_a,
+        ],
+    )
+    .expect("route to the LB IP");
+    netns::run(
+        "ip",
+        &[
+            "-n",
+            &underlay,
+            "addr",
+            "add",
+            "172.30.0.2/24",
+            "dev",
+            "br0",
+        ],
+    )
+    .expect("second underlay address");
+    assert_eq!(
+        curl(
+            &underlay,
+            "http://192.0.2.50/",
+            &["--interface", "172.30.0.1"]
+        )
+        .as_deref(),
+        Ok("a-1")
+    );
+    assert_eq!(
+        curl(
+            &underlay,
+            "http://192.0.2.50/",
+            &["--interface", "172.30.0.2"]
+        ),
+        Err(CURL_TIMEOUT)
+    );
+
+    // K.62: an outside `nft flush table` on node-a is repaired by the periodic check.
+    netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &sandbox.ns("nodes", "node-a"),
+            "nft",
+            "flush",
+            "table",
+            "inet",
+            "nodus",
+        ],
+    )
+    .expect("nft flush");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if curl(&pod("a-2"), "http://10.96.1.3/", &[]).as_deref() == Ok("a-1") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the flushed table was not repaired"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
