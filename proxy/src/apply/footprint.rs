@@ -6,8 +6,9 @@
 //! element data). A footprint keeps only names and keys. Names are stored without their
 //! `role-HASH-` head when the hash can be recomputed, and front-coded against the
 //! previous name in sorted order, so the ten endpoint chains of a port cost a few bytes
-//! each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). Element data is kept as a
-//! 32-bit digest: an element whose data digest still matches is left alone, any other is
+//! each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). Contents are kept as 32-bit
+//! digests: a chain's rules, a set's elements, a shared-map element's data. What still
+//! matches is left alone; a chain that changed is rewritten, a set refilled, an element
 //! deleted by key and re-added.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -38,39 +39,37 @@ pub struct Footprint(pub(super) Box<[u8]>);
 impl Footprint {
     pub fn of(plan: &ServicePlan) -> Footprint {
         let mut bytes = Vec::new();
-        // A set's entry carries a digest of its elements; a chain's does not.
-        let mut names: Vec<(Option<u32>, Option<u8>, &str)> = plan
+        // Every entry carries a digest of its contents: a chain's rules, a set's elements.
+        let mut names: Vec<(bool, u32, Option<u8>, &str)> = plan
             .chains
             .iter()
-            .map(|chain| (None, chain.name()))
+            .map(|chain| (false, digest(&chain.rules), chain.name()))
             .chain(
                 plan.sets
                     .iter()
-                    .map(|set| (Some(elements_digest(&set.elements)), set.set.name.as_str())),
+                    .map(|set| (true, digest(&set.elements), set.set.name.as_str())),
             )
-            .map(|(digest, name)| match split_name(name) {
+            .map(|(is_set, digest, name)| match split_name(name) {
                 Some((role, path)) => match ROLES.iter().position(|r| *r == role) {
-                    Some(index) => (digest, u8::try_from(index).ok(), path),
-                    None => (digest, None, name),
+                    Some(index) => (is_set, digest, u8::try_from(index).ok(), path),
+                    None => (is_set, digest, None, name),
                 },
-                None => (digest, None, name),
+                None => (is_set, digest, None, name),
             })
             .collect();
-        names.sort_by(|a, b| a.2.cmp(b.2));
+        names.sort_by(|a, b| a.3.cmp(b.3));
         write_count(&mut bytes, names.len());
         let mut previous = "";
-        for (digest, role, text) in names {
+        for (is_set, digest, role, text) in names {
             let shared = common_prefix(previous, text);
             let suffix = &text[shared..];
             let role_bits = role.map_or(0, |index| (index + 1) << TAG_ROLE_SHIFT);
-            bytes.push((u8::from(digest.is_some()) * TAG_SET) | role_bits);
+            bytes.push((u8::from(is_set) * TAG_SET) | role_bits);
             // Names hold at most 255 bytes (nf_tables), so one byte holds each length.
             bytes.push(u8::try_from(shared).unwrap_or(u8::MAX));
             bytes.push(u8::try_from(suffix.len()).unwrap_or(u8::MAX));
             bytes.extend_from_slice(suffix.as_bytes());
-            if let Some(digest) = digest {
-                bytes.extend_from_slice(&digest.to_ne_bytes());
-            }
+            bytes.extend_from_slice(&digest.to_ne_bytes());
             previous = text;
         }
         write_count(&mut bytes, plan.elements.len());
@@ -121,15 +120,15 @@ impl Footprint {
                 Some(index) => join_name(ROLES.get(index)?, &text),
                 None => text.clone(),
             };
+            let contents = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
+            // Old contents are known only by digest: the same name with the same digest
+            // is taken as unchanged (left alone), anything else as changed (a set is
+            // flushed and refilled, a chain flushed and rewritten).
             if tag & TAG_SET != 0 {
-                let digest = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
-                // The old set's name is used to delete it; its elements only to tell
-                // whether `new`'s differ: the same set with the same digest is taken as
-                // equal, anything else as different, so that it is flushed and refilled.
                 let same = new
                     .sets
                     .iter()
-                    .find(|set| set.set.name == name && elements_digest(&set.elements) == digest);
+                    .find(|set| set.set.name == name && digest(&set.elements) == contents);
                 plan.sets.push(match same {
                     Some(set) => set.clone(),
                     None => SetPlan {
@@ -138,9 +137,16 @@ impl Footprint {
                     },
                 });
             } else {
-                plan.chains.push(ChainPlan {
-                    chain: Chain::regular(name),
-                    rules: vec![unknown_rules()],
+                let same = new
+                    .chains
+                    .iter()
+                    .find(|chain| chain.name() == name && digest(&chain.rules) == contents);
+                plan.chains.push(match same {
+                    Some(chain) => chain.clone(),
+                    None => ChainPlan {
+                        chain: Chain::regular(name),
+                        rules: vec![unknown_rules()],
+                    },
                 });
             }
             previous = text;
@@ -185,10 +191,11 @@ fn unknown_element() -> Element {
     Element::new(Value::Integer32(u32::MAX))
 }
 
-/// A digest of a set's elements, like [`data_digest`] for one element's data.
-fn elements_digest(elements: &[Element]) -> u32 {
+/// A digest of a chain's rules or a set's elements, like [`data_digest`] for one
+/// element's data.
+fn digest(contents: &impl Hash) -> u32 {
     let mut hasher = DefaultHasher::new();
-    elements.hash(&mut hasher);
+    contents.hash(&mut hasher);
     hasher.finish() as u32
 }
 

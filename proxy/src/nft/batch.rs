@@ -452,10 +452,10 @@ fn preposition(verb: &str) -> &'static str {
 }
 
 fn element_list_header(table: &str, set: &SetRef) -> Vec<Attr> {
-    let mut attrs = vec![
-        Attr::string(sys::NFTA_SET_ELEM_LIST_TABLE, table),
-        Attr::string(sys::NFTA_SET_ELEM_LIST_SET, set.name()),
-    ];
+    let mut attrs = vec![Attr::string(sys::NFTA_SET_ELEM_LIST_TABLE, table)];
+    if !set.id_only() {
+        attrs.push(Attr::string(sys::NFTA_SET_ELEM_LIST_SET, set.name()));
+    }
     if let Some(id) = set.id() {
         attrs.push(Attr::u32(sys::NFTA_SET_ELEM_LIST_SET_ID, id));
     }

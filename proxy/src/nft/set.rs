@@ -22,6 +22,8 @@ use super::types::{DataType, Fields, Tuple, Verdict};
 pub struct SetRef {
     name: String,
     id: Option<u32>,
+    /// Element messages name the set by id alone (see [`SetRef::created`]).
+    id_only: bool,
 }
 
 impl SetRef {
@@ -29,6 +31,7 @@ impl SetRef {
         SetRef {
             name: name.into(),
             id: None,
+            id_only: false,
         }
     }
 
@@ -36,7 +39,24 @@ impl SetRef {
         SetRef {
             name: name.into(),
             id: Some(id),
+            id_only: false,
         }
+    }
+
+    /// For a set this batch really creates (it did not exist before): element messages
+    /// then carry only its id. The kernel looks a name up first, by walking the table's
+    /// list of sets, so with thousands of per-service maps a name costs a walk per
+    /// message, while an id is found among the batch's own transactions. A set that
+    /// already existed has no transaction in the batch, so it must keep its name.
+    pub fn created(self) -> SetRef {
+        SetRef {
+            id_only: self.id.is_some(),
+            ..self
+        }
+    }
+
+    pub(crate) fn id_only(&self) -> bool {
+        self.id_only
     }
 
     pub fn name(&self) -> &str {

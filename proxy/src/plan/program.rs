@@ -188,7 +188,7 @@ impl PlanBatch {
         for set in &new.sets {
             match old_sets.get(set.set.name.as_str()) {
                 None => {
-                    let reference = self.add_set(&set.set);
+                    let reference = self.add_set(&set.set).created();
                     if !set.elements.is_empty() {
                         self.batch.add_elements(&reference, &set.elements);
                     }
