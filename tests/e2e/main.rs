@@ -3,6 +3,7 @@
 mod agent;
 mod deploy;
 mod dns;
+mod operate;
 mod proxy;
 mod sandbox;
 mod support;
