@@ -235,7 +235,8 @@ fn a_failing_or_hanging_program_is_logged_and_never_stalls_the_agent() {
     cmd.arg("--on-change")
         .arg(&script)
         .arg("--config")
-        .arg(&config);
+        .arg(&config)
+        .env("NODUS_LOG_FORMAT", "json");
     cluster.spawn(cmd);
     wait_ready(http);
     let errors = |http| subsystem(&status_json(http), "on-change")["errors"].clone();
@@ -248,24 +249,58 @@ fn a_failing_or_hanging_program_is_logged_and_never_stalls_the_agent() {
         let status = status_json(http);
         (subsystem(&status, "view")["objects"]["endpoint"] != 10).then_some(())
     });
+    // Logged as JSON lines (NODUS_LOG_FORMAT=json), the error in its own field.
     let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
-    assert!(log.contains("exited with exit status: 3"), "{log}");
-    assert!(log.contains("still running after 1s; killed"), "{log}");
+    let errors: Vec<String> = log
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).expect("a JSON log line"))
+        .filter(|line| {
+            line["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("--on-change program failed"))
+        })
+        .map(|line| {
+            line["fields"]["error"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect();
+    assert!(
+        errors.iter().any(|e| e == "exited with exit status: 3"),
+        "{log}"
+    );
+    assert!(
+        errors.iter().any(|e| e == "still running after 1s; killed"),
+        "{log}"
+    );
 }
 
-/// SIGTERM: nodus exits promptly and its nftables table stays, so traffic keeps flowing
-/// until the next nodus adopts it.
+/// The DaemonSet's capabilities suffice: with only NET_ADMIN and NET_BIND_SERVICE (the
+/// bounding set of a root process is what it keeps), nodus programs its table and answers
+/// DNS on port 53. On SIGTERM it exits promptly and its nftables table stays, so traffic
+/// keeps flowing until the next nodus adopts it.
 #[test]
-fn sigterm_exits_within_two_seconds_and_leaves_the_dataplane() {
+fn with_only_the_daemonsets_capabilities_it_programs_and_answers_and_sigterm_leaves_the_table() {
     let mut cluster = Cluster::new("sigterm", EXAMPLE);
     let ns = Netns::new("term").expect("netns");
     ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
     let kubeconfig = cluster.listen_in(&ns);
     let config = cluster.dir.join("config.yaml");
-    std::fs::write(&config, "proxy:\n  enabled: true\ndns:\n  enabled: false\n").expect("config");
+    std::fs::write(
+        &config,
+        "proxy:\n  enabled: true\ndns:\n  listen: [\"127.0.0.1:53\"]\n",
+    )
+    .expect("config");
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let mut cmd = ns.command(NODUS);
+    let mut cmd = ns.command("setpriv");
     cmd.args([
+        "--bounding-set",
+        "-all,+net_admin,+net_bind_service",
+        "--",
+        NODUS,
+    ])
+    .args([
         "run",
         "--node-name",
         "node-1",
@@ -283,10 +318,28 @@ fn sigterm_exits_within_two_seconds_and_leaves_the_dataplane() {
             .and_then(Result::ok)
             .filter(|(code, _)| *code == 200)
     });
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert!(
+        status.contains("CapEff:\t0000000000001400"),
+        "only CAP_NET_ADMIN (12) and CAP_NET_BIND_SERVICE (10):\n{status}"
+    );
     let table = ns
         .exec("nft", &["list", "table", "inet", "nodus"])
         .expect("the proxy programmed its table");
     assert!(table.contains("10.96.0.20"), "{table}");
+    let answer = ns
+        .exec(
+            "dig",
+            &[
+                "@127.0.0.1",
+                "+short",
+                "+tries=1",
+                "web.default.svc.cluster.local",
+                "A",
+            ],
+        )
+        .expect("dig");
+    assert_eq!(answer.trim(), "10.96.0.20");
 
     let start = Instant::now();
     // SAFETY: kill(2) on the pid of a child we started and have not reaped.
