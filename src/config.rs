@@ -126,6 +126,29 @@ pub struct MeshConfig {
     pub enabled: bool,
 }
 
+/// serde_yaml names the line of an unknown key, except for a key on the document's first
+/// line: find that key's line in the text.
+fn with_line(yaml: &str, error: serde_yaml::Error) -> anyhow::Error {
+    let message = error.to_string();
+    let unknown = message
+        .strip_prefix("unknown field `")
+        .and_then(|rest| rest.split_once('`'))
+        .map(|(key, _)| key);
+    // Its Display leaves out a position at the very start of the document.
+    let line = unknown
+        .filter(|_| !message.contains(" at line "))
+        .and_then(|key| {
+            yaml.lines().position(|line| {
+                line.strip_prefix(key)
+                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
+            })
+        });
+    match line {
+        Some(index) => anyhow::anyhow!("{message} at line {}", index + 1),
+        None => error.into(),
+    }
+}
+
 fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Cidr>, D::Error> {
     Vec::<String>::deserialize(deserializer)?
         .iter()
@@ -138,7 +161,7 @@ impl Config {
         if yaml.trim().is_empty() {
             return Ok(Config::default());
         }
-        let config: Config = serde_yaml::from_str(yaml)?;
+        let config: Config = serde_yaml::from_str(yaml).map_err(|error| with_line(yaml, error))?;
         config.validate()?;
         Ok(config)
     }
@@ -224,6 +247,22 @@ mod tests {
         let text = format!("{err:#}");
         assert!(text.contains("lisen"), "{text}");
         assert!(text.contains("line 4"), "{text}");
+
+        let err = Config::parse("# nodus\ncluster_domain: a.b\nclusterdomain: c\n")
+            .expect_err("unknown key");
+        let text = format!("{err:#}");
+        assert!(text.contains("`clusterdomain`"), "{text}");
+        assert!(text.contains("at line 3"), "{text}");
+
+        // serde_yaml leaves the position out for the first line of the document.
+        let err = Config::parse("clusterdomain: c\n").expect_err("unknown key");
+        let text = format!("{err:#}");
+        assert!(text.ends_with("`mesh` at line 1"), "{text}");
+
+        let err = Config::parse("mesh:\n  enabled: true\n  key_dir: /x\n").expect_err("unknown");
+        let text = format!("{err:#}");
+        assert!(text.contains("mesh: unknown field `key_dir`"), "{text}");
+        assert!(text.contains("line 3"), "{text}");
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Applied {
     pub changes: ChangeSet,
     /// This batch completed the initial list of every watched kind.
     pub initial_sync: bool,
+    /// Time spent applying it to the view.
+    pub took: std::time::Duration,
 }
 
 pub struct Feed {
@@ -76,13 +78,16 @@ impl Feed {
                 WatchItem::Restarted(kind, error) => {
                     tracing::warn!(kind = kind.as_str(), %error, "watch failed; retrying");
                     self.metrics.watch_restarted(kind);
+                    let error = format!("{} watch failed: {error}", kind.as_str());
+                    self.metrics.status.view.error(error);
                 }
             }
         }
         let mut view = self.read_write();
         let start = Instant::now();
         let report = view.apply(updates);
-        self.metrics.batch_applied(start.elapsed());
+        let took = start.elapsed();
+        self.metrics.batch_applied(took);
         // Counting walks the view (about 1 ms at 10,000 services), so only after a change.
         if !report.changes.is_empty() {
             self.metrics.set_counts(&view.counts());
@@ -90,6 +95,11 @@ impl Feed {
         drop(view);
         for invalid in &report.invalid {
             tracing::warn!(kind = invalid.kind, object = %invalid.object, reason = %invalid.reason, "skipping invalid object");
+            let error = format!(
+                "{} {} skipped: {}",
+                invalid.kind, invalid.object, invalid.reason
+            );
+            self.metrics.status.view.error(error);
         }
         for kind in report.skipped {
             self.metrics.object_skipped(kind);
@@ -97,6 +107,7 @@ impl Feed {
         Applied {
             changes: report.changes,
             initial_sync: !was_synced && self.synced(),
+            took,
         }
     }
 

@@ -1,4 +1,4 @@
-//! The agent's HTTP endpoints: `/healthz`, `/readyz` and `/metrics`.
+//! The agent's HTTP endpoints: `/healthz`, `/readyz`, `/metrics` and `/status`.
 
 use crate::metrics::Metrics;
 use anyhow::Context;
@@ -38,6 +38,11 @@ fn route(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
             "initial view not applied yet\n".into(),
+        ),
+        "/status" => respond(
+            StatusCode::OK,
+            "application/json",
+            serde_json::to_string(&crate::status::status(metrics)).unwrap_or_default(),
         ),
         "/metrics" => respond(
             StatusCode::OK,

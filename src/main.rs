@@ -8,9 +8,11 @@ mod config;
 mod feed;
 mod http;
 mod metrics;
+mod on_change;
 mod proxy_cmd;
 mod run;
 mod sandbox;
+mod status;
 mod view_cmd;
 mod watch;
 
@@ -37,6 +39,9 @@ enum Command {
     Run(RunArgs),
     /// Print the resolved node view as JSON once the initial lists are in, or stream changes.
     View(ViewArgs),
+    /// Ask a running nodus (at --http-addr, else the configuration's) what each subsystem
+    /// is doing, and print one screen.
+    Status(RunArgs),
     /// Validate a configuration file and exit.
     CheckConfig {
         /// The YAML file to check.
@@ -64,10 +69,14 @@ enum ProxyCommand {
     Render(ClusterArgs),
 }
 
+/// hickory-server logs every malformed packet at info.
+const DEFAULT_LOG_FILTER: &str = "info,hickory_server=warn";
+
 /// How to reach the cluster and which node this is.
 #[derive(Args, Clone, Debug, Default)]
 pub struct ClusterArgs {
-    /// kubeconfig file; without it nodus uses the in-cluster account, else $KUBECONFIG.
+    /// kubeconfig file; without it nodus uses $KUBECONFIG, else the in-cluster account,
+    /// else ~/.kube/config.
     #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
     /// The name of the Node nodus runs on.
@@ -81,18 +90,41 @@ pub struct ClusterArgs {
         long,
         env = "NODUS_LOG",
         global = true,
-        default_value = "info,hickory_server=warn"
+        default_value = DEFAULT_LOG_FILTER
     )]
     pub log_level: String,
+    /// Log lines for people (`text`) or for a log pipeline (`json`, one object a line).
+    #[arg(
+        long,
+        env = "NODUS_LOG_FORMAT",
+        global = true,
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 #[derive(Args, Clone, Debug, Default)]
 pub struct RunArgs {
     #[command(flatten)]
     pub cluster: ClusterArgs,
-    /// Address for /healthz, /readyz and /metrics [default: 127.0.0.1:10256].
+    /// Address for /healthz, /readyz, /metrics and /status [default: 127.0.0.1:10256].
     #[arg(long)]
     pub http_addr: Option<SocketAddr>,
+    /// Run PROGRAM after every batch of changes, with the changed services and nodes as
+    /// JSON lines (`nodus view --watch`'s format) on its stdin.
+    #[arg(long, value_name = "PROGRAM")]
+    pub on_change: Option<PathBuf>,
+    /// Seconds a --on-change run may take before it is killed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub on_change_timeout: u64,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -104,15 +136,19 @@ pub struct ViewArgs {
     pub watch: bool,
 }
 
-fn init_logging(filter: &str) {
+fn init_logging(cluster: &ClusterArgs) {
+    let filter = &cluster.log_level;
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|error| {
         eprintln!("nodus: invalid log filter {filter:?} ({error}); using \"info\"");
         tracing_subscriber::EnvFilter::new("info")
     });
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match cluster.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
@@ -125,7 +161,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// `nodus run`. With the proxy on, a second worker keeps DNS and the HTTP endpoints
 /// answering while a netlink commit blocks the first (a full sync can take seconds).
 fn agent(args: RunArgs) -> anyhow::Result<()> {
-    init_logging(&args.cluster.log_level);
+    init_logging(&args.cluster);
     let runtime = match run::load_config(&args.cluster)?.proxy.enabled {
         true => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -142,8 +178,18 @@ fn main() -> anyhow::Result<()> {
         None => agent(cli.run),
         Some(Command::Run(args)) => agent(args),
         Some(Command::View(args)) => {
-            init_logging(&args.cluster.log_level);
+            init_logging(&args.cluster);
             runtime()?.block_on(view_cmd::view(args))
+        }
+        Some(Command::Status(args)) => {
+            let mut addr = match args.http_addr {
+                Some(addr) => addr,
+                None => run::load_config(&args.cluster)?.http_addr,
+            };
+            if addr.ip().is_unspecified() {
+                addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+            }
+            status::print(addr)
         }
         Some(Command::CheckConfig { file }) => {
             let config = config::Config::load(&file)?;
@@ -154,12 +200,15 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Some(Command::Proxy(ProxyCommand::Render(args))) => {
-            init_logging(&args.log_level);
+            init_logging(&args);
             runtime()?.block_on(proxy_cmd::render_ruleset(args))
         }
         Some(Command::Cleanup { yes }) => proxy_cmd::cleanup(yes),
         Some(Command::Sandbox(args)) => {
-            init_logging("info,hickory_server=warn");
+            init_logging(&ClusterArgs {
+                log_level: DEFAULT_LOG_FILTER.into(),
+                ..ClusterArgs::default()
+            });
             sandbox::sandbox(args)
         }
         Some(Command::Echo(args)) => runtime()?.block_on(sandbox::echo(args)),

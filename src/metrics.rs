@@ -30,6 +30,8 @@ pub struct Metrics {
     proxy_failures: AtomicU64,
     /// Set once the DNS server runs.
     pub dns: OnceLock<Arc<DnsMetrics>>,
+    /// Last syncs and errors, for `/status`.
+    pub status: crate::status::Board,
 }
 
 impl Default for Metrics {
@@ -50,6 +52,7 @@ impl Default for Metrics {
             proxy_transactions: AtomicU64::new(0),
             proxy_failures: AtomicU64::new(0),
             dns: OnceLock::new(),
+            status: Default::default(),
         }
     }
 }
@@ -94,6 +97,21 @@ impl Metrics {
         self.proxy_failures.fetch_add(1, Relaxed);
     }
 
+    /// Objects in the view by kind, as `nodus_view_objects` labels them.
+    pub fn view_objects(&self) -> [(&'static str, u64); 4] {
+        [
+            ("service", &self.services),
+            ("endpointslice", &self.endpoint_slices),
+            ("endpoint", &self.endpoints),
+            ("node", &self.nodes),
+        ]
+        .map(|(kind, value)| (kind, value.load(Relaxed)))
+    }
+
+    pub fn proxy_services_programmed(&self) -> u64 {
+        self.proxy_services.load(Relaxed)
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::with_capacity(4096);
         family(&mut out, "nodus_build_info", "gauge", "Build information.");
@@ -116,17 +134,12 @@ impl Metrics {
             "gauge",
             "Objects in the node view.",
         );
-        for (kind, value) in [
-            ("service", &self.services),
-            ("endpointslice", &self.endpoint_slices),
-            ("endpoint", &self.endpoints),
-            ("node", &self.nodes),
-        ] {
+        for (kind, value) in self.view_objects() {
             sample(
                 &mut out,
                 "nodus_view_objects",
                 &format!("kind=\"{kind}\""),
-                value.load(Relaxed),
+                value,
             );
         }
         single(
@@ -150,10 +163,11 @@ impl Metrics {
         ] {
             family(&mut out, name, "counter", help);
             for (kind, value) in Kind::ALL.iter().zip(values) {
+                // Lower case, as in nodus_view_objects.
                 sample(
                     &mut out,
                     name,
-                    &format!("kind=\"{}\"", kind.as_str()),
+                    &format!("kind=\"{}\"", kind.as_str().to_ascii_lowercase()),
                     value.load(Relaxed),
                 );
             }
@@ -231,12 +245,48 @@ mod tests {
         metrics.watch_restarted(Kind::Node);
         let text = metrics.render();
         assert!(
-            text.contains("nodus_invalid_objects_total{kind=\"EndpointSlice\"} 2"),
+            text.contains("nodus_invalid_objects_total{kind=\"endpointslice\"} 2"),
             "{text}"
         );
         assert!(
-            text.contains("nodus_watch_restarts_total{kind=\"Node\"} 1"),
+            text.contains("nodus_watch_restarts_total{kind=\"node\"} 1"),
             "{text}"
+        );
+    }
+
+    #[test]
+    fn names_follow_the_prometheus_conventions() {
+        let metrics = Metrics::default();
+        metrics.proxy_sync_failed();
+        let _ = metrics.dns.set(Arc::new(DnsMetrics::new(None)));
+        let text = metrics.render();
+        let mut families = 0;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else {
+                continue;
+            };
+            families += 1;
+            let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            assert!(name.starts_with("nodus_"), "{name}");
+            match kind {
+                "counter" => assert!(name.ends_with("_total"), "{name}"),
+                "histogram" => assert!(name.ends_with("_seconds"), "{name}: unit in the name"),
+                _ => assert!(
+                    !name.ends_with("_total"),
+                    "{name}: only counters end in _total"
+                ),
+            }
+        }
+        assert!(families > 10, "{text}");
+        for rendered in [
+            "nodus_proxy_sync_failures_total",
+            "nodus_dns_requests_total",
+        ] {
+            assert!(text.contains(rendered), "{rendered} in\n{text}");
+        }
+        assert!(
+            !text.contains("kind=\"Service\""),
+            "label values in lower case"
         );
     }
 }

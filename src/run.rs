@@ -3,6 +3,7 @@
 use crate::config::Config;
 use crate::feed::Feed;
 use crate::metrics::Metrics;
+use crate::on_change::OnChange;
 use crate::proxy_cmd::proxy_config;
 use crate::watch::WatchItem;
 use crate::watch::{self, WatchSet};
@@ -91,6 +92,7 @@ impl ProxyLoop {
             Ok(Some(report)) => {
                 self.needs_full = false;
                 metrics.proxy_synced(&report, self.proxy.programmed_services());
+                metrics.status.proxy.synced(report.duration);
                 for refused in &report.refused {
                     tracing::warn!(service = %format!("{}/{}", refused.service.namespace, refused.service.name), reason = %refused.reason, "the kernel refused a service");
                 }
@@ -100,6 +102,7 @@ impl ProxyLoop {
             Err(error) => {
                 self.needs_full = true;
                 metrics.proxy_sync_failed();
+                metrics.status.proxy.failed(&error);
                 tracing::error!(error = %error, "proxy sync failed; a full sync follows");
             }
         }
@@ -184,6 +187,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         false => None,
     };
     let dns_synced = _dns.as_ref().map(|d| d.synced.clone()).unwrap_or_default();
+    let _ = metrics.status.setup.set(crate::status::Setup {
+        node: node_name.clone(),
+        proxy: config.proxy.enabled,
+        dns: _dns.as_ref().map(|dns| dns.addrs.clone()),
+        mesh: config.mesh.enabled,
+        on_change: args.on_change.as_ref().map(|p| p.display().to_string()),
+    });
+    let on_change = args.on_change.clone().map(|program| {
+        let timeout = Duration::from_secs(args.on_change_timeout);
+        OnChange::start(program, timeout, view.clone(), metrics.clone())
+    });
     let set = WatchSet {
         page_size: config.watch_page_size,
         all_nodes: config.mesh.enabled,
@@ -199,6 +213,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let follow = feed.drive(items, |feed, applied| {
         if !feed.synced() {
             return ControlFlow::Continue(());
+        }
+        if applied.initial_sync || !applied.changes.is_empty() {
+            feed.metrics.status.view.synced(applied.took);
+        }
+        if let Some(on_change) = &on_change {
+            on_change.queue(applied.initial_sync, &applied.changes);
         }
         // DNS answers from the view itself; the proxy must have programmed it.
         let proxy_ready = proxy.as_mut().is_none_or(|proxy| {

@@ -33,7 +33,11 @@ fn print_line<T: Serialize>(out: &mut impl Write, line: &Line<'_, T>) -> std::io
     out.write_all(b"\n")
 }
 
-fn print_changes(view: &View, changes: &ChangeSet, out: &mut impl Write) -> std::io::Result<()> {
+pub fn print_changes(
+    view: &View,
+    changes: &ChangeSet,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
     let node = view.node_context();
     for name in &changes.services {
         let object = view
@@ -66,7 +70,7 @@ fn print_changes(view: &View, changes: &ChangeSet, out: &mut impl Write) -> std:
     out.flush()
 }
 
-fn everything(view: &View) -> ChangeSet {
+pub fn everything(view: &View) -> ChangeSet {
     let mut all = ChangeSet::default();
     for s in view.services() {
         all.services.insert(nodus_view::ServiceName {

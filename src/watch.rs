@@ -126,13 +126,16 @@ pub async fn connect(
         Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
             .await
             .with_context(|| format!("using kubeconfig {}", path.display()))?
-    } else if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
+    } else if std::env::var_os("KUBECONFIG").is_none()
+        && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some()
+    {
+        // $KUBECONFIG, when set, wins over the in-cluster account, as it does for kubectl.
         Config::incluster().context("using the in-cluster service account")?
     } else {
         Config::from_kubeconfig(&KubeConfigOptions::default())
             .await
             .context(
-                "no --kubeconfig, not in a cluster, and no usable $KUBECONFIG or ~/.kube/config",
+                "no --kubeconfig, no usable $KUBECONFIG, not in a cluster, and no ~/.kube/config",
             )?
     };
     if let Some(url) = api_server {

@@ -65,12 +65,12 @@ fn an_invalid_object_is_skipped_counted_and_never_poisons_the_view() {
         "the valid services are all there"
     );
     assert_eq!(
-        metric(&body, "nodus_invalid_objects_total{kind=\"Service\"}"),
+        metric(&body, "nodus_invalid_objects_total{kind=\"service\"}"),
         Some(1.0),
         "{body}"
     );
     assert_eq!(
-        metric(&body, "nodus_invalid_objects_total{kind=\"EndpointSlice\"}"),
+        metric(&body, "nodus_invalid_objects_total{kind=\"endpointslice\"}"),
         Some(1.0),
         "{body}"
     );
@@ -106,7 +106,7 @@ fn a_forced_410_relists_without_losing_the_view() {
     cluster.drop_watches();
     wait_for("a watch restart after the 410", || {
         get(http, "/metrics")
-            .and_then(|(_, body)| metric(&body, "nodus_watch_restarts_total{kind=\"Service\"}"))
+            .and_then(|(_, body)| metric(&body, "nodus_watch_restarts_total{kind=\"service\"}"))
             .filter(|v| *v >= 1.0)
     });
     wait_metric(http, SERVICES, 5.0);

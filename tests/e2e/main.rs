@@ -1,7 +1,9 @@
 //! End-to-end tests: the real `nodus` binary against the API-server stand-in over HTTP.
 
 mod agent;
+mod deploy;
 mod dns;
+mod operate;
 mod proxy;
 mod proxy_packets;
 mod sandbox;

@@ -2,6 +2,7 @@
 //! the nodus processes started against it, all stopped when the test ends.
 
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
+use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -91,6 +92,35 @@ impl Cluster {
         cmd.arg("--config").arg(&config);
         self.spawn(cmd);
         (http, dns)
+    }
+
+    /// Serves the API on the loopback of `ns` too (for a nodus inside it); returns the
+    /// kubeconfig for that address.
+    pub fn listen_in(&self, ns: &Netns) -> PathBuf {
+        let server = self.server.as_ref().expect("the server runs");
+        let listener = ns
+            .enter(|| std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
+            .expect("entering the namespace")
+            .expect("binding in the namespace");
+        listener.set_nonblocking(true).expect("non-blocking");
+        let addr = listener.local_addr().expect("bound");
+        {
+            let _guard = self.rt.enter();
+            server.add_listener(listener).expect("listener added");
+        }
+        let kubeconfig = self.dir.join(format!("kubeconfig-{}", ns.name()));
+        apiserver::write_kubeconfig(&kubeconfig, &format!("http://{addr}")).expect("kubeconfig");
+        kubeconfig
+    }
+
+    /// Waits for a process started with [`Cluster::spawn`] to exit.
+    pub fn wait_child(&mut self, pid: u32) -> std::process::ExitStatus {
+        let child = self
+            .children
+            .iter_mut()
+            .find(|c| c.id() == pid)
+            .expect("a child of this cluster");
+        child.wait().expect("wait")
     }
 
     pub fn restart_server(&mut self) {

@@ -1,0 +1,235 @@
+//! `deploy/`: every kustomization rendered with `kubectl kustomize`, checked for what an
+//! operator relies on, and its configuration validated by the built `nodus check-config`.
+
+use crate::support::NODUS;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::Command;
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy");
+
+/// Which subsystems a variant turns on, and the capabilities that follow from them.
+struct Variant {
+    dir: &'static str,
+    proxy: bool,
+    dns: bool,
+    capabilities: &'static [&'static str],
+}
+
+const VARIANTS: [Variant; 3] = [
+    Variant {
+        dir: "",
+        proxy: true,
+        dns: true,
+        capabilities: &["NET_ADMIN", "NET_BIND_SERVICE"],
+    },
+    Variant {
+        dir: "overlays/mesh-only",
+        proxy: false,
+        dns: false,
+        capabilities: &["NET_ADMIN"],
+    },
+    Variant {
+        dir: "overlays/replace",
+        proxy: true,
+        dns: true,
+        capabilities: &["NET_ADMIN", "NET_BIND_SERVICE"],
+    },
+];
+
+fn render(dir: &Path) -> Vec<Value> {
+    let output = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .expect("kubectl runs (CI installs it)");
+    assert!(
+        output.status.success(),
+        "kubectl kustomize {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("UTF-8");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| Value::deserialize(doc).expect("rendered YAML parses"))
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
+    let found: Vec<&Value> = objects.iter().filter(|o| o["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "exactly one {kind}");
+    found[0]
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|items| items.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// The ConfigMap's file, checked by the built binary; returns it parsed.
+fn check_config(config_map: &Value, scratch: &Path) -> serde_yaml::Value {
+    let text = config_map["data"]["nodus.yaml"]
+        .as_str()
+        .expect("the ConfigMap holds nodus.yaml");
+    let file = scratch.join("nodus.yaml");
+    std::fs::write(&file, text).expect("write config");
+    let output = Command::new(NODUS)
+        .arg("check-config")
+        .arg(&file)
+        .output()
+        .expect("nodus check-config runs");
+    assert!(
+        output.status.success(),
+        "nodus check-config refused the ConfigMap:\n{text}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_yaml::from_str(text).expect("YAML")
+}
+
+fn enabled(config: &serde_yaml::Value, section: &str) -> bool {
+    config[section]["enabled"].as_bool().unwrap_or(false)
+}
+
+#[test]
+fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config() {
+    let scratch = std::env::temp_dir().join(format!("nodus-e2e-deploy-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    for variant in &VARIANTS {
+        let objects = render(&Path::new(DEPLOY).join(variant.dir));
+        let context = format!("deploy/{}", variant.dir);
+
+        // RBAC: read services, endpointslices and nodes; patch nodes; nothing more.
+        let role = find(&objects, "ClusterRole");
+        let mut rules: Vec<(String, String, Vec<&str>)> = Vec::new();
+        for rule in role["rules"].as_array().expect("rules") {
+            for group in strings(&rule["apiGroups"]) {
+                for resource in strings(&rule["resources"]) {
+                    let mut verbs = strings(&rule["verbs"]);
+                    verbs.sort_unstable();
+                    rules.push((group.into(), resource.into(), verbs));
+                }
+            }
+        }
+        rules.sort();
+        assert_eq!(
+            rules,
+            vec![
+                ("".into(), "nodes".into(), vec!["list", "patch", "watch"]),
+                ("".into(), "services".into(), vec!["list", "watch"]),
+                (
+                    "discovery.k8s.io".into(),
+                    "endpointslices".into(),
+                    vec!["list", "watch"]
+                ),
+            ],
+            "{context}"
+        );
+        let binding = find(&objects, "ClusterRoleBinding");
+        let account = find(&objects, "ServiceAccount");
+        assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(
+            binding["subjects"][0],
+            json!({"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                   "namespace": account["metadata"]["namespace"]})
+        );
+
+        let daemonset = find(&objects, "DaemonSet");
+        let pod = &daemonset["spec"]["template"]["spec"];
+        assert_eq!(pod["serviceAccountName"], account["metadata"]["name"]);
+        assert_eq!(pod["hostNetwork"], true, "{context}");
+        assert_eq!(pod["priorityClassName"], "system-node-critical");
+        assert!(
+            pod["tolerations"]
+                .as_array()
+                .expect("tolerations")
+                .iter()
+                .any(|t| t == &json!({"operator": "Exists"})),
+            "{context}: tolerates every taint"
+        );
+        let container = &pod["containers"][0];
+        let security = &container["securityContext"];
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{context}");
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{context}");
+        assert_eq!(strings(&security["capabilities"]["drop"]), ["ALL"]);
+        assert_eq!(
+            strings(&security["capabilities"]["add"]),
+            variant.capabilities,
+            "{context}"
+        );
+        assert!(
+            container["env"].as_array().expect("env").iter().any(|e| e
+                == &json!({"name": "NODE_NAME",
+                               "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})),
+            "{context}: NODE_NAME from the downward API"
+        );
+        let memory = &container["resources"];
+        assert!(memory["requests"]["memory"].is_string() && memory["limits"]["memory"].is_string());
+
+        // The configuration: the DaemonSet mounts the generated ConfigMap, and the file parses.
+        let config_map = find(&objects, "ConfigMap");
+        let config_volume = pod["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .find(|v| v["configMap"].is_object())
+            .expect("a ConfigMap volume");
+        assert_eq!(
+            config_volume["configMap"]["name"],
+            config_map["metadata"]["name"]
+        );
+        let config = check_config(config_map, &scratch);
+        assert_eq!(enabled(&config, "proxy"), variant.proxy, "{context}");
+        assert_eq!(enabled(&config, "dns"), variant.dns, "{context}");
+        assert!(enabled(&config, "mesh"), "{context}: the mesh is on");
+
+        // Probes on the configured HTTP port.
+        let http_port: u16 = config["http_addr"]
+            .as_str()
+            .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
+            .expect("http_addr is set: the default is loopback, which the kubelet cannot probe")
+            .port();
+        let port = &container["ports"][0];
+        assert_eq!(port["name"], "http");
+        assert_eq!(port["containerPort"], http_port, "{context}");
+        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+            assert_eq!(
+                container[probe]["httpGet"],
+                json!({"path": path, "port": "http"}),
+                "{context}"
+            );
+        }
+
+        // Host paths: the key directory and the CNI directory.
+        let host_paths: Vec<&str> = pod["volumes"]
+            .as_array()
+            .expect("volumes")
+            .iter()
+            .filter_map(|v| v["hostPath"]["path"].as_str())
+            .collect();
+        for path in ["/var/lib/nodus", "/etc/cni/net.d"] {
+            assert!(host_paths.contains(&path), "{context}: {path} mounted");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+}
+
+#[test]
+fn the_replace_overlay_backs_kube_dns_and_names_the_api_server() {
+    let objects = render(&Path::new(DEPLOY).join("overlays/replace"));
+    let daemonset = find(&objects, "DaemonSet");
+    assert_eq!(
+        daemonset["spec"]["template"]["metadata"]["labels"]["k8s-app"],
+        "kube-dns"
+    );
+    let data = find(&objects, "ConfigMap")["data"]["nodus.yaml"]
+        .as_str()
+        .expect("config");
+    let config: serde_yaml::Value = serde_yaml::from_str(data).expect("YAML");
+    assert!(
+        config["api_server"].as_str().is_some(),
+        "the proxy cannot reach the API server through the Service it programs"
+    );
+}
