@@ -415,7 +415,8 @@ impl Socket {
         // SAFETY: an all-zero msghdr is valid (no address, no control data).
         let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
         header.msg_iov = iovecs.as_ptr().cast_mut();
-        header.msg_iovlen = iovecs.len();
+        // `size_t` on glibc, `int` on musl; a handful of parts fits either.
+        header.msg_iovlen = iovecs.len() as _;
         let expected: usize = parts.iter().map(|part| part.len()).sum();
         // SAFETY: the iovecs point into `parts`, which outlive the call, and the kernel
         // only reads them.
