@@ -27,6 +27,7 @@ pub struct Metrics {
     proxy_partial: Histogram<{ SYNC_BUCKETS.len() }>,
     proxy_services: AtomicU64,
     proxy_transactions: AtomicU64,
+    proxy_conntrack_deletions: AtomicU64,
     proxy_failures: AtomicU64,
     /// Set once the DNS server runs.
     pub dns: OnceLock<Arc<DnsMetrics>>,
@@ -50,6 +51,7 @@ impl Default for Metrics {
             proxy_partial: Histogram::new(SYNC_BUCKETS),
             proxy_services: AtomicU64::new(0),
             proxy_transactions: AtomicU64::new(0),
+            proxy_conntrack_deletions: AtomicU64::new(0),
             proxy_failures: AtomicU64::new(0),
             dns: OnceLock::new(),
             status: Default::default(),
@@ -91,6 +93,8 @@ impl Metrics {
         self.proxy_services.store(programmed as u64, Relaxed);
         self.proxy_transactions
             .fetch_add(report.transactions as u64, Relaxed);
+        self.proxy_conntrack_deletions
+            .fetch_add(report.conntrack_deletions as u64, Relaxed);
     }
 
     pub fn proxy_sync_failed(&self) {
@@ -201,6 +205,13 @@ impl Metrics {
                 "counter",
                 "nf_tables transactions committed.",
                 self.proxy_transactions.load(Relaxed),
+            );
+            single(
+                &mut out,
+                "nodus_proxy_conntrack_deletions_total",
+                "counter",
+                "Conntrack delete requests for UDP flows whose endpoint went away (each deletes every matching entry).",
+                self.proxy_conntrack_deletions.load(Relaxed),
             );
             single(
                 &mut out,

@@ -47,6 +47,31 @@ fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
 }
 
+fn udp_slice(pods: &[(&str, &str, &str)]) -> Value {
+    let mut slice = slice("udp", pods);
+    slice["ports"] = json!([{"name": "dns", "port": 8080, "protocol": "UDP"}]);
+    slice
+}
+
+/// One datagram to `service` from source port 40000 of namespace `ns`: the answering
+/// pod's name. A fixed source port keeps the flow (and its conntrack entry) the same.
+fn udp_ask(ns: &str, service: &str) -> String {
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('', 40000))\n\
+         s.settimeout(2)\n\
+         s.sendto(b'who', ('{service}', 53))\n\
+         print(s.recvfrom(100)[0].decode().strip())\n"
+    );
+    let output = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "python3", "-c", &script])
+        .output()
+        .expect("python3 runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
 const A1: (&str, &str, &str) = ("a-1", "node-a", "10.244.1.11");
 const A2: (&str, &str, &str) = ("a-2", "node-a", "10.244.1.12");
 const B1: (&str, &str, &str) = ("b-1", "node-b", "10.244.2.11");
@@ -85,6 +110,12 @@ fn cluster() -> String {
         ),
         slice("ranged", &[A1]),
         service("empty", json!({"clusterIP": "10.96.1.6"})),
+        service(
+            "udp",
+            json!({"clusterIP": "10.96.1.7",
+                   "ports": [{"name": "dns", "port": 53, "targetPort": 8080, "protocol": "UDP"}]}),
+        ),
+        udp_slice(&[A1]),
     ];
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
@@ -212,6 +243,36 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
         ),
         Err(CURL_TIMEOUT)
     );
+
+    // I.53: a UDP flow moves to the new endpoint once the old one leaves the service,
+    // although the old pod still answers and the client keeps the flow alive.
+    assert_eq!(udp_ask(&pod("a-2"), "10.96.1.7"), "a-1");
+    let file = sandbox.dir.join("udp-slice.json");
+    std::fs::write(&file, udp_slice(&[B1]).to_string()).expect("slice file");
+    netns::run(
+        "kubectl",
+        &[
+            "--kubeconfig",
+            &sandbox.dir.join("kubeconfig").to_string_lossy(),
+            "apply",
+            "--validate=false",
+            "-f",
+            &file.to_string_lossy(),
+        ],
+    )
+    .expect("kubectl apply");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let answer = udp_ask(&pod("a-2"), "10.96.1.7");
+        if answer == "b-1" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the UDP flow stayed on its old endpoint: {answer:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
 
     // K.62: an outside `nft flush table` on node-a is repaired by the periodic check.
     netns::run(

@@ -24,7 +24,9 @@ use tracing::{error, info, warn};
 pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, Socket, Table};
-use crate::plan::{NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE};
+use crate::plan::{
+    NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE, UdpFlows, stale_udp_flows,
+};
 
 /// Messages per transaction of a full sync: large enough to load 10,000 services in a
 /// few hundred commits, small enough that the kernel's commit lock (which stalls packet
@@ -79,6 +81,9 @@ pub struct SyncReport {
     /// Chains, sets and elements of a previous run that are no longer wanted.
     pub leftovers_removed: usize,
     pub refused: Vec<RefusedService>,
+    /// Conntrack delete requests sent for UDP flows whose endpoint changed (each deletes
+    /// every matching entry).
+    pub conntrack_deletions: usize,
     /// Committed transactions, refused ones included.
     pub transactions: usize,
     pub duration: Duration,
@@ -96,6 +101,7 @@ impl SyncReport {
             unchanged: 0,
             leftovers_removed: 0,
             refused: Vec::new(),
+            conntrack_deletions: 0,
             transactions: 0,
             duration: Duration::ZERO,
             fell_back: None,
@@ -108,6 +114,8 @@ impl SyncReport {
 struct Applied {
     digest: u64,
     footprint: Footprint,
+    /// Empty for services without UDP ports, which are most.
+    udp_flows: Box<[UdpFlows]>,
 }
 
 /// The applier of the service proxy for one network namespace.
@@ -161,7 +169,25 @@ impl Proxy {
         let mut report = SyncReport::new(SyncKind::Full);
         self.needs_full_sync = true;
         let planner = Planner::new(view, &self.config);
+        let previous_udp: Vec<(u64, Box<[UdpFlows]>)> = self
+            .applied
+            .iter()
+            .filter(|(_, applied)| !applied.udp_flows.is_empty())
+            .map(|(key, applied)| (*key, applied.udp_flows.clone()))
+            .collect();
         let outcome = full::FullSync::new(self, &planner, &mut report).run();
+        if outcome.is_ok() {
+            // A full sync after a failure or a node change: the same cleanup as a partial
+            // one, against what was programmed before. (After a restart nothing is known,
+            // and established UDP flows keep their endpoints.)
+            for (key, old) in previous_udp {
+                let new = self
+                    .applied
+                    .get(&key)
+                    .map_or_else(Vec::new, |applied| applied.udp_flows.to_vec());
+                self.delete_stale_flows(&old, &new, &mut report);
+            }
+        }
         report.duration = start.elapsed();
         outcome?;
         self.facts = Some(planner.facts().clone());
@@ -247,6 +273,14 @@ impl Proxy {
                 }
             }
         }
+        for (key, record) in &records {
+            let old = self.applied.get(key).map_or(&[][..], |a| &a.udp_flows[..]);
+            let new = record.as_ref().map_or(&[][..], |a| &a.udp_flows[..]);
+            if !old.is_empty() || !new.is_empty() {
+                let (old, new) = (old.to_vec(), new.to_vec());
+                self.delete_stale_flows(&old, &new, &mut report);
+            }
+        }
         for (key, record) in records {
             match record {
                 Some(record) => self.applied.insert(key, record),
@@ -286,6 +320,18 @@ impl Proxy {
         Ok(Some(report))
     }
 
+    /// I.53: deletes the conntrack entries that would keep UDP flows on an endpoint that
+    /// is gone, or on the rejection of a port that now has endpoints. A failure is logged
+    /// and does not fail the sync: the rules are in place, and the entries time out.
+    fn delete_stale_flows(&mut self, old: &[UdpFlows], new: &[UdpFlows], report: &mut SyncReport) {
+        for filter in stale_udp_flows(old, new) {
+            match self.socket.delete_conntrack(&filter) {
+                Ok(()) => report.conntrack_deletions += 1,
+                Err(error) => warn!(%error, "conntrack cleanup failed"),
+            }
+        }
+    }
+
     fn commit(&mut self, batch: &Batch, report: &mut SyncReport) -> Result<(), nft::Error> {
         report.transactions += 1;
         let generation = self.socket.commit(batch)?;
@@ -317,6 +363,7 @@ fn applied(digest: u64, plan: &ServicePlan) -> Applied {
     Applied {
         digest,
         footprint: Footprint::of(plan),
+        udp_flows: plan.udp_flows.clone().into_boxed_slice(),
     }
 }
 

@@ -28,6 +28,8 @@ const ELEMENT_LIST_BUDGET: usize = 32 * 1024;
 pub(crate) struct Request<'a> {
     pub message_type: u16,
     pub family: u8,
+    /// `nfgenmsg.version`: 0, except where a subsystem reads 1 as "family given".
+    pub version: u8,
     pub res_id: u16,
     pub attrs: &'a [Attr],
 }
@@ -43,8 +45,12 @@ impl NetlinkSerializable for Request<'_> {
 
     fn serialize(&self, buffer: &mut [u8]) {
         use netlink_packet_core::Emitable;
-        NetfilterHeader::new(NetfilterProtoFamily::from(self.family), 0, self.res_id)
-            .emit(&mut buffer[..4]);
+        NetfilterHeader::new(
+            NetfilterProtoFamily::from(self.family),
+            self.version,
+            self.res_id,
+        )
+        .emit(&mut buffer[..4]);
         let mut offset = 4;
         for attr in self.attrs {
             let len = attr.encoded_len();
@@ -112,6 +118,7 @@ impl Batch {
             Request {
                 message_type: sys::NFNL_MSG_BATCH_BEGIN,
                 family: 0,
+                version: sys::NFNETLINK_V0,
                 res_id: u16::from(sys::NFNL_SUBSYS_NFTABLES),
                 attrs: &[],
             },
@@ -364,6 +371,7 @@ impl Batch {
             Request {
                 message_type: nftables_type(message),
                 family: self.table.family.nfproto(),
+                version: sys::NFNETLINK_V0,
                 res_id: 0,
                 attrs,
             },
@@ -399,6 +407,7 @@ impl Batch {
             Request {
                 message_type: sys::NFNL_MSG_BATCH_END,
                 family: 0,
+                version: sys::NFNETLINK_V0,
                 res_id: u16::from(sys::NFNL_SUBSYS_NFTABLES),
                 attrs: &[],
             },

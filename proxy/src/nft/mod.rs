@@ -8,6 +8,7 @@
 
 mod attr;
 pub mod batch;
+pub mod conntrack;
 pub mod error;
 pub mod expr;
 pub mod object;
@@ -17,6 +18,7 @@ mod sys;
 pub mod types;
 
 pub use batch::Batch;
+pub use conntrack::FlowFilter;
 pub use error::{Errno, Error, Result};
 pub use expr::{Expr, Field, Register};
 pub use object::{BaseChain, Chain, ChainType, Family, Hook, Policy, Rule, Table, priority};

@@ -20,6 +20,7 @@ use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 
 use super::attr::{self, Attr};
 use super::batch::{Batch, Request, encode_message, nftables_type};
+use super::conntrack::FlowFilter;
 use super::error::{Errno, Error, Result};
 use super::object::Table;
 use super::sys;
@@ -336,6 +337,42 @@ impl Socket {
         extra_flags: u16,
         attrs: &[Attr],
         request: &str,
+        each: impl FnMut(Reply),
+    ) -> Result<Result<(), Errno>> {
+        let message = Request {
+            message_type: nftables_type(message),
+            family: table.family.nfproto(),
+            version: sys::NFNETLINK_V0,
+            res_id: 0,
+            attrs,
+        };
+        self.exchange(message, extra_flags, request, each)
+    }
+
+    /// Deletes the conntrack entries `flows` selects (ctnetlink, same socket family).
+    pub fn delete_conntrack(&mut self, flows: &FlowFilter) -> Result<()> {
+        let attrs = flows.attrs();
+        let request = flows.to_string();
+        let message = Request {
+            message_type: (u16::from(sys::NFNL_SUBSYS_CTNETLINK) << 8)
+                | u16::from(sys::IPCTNL_MSG_CT_DELETE),
+            family: flows.family_number(),
+            // Version 1 tells ctnetlink that the family applies to the filter.
+            version: sys::NFNETLINK_V1,
+            res_id: 0,
+            attrs: &attrs,
+        };
+        self.exchange(message, 0, &request, |_| {})?
+            .map_err(|errno| Error::Request { request, errno })
+    }
+
+    /// Sends one request and gathers its replies until its acknowledgement or the end of
+    /// the dump.
+    fn exchange(
+        &mut self,
+        message: Request<'_>,
+        extra_flags: u16,
+        request: &str,
         mut each: impl FnMut(Reply),
     ) -> Result<Result<(), Errno>> {
         self.discard_stale_replies()?;
@@ -345,12 +382,7 @@ impl Socket {
             &mut bytes,
             sequence,
             NLM_F_REQUEST | netlink_packet_core::NLM_F_ACK | extra_flags,
-            Request {
-                message_type: nftables_type(message),
-                family: table.family.nfproto(),
-                res_id: 0,
-                attrs,
-            },
+            message,
         );
         self.send_vectored(&[&bytes])?;
         let is_dump = extra_flags & NLM_F_DUMP == NLM_F_DUMP;
@@ -395,6 +427,7 @@ impl Socket {
             Request {
                 message_type: nftables_type(sys::NFT_MSG_GETGEN),
                 family: 0,
+                version: sys::NFNETLINK_V0,
                 res_id: 0,
                 attrs: &[],
             },

@@ -7,7 +7,32 @@
 #![allow(dead_code)] // A complete table of the ABI reads better than a pruned one.
 
 // nfnetlink (nfnetlink.h)
+pub const NFNL_SUBSYS_CTNETLINK: u8 = 1;
 pub const NFNL_SUBSYS_NFTABLES: u8 = 10;
+pub const NFNETLINK_V0: u8 = 0;
+pub const NFNETLINK_V1: u8 = 1;
+
+// ctnetlink (nfnetlink_conntrack.h)
+pub const IPCTNL_MSG_CT_DELETE: u8 = 2;
+pub const CTA_TUPLE_ORIG: u16 = 1;
+pub const CTA_TUPLE_REPLY: u16 = 2;
+pub const CTA_FILTER: u16 = 25;
+pub const CTA_TUPLE_IP: u16 = 1;
+pub const CTA_TUPLE_PROTO: u16 = 2;
+pub const CTA_IP_V4_SRC: u16 = 1;
+pub const CTA_IP_V4_DST: u16 = 2;
+pub const CTA_IP_V6_SRC: u16 = 3;
+pub const CTA_IP_V6_DST: u16 = 4;
+pub const CTA_PROTO_NUM: u16 = 1;
+pub const CTA_PROTO_SRC_PORT: u16 = 2;
+pub const CTA_PROTO_DST_PORT: u16 = 3;
+pub const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+pub const CTA_FILTER_REPLY_FLAGS: u16 = 2;
+pub const CTA_FILTER_F_CTA_IP_SRC: u32 = 1 << 0;
+pub const CTA_FILTER_F_CTA_IP_DST: u32 = 1 << 1;
+pub const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
+pub const CTA_FILTER_F_CTA_PROTO_SRC_PORT: u32 = 1 << 4;
+pub const CTA_FILTER_F_CTA_PROTO_DST_PORT: u32 = 1 << 5;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 pub const NFNL_MSG_BATCH_END: u16 = 17;
 

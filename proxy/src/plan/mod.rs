@@ -28,10 +28,13 @@ mod tests;
 
 pub use config::{DEFAULT_MASQUERADE_MARK, NodeFacts, ProxyConfig};
 pub(crate) use names::{join_name, split_name};
-pub use objects::{ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton};
+pub use objects::{
+    ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
+};
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};
 pub use rule::{Addr, LookupKey, RulePlan, Stmt};
+pub use service::stale_udp_flows;
 
 use nodus_view::View;
 

@@ -3,6 +3,7 @@
 //! service and re-program only the services whose digest changed.
 
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::IpAddr;
 
 use nodus_view::model::Family;
 
@@ -139,6 +140,17 @@ pub struct Skeleton {
     pub chains: Vec<ChainPlan>,
 }
 
+/// The UDP flows one service port steers, in one family: the addresses clients send to
+/// and the endpoints they land on. Conntrack keeps a UDP flow on its endpoint for as long
+/// as packets keep coming, so the applier deletes entries when these change (I.53).
+/// Nothing of this goes into the table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct UdpFlows {
+    /// The ClusterIP first, then ExternalIPs, LB IPs and NodePort addresses.
+    pub service_addresses: Vec<(IpAddr, u16)>,
+    pub endpoints: Vec<(IpAddr, u16)>,
+}
+
 /// Everything one Service puts in the table: its chains (per port and family), its own
 /// sets and maps (endpoint maps with their elements, affinity sets), and its elements in
 /// the shared maps. Empty for services the proxy
@@ -150,6 +162,7 @@ pub struct ServicePlan {
     pub sets: Vec<SetPlan>,
     pub chains: Vec<ChainPlan>,
     pub elements: Vec<ElementPlan>,
+    pub udp_flows: Vec<UdpFlows>,
 }
 
 impl ServicePlan {
@@ -160,6 +173,7 @@ impl ServicePlan {
             sets: Vec::new(),
             chains: Vec::new(),
             elements: Vec::new(),
+            udp_flows: Vec::new(),
         }
     }
 

@@ -9,17 +9,19 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use nodus_view::model::{Family, Service, ServicePort, ServiceType, TrafficPolicy};
+use nodus_view::model::{Family, Protocol, Service, ServicePort, ServiceType, TrafficPolicy};
 use nodus_view::resolve::{PortEndpoints, Target, port_endpoints};
 use nodus_view::{ServiceView, View};
 
 use super::config::NodeFacts;
 use super::names::PortIdentity;
-use super::objects::{ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet};
+use super::objects::{
+    ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, UdpFlows,
+};
 use super::ranges::merged_ranges;
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
-use crate::nft::{DataType, Element, Fields, Set, SetFlags, Tuple, Value, Verdict};
+use crate::nft::{DataType, Element, Fields, FlowFilter, Set, SetFlags, Tuple, Value, Verdict};
 
 /// Entries an affinity set may hold; the kernel wants a bound on sets the packet path
 /// fills.
@@ -249,6 +251,21 @@ impl PortPlanner<'_> {
             .map(|target| target.ip)
             .collect();
         local_ips.dedup();
+        if self.port.protocol == Protocol::Udp {
+            let mut service_addresses: Vec<(IpAddr, u16)> = std::iter::once(self.cluster_ip)
+                .chain(external_ips.iter().copied())
+                .chain(lb_ips.iter().copied())
+                .map(|ip| (ip, self.port.port))
+                .collect();
+            if node_port != 0 {
+                service_addresses
+                    .extend(self.facts.node_port_ips(family).map(|ip| (ip, node_port)));
+            }
+            self.plan.udp_flows.push(UdpFlows {
+                service_addresses,
+                endpoints: endpoint_targets.iter().map(|t| (t.ip, t.port)).collect(),
+            });
+        }
         // External traffic under the Cluster policy is masqueraded anyway; pods reach
         // a Local-policy service's external addresses without masquerade, so those
         // can hairpin too.
@@ -494,4 +511,38 @@ fn goto(chain: &str) -> Option<Verdict> {
 
 fn of_family(ips: impl Iterator<Item = IpAddr>, family: Family) -> Vec<IpAddr> {
     ips.filter(|ip| Family::of(*ip) == family).collect()
+}
+
+/// The conntrack entries to delete when a service's UDP flows go from `old` to `new`
+/// (I.53): flows answered by an endpoint that is gone, and, for a port that had no
+/// endpoint (its traffic was rejected) and now has some, every flow to its addresses.
+pub fn stale_udp_flows(old: &[UdpFlows], new: &[UdpFlows]) -> Vec<FlowFilter> {
+    let udp = libc::IPPROTO_UDP as u8;
+    let same_port =
+        |a: &UdpFlows, b: &UdpFlows| a.service_addresses.first() == b.service_addresses.first();
+    let mut filters = Vec::new();
+    for before in old {
+        let after = new.iter().find(|after| same_port(before, after));
+        let remaining = after.map_or(&[][..], |after| after.endpoints.as_slice());
+        for endpoint in before.endpoints.iter().filter(|e| !remaining.contains(e)) {
+            filters.extend(before.service_addresses.iter().map(|service| FlowFilter {
+                protocol: udp,
+                service: *service,
+                endpoint: Some(*endpoint),
+            }));
+        }
+    }
+    for after in new.iter().filter(|after| !after.endpoints.is_empty()) {
+        let had_endpoints = old
+            .iter()
+            .any(|before| same_port(before, after) && !before.endpoints.is_empty());
+        if !had_endpoints {
+            filters.extend(after.service_addresses.iter().map(|service| FlowFilter {
+                protocol: udp,
+                service: *service,
+                endpoint: None,
+            }));
+        }
+    }
+    filters
 }

@@ -4,7 +4,7 @@
 use serde_json::{Value as Json, json};
 
 use super::*;
-use crate::nft::Element;
+use crate::nft::{Element, FlowFilter};
 use nodus_view::model::Family;
 use nodus_view::{Update, View};
 
@@ -863,4 +863,45 @@ fn cold_start_packs_services_into_bounded_batches() {
             );
         }
     }
+}
+
+#[test]
+fn i53_udp_flows_of_removed_endpoints_and_of_ports_that_gain_endpoints_are_deleted() {
+    let dns = |endpoints: &[Ep<'_>]| {
+        let view = view([
+            this_node(),
+            service(
+                "dns",
+                json!({"ports": [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
+                                 {"name": "tcp", "port": 53, "targetPort": 5353, "protocol": "TCP"}]}),
+                json!({}),
+            ),
+            slice(
+                "dns",
+                "dns-1",
+                "IPv4",
+                endpoints,
+                json!([{"name": "dns", "port": 5353, "protocol": "UDP"},
+                       {"name": "tcp", "port": 5353, "protocol": "TCP"}]),
+            ),
+        ]);
+        plan(&view, "dns").udp_flows
+    };
+    let two = dns(&two_endpoints());
+    assert_eq!(two.len(), 1, "only the UDP port: {two:?}");
+    let one = dns(&[("10.244.1.5", NODE, true)]);
+    let none = dns(&[]);
+    let text = |filters: Vec<FlowFilter>| -> Vec<String> {
+        filters.iter().map(ToString::to_string).collect()
+    };
+    assert_eq!(
+        text(stale_udp_flows(&two, &one)),
+        ["delete conntrack entries of protocol 17 to 10.96.0.10:53 answered by 10.244.2.9:5353"]
+    );
+    assert_eq!(
+        text(stale_udp_flows(&none, &one)),
+        ["delete conntrack entries of protocol 17 to 10.96.0.10:53"]
+    );
+    assert!(stale_udp_flows(&two, &two).is_empty());
+    assert_eq!(stale_udp_flows(&one, &[]).len(), 1, "a deleted service");
 }
