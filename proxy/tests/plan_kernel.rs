@@ -45,9 +45,9 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
         "tcp . 30080 : goto external-",
         "fd00:96::13 . tcp . 80 : goto service-",
         "198.51.100.1 . tcp . 80 : goto firewall-",
-        "dnat ip to numgen random mod 4294967295 map @service-",
+        "dnat ip to numgen random mod 2 map @service-",
         "typeof numgen random mod 2 : ip daddr . tcp dport",
-        "0-2147483647 : 10.244.1.5 . 8080, 2147483648-4294967295 : 10.244.2.9 . 8080",
+        "0 : 10.244.1.5 . 8080, 1 : 10.244.2.9 . 8080",
         "dnat ip6 to [fd00:244:1::7]:8080",
         "numgen random mod 1 vmap",
         "ip saddr . ip daddr . ct original ip daddr @hairpin-v4",
@@ -73,7 +73,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
     assert!(!listing.contains("10.244.2.9"), "{listing}");
     assert!(!listing.contains("10.96.0.12"), "{listing}");
     assert!(
-        listing.contains("elements = { 0-4294967295 : 10.244.1.5 . 8080 }"),
+        listing.contains("elements = { 0 : 10.244.1.5 . 8080 }"),
         "{listing}"
     );
 }

@@ -272,10 +272,6 @@ fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
                 bytes.push(5);
                 bytes.extend_from_slice(&value.to_ne_bytes());
             }
-            Value::Bucket(value) => {
-                bytes.push(6);
-                bytes.extend_from_slice(&value.to_ne_bytes());
-            }
         }
     }
 }
@@ -313,7 +309,6 @@ impl<'a> Reader<'a> {
                 3 => Value::InetService(u16::from_be_bytes(self.take(2)?.try_into().ok()?)),
                 4 => Value::Mark(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
                 5 => Value::Integer32(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
-                6 => Value::Bucket(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
                 _ => return None,
             });
         }

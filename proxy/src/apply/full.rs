@@ -401,7 +401,6 @@ fn tuple_from_bytes(set: SharedSet, bytes: &[u8]) -> Option<Tuple> {
             DataType::InetService => Value::InetService(u16::from_be_bytes(value.try_into().ok()?)),
             DataType::Mark => Value::Mark(u32::from_ne_bytes(value.try_into().ok()?)),
             DataType::Integer32 => Value::Integer32(u32::from_ne_bytes(value.try_into().ok()?)),
-            DataType::Bucket => Value::Bucket(u32::from_be_bytes(value.try_into().ok()?)),
         });
         let step = if concat { len.div_ceil(4) * 4 } else { len };
         rest = rest.get(step.min(rest.len())..)?;

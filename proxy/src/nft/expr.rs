@@ -355,15 +355,6 @@ pub enum Expr {
         offset: u32,
         dreg: Register,
     },
-    /// `byteorder reg = hton(reg, size, len)`: host to network order, `size`-byte words
-    /// over `len` bytes. nft converts host-order keys (a `numgen` result) this way before
-    /// an interval lookup, so that ranges compare numerically.
-    HostToNetwork {
-        sreg: Register,
-        dreg: Register,
-        len: u32,
-        size: u32,
-    },
     Fib {
         flags: FibFlags,
         result: FibResult,
@@ -411,7 +402,6 @@ impl Expr {
             Expr::Nat { .. } => "nat",
             Expr::Masquerade { .. } => "masq",
             Expr::Numgen { .. } => "numgen",
-            Expr::HostToNetwork { .. } => "byteorder",
             Expr::Fib { .. } => "fib",
             Expr::CtLoad { .. } | Expr::CtSet { .. } => "ct",
             Expr::Reject(_) => "reject",
@@ -565,18 +555,6 @@ impl Expr {
                 }
                 attrs
             }
-            Expr::HostToNetwork {
-                sreg,
-                dreg,
-                len,
-                size,
-            } => vec![
-                sreg.attr(sys::NFTA_BYTEORDER_SREG),
-                dreg.attr(sys::NFTA_BYTEORDER_DREG),
-                Attr::u32(sys::NFTA_BYTEORDER_OP, sys::NFT_BYTEORDER_HTON),
-                Attr::u32(sys::NFTA_BYTEORDER_LEN, *len),
-                Attr::u32(sys::NFTA_BYTEORDER_SIZE, *size),
-            ],
             Expr::Fib {
                 flags,
                 result,
@@ -1156,26 +1134,6 @@ mod tests {
         ]
         .concat();
         assert_eq!(expr_bytes(&numgen), expected);
-    }
-
-    #[test]
-    fn byteorder_hton_of_a_numgen_result() {
-        // [ byteorder reg 1 = hton(reg 1, 4, 4) ]
-        let expr = Expr::HostToNetwork {
-            sreg: Register::FIRST,
-            dreg: Register::FIRST,
-            len: 4,
-            size: 4,
-        };
-        let expected = [
-            u32_attr(sys::NFTA_BYTEORDER_SREG, 1),
-            u32_attr(sys::NFTA_BYTEORDER_DREG, 1),
-            u32_attr(sys::NFTA_BYTEORDER_OP, 1),
-            u32_attr(sys::NFTA_BYTEORDER_LEN, 4),
-            u32_attr(sys::NFTA_BYTEORDER_SIZE, 4),
-        ]
-        .concat();
-        assert_eq!(expr_bytes(&expr), expected);
     }
 
     #[test]

@@ -237,8 +237,12 @@ impl Set {
     /// and data (marks, `numgen` results) as big-endian without them. The format is
     /// libnftnl's udata: type byte, length byte, value.
     fn userdata(&self) -> Option<Vec<u8>> {
-        if self.key == Fields::from(DataType::Bucket) {
-            return self.data.as_ref().and_then(bucket_map_userdata);
+        if let Some(userdata) = self
+            .data
+            .as_ref()
+            .and_then(|data| endpoint_map_userdata(&self.key, data))
+        {
+            return Some(userdata);
         }
         let mut userdata = Vec::new();
         let mut annotate = |kind: u8| {
@@ -261,10 +265,13 @@ impl Set {
 /// dport` (or `ip6 daddr`). An `integer` key has no type name `nft list` could print, so
 /// it prints the map's type from this; with it, a map we program lists exactly like one
 /// nft loaded from `nodus proxy render`.
-fn bucket_map_userdata(data: &SetData) -> Option<Vec<u8>> {
+fn endpoint_map_userdata(key: &Fields, data: &SetData) -> Option<Vec<u8>> {
     let SetData::Value(fields) = data else {
         return None;
     };
+    if *key != Fields::from(DataType::Integer32) {
+        return None;
+    }
     let (proto, field) = match fields.fields() {
         [DataType::Ipv4Addr, DataType::InetService] => (sys::NFT_PROTO_IP, sys::NFT_IPHDR_DADDR),
         [DataType::Ipv6Addr, DataType::InetService] => (sys::NFT_PROTO_IP6, sys::NFT_IP6HDR_DADDR),
@@ -596,9 +603,9 @@ mod tests {
     }
 
     #[test]
-    fn bucket_maps_carry_the_typeof_annotation_nft_writes() {
+    fn endpoint_maps_carry_the_typeof_annotation_nft_writes() {
         // `nft --debug=mnl` for `map m { typeof numgen random mod 2 : ip daddr . tcp
-        // dport; flags interval; }`, nft 1.0.6 on x86_64: NFTA_SET_USERDATA.
+        // dport; }`, nft 1.0.6 on x86_64: NFTA_SET_USERDATA.
         let expected = "00040100000001040000000003 1a000417000000011200040100000001040200000002040000000004340004 0d000000012c0014000407000000010c00040c0000000104 0c000000011400040700000001 0c0004080000000104020000000604 00000000";
         let expected: Vec<u8> = expected
             .replace(' ', "")
@@ -610,7 +617,7 @@ mod tests {
             .collect();
         let map = Set::data_map(
             "m",
-            DataType::Bucket,
+            DataType::Integer32,
             Fields::new([DataType::Ipv4Addr, DataType::InetService]),
         );
         assert_eq!(map.userdata(), Some(expected));

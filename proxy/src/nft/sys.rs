@@ -240,14 +240,6 @@ pub const NFTA_NG_OFFSET: u16 = 4;
 pub const NFT_NG_INCREMENTAL: u32 = 0;
 pub const NFT_NG_RANDOM: u32 = 1;
 
-// byteorder
-pub const NFTA_BYTEORDER_SREG: u16 = 1;
-pub const NFTA_BYTEORDER_DREG: u16 = 2;
-pub const NFTA_BYTEORDER_OP: u16 = 3;
-pub const NFTA_BYTEORDER_LEN: u16 = 4;
-pub const NFTA_BYTEORDER_SIZE: u16 = 5;
-pub const NFT_BYTEORDER_HTON: u32 = 1;
-
 // fib
 pub const NFTA_FIB_DREG: u16 = 1;
 pub const NFTA_FIB_RESULT: u16 = 2;

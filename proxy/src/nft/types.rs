@@ -28,10 +28,6 @@ pub enum DataType {
     Mark,
     /// `integer` of 32 bits in host order, what `numgen` produces.
     Integer32,
-    /// A `numgen` result as the key of an interval map: an `integer` that the rule
-    /// converts to network order before the lookup (as nft does), so that the kernel's
-    /// byte-wise range comparison is numeric. Elements hold it in network order.
-    Bucket,
 }
 
 /// nft's datatype numbers combine into a concatenated type this many bits at a time.
@@ -41,7 +37,7 @@ impl DataType {
     /// nftables' `enum datatypes` number.
     pub fn nft_type(self) -> u32 {
         match self {
-            DataType::Integer32 | DataType::Bucket => 4,
+            DataType::Integer32 => 4,
             DataType::Ipv4Addr => 7,
             DataType::Ipv6Addr => 8,
             DataType::InetProto => 12,
@@ -53,7 +49,7 @@ impl DataType {
     /// Bytes of the value, before any register padding.
     pub fn byte_len(self) -> usize {
         match self {
-            DataType::Ipv4Addr | DataType::Mark | DataType::Integer32 | DataType::Bucket => 4,
+            DataType::Ipv4Addr | DataType::Mark | DataType::Integer32 => 4,
             DataType::Ipv6Addr => 16,
             DataType::InetProto => 1,
             DataType::InetService => 2,
@@ -62,12 +58,7 @@ impl DataType {
 
     /// Whether values are in host byte order (nft must be told so to print them).
     pub fn is_host_order(self) -> bool {
-        // A bucket is stored in network order, but nft reads the annotation as "convert
-        // back for display", as it does for its own interval keys.
-        matches!(
-            self,
-            DataType::Mark | DataType::Integer32 | DataType::Bucket
-        )
+        matches!(self, DataType::Mark | DataType::Integer32)
     }
 
     pub fn name(self) -> &'static str {
@@ -77,7 +68,7 @@ impl DataType {
             DataType::InetProto => "inet_proto",
             DataType::InetService => "inet_service",
             DataType::Mark => "mark",
-            DataType::Integer32 | DataType::Bucket => "integer",
+            DataType::Integer32 => "integer",
         }
     }
 }
@@ -159,8 +150,6 @@ pub enum Value {
     InetService(u16),
     Mark(u32),
     Integer32(u32),
-    /// See [`DataType::Bucket`].
-    Bucket(u32),
 }
 
 impl Value {
@@ -176,7 +165,6 @@ impl Value {
             Value::InetService(_) => DataType::InetService,
             Value::Mark(_) => DataType::Mark,
             Value::Integer32(_) => DataType::Integer32,
-            Value::Bucket(_) => DataType::Bucket,
         }
     }
 
@@ -188,7 +176,6 @@ impl Value {
             Value::InetProto(proto) => vec![proto],
             Value::InetService(port) => port.to_be_bytes().to_vec(),
             Value::Mark(value) | Value::Integer32(value) => value.to_ne_bytes().to_vec(),
-            Value::Bucket(value) => value.to_be_bytes().to_vec(),
         }
     }
 
@@ -201,7 +188,6 @@ impl Value {
             Value::InetService(port) => Value::InetService(port.checked_add(1)?),
             Value::Mark(mark) => Value::Mark(mark.checked_add(1)?),
             Value::Integer32(value) => Value::Integer32(value.checked_add(1)?),
-            Value::Bucket(value) => Value::Bucket(value.checked_add(1)?),
         })
     }
 }
@@ -219,7 +205,7 @@ impl fmt::Display for Value {
             },
             Value::InetService(port) => write!(f, "{port}"),
             Value::Mark(mark) => write!(f, "{mark:#010x}"),
-            Value::Integer32(value) | Value::Bucket(value) => write!(f, "{value}"),
+            Value::Integer32(value) => write!(f, "{value}"),
         }
     }
 }

@@ -72,7 +72,7 @@ fn write_set(out: &mut impl Write, set: &Set, elements: &[Element]) -> fmt::Resu
     writeln!(out, "\t{} {} {{", set.noun(), set.name)?;
     match &set.data {
         // nft has no type name for a numgen result; it takes the type from an expression.
-        Some(SetData::Value(data)) if set.key == Fields::from(DataType::Bucket) => writeln!(
+        Some(SetData::Value(data)) if set.key == Fields::from(DataType::Integer32) => writeln!(
             out,
             "\t\ttypeof numgen random mod 2 : {}",
             typeof_fields(data)
@@ -118,7 +118,7 @@ fn typeof_fields(data: &Fields) -> String {
             DataType::InetProto => "meta l4proto",
             DataType::InetService => "tcp dport",
             DataType::Mark => "meta mark",
-            DataType::Integer32 | DataType::Bucket => "numgen random mod 2",
+            DataType::Integer32 => "numgen random mod 2",
         })
         .collect();
     words.join(" . ")

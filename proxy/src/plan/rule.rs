@@ -77,13 +77,13 @@ pub enum Stmt {
         addr: IpAddr,
         port: u16,
     },
-    /// `dnat ip addr . port to numgen random mod 4294967295 map @map`: a uniformly random
-    /// endpoint from an interval map that splits the numgen range evenly (needs a
-    /// preceding [`Stmt::L4Proto`]). The rule never names an endpoint, so endpoint
-    /// changes touch only the map's elements.
+    /// `dnat ip addr . port to numgen random mod N map @map`: a uniformly random endpoint
+    /// from a map of N, keyed 0…N−1 (needs a preceding [`Stmt::L4Proto`]). The rule
+    /// never names an endpoint, so replacing one touches only the map's elements.
     DnatFromMap {
         family: Family,
         map: String,
+        endpoints: u32,
     },
     /// `ip saddr . ip daddr . ct original ip daddr @set`: a DNATed connection from an
     /// endpoint back to itself through a service address (hairpin).
@@ -274,18 +274,16 @@ impl Stmt {
                 flags: NatFlags::FULLY_RANDOM,
             }),
             Stmt::Dnat { addr, port } => out.extend(expr::dnat_to(ip_value(*addr), Some(*port))),
-            Stmt::DnatFromMap { family, map } => {
+            Stmt::DnatFromMap {
+                family,
+                map,
+                endpoints,
+            } => {
                 out.push(Expr::Numgen {
                     kind: NumgenKind::Random,
-                    modulus: u32::MAX,
+                    modulus: *endpoints,
                     offset: 0,
                     dreg: Register::FIRST,
-                });
-                out.push(Expr::HostToNetwork {
-                    sreg: Register::FIRST,
-                    dreg: Register::FIRST,
-                    len: 4,
-                    size: 4,
                 });
                 out.push(lookup(set_ref(map), Some(Register::FIRST), false));
                 // The map's data is `addr . port`: the port follows the address in the
@@ -389,11 +387,14 @@ impl fmt::Display for Stmt {
                 IpAddr::V4(addr) => write!(f, "dnat ip to {addr}:{port}"),
                 IpAddr::V6(addr) => write!(f, "dnat ip6 to [{addr}]:{port}"),
             },
-            Stmt::DnatFromMap { family, map } => write!(
+            Stmt::DnatFromMap {
+                family,
+                map,
+                endpoints,
+            } => write!(
                 f,
-                "dnat {} addr . port to numgen random mod {} map @{map}",
+                "dnat {} addr . port to numgen random mod {endpoints} map @{map}",
                 header(*family),
-                u32::MAX
             ),
             Stmt::Hairpin { family, set } => {
                 let h = header(*family);

@@ -397,15 +397,18 @@ impl PortPlanner<'_> {
     fn dispatch_rules(&mut self, chain: &str, targets: &[Target]) -> Vec<RulePlan> {
         let timeout = self.spec.affinity_timeout;
         if timeout == 0 {
+            let elements = endpoint_elements(targets);
+            let endpoints = u32::try_from(elements.len()).unwrap_or(u32::MAX);
             self.plan.sets.push(SetPlan {
                 set: endpoint_map(chain, self.family),
-                elements: endpoint_elements(targets),
+                elements,
             });
             return vec![RulePlan::new([
                 Stmt::L4Proto(self.port.protocol),
                 Stmt::DnatFromMap {
                     family: self.family,
                     map: chain.to_string(),
+                    endpoints,
                 },
             ])];
         }
@@ -466,37 +469,26 @@ impl PortPlanner<'_> {
     }
 }
 
-/// The endpoint map of a dispatch chain: `numgen` bucket ranges to `addr . port`.
+/// The endpoint map of a dispatch chain: `numgen` results to `addr . port`.
 fn endpoint_map(name: &str, family: Family) -> Set {
     Set::data_map(
         name,
-        DataType::Bucket,
+        DataType::Integer32,
         Fields::new([address_type(family), DataType::InetService]),
     )
-    .with_flags(SetFlags {
-        interval: true,
-        ..SetFlags::default()
-    })
 }
 
-/// `targets` in a stable order, each owning an equal share of the 32-bit numgen range
-/// (to within one value), as contiguous ranges from 0 to the top.
+/// The distinct `targets` in a stable order, keyed 0…N−1.
 fn endpoint_elements(targets: &[Target]) -> Vec<Element> {
     let mut targets: Vec<(IpAddr, u16)> = targets.iter().map(|t| (t.ip, t.port)).collect();
     targets.sort();
     targets.dedup();
-    let count = targets.len() as u64;
-    let start = |index: u64| (index << 32) / count;
     targets
         .iter()
-        .zip(0u64..)
+        .zip(0u32..)
         .map(|((ip, port), index)| {
-            let end = start(index + 1) - 1;
-            Element::range(
-                Value::Bucket(start(index) as u32),
-                Value::Bucket(end as u32),
-            )
-            .with_value(Tuple(vec![ip_value(*ip), Value::InetService(*port)]))
+            Element::new(Value::Integer32(index))
+                .with_value(Tuple(vec![ip_value(*ip), Value::InetService(*port)]))
         })
         .collect()
 }

@@ -142,8 +142,8 @@ fn endpoint_map(plan: &ServicePlan, name: &str) -> Vec<String> {
         .collect()
 }
 
-fn dnat_from(map: &str) -> String {
-    format!("meta l4proto tcp dnat ip addr . port to numgen random mod 4294967295 map @{map}")
+fn dnat_from(map: &str, endpoints: usize) -> String {
+    format!("meta l4proto tcp dnat ip addr . port to numgen random mod {endpoints} map @{map}")
 }
 
 fn chain_named(plan: &ServicePlan, prefix: &str) -> String {
@@ -214,14 +214,10 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
         Some(format!("goto {service_chain}"))
     );
     let service_rules = rules(&plan, "service-");
-    assert_eq!(service_rules.last(), Some(&dnat_from(&service_chain)));
-    // Each endpoint owns half of the numgen range.
+    assert_eq!(service_rules.last(), Some(&dnat_from(&service_chain, 2)));
     assert_eq!(
         endpoint_map(&plan, &service_chain),
-        [
-            "0-2147483647 : 10.244.1.5 . 8080",
-            "2147483648-4294967295 : 10.244.2.9 . 8080"
-        ]
+        ["0 : 10.244.1.5 . 8080", "1 : 10.244.2.9 . 8080"]
     );
     assert_eq!(count_chains(&plan, "endpoint-"), 0);
     assert!(
@@ -297,10 +293,10 @@ fn b19_internal_local_without_local_endpoints_drops() {
         v4(&plan_local, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
         Some(format!("goto {local_chain}"))
     );
-    assert_eq!(rules(&plan_local, "local-"), [dnat_from(&local_chain)]);
+    assert_eq!(rules(&plan_local, "local-"), [dnat_from(&local_chain, 1)]);
     assert_eq!(
         endpoint_map(&plan_local, &local_chain),
-        ["0-4294967295 : 10.244.1.5 . 8080"],
+        ["0 : 10.244.1.5 . 8080"],
         "only the local endpoint"
     );
     assert_eq!(count_chains(&plan_local, "service-"), 0);
@@ -687,16 +683,11 @@ fn j57_dual_stack_families_are_planned_independently() {
     assert_eq!(
         rules(&plan, &v6_chain).last().map(String::as_str),
         Some(
-            format!(
-                "meta l4proto tcp dnat ip6 addr . port to numgen random mod 4294967295 map @{v6_chain}"
-            )
-            .as_str()
+            format!("meta l4proto tcp dnat ip6 addr . port to numgen random mod 1 map @{v6_chain}")
+                .as_str()
         )
     );
-    assert_eq!(
-        endpoint_map(&plan, &v6_chain),
-        ["0-4294967295 : fd00:244:1::5 . 8080"]
-    );
+    assert_eq!(endpoint_map(&plan, &v6_chain), ["0 : fd00:244:1::5 . 8080"]);
     assert!(
         element(
             &plan,
@@ -767,8 +758,8 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     );
     assert!(text.contains("meta l4proto udp dnat ip addr . port to numgen"));
     assert!(text.contains("meta l4proto sctp dnat ip addr . port to numgen"));
-    assert!(text.contains("0-4294967295 : 10.244.1.7 . 5353"));
-    assert!(text.contains("0-4294967295 : 10.244.1.7 . 9999"));
+    assert!(text.contains("0 : 10.244.1.7 . 5353"));
+    assert!(text.contains("0 : 10.244.1.7 . 9999"));
 }
 
 #[test]
@@ -797,7 +788,10 @@ fn updates_touch_only_what_changed() {
     let after = view([
         this_node(),
         service("web", json!({}), json!({})),
-        http_slice("web", &[("10.244.1.5", NODE, true)]),
+        http_slice(
+            "web",
+            &[("10.244.1.5", NODE, true), ("10.244.2.10", "node-b", true)],
+        ),
     ]);
     let (old, new) = (plan(&before, "web"), plan(&after, "web"));
     let mut same = PlanBatch::new();
@@ -809,13 +803,13 @@ fn updates_touch_only_what_changed() {
     let text = batch.into_batch().to_string();
     let lines: Vec<&str> = text.lines().collect();
     let service_chain = chain_named(&old, "service-");
-    // Only the endpoint map changes: it is flushed and refilled. No rule is touched,
-    // and the shared maps' entries did not change, so they are not touched either.
+    // An endpoint replaced by another: only the endpoint map changes, flushed and
+    // refilled. No rule is touched, and the shared maps' entries did not change either.
     assert_eq!(
         lines,
         [
             format!("flush set {service_chain}"),
-            format!("add element to {service_chain}: 0-4294967295 : 10.244.1.5 . 8080"),
+            format!("add 2 elements to {service_chain} (first: 0 : 10.244.1.5 . 8080)"),
         ],
         "{text}"
     );
