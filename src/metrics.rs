@@ -1,6 +1,7 @@
 //! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
 
 use nodus_dns::metrics::DnsMetrics;
+use nodus_mesh::metrics::MeshMetrics;
 use nodus_prom::{Histogram, family, sample, single};
 use nodus_proxy::apply::{SyncKind, SyncReport};
 use nodus_view::{Counts, Kind};
@@ -30,6 +31,8 @@ pub struct Metrics {
     proxy_failures: AtomicU64,
     /// Set once the DNS server runs.
     pub dns: OnceLock<Arc<DnsMetrics>>,
+    /// Set once the mesh runs.
+    pub mesh: OnceLock<Arc<MeshMetrics>>,
 }
 
 impl Default for Metrics {
@@ -50,6 +53,7 @@ impl Default for Metrics {
             proxy_transactions: AtomicU64::new(0),
             proxy_failures: AtomicU64::new(0),
             dns: OnceLock::new(),
+            mesh: OnceLock::new(),
         }
     }
 }
@@ -198,6 +202,9 @@ impl Metrics {
         }
         if let Some(dns) = self.dns.get() {
             dns.render(&mut out);
+        }
+        if let Some(mesh) = self.mesh.get() {
+            mesh.render(&mut out);
         }
         out
     }

@@ -2,6 +2,7 @@
 
 mod agent;
 mod dns;
+mod mesh;
 mod proxy;
 mod sandbox;
 mod support;

@@ -2,6 +2,7 @@
 //! the nodus processes started against it, all stopped when the test ends.
 
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
+use nodus_testbed::netns::Underlay;
 use nodus_testbed::probe::http_get;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -91,6 +92,26 @@ impl Cluster {
         cmd.arg("--config").arg(&config);
         self.spawn(cmd);
         (http, dns)
+    }
+
+    /// Also serves the API on the underlay's own address, inside its namespace, for nodus
+    /// processes in node namespaces; returns a kubeconfig for them.
+    pub fn listen_on(&self, underlay: &Underlay, port: u16) -> PathBuf {
+        let address = underlay.v4(1);
+        let listener = underlay
+            .ns
+            .enter(|| std::net::TcpListener::bind((address, port)))
+            .expect("entering the underlay")
+            .expect("binding on the underlay");
+        self.server
+            .as_ref()
+            .expect("serving")
+            .add_listener(listener)
+            .expect("listening on the underlay");
+        let path = self.dir.join("node-kubeconfig");
+        apiserver::write_kubeconfig(&path, &format!("http://{address}:{port}"))
+            .expect("kubeconfig");
+        path
     }
 
     pub fn restart_server(&mut self) {

@@ -29,6 +29,7 @@ use super::patch::{self, PatchType};
 use super::query::{ListOptions, Query, WatchOptions};
 use super::registry::{self, ResourceId};
 use super::selector::FieldSelector;
+use super::store::PatchRecord;
 use super::store::{Store, WatchFrom};
 use super::watch::{self as watch_stream, ResponseBody, WatchSpec};
 
@@ -447,6 +448,15 @@ async fn resource(
                 ));
             }
             let name = name.to_owned();
+            store.admit_patch(
+                def,
+                PatchRecord {
+                    resource: def.plural.to_owned(),
+                    name: name.clone(),
+                    content_type: content_type(&req),
+                    field_manager: query.get("fieldManager").map(str::to_owned),
+                },
+            )?;
             let body = read_body(req.into_body()).await?;
             let patch = patch::decode_body(&body, ty == PatchType::Apply)?;
             let (obj, created) =
