@@ -25,7 +25,13 @@ pub struct PlanSettings {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Peer {
     pub endpoint: Option<SocketAddr>,
-    /// Sorted, so that two peers compare equal whatever order the device listed them in.
+    /// The node's pod CIDRs and its own addresses (host prefixes). Sorted, so that two
+    /// peers compare equal whatever order the device listed them in.
+    ///
+    /// The node addresses are there for replies the peer un-NATs: a NodePort answered by a
+    /// pod on another node comes back from the node address the client asked, through the
+    /// tunnel, and WireGuard drops a source outside the sender's allowed IPs. No route sends
+    /// node addresses into the device; they only make such packets acceptable.
     pub allowed_ips: Vec<Cidr>,
 }
 
@@ -58,6 +64,9 @@ pub fn desired(view: &View, settings: PlanSettings, own_key: &Key) -> Desired {
         plan.own_endpoint = endpoint_ip(own, settings.endpoint_family);
     }
     let mut claimed: BTreeSet<Cidr> = plan.own_cidrs.iter().copied().collect();
+    if let Some(own) = view.this_node() {
+        claimed.extend(host_prefixes(own));
+    }
     // Sorted by name, so that which of two conflicting nodes wins does not depend on order.
     let mut nodes: Vec<(&str, &Node)> = view.nodes().filter(|(n, _)| *n != own_name).collect();
     nodes.sort_unstable_by_key(|(name, _)| *name);
@@ -65,7 +74,8 @@ pub fn desired(view: &View, settings: PlanSettings, own_key: &Key) -> Desired {
         match peer_of(node, settings, own_key, &plan.peers, &claimed) {
             Ok((key, peer)) => {
                 claimed.extend(peer.allowed_ips.iter().copied());
-                plan.routes.extend(peer.allowed_ips.iter().copied());
+                plan.routes
+                    .extend(node.pod_cidrs.iter().map(|c| network(*c)));
                 plan.peer_nodes.insert(key, name.into());
                 plan.peers.insert(key, peer);
             }
@@ -93,11 +103,12 @@ fn peer_of(
     if allowed_ips.is_empty() {
         return Err("no pod CIDRs");
     }
+    allowed_ips.extend(host_prefixes(node));
     if allowed_ips
         .iter()
         .any(|c| claimed.iter().any(|o| overlaps(*c, *o)))
     {
-        return Err("its pod CIDRs overlap another node's");
+        return Err("its pod CIDRs or addresses overlap another node's");
     }
     allowed_ips.sort_unstable();
     let port = node
@@ -112,6 +123,17 @@ fn peer_of(
             allowed_ips,
         },
     ))
+}
+
+/// The node's addresses as host prefixes.
+fn host_prefixes(node: &Node) -> impl Iterator<Item = Cidr> + '_ {
+    node.addresses.iter().map(|a| Cidr {
+        addr: a.address,
+        prefix: match a.address {
+            IpAddr::V4(_) => 32,
+            IpAddr::V6(_) => 128,
+        },
+    })
 }
 
 /// The node's address of `family`, else of the other family.
@@ -316,7 +338,12 @@ mod tests {
         );
         assert_eq!(
             peer.allowed_ips,
-            vec![cidr("10.244.2.0/24"), cidr("fd00:10:244:2::/64")]
+            vec![
+                cidr("10.244.2.0/24"),
+                cidr("192.168.1.2/32"),
+                cidr("fd00::2/128"),
+                cidr("fd00:10:244:2::/64")
+            ]
         );
         assert_eq!(&*plan.peer_nodes[&key(2)], "n2");
         assert_eq!(
@@ -386,12 +413,19 @@ mod tests {
                 None,
             ),
             node("n6", &[], &["192.168.1.6"], Some(key(6)), None),
+            node(
+                "n7",
+                &["10.244.7.0/24"],
+                &["192.168.1.2"],
+                Some(key(7)),
+                None,
+            ),
         ]);
         let plan = desired(&view, SETTINGS, &key(1));
         assert_eq!(plan.peers.keys().collect::<Vec<_>>(), vec![&key(2)]);
         assert_eq!(&*plan.peer_nodes[&key(2)], "n2");
         let skipped: Vec<&str> = plan.skipped.iter().map(|(n, _)| &**n).collect();
-        assert_eq!(skipped, vec!["n3", "n4", "n5", "n6"]);
+        assert_eq!(skipped, vec!["n3", "n4", "n5", "n6", "n7"]);
     }
 
     #[test]

@@ -319,7 +319,7 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
     let key_before = nodes[0].published_key(&cluster).expect("published key");
     let mut pinger = pods[0].ns.command("ping");
     pinger
-        .args(["-i", "0.1", "-w", "4", "-W", "1", &pod2])
+        .args(["-i", "0.1", "-c", "40", "-W", "1", &pod2])
         .stdout(Stdio::piped());
     let pinger = pinger.spawn().expect("ping");
     std::thread::sleep(Duration::from_millis(500));

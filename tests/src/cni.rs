@@ -15,7 +15,7 @@ pub const CNI_PATH: &str = "/usr/lib/cni";
 /// Creates pod `name` on `node` by running `ADD` of every plugin of the conflist at
 /// `conflist`, chained as a runtime chains them. `host-local` keeps its leases in
 /// `data_dir` (a runtime would use /var/lib/cni, which is shared by every namespace).
-/// `ips` asks `host-local` for fixed addresses through `CNI_ARGS`, as a runtime passes them.
+/// `ips` asks `host-local` for fixed addresses through the `args.cni.ips` convention.
 pub fn add_pod(
     node: &Node,
     conflist: &Path,
@@ -42,11 +42,15 @@ pub fn add_pod(
         if config["ipam"].is_object() {
             config["ipam"]["dataDir"] = data_dir.to_string_lossy().into_owned().into();
         }
+        if !ips.is_empty() {
+            let ips: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+            config["args"] = serde_json::json!({ "cni": { "ips": ips } });
+        }
         let kind = config["type"]
             .as_str()
             .context("a plugin without a type")?
             .to_string();
-        result = run_plugin(node.ns.name(), &kind, ns.name(), &config, ips)?;
+        result = run_plugin(node.ns.name(), &kind, ns.name(), &config)?;
     }
     let mut pod = Pod {
         ns,
@@ -70,14 +74,7 @@ pub fn add_pod(
     Ok(pod)
 }
 
-fn run_plugin(
-    node_ns: &str,
-    kind: &str,
-    pod_ns: &str,
-    config: &Value,
-    ips: &[IpAddr],
-) -> anyhow::Result<Value> {
-    let args: Vec<String> = ips.iter().map(IpAddr::to_string).collect();
+fn run_plugin(node_ns: &str, kind: &str, pod_ns: &str, config: &Value) -> anyhow::Result<Value> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", node_ns, &format!("{CNI_PATH}/{kind}")])
         .env("CNI_COMMAND", "ADD")
@@ -85,14 +82,6 @@ fn run_plugin(
         .env("CNI_NETNS", format!("/var/run/netns/{pod_ns}"))
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", CNI_PATH)
-        .env(
-            "CNI_ARGS",
-            if args.is_empty() {
-                String::new()
-            } else {
-                format!("IP={}", args.join(","))
-            },
-        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
