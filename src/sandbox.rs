@@ -384,15 +384,10 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         )))
         .with_context(|| format!("binding 127.0.0.1:{}", args.api_port))?;
     let server = rt.block_on(apiserver::serve(store.clone(), local))?;
-    let on_underlay = underlay
-        .ns
-        .enter(|| std::net::TcpListener::bind((underlay.v4(1), API_PORT_ON_UNDERLAY)))?
-        .context("binding the API server on the underlay")?;
-    on_underlay.set_nonblocking(true)?;
-    {
-        let _guard = rt.enter();
-        server.add_listener(on_underlay)?;
-    }
+    server.listen_in(
+        &underlay.ns,
+        SocketAddr::from((underlay.v4(1), API_PORT_ON_UNDERLAY)),
+    )?;
     let user_kubeconfig = args.dir.join("kubeconfig");
     apiserver::write_kubeconfig(&user_kubeconfig, &server.url())?;
     let node_kubeconfig = args.dir.join("node-kubeconfig");

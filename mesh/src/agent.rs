@@ -205,13 +205,15 @@ impl Mesh {
             let content = cni::conflist(&desired.own_cidrs, mtu);
             report.cni_written = cni::write_if_changed(&self.settings.cni_conflist, &content)?;
         }
-        if report.peer_changes > 0 {
-            let state = self.device.state().await?;
-            self.metrics.observe(&state, SystemTime::now());
-        }
         report.took = started.elapsed();
-        self.metrics
-            .synced(report.peer_changes, report.changed(), self.routes.len());
+        // Handshakes and byte counts come with the next poll: a dump after every change
+        // would cost as much as the change at thousands of peers.
+        self.metrics.synced(
+            report.peer_changes,
+            report.changed(),
+            self.peers.len(),
+            self.routes.len(),
+        );
         Ok(report)
     }
 }

@@ -49,8 +49,10 @@ impl MeshMetrics {
             .store(state.peers.values().map(|p| p.tx_bytes).sum(), Relaxed);
     }
 
-    /// Records a sync that changed `peer_changes` peers and left `routes` routes.
-    pub fn synced(&self, peer_changes: usize, changed: bool, routes: usize) {
+    /// Records a sync that changed `peer_changes` peers and left `peers` peers and
+    /// `routes` routes.
+    pub fn synced(&self, peer_changes: usize, changed: bool, peers: usize, routes: usize) {
+        self.peers.store(peers as u64, Relaxed);
         self.routes.store(routes as u64, Relaxed);
         self.peer_changes.fetch_add(peer_changes as u64, Relaxed);
         if changed {
@@ -156,7 +158,7 @@ mod tests {
         };
         let metrics = MeshMetrics::default();
         metrics.observe(&state, now);
-        metrics.synced(3, true, 4);
+        metrics.synced(3, true, 3, 4);
         let mut text = String::new();
         metrics.render(&mut text);
         for line in [

@@ -98,15 +98,10 @@ impl Cluster {
     /// processes in node namespaces; returns a kubeconfig for them.
     pub fn listen_on(&self, underlay: &Underlay, port: u16) -> PathBuf {
         let address = underlay.v4(1);
-        let listener = underlay
-            .ns
-            .enter(|| std::net::TcpListener::bind((address, port)))
-            .expect("entering the underlay")
-            .expect("binding on the underlay");
         self.server
             .as_ref()
             .expect("serving")
-            .add_listener(listener)
+            .listen_in(&underlay.ns, SocketAddr::from((address, port)))
             .expect("listening on the underlay");
         let path = self.dir.join("node-kubeconfig");
         apiserver::write_kubeconfig(&path, &format!("http://{address}:{port}"))

@@ -103,6 +103,15 @@ impl ServerHandle {
         Ok(())
     }
 
+    /// Also accepts connections on `addr` inside network namespace `ns` (the address of a
+    /// test bed underlay, so that nodus processes in node namespaces reach the server).
+    pub fn listen_in(&self, ns: &crate::netns::Netns, addr: SocketAddr) -> anyhow::Result<()> {
+        let listener = ns
+            .enter(|| std::net::TcpListener::bind(addr))?
+            .with_context(|| format!("binding {addr} in {}", ns.name()))?;
+        self.add_listener(listener)
+    }
+
     fn spawn_acceptor(&self, listener: TcpListener) {
         let ctx = self.ctx.clone();
         let connections = self.connections.clone();
