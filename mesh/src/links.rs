@@ -9,7 +9,7 @@ use futures::TryStreamExt;
 use nodus_view::model::Cidr;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
@@ -50,10 +50,7 @@ impl Links {
             .ok_or_else(|| Error::device(format!("link {name}"), "not found"))?;
         Ok(Link {
             index: message.header.index,
-            mtu: message.attributes.iter().find_map(|a| match a {
-                LinkAttribute::Mtu(m) => Some(*m),
-                _ => None,
-            }),
+            mtu: mtu_of(&message),
             up: message.header.flags.contains(LinkFlags::Up),
         })
     }
@@ -92,12 +89,7 @@ impl Links {
             .try_next()
             .await
             .map_err(Error::netlink(format!("reading the link of {ip}")))?;
-        Ok(message.and_then(|m| {
-            m.attributes.iter().find_map(|a| match a {
-                LinkAttribute::Mtu(m) => Some(*m),
-                _ => None,
-            })
-        }))
+        Ok(message.as_ref().and_then(mtu_of))
     }
 
     async fn address_messages(&self, index: u32) -> Result<Vec<AddressMessage>, Error> {
@@ -190,6 +182,13 @@ impl Links {
                 "removing the route to {destination}"
             )))
     }
+}
+
+fn mtu_of(link: &LinkMessage) -> Option<u32> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Mtu(m) => Some(*m),
+        _ => None,
+    })
 }
 
 fn address_of(message: &AddressMessage) -> Option<Cidr> {

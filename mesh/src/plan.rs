@@ -22,7 +22,7 @@ pub struct PlanSettings {
 }
 
 /// A peer as the device holds it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Peer {
     pub endpoint: Option<SocketAddr>,
     /// The node's pod CIDRs and its own addresses (host prefixes). Sorted, so that two

@@ -5,10 +5,10 @@
 //! "Unknown device type" and `auto` falls back to the userspace backend. The message
 //! layout follows the kernel's `include/uapi/linux/wireguard.h`.
 
-use super::{DeviceState, PeerState};
+use super::DeviceState;
 use crate::Error;
 use crate::key::Key;
-use crate::plan::{Peer, PeerChange};
+use crate::plan::PeerChange;
 use futures::{StreamExt, TryStreamExt};
 use genetlink::GenetlinkHandle;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
@@ -201,15 +201,7 @@ fn merge_peer(state: &mut DeviceState, peer: WireguardPeer) {
     }) else {
         return;
     };
-    let entry = state.peers.entry(key).or_insert_with(|| PeerState {
-        peer: Peer {
-            endpoint: None,
-            allowed_ips: Vec::new(),
-        },
-        last_handshake: None,
-        rx_bytes: 0,
-        tx_bytes: 0,
-    });
+    let entry = state.peers.entry(key).or_default();
     for attribute in peer.0 {
         match attribute {
             WireguardPeerAttribute::Endpoint(e) => entry.peer.endpoint = Some(e),

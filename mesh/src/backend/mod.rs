@@ -23,7 +23,7 @@ pub enum BackendKind {
 }
 
 /// A peer as the device reports it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PeerState {
     pub peer: Peer,
     pub last_handshake: Option<SystemTime>,

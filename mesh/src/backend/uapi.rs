@@ -10,7 +10,7 @@
 use super::{DeviceState, PeerState};
 use crate::Error;
 use crate::key::Key;
-use crate::plan::{Peer, PeerChange};
+use crate::plan::PeerChange;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
@@ -194,16 +194,7 @@ pub fn parse_get(reply: &str) -> Result<DeviceState, String> {
             ("public_key", _) => {
                 finish(&mut current, &mut handshake, &mut state);
                 let key = Key::from_hex(value).ok_or_else(bad)?;
-                let peer = PeerState {
-                    peer: Peer {
-                        endpoint: None,
-                        allowed_ips: Vec::new(),
-                    },
-                    last_handshake: None,
-                    rx_bytes: 0,
-                    tx_bytes: 0,
-                };
-                current = Some((key, peer));
+                current = Some((key, PeerState::default()));
             }
             ("private_key", None) => {
                 state.private_key = Some(Key::from_hex(value).ok_or_else(bad)?)
@@ -230,6 +221,7 @@ pub fn parse_get(reply: &str) -> Result<DeviceState, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::Peer;
 
     #[test]
     fn a_get_reply_parses() {
