@@ -104,10 +104,7 @@ fn peer_of(
         return Err("no pod CIDRs");
     }
     allowed_ips.extend(host_prefixes(node));
-    if allowed_ips
-        .iter()
-        .any(|c| claimed.iter().any(|o| overlaps(*c, *o)))
-    {
+    if allowed_ips.iter().any(|c| overlaps_any(claimed, *c)) {
         return Err("its pod CIDRs or addresses overlap another node's");
     }
     allowed_ips.sort_unstable();
@@ -167,8 +164,38 @@ pub fn network(cidr: Cidr) -> Cidr {
     }
 }
 
-fn overlaps(a: Cidr, b: Cidr) -> bool {
-    a.contains(b.addr) || b.contains(a.addr)
+/// Whether `cidr` overlaps a prefix of `claimed`, in O(prefix length × log n): a prefix
+/// that contains `cidr` is one of its supernets, and one that `cidr` contains sorts within
+/// `cidr`'s address range. (Checking every pair made a join cost 0.8 s at 5,000 nodes.)
+fn overlaps_any(claimed: &BTreeSet<Cidr>, cidr: Cidr) -> bool {
+    let supernet = (0..=cidr.prefix).any(|prefix| {
+        claimed.contains(&network(Cidr {
+            addr: cidr.addr,
+            prefix,
+        }))
+    });
+    let first = network(cidr);
+    let last = match first.addr {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(
+            u32::from(a) | u32::MAX.checked_shr(u32::from(cidr.prefix)).unwrap_or(0),
+        )),
+        IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(
+            u128::from(a) | u128::MAX.checked_shr(u32::from(cidr.prefix)).unwrap_or(0),
+        )),
+    };
+    let within = claimed
+        .range(
+            Cidr {
+                addr: first.addr,
+                prefix: 0,
+            }..=Cidr {
+                addr: last,
+                prefix: u8::MAX,
+            },
+        )
+        .next()
+        .is_some();
+    supernet || within
 }
 
 /// The first address of a pod CIDR as a host prefix (`10.244.1.0/24` → `10.244.1.1/32`):
@@ -461,6 +488,32 @@ mod tests {
             (add, remove),
             (vec![cidr("10.0.3.0/24")], vec![cidr("10.0.1.0/24")])
         );
+    }
+
+    #[test]
+    fn overlaps_are_found_both_ways() {
+        let claimed = BTreeSet::from([
+            cidr("10.244.1.0/24"),
+            cidr("192.168.1.2/32"),
+            cidr("fd00:10:244:1::/64"),
+        ]);
+        for (probe, expected) in [
+            ("10.244.0.0/16", true),
+            ("10.244.1.128/25", true),
+            ("10.244.1.0/24", true),
+            ("10.244.2.0/24", false),
+            ("10.243.255.0/24", false),
+            ("192.168.1.2/32", true),
+            ("192.168.1.3/32", false),
+            ("192.168.0.0/16", true),
+            ("0.0.0.0/0", true),
+            ("fd00:10:244:1:8000::/65", true),
+            ("fd00:10:244:2::/64", false),
+            ("::/0", true),
+        ] {
+            assert_eq!(overlaps_any(&claimed, cidr(probe)), expected, "{probe}");
+        }
+        assert!(!overlaps_any(&BTreeSet::new(), cidr("0.0.0.0/0")));
     }
 
     #[test]

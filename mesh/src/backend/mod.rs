@@ -10,7 +10,7 @@ use crate::Error;
 use crate::key::{Key, KeyPair};
 use crate::plan::{Peer, PeerChange};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::SystemTime;
 
 /// Which implementation runs the device.
@@ -47,11 +47,7 @@ pub enum Device {
 
 impl Device {
     /// Opens the device `name`, creating it if needed; `Auto` takes the kernel when it can.
-    pub async fn open(
-        kind: BackendKind,
-        name: &str,
-        wireguard_go: &PathBuf,
-    ) -> Result<Device, Error> {
+    pub async fn open(kind: BackendKind, name: &str, wireguard_go: &Path) -> Result<Device, Error> {
         match kind {
             BackendKind::Kernel => Ok(Device::Kernel(kernel::KernelDevice::open(name).await?)),
             BackendKind::Userspace => Ok(Device::Userspace(
