@@ -205,7 +205,6 @@ fn run(opts: &Options, peers: usize) -> anyhow::Result<Row> {
         })
     })();
     let _ = std::fs::remove_file(format!("/var/run/wireguard/{interface}.sock"));
-    let _ = std::fs::copy(&log, format!("/tmp/mesh-bench-{peers}.log"));
     result.with_context(|| format!("see {}", log.display()))
 }
 
