@@ -118,12 +118,86 @@ impl Default for DnsConfig {
     }
 }
 
-/// The WireGuard pod network. Not in this build yet: `enabled` defaults to false until it
-/// ships. When on, nodus watches every Node rather than only its own.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+/// The WireGuard pod network. When on, nodus watches every Node rather than only its own.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeshConfig {
     pub enabled: bool,
+    /// The WireGuard device's name (unique on the host for the userspace backend).
+    pub interface: String,
+    pub listen_port: u16,
+    /// The private key (created on first start, mode 0600, directory 0700).
+    pub key_file: PathBuf,
+    /// `auto` (kernel WireGuard if the module is there), `kernel` or `userspace`.
+    pub backend: MeshBackend,
+    /// The userspace backend's daemon.
+    pub wireguard_go: PathBuf,
+    /// Which node address peers use as endpoint when a node has both: `ipv4` or `ipv6`.
+    pub endpoint_family: EndpointFamily,
+    /// A fixed device MTU; unset takes the underlay link's MTU minus `mtu_overhead`.
+    pub mtu: Option<u32>,
+    pub mtu_overhead: u32,
+    /// The CNI configuration written for kubelet.
+    pub cni_conflist: PathBuf,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        MeshConfig {
+            enabled: false,
+            interface: "nodus-wg".into(),
+            listen_port: 51820,
+            key_file: PathBuf::from("/var/lib/nodus/wireguard.key"),
+            backend: MeshBackend::Auto,
+            wireguard_go: PathBuf::from("wireguard-go"),
+            endpoint_family: EndpointFamily::Ipv4,
+            mtu: None,
+            mtu_overhead: 80,
+            cni_conflist: PathBuf::from("/etc/cni/net.d/10-nodus.conflist"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum MeshBackend {
+    #[default]
+    Auto,
+    Kernel,
+    Userspace,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum EndpointFamily {
+    #[default]
+    Ipv4,
+    Ipv6,
+}
+
+impl MeshConfig {
+    pub fn settings(&self) -> nodus_mesh::MeshSettings {
+        use nodus_mesh::backend::BackendKind;
+        use nodus_view::model::Family;
+        nodus_mesh::MeshSettings {
+            interface: self.interface.clone(),
+            listen_port: self.listen_port,
+            key_file: self.key_file.clone(),
+            backend: match self.backend {
+                MeshBackend::Auto => BackendKind::Auto,
+                MeshBackend::Kernel => BackendKind::Kernel,
+                MeshBackend::Userspace => BackendKind::Userspace,
+            },
+            wireguard_go: self.wireguard_go.clone(),
+            endpoint_family: match self.endpoint_family {
+                EndpointFamily::Ipv4 => Family::V4,
+                EndpointFamily::Ipv6 => Family::V6,
+            },
+            mtu: self.mtu,
+            mtu_overhead: self.mtu_overhead,
+            cni_conflist: self.cni_conflist.clone(),
+        }
+    }
 }
 
 /// serde_yaml names the line of an unknown key, except for a key on the document's first
@@ -195,6 +269,21 @@ impl Config {
             self.dns.forward_timeout_ms > 0,
             "dns.forward_timeout_ms: must be at least 1"
         );
+        let mesh = &self.mesh;
+        anyhow::ensure!(
+            !mesh.interface.is_empty()
+                && mesh.interface.len() <= 15
+                && !mesh.interface.contains('/'),
+            "mesh.interface: {:?} is not a link name (1 to 15 bytes)",
+            mesh.interface
+        );
+        anyhow::ensure!(mesh.listen_port > 0, "mesh.listen_port: must be at least 1");
+        if let Some(mtu) = mesh.mtu {
+            anyhow::ensure!(
+                (1280..=65535).contains(&mtu),
+                "mesh.mtu: {mtu} is outside 1280..=65535"
+            );
+        }
         if let Some(url) = &self.api_server {
             anyhow::ensure!(
                 url.starts_with("https://") || url.starts_with("http://"),
@@ -202,15 +291,6 @@ impl Config {
             );
         }
         Ok(())
-    }
-
-    /// The subsystems switched on in this configuration that this build does not have yet.
-    pub fn unavailable_subsystems(&self) -> Vec<&'static str> {
-        [("mesh", self.mesh.enabled)]
-            .into_iter()
-            .filter(|(_, on)| *on)
-            .map(|(name, _)| name)
-            .collect()
     }
 }
 
@@ -229,11 +309,15 @@ mod tests {
         let config = Config::parse(
             "cluster_domain: example.org\ncluster_cidrs: [10.244.0.0/16, 'fd00:10::/56']\n\
              proxy:\n  enabled: false\ndns:\n  enabled: false\n  listen: ['127.0.0.1:5353']\n  pod_records: insecure\n\
-             mesh:\n  enabled: false\n",
+             mesh:\n  enabled: true\n  backend: userspace\n  endpoint_family: ipv6\n  mtu: 1400\n",
         )
         .expect("valid");
         assert_eq!(config.cluster_domain, "example.org");
         assert_eq!(config.cluster_cidrs.len(), 2);
+        assert_eq!(config.mesh.backend, MeshBackend::Userspace);
+        assert_eq!(config.mesh.endpoint_family, EndpointFamily::Ipv6);
+        assert_eq!(config.mesh.mtu, Some(1400));
+        assert_eq!(config.mesh.listen_port, 51820);
         assert_eq!(
             config.dns.listen,
             vec!["127.0.0.1:5353".parse().expect("addr")]
@@ -273,5 +357,8 @@ mod tests {
         assert!(Config::parse("dns:\n  ttl: 4000\n").is_err());
         assert!(Config::parse("dns:\n  listen: []\n").is_err());
         assert!(Config::parse("dns:\n  pod_records: verified\n").is_err());
+        assert!(Config::parse("mesh:\n  interface: a-name-far-too-long\n").is_err());
+        assert!(Config::parse("mesh:\n  backend: boringtun\n").is_err());
+        assert!(Config::parse("mesh:\n  mtu: 500\n").is_err());
     }
 }

@@ -192,11 +192,8 @@ fn main() -> anyhow::Result<()> {
             status::print(addr)
         }
         Some(Command::CheckConfig { file }) => {
-            let config = config::Config::load(&file)?;
+            config::Config::load(&file)?;
             println!("{}: valid", file.display());
-            for name in config.unavailable_subsystems() {
-                println!("note: {name} is enabled but not in this build yet");
-            }
             Ok(())
         }
         Some(Command::Proxy(ProxyCommand::Render(args))) => {

@@ -1,6 +1,7 @@
 //! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
 
 use nodus_dns::metrics::DnsMetrics;
+use nodus_mesh::metrics::MeshMetrics;
 use nodus_prom::{Histogram, family, sample, single};
 use nodus_proxy::apply::{SyncKind, SyncReport};
 use nodus_view::{Counts, Kind};
@@ -33,6 +34,8 @@ pub struct Metrics {
     pub dns: OnceLock<Arc<DnsMetrics>>,
     /// Last syncs and errors, for `/status`.
     pub status: crate::status::Board,
+    /// Set once the mesh runs.
+    pub mesh: OnceLock<Arc<MeshMetrics>>,
 }
 
 impl Default for Metrics {
@@ -55,6 +58,7 @@ impl Default for Metrics {
             proxy_failures: AtomicU64::new(0),
             dns: OnceLock::new(),
             status: Default::default(),
+            mesh: OnceLock::new(),
         }
     }
 }
@@ -223,6 +227,9 @@ impl Metrics {
         }
         if let Some(dns) = self.dns.get() {
             dns.render(&mut out);
+        }
+        if let Some(mesh) = self.mesh.get() {
+            mesh.render(&mut out);
         }
         out
     }

@@ -151,6 +151,25 @@ async fn start_dns(config: &Config, view: SharedView) -> anyhow::Result<DnsServe
     Ok(server)
 }
 
+/// Opens the WireGuard device (adopting a running one) and starts the mesh's task; the
+/// returned sender tells it that the view changed. It programs nothing before the first
+/// signal, which comes once the view is complete.
+async fn start_mesh(
+    config: &Config,
+    view: SharedView,
+    client: kube::Client,
+    metrics: &Metrics,
+) -> anyhow::Result<tokio::sync::watch::Sender<()>> {
+    let mesh_metrics = Arc::new(nodus_mesh::metrics::MeshMetrics::default());
+    let _ = metrics.mesh.set(mesh_metrics.clone());
+    let mesh = nodus_mesh::Mesh::start(config.mesh.settings(), mesh_metrics)
+        .await
+        .context("starting the WireGuard mesh")?;
+    let (changed, follower) = tokio::sync::watch::channel(());
+    tokio::spawn(nodus_mesh::follow::follow(mesh, view, client, follower));
+    Ok(changed)
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut config = load_config(&args.cluster)?;
     if let Some(addr) = args.http_addr {
@@ -161,12 +180,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         !node_name.is_empty(),
         "the node name is required: pass --node-name or set NODE_NAME"
     );
-    for name in config.unavailable_subsystems() {
-        tracing::warn!(
-            subsystem = name,
-            "enabled in the configuration but not in this build; ignored"
-        );
-    }
     let client = watch::connect(
         args.cluster.kubeconfig.as_deref(),
         config.api_server.as_deref(),
@@ -204,6 +217,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
+    let mesh_changed = match config.mesh.enabled {
+        true => Some(start_mesh(&config, view.clone(), client.clone(), &metrics).await?),
+        false => None,
+    };
     let mut proxy = match config.proxy.enabled {
         true => Some(ProxyLoop::new(&config, view.clone())?),
         false => None,
@@ -230,6 +247,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             proxy.health.update(changes);
             programmed
         });
+        if let Some(mesh) = &mesh_changed
+            && (applied.initial_sync
+                || !applied.changes.nodes.is_empty()
+                || applied.changes.this_node)
+        {
+            mesh.send_replace(());
+        }
         // Readiness follows the proxy: a node whose rules are failing to sync is not ready.
         dns_synced.store(true, Relaxed);
         if proxy_ready != feed.metrics.ready.swap(proxy_ready, Relaxed) && proxy_ready {

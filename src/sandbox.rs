@@ -1,15 +1,19 @@
 //! `nodus sandbox`: a small simulated cluster on this machine.
 //!
 //! The API-server stand-in serves an example cluster; every Node becomes a network
-//! namespace on an underlay bridge running a real `nodus run`; every pod named by an
-//! EndpointSlice becomes a namespace behind a veth into its node, running the echo server.
+//! namespace on an underlay bridge running a real `nodus run` with the proxy, DNS and the
+//! WireGuard mesh on; every pod named by an EndpointSlice becomes a namespace made by the
+//! reference CNI plugins from the conflist its node's nodus wrote (at the EndpointSlice's
+//! addresses), running the echo server. Pod traffic between nodes crosses the mesh.
 //! Everything is removed on Ctrl-C. Nothing touches the root namespace's network.
 
 use anyhow::{Context, bail};
 use clap::Args;
 use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
-use nodus_testbed::netns::{self, Node, POD_GATEWAY_V4, Pod, Underlay};
+use nodus_testbed::cni;
+use nodus_testbed::netns::{self, Node, Pod, Underlay, unique_name};
 use nodus_testbed::probe::http_get;
+use nodus_view::model::Cidr;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -88,6 +92,25 @@ pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
     }
     while tasks.join_next().await.is_some() {}
     Ok(())
+}
+
+/// The mesh devices' UAPI socket files, removed when the sandbox ends however it ends:
+/// wireguard-go dies with its namespace, but the socket directory is host-wide.
+struct UapiSockets(Vec<String>);
+
+impl Drop for UapiSockets {
+    fn drop(&mut self) {
+        for interface in &self.0 {
+            let _ = std::fs::remove_file(format!("/var/run/wireguard/{interface}.sock"));
+        }
+    }
+}
+
+/// A pod the sandbox made, with its node and a port its echo server answers on.
+struct SandboxPod {
+    pod: Pod,
+    node: String,
+    port: Option<u16>,
 }
 
 /// A pod as the EndpointSlices describe it.
@@ -199,26 +222,70 @@ fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
     (ready, objects)
 }
 
-/// Routes every node's pod CIDRs through that node's underlay address, as a host-gateway
-/// network does: the pod network between nodes until the WireGuard mesh carries it.
-fn route_pod_cidrs(docs: &[Value], nodes: &[Node]) -> anyhow::Result<()> {
-    for doc in docs.iter().filter(|d| d["kind"] == "Node") {
-        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
-        let Some(target) = nodes.iter().find(|n| n.name == name) else {
+/// The first address of the node pod CIDR holding `ip`: the gateway `host-local` gives
+/// the pod (and the address of the node's WireGuard device).
+fn pod_gateway(docs: &[Value], ip: IpAddr) -> Option<IpAddr> {
+    docs.iter()
+        .filter(|d| d["kind"] == "Node")
+        .flat_map(|d| {
+            d["spec"]["podCIDRs"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|c| c.as_str().and_then(|c| c.parse::<Cidr>().ok()))
+        .find(|c| c.contains(ip))
+        .and_then(|c| nodus_mesh::plan::first_host(&c))
+        .map(|c| c.addr)
+}
+
+/// `ping` and `curl` from a pod on the first node to a pod on every other node, across
+/// the WireGuard mesh.
+fn demonstrate_mesh(pods: &[SandboxPod]) {
+    let Some(from) = pods.first() else { return };
+    let mut seen = BTreeSet::from([from.node.as_str()]);
+    for to in pods.iter().filter(|p| seen.insert(p.node.as_str())) {
+        let Some(ip) = to.pod.v4.map(IpAddr::V4).or(to.pod.v6.map(IpAddr::V6)) else {
             continue;
         };
-        for cidr in doc["spec"]["podCIDRs"].as_array().into_iter().flatten() {
-            let Some(cidr) = cidr.as_str() else { continue };
-            let via = match cidr.contains(':') {
-                true => target.v6.to_string(),
-                false => target.v4.to_string(),
-            };
-            for node in nodes.iter().filter(|n| n.name != name) {
-                node.ns.ip(&["route", "add", cidr, "via", &via])?;
-            }
+        let ping = from
+            .pod
+            .ns
+            .exec("ping", &["-c1", "-W2", &ip.to_string()])
+            .map(|out| {
+                out.lines()
+                    .find_map(|l| l.split("time=").nth(1))
+                    .unwrap_or("?")
+                    .to_string()
+            });
+        match ping {
+            Ok(time) => println!(
+                "ping across the mesh from pod {} ({}) to pod {} ({}) at {ip}: {time}",
+                from.pod.name, from.node, to.pod.name, to.node
+            ),
+            Err(error) => println!(
+                "ping across the mesh from pod {} to {ip} failed: {error:#}",
+                from.pod.name
+            ),
+        }
+        let Some(port) = to.port else { continue };
+        let url = format!("http://{}/", SocketAddr::new(ip, port));
+        let answer = from
+            .pod
+            .ns
+            .exec("curl", &["-s", "-m", "3", &url])
+            .map(|out| out.trim().to_string());
+        match answer {
+            Ok(answer) => println!(
+                "curl across the mesh from pod {}: {url} → {answer}",
+                from.pod.name
+            ),
+            Err(error) => println!(
+                "curl across the mesh from pod {}: {url} failed: {error:#}",
+                from.pod.name
+            ),
         }
     }
-    Ok(())
 }
 
 /// `curl` from a pod to a ClusterIP and to a NodePort on another node.
@@ -243,7 +310,7 @@ fn demonstrate_proxy(pod: &Pod, nodes: &[Node]) {
 }
 
 /// `dig` from a pod to its node's DNS, through the pod's gateway.
-fn demonstrate_dns(pod: &Pod) {
+fn demonstrate_dns(pod: &Pod, gateway: IpAddr) {
     for (name, qtype) in [
         ("web.default.svc.cluster.local", "A"),
         ("_pg._tcp.db.shop.svc.cluster.local", "SRV"),
@@ -253,7 +320,7 @@ fn demonstrate_dns(pod: &Pod) {
             .exec(
                 "dig",
                 &[
-                    &format!("@{POD_GATEWAY_V4}"),
+                    &format!("@{gateway}"),
                     "+short",
                     "+time=2",
                     "+tries=1",
@@ -279,7 +346,7 @@ fn write_namespaces(
     dir: &Path,
     underlay: &Underlay,
     nodes: &[Node],
-    pods: &[Pod],
+    pods: &[SandboxPod],
 ) -> anyhow::Result<()> {
     let names = |entries: Vec<(&str, &str)>| {
         entries
@@ -290,7 +357,7 @@ fn write_namespaces(
     let map = json!({
         "underlay": underlay.ns.name(),
         "nodes": names(nodes.iter().map(|n| (n.name.as_str(), n.ns.name())).collect()),
-        "pods": names(pods.iter().map(|p| (p.name.as_str(), p.ns.name())).collect()),
+        "pods": names(pods.iter().map(|p| (p.pod.name.as_str(), p.pod.ns.name())).collect()),
     });
     let path = dir.join("namespaces.json");
     std::fs::write(&path, serde_json::to_string_pretty(&map)?)
@@ -342,15 +409,10 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         )))
         .with_context(|| format!("binding 127.0.0.1:{}", args.api_port))?;
     let server = rt.block_on(apiserver::serve(store.clone(), local))?;
-    let on_underlay = underlay
-        .ns
-        .enter(|| std::net::TcpListener::bind((underlay.v4(1), API_PORT_ON_UNDERLAY)))?
-        .context("binding the API server on the underlay")?;
-    on_underlay.set_nonblocking(true)?;
-    {
-        let _guard = rt.enter();
-        server.add_listener(on_underlay)?;
-    }
+    server.listen_in(
+        &underlay.ns,
+        SocketAddr::from((underlay.v4(1), API_PORT_ON_UNDERLAY)),
+    )?;
     let user_kubeconfig = args.dir.join("kubeconfig");
     apiserver::write_kubeconfig(&user_kubeconfig, &server.url())?;
     let node_kubeconfig = args.dir.join("node-kubeconfig");
@@ -359,16 +421,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         &format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1)),
     )?;
 
-    // DNS on every address of the node, so that pods reach it through their gateway; the
-    // proxy on, programming each node's own namespace.
-    let node_config = args.dir.join("node-config.yaml");
-    std::fs::write(
-        &node_config,
-        "dns:\n  listen: [\"0.0.0.0:53\"]\nproxy:\n  enabled: true\n",
-    )?;
-
     let exe = std::env::current_exe().context("finding the nodus binary")?;
     let mut nodes = Vec::new();
+    let mut sockets = UapiSockets(Vec::new());
     for (i, name) in node_names.iter().enumerate() {
         let node = Node::new(&underlay, name, FIRST_NODE_INDEX + i as u8)?;
         // Like a real node, a default route (to the underlay's host): traffic to a
@@ -388,6 +443,23 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             "via",
             &underlay.v6(1).to_string(),
         ])?;
+        // DNS on every address of the node, so that pods reach it through their gateway;
+        // the proxy programming the node's own namespace; the mesh with its key and CNI
+        // conflist in the sandbox directory. Device names are host-wide for wireguard-go.
+        let node_dir = args.dir.join(name);
+        let interface = unique_name("wg");
+        let node_config = node_dir.join("config.yaml");
+        std::fs::create_dir_all(&node_dir)?;
+        std::fs::write(
+            &node_config,
+            format!(
+                "dns:\n  listen: [\"0.0.0.0:53\"]\nproxy:\n  enabled: true\nmesh:\n  enabled: true\n  \
+                 interface: {interface}\n  key_file: {}\n  cni_conflist: {}\n",
+                node_dir.join("wireguard.key").display(),
+                node_dir.join("10-nodus.conflist").display()
+            ),
+        )?;
+        sockets.0.push(interface);
         let log = std::fs::File::create(args.dir.join(format!("{name}.log")))?;
         let mut cmd = node.ns.command(&exe.to_string_lossy());
         cmd.args(["run", "--node-name", name, "--kubeconfig"])
@@ -400,21 +472,36 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         node.ns.spawn(cmd)?;
         nodes.push(node);
     }
-    route_pod_cidrs(&docs, &nodes)?;
     let known: BTreeSet<String> = node_names.iter().cloned().collect();
     let mut pods = Vec::new();
     for (name, plan) in plan_pods(&docs, &known) {
         let Some(node) = nodes.iter().find(|n| n.name == plan.node) else {
             continue;
         };
-        let pod = Pod::new(node, &name, plan.v4, plan.v6)?;
+        let node_dir = args.dir.join(&node.name);
+        let conflist = node_dir.join("10-nodus.conflist");
+        // The conflist appears once the node's nodus has the view and its mesh is set up.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !conflist.exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let ips: Vec<IpAddr> = [plan.v4.map(IpAddr::V4), plan.v6.map(IpAddr::V6)]
+            .into_iter()
+            .flatten()
+            .collect();
+        let pod = cni::add_pod(node, &conflist, &name, &node_dir.join("ipam"), &ips)
+            .with_context(|| format!("creating pod {name} with the CNI plugins"))?;
         let mut cmd = pod.ns.command(&exe.to_string_lossy());
         cmd.args(["echo", "--name", &name]);
         for port in &plan.ports {
             cmd.args(["--port", &port.to_string()]);
         }
         pod.ns.spawn(cmd)?;
-        pods.push(pod);
+        pods.push(SandboxPod {
+            pod,
+            node: plan.node,
+            port: plan.ports.first().copied(),
+        });
     }
 
     write_namespaces(&args.dir, &underlay, &nodes, &pods)?;
@@ -451,7 +538,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     println!(
         "pods: {}",
         pods.iter()
-            .map(|p| p.name.as_str())
+            .map(|p| p.pod.name.as_str())
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -459,12 +546,16 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     // A dual-stack pod, so that both families of a dual-stack service can be shown.
     if let Some(pod) = pods
         .iter()
+        .map(|p| &p.pod)
         .find(|p| p.v4.is_some() && p.v6.is_some())
-        .or(pods.first())
+        .or(pods.first().map(|p| &p.pod))
     {
-        demonstrate_dns(pod);
+        if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(&docs, IpAddr::V4(ip))) {
+            demonstrate_dns(pod, gateway);
+        }
         demonstrate_proxy(pod, &nodes);
     }
+    demonstrate_mesh(&pods);
     if !statuses.iter().all(|(ready, _)| *ready) {
         println!("warning: not every node became ready; see the logs");
     }
@@ -475,7 +566,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     );
     let signal = rt.block_on(crate::run::shutdown_signal())?;
     println!("{signal}: tearing down");
-    drop((pods, nodes, underlay));
+    drop((pods, nodes, underlay, sockets));
     rt.block_on(server.shutdown());
     Ok(())
 }

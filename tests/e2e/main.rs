@@ -4,6 +4,7 @@ mod agent;
 mod deploy;
 mod dns;
 mod operate;
+mod mesh;
 mod proxy;
 mod proxy_packets;
 mod sandbox;

@@ -16,7 +16,8 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
             .find(|l| l.starts_with(node))
             .unwrap_or_else(|| panic!("{node} missing:\n{printed}"));
         let columns: Vec<&str> = row.split_whitespace().collect();
-        assert_eq!(columns[1..], ["true", "5", "4", "10", "1"], "{row}");
+        // Every Node: the mesh watches them all.
+        assert_eq!(columns[1..], ["true", "5", "4", "10", "3"], "{row}");
     }
     assert!(
         printed.contains("web-1") && printed.contains("db-1"),
@@ -39,6 +40,24 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
             .unwrap_or_else(|| panic!("no curl to {url}:\n{printed}"));
         let answer = line.rsplit("→ ").next().unwrap_or_default();
         assert!(answer.starts_with("web-"), "{line}");
+    }
+
+    // Pods on other nodes, across the WireGuard mesh: ping, and curl to their echo servers.
+    for (node, pod) in [("node-2", "api-2"), ("node-3", "db-1")] {
+        assert!(
+            printed
+                .lines()
+                .any(|l| l.starts_with("ping across the mesh")
+                    && l.contains(&format!("to pod {pod} ({node})"))
+                    && l.ends_with(" ms")),
+            "no ping to {pod}:\n{printed}"
+        );
+        assert!(
+            printed
+                .lines()
+                .any(|l| l.starts_with("curl across the mesh") && l.ends_with(&format!("→ {pod}"))),
+            "no curl to {pod}:\n{printed}"
+        );
     }
 
     // `nodus view` against the sandbox's API server shows the example cluster.

@@ -2,7 +2,7 @@
 //! the nodus processes started against it, all stopped when the test ends.
 
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
-use nodus_testbed::netns::Netns;
+use nodus_testbed::netns::{Netns, Underlay};
 use nodus_testbed::probe::http_get;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -121,6 +121,21 @@ impl Cluster {
             .find(|c| c.id() == pid)
             .expect("a child of this cluster");
         child.wait().expect("wait")
+    }
+
+    /// Also serves the API on the underlay's own address, inside its namespace, for nodus
+    /// processes in node namespaces; returns a kubeconfig for them.
+    pub fn listen_on(&self, underlay: &Underlay, port: u16) -> PathBuf {
+        let address = underlay.v4(1);
+        self.server
+            .as_ref()
+            .expect("serving")
+            .listen_in(&underlay.ns, SocketAddr::from((address, port)))
+            .expect("listening on the underlay");
+        let path = self.dir.join("node-kubeconfig");
+        apiserver::write_kubeconfig(&path, &format!("http://{address}:{port}"))
+            .expect("kubeconfig");
+        path
     }
 
     pub fn restart_server(&mut self) {

@@ -63,6 +63,17 @@ impl BenchCluster {
         })
     }
 
+    /// Also serves the API on `addr` inside `ns`; returns a kubeconfig for that address.
+    pub fn listen_in(&self, ns: &crate::netns::Netns, addr: SocketAddr) -> anyhow::Result<PathBuf> {
+        self.server
+            .as_ref()
+            .context("the server is stopped")?
+            .listen_in(ns, addr)?;
+        let path = self.dir.join(format!("kubeconfig-{}", ns.name()));
+        apiserver::write_kubeconfig(&path, &format!("http://{addr}"))?;
+        Ok(path)
+    }
+
     /// Starts `nodus run` as node `node` with the configuration `config` (YAML).
     pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
         let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));

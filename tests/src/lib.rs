@@ -3,6 +3,7 @@
 
 pub mod apiserver;
 pub mod bench;
+pub mod cni;
 pub mod netns;
 pub mod probe;
 pub mod scale;

@@ -125,6 +125,25 @@ impl Netns {
         Ok(())
     }
 
+    /// Stops one process started with [`Netns::spawn`] with SIGTERM, as a service manager
+    /// would, and returns how it exited.
+    pub fn terminate(&self, pid: u32) -> anyhow::Result<std::process::ExitStatus> {
+        let mut children = self
+            .children
+            .lock()
+            .map_err(|_| anyhow::anyhow!("child list poisoned"))?;
+        let i = children
+            .iter()
+            .position(|c| c.id() == pid)
+            .with_context(|| format!("no process {pid} in {}", self.name))?;
+        let mut child = children.swap_remove(i);
+        // SAFETY: signalling a child we own and have not reaped.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        child
+            .wait()
+            .with_context(|| format!("waiting for {pid} in {}", self.name))
+    }
+
     /// Runs `f` on a thread that has entered the namespace. Sockets created there stay in
     /// the namespace, so this is how a listener or client is bound inside it.
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
@@ -153,6 +172,17 @@ impl Drop for Netns {
             for child in children.iter_mut() {
                 let _ = child.kill();
                 let _ = child.wait();
+            }
+        }
+        // Daemons that detached from our children (wireguard-go forks itself) live on in
+        // the namespace; they are ours too, since nothing else runs in it.
+        if let Ok(pids) = run("ip", &["netns", "pids", &self.name]) {
+            for pid in pids
+                .split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok())
+            {
+                // SAFETY: kill has no memory-safety preconditions.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
         let _ = run("ip", &["netns", "del", &self.name]);

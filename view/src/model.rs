@@ -56,8 +56,9 @@ impl Family {
     }
 }
 
-/// An address prefix such as a pod CIDR or a load-balancer source range.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// An address prefix such as a pod CIDR or a load-balancer source range. Ordered by
+/// address, then prefix length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Cidr {
     pub addr: IpAddr,
     pub prefix: u8,

@@ -18,6 +18,9 @@ pub struct ApiError {
     pub details: Option<Value>,
 }
 
+/// The user a forbidden request is reported for.
+pub const FORBIDDEN_USER: &str = "system:serviceaccount:kube-system:nodus";
+
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
         ApiError {
@@ -53,6 +56,22 @@ impl ApiError {
             "NotFound",
             "the server could not find the requested resource",
         )
+    }
+
+    /// 403 as RBAC answers it, for the stand-in's fixed service account.
+    pub(crate) fn forbidden(verb: &str, def: &ResourceDef, name: &str) -> Self {
+        let group = def.group;
+        Self::new(
+            403,
+            "Forbidden",
+            format!(
+                "{} \"{name}\" is forbidden: User \"{FORBIDDEN_USER}\" cannot {verb} resource \"{}\" \
+                 in API group \"{group}\" at the cluster scope",
+                qualified(def),
+                def.plural
+            ),
+        )
+        .about(def, name)
     }
 
     pub(crate) fn already_exists(def: &ResourceDef, name: &str) -> Self {

@@ -29,6 +29,7 @@ use super::patch::{self, PatchType};
 use super::query::{ListOptions, Query, WatchOptions};
 use super::registry::{self, ResourceId};
 use super::selector::FieldSelector;
+use super::store::PatchRecord;
 use super::store::{Store, WatchFrom};
 use super::watch::{self as watch_stream, ResponseBody, WatchSpec};
 
@@ -100,6 +101,15 @@ impl ServerHandle {
         let listener = TcpListener::from_std(listener).context("registering the listener")?;
         self.spawn_acceptor(listener);
         Ok(())
+    }
+
+    /// Also accepts connections on `addr` inside network namespace `ns` (the address of a
+    /// test bed underlay, so that nodus processes in node namespaces reach the server).
+    pub fn listen_in(&self, ns: &crate::netns::Netns, addr: SocketAddr) -> anyhow::Result<()> {
+        let listener = ns
+            .enter(|| std::net::TcpListener::bind(addr))?
+            .with_context(|| format!("binding {addr} in {}", ns.name()))?;
+        self.add_listener(listener)
     }
 
     fn spawn_acceptor(&self, listener: TcpListener) {
@@ -447,6 +457,15 @@ async fn resource(
                 ));
             }
             let name = name.to_owned();
+            store.admit_patch(
+                def,
+                PatchRecord {
+                    resource: def.plural.to_owned(),
+                    name: name.clone(),
+                    content_type: content_type(&req),
+                    field_manager: query.get("fieldManager").map(str::to_owned),
+                },
+            )?;
             let body = read_body(req.into_body()).await?;
             let patch = patch::decode_body(&body, ty == PatchType::Apply)?;
             let (obj, created) =

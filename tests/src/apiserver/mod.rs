@@ -45,7 +45,9 @@
 //! - **Discovery** is legacy (unaggregated) only, and `/openapi/*` is 404, so `kubectl apply`
 //!   needs `--validate=false`. Responses are JSON only (no `Table`, no protobuf); kubectl
 //!   prints lists as `NAME AGE`.
-//! - No TLS, authentication, or RBAC.
+//! - No TLS or authentication, and no RBAC beyond [`Store::forbid_patch`], which makes
+//!   PATCH on a resource answer 403 as a missing RBAC rule would. Accepted patches are
+//!   recorded with their media type and `fieldManager` ([`Store::patches`]).
 
 mod discovery;
 mod error;
@@ -65,7 +67,7 @@ pub use error::ApiError;
 pub use http::{ServerHandle, serve};
 pub use kubeconfig::{CONTEXT, write_kubeconfig};
 pub use query::WATCH_LIST_FORBIDDEN;
-pub use store::Store;
+pub use store::{PatchRecord, Store};
 
 /// Knobs of a [`Store`] and the servers serving it.
 #[derive(Debug, Clone)]

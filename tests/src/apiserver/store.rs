@@ -8,7 +8,7 @@
 //! `resourceVersionMatch=Exact` lists are answered. A revision older than the log gives
 //! 410 Expired, like a compacted etcd.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::ops::Bound;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -85,6 +85,19 @@ struct Inner {
     /// The latest revision, so watches wake up on writes.
     rv_tx: watch::Sender<u64>,
     counts: Mutex<BTreeMap<String, u64>>,
+    /// Resources (plural) whose patches are refused with 403, as RBAC would.
+    patch_forbidden: Mutex<BTreeSet<String>>,
+    patches: Mutex<Vec<PatchRecord>>,
+}
+
+/// One PATCH request the server accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchRecord {
+    pub resource: String,
+    pub name: String,
+    /// The request's media type, e.g. `application/merge-patch+json`.
+    pub content_type: String,
+    pub field_manager: Option<String>,
 }
 
 /// The object state of the stand-in. Cheap to clone (an `Arc` inside); a store outlives the
@@ -331,6 +344,8 @@ impl Store {
                 }),
                 rv_tx,
                 counts: Mutex::new(BTreeMap::new()),
+                patch_forbidden: Mutex::new(BTreeSet::new()),
+                patches: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -348,6 +363,34 @@ impl Store {
     /// `patch`, `delete`, `deletecollection`). Writes through this API are not counted.
     pub fn request_counts(&self) -> BTreeMap<String, u64> {
         lock(&self.inner.counts).clone()
+    }
+
+    /// Refuses (or, with `false`, allows again) PATCH on `plural` with 403 Forbidden.
+    pub fn forbid_patch(&self, plural: &str, forbidden: bool) {
+        let mut set = lock(&self.inner.patch_forbidden);
+        if forbidden {
+            set.insert(plural.to_owned());
+        } else {
+            set.remove(plural);
+        }
+    }
+
+    /// Every PATCH accepted so far, in order.
+    pub fn patches(&self) -> Vec<PatchRecord> {
+        lock(&self.inner.patches).clone()
+    }
+
+    /// Checks a PATCH against [`Store::forbid_patch`] and records it when allowed.
+    pub(crate) fn admit_patch(
+        &self,
+        def: &ResourceDef,
+        record: PatchRecord,
+    ) -> Result<(), ApiError> {
+        if lock(&self.inner.patch_forbidden).contains(def.plural) {
+            return Err(ApiError::forbidden("patch", def, &record.name));
+        }
+        lock(&self.inner.patches).push(record);
+        Ok(())
     }
 
     pub(crate) fn count(&self, verb: &str) {

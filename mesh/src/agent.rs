@@ -1,0 +1,219 @@
+//! Brings the device, its addresses and routes, and the CNI file in step with a plan.
+//!
+//! On start the agent reads what the kernel already has (the device's key, port and peers,
+//! the routes through it) and from then on only sends differences: one peer added,
+//! updated or removed at a time, so that a restart, or a change to one node, leaves every
+//! other session alone.
+
+use crate::Error;
+use crate::backend::{BackendKind, Device, DeviceState};
+use crate::cni;
+use crate::key::{Key, KeyPair};
+use crate::links::Links;
+use crate::metrics::MeshMetrics;
+use crate::plan::{Desired, Peer, PeerChange, PlanSettings, peer_changes, set_changes};
+use nodus_view::model::{Cidr, Family};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+/// The MTU assumed under the tunnel when the underlay link cannot be found.
+const FALLBACK_UNDERLAY_MTU: u32 = 1500;
+
+/// The mesh's settings, from the `mesh:` section of the configuration.
+#[derive(Clone, Debug)]
+pub struct MeshSettings {
+    pub interface: String,
+    pub listen_port: u16,
+    pub key_file: PathBuf,
+    pub backend: BackendKind,
+    /// The `wireguard-go` binary of the userspace backend.
+    pub wireguard_go: PathBuf,
+    pub endpoint_family: Family,
+    /// A fixed device MTU; `None` takes the underlay's minus `mtu_overhead`.
+    pub mtu: Option<u32>,
+    pub mtu_overhead: u32,
+    pub cni_conflist: PathBuf,
+}
+
+/// What one sync changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    pub peer_changes: usize,
+    pub routes_added: usize,
+    pub routes_removed: usize,
+    pub addresses_changed: usize,
+    pub link_set: bool,
+    pub cni_written: bool,
+    pub took: Duration,
+}
+
+impl SyncReport {
+    pub fn changed(&self) -> bool {
+        self.peer_changes + self.routes_added + self.routes_removed + self.addresses_changed > 0
+            || self.link_set
+            || self.cni_written
+    }
+}
+
+pub struct Mesh {
+    settings: MeshSettings,
+    keys: KeyPair,
+    device: Device,
+    links: Links,
+    /// What the device and kernel hold, as last read or written.
+    peers: BTreeMap<Key, Peer>,
+    routes: BTreeSet<Cidr>,
+    addresses: BTreeSet<Cidr>,
+    pub metrics: Arc<MeshMetrics>,
+}
+
+impl Mesh {
+    /// Loads the key, opens (or adopts) the device and reads what the kernel has.
+    pub async fn start(settings: MeshSettings, metrics: Arc<MeshMetrics>) -> Result<Mesh, Error> {
+        let keys = KeyPair::load_or_create(&settings.key_file)?;
+        let device = Device::open(
+            settings.backend,
+            &settings.interface,
+            &settings.wireguard_go,
+        )
+        .await?;
+        let mut mesh = Mesh {
+            keys,
+            device,
+            links: Links::new()?,
+            peers: BTreeMap::new(),
+            routes: BTreeSet::new(),
+            addresses: BTreeSet::new(),
+            metrics,
+            settings,
+        };
+        let state = mesh.refresh().await?;
+        if state.private_key != Some(*mesh.keys.private())
+            || state.listen_port != mesh.settings.listen_port
+        {
+            mesh.device
+                .set_identity(&mesh.keys, mesh.settings.listen_port)
+                .await?;
+        }
+        tracing::info!(
+            device = %mesh.settings.interface,
+            backend = mesh.device.kind(),
+            public_key = %mesh.keys.public,
+            peers = mesh.peers.len(),
+            routes = mesh.routes.len(),
+            "mesh device ready"
+        );
+        Ok(mesh)
+    }
+
+    pub fn public_key(&self) -> &Key {
+        &self.keys.public
+    }
+
+    pub fn backend(&self) -> &'static str {
+        self.device.kind()
+    }
+
+    pub fn plan_settings(&self) -> PlanSettings {
+        PlanSettings {
+            listen_port: self.settings.listen_port,
+            endpoint_family: self.settings.endpoint_family,
+        }
+    }
+
+    /// Re-reads the device's peers and the kernel's routes and addresses (so that the next
+    /// sync repairs outside changes) and updates the metrics.
+    pub async fn refresh(&mut self) -> Result<DeviceState, Error> {
+        let state = self.device.state().await?;
+        let link = self.links.link(&self.settings.interface).await?;
+        self.routes = self.links.routes(link.index).await?;
+        self.addresses = self.links.addresses(link.index).await?;
+        self.peers = state
+            .peers
+            .iter()
+            .map(|(k, p)| (*k, p.peer.clone()))
+            .collect();
+        self.metrics.observe(&state, SystemTime::now());
+        Ok(state)
+    }
+
+    async fn mtu(&self, own_endpoint: Option<IpAddr>) -> Result<u32, Error> {
+        if let Some(mtu) = self.settings.mtu {
+            return Ok(mtu);
+        }
+        let underlay = match own_endpoint {
+            Some(ip) => self.links.mtu_of_address(ip).await?,
+            None => None,
+        };
+        Ok(underlay
+            .unwrap_or(FALLBACK_UNDERLAY_MTU)
+            .saturating_sub(self.settings.mtu_overhead))
+    }
+
+    /// Makes the kernel hold `desired`. Stale routes go before their peers and new routes
+    /// after theirs, so that no route points into the device without a peer behind it.
+    pub async fn sync(&mut self, desired: &Desired) -> Result<SyncReport, Error> {
+        let started = Instant::now();
+        let mut report = SyncReport::default();
+        let mtu = self.mtu(desired.own_endpoint).await?;
+        let link = self.links.link(&self.settings.interface).await?;
+        if !link.up || link.mtu != Some(mtu) {
+            self.links.set_up_with_mtu(link.index, mtu).await?;
+            report.link_set = true;
+        }
+        // Add before removing: deleting the device's last IPv4 address flushes its routes.
+        let (add, remove) = set_changes(&self.addresses, &desired.device_addresses);
+        for address in &add {
+            self.links.add_address(link.index, *address).await?;
+            self.addresses.insert(*address);
+        }
+        for address in &remove {
+            self.links.remove_address(link.index, *address).await?;
+            self.addresses.remove(address);
+        }
+        report.addresses_changed = add.len() + remove.len();
+        if !remove.is_empty() {
+            // Our own first address may have moved: re-read what the kernel kept.
+            self.routes = self.links.routes(link.index).await?;
+        }
+
+        let (add_routes, remove_routes) = set_changes(&self.routes, &desired.routes);
+        for route in &remove_routes {
+            self.links.remove_route(link.index, *route).await?;
+            self.routes.remove(route);
+        }
+        let changes = peer_changes(&self.peers, &desired.peers);
+        self.device.apply(&changes).await?;
+        for change in &changes {
+            match change {
+                PeerChange::Remove(key) => self.peers.remove(key),
+                PeerChange::Upsert(key, peer) => self.peers.insert(*key, peer.clone()),
+            };
+        }
+        for route in &add_routes {
+            self.links.add_route(link.index, *route).await?;
+            self.routes.insert(*route);
+        }
+        report.peer_changes = changes.len();
+        report.routes_added = add_routes.len();
+        report.routes_removed = remove_routes.len();
+
+        if !desired.own_cidrs.is_empty() {
+            let content = cni::conflist(&desired.own_cidrs, mtu);
+            report.cni_written = cni::write_if_changed(&self.settings.cni_conflist, &content)?;
+        }
+        report.took = started.elapsed();
+        // Handshakes and byte counts come with the next poll: a dump after every change
+        // would cost as much as the change at thousands of peers.
+        self.metrics.synced(
+            report.peer_changes,
+            report.changed(),
+            self.peers.len(),
+            self.routes.len(),
+        );
+        Ok(report)
+    }
+}

@@ -1,0 +1,287 @@
+//! The userspace backend: Debian's `wireguard-go`, driven over the cross-platform UAPI
+//! socket (`/var/run/wireguard/<device>.sock`, the protocol `wg` speaks).
+//!
+//! `wireguard-go` runs as its own daemon rather than inside nodus, so a restart of nodus
+//! finds the device, its peers and their sessions where it left them (an embedded
+//! implementation would take the tunnel down with the process), and nodus's own SIGTERM
+//! and SIGINT handling is untouched. The daemon creates its TUN link down; the agent sets
+//! it up with the MTU.
+
+use super::{DeviceState, PeerState};
+use crate::Error;
+use crate::key::Key;
+use crate::plan::PeerChange;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Where `wireguard-go` (and `wg`) put the UAPI sockets. It is not per network namespace,
+/// so device names must be unique on the host.
+pub const SOCKET_DIR: &str = "/var/run/wireguard";
+
+/// How long a new `wireguard-go` gets to open its socket.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct UserspaceDevice {
+    socket: PathBuf,
+}
+
+impl UserspaceDevice {
+    /// Adopts the running daemon of device `name`, or starts `wireguard_go` for it.
+    pub async fn open(name: &str, wireguard_go: &Path) -> Result<UserspaceDevice, Error> {
+        let device = UserspaceDevice {
+            socket: Path::new(SOCKET_DIR).join(format!("{name}.sock")),
+        };
+        // The socket directory is shared by every namespace: a daemon counts as ours only
+        // if the link is in this one.
+        if link_exists(name) && device.state().await.is_ok() {
+            tracing::info!(device = name, "adopting the running wireguard-go");
+            return Ok(device);
+        }
+        let _ = std::fs::remove_file(&device.socket);
+        // wireguard-go forks its daemon and returns once the device and socket exist. Its
+        // stdio must not be ours: the daemon would hold a caller's pipes open forever.
+        let status = tokio::process::Command::new(wireguard_go)
+            .arg(name)
+            .env("LOG_LEVEL", "error")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .await
+            .map_err(Error::io(format!("starting {}", wireguard_go.display())))?;
+        if !status.success() {
+            return Err(Error::device(
+                format!("starting {} {name}", wireguard_go.display()),
+                status,
+            ));
+        }
+        let started = Instant::now();
+        loop {
+            match device.state().await {
+                Ok(_) => break,
+                Err(error) if started.elapsed() > START_TIMEOUT => return Err(error),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
+        tracing::info!(device = name, "started wireguard-go");
+        Ok(device)
+    }
+
+    async fn request(&self, body: &str) -> Result<String, Error> {
+        let context = || format!("UAPI {}", self.socket.display());
+        let mut stream = UnixStream::connect(&self.socket)
+            .await
+            .map_err(Error::io(context()))?;
+        stream
+            .write_all(body.as_bytes())
+            .await
+            .map_err(Error::io(context()))?;
+        let mut reply = Vec::with_capacity(4096);
+        let mut chunk = vec![0; 64 * 1024];
+        while !reply.ends_with(b"\n\n") {
+            let n = stream
+                .read(&mut chunk)
+                .await
+                .map_err(Error::io(context()))?;
+            if n == 0 {
+                return Err(Error::device(context(), "the daemon closed the socket"));
+            }
+            reply.extend_from_slice(&chunk[..n]);
+        }
+        let reply = String::from_utf8(reply).map_err(|e| Error::device(context(), e))?;
+        match errno(&reply) {
+            Some(0) => Ok(reply),
+            Some(code) => Err(Error::device(
+                context(),
+                format!(
+                    "the daemon refused the request: {}",
+                    std::io::Error::from_raw_os_error(code)
+                ),
+            )),
+            None => Err(Error::device(context(), "no errno in the reply")),
+        }
+    }
+
+    pub async fn state(&self) -> Result<DeviceState, Error> {
+        let reply = self.request("get=1\n\n").await?;
+        parse_get(&reply).map_err(|m| Error::device(format!("UAPI {}", self.socket.display()), m))
+    }
+
+    pub async fn set_identity(&self, private: &Key, port: u16) -> Result<(), Error> {
+        self.request(&format!(
+            "set=1\nprivate_key={}\nlisten_port={port}\n\n",
+            private.to_hex()
+        ))
+        .await
+        .map(drop)
+    }
+
+    /// One `set` with a block per peer: never `replace_peers`.
+    pub async fn apply(&self, changes: &[PeerChange]) -> Result<(), Error> {
+        self.request(&format_changes(changes)).await.map(drop)
+    }
+}
+
+fn link_exists(name: &str) -> bool {
+    let Ok(name) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a valid NUL-terminated string; the call only reads it.
+    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
+}
+
+fn errno(reply: &str) -> Option<i32> {
+    reply
+        .lines()
+        .rev()
+        .find_map(|l| l.strip_prefix("errno="))
+        .and_then(|v| v.parse().ok())
+}
+
+/// The `set=1` request for `changes`.
+pub fn format_changes(changes: &[PeerChange]) -> String {
+    let mut out = String::with_capacity(64 + changes.len() * 160);
+    out.push_str("set=1\n");
+    for change in changes {
+        match change {
+            PeerChange::Remove(key) => {
+                let _ = write!(out, "public_key={}\nremove=true\n", key.to_hex());
+            }
+            PeerChange::Upsert(key, peer) => {
+                let _ = writeln!(out, "public_key={}", key.to_hex());
+                if let Some(endpoint) = peer.endpoint {
+                    let _ = writeln!(out, "endpoint={endpoint}");
+                }
+                out.push_str("replace_allowed_ips=true\n");
+                for ip in &peer.allowed_ips {
+                    let _ = writeln!(out, "allowed_ip={ip}");
+                }
+            }
+        }
+    }
+    out.push('\n');
+    out
+}
+
+/// The reply to `get=1`.
+pub fn parse_get(reply: &str) -> Result<DeviceState, String> {
+    let mut state = DeviceState::default();
+    let mut current: Option<(Key, PeerState)> = None;
+    let mut handshake = (0u64, 0u32);
+    let finish = |current: &mut Option<(Key, PeerState)>,
+                  handshake: &mut (u64, u32),
+                  state: &mut DeviceState| {
+        if let Some((key, mut peer)) = current.take() {
+            peer.peer.allowed_ips.sort_unstable();
+            if *handshake != (0, 0) {
+                peer.last_handshake =
+                    SystemTime::UNIX_EPOCH.checked_add(Duration::new(handshake.0, handshake.1));
+            }
+            state.peers.insert(key, peer);
+        }
+        *handshake = (0, 0);
+    };
+    for line in reply.lines().filter(|l| !l.is_empty()) {
+        let (name, value) = line
+            .split_once('=')
+            .ok_or_else(|| format!("malformed line {line:?}"))?;
+        let bad = || format!("bad {name} {value:?}");
+        let number = || value.parse::<u64>().map_err(|_| bad());
+        match (name, current.as_mut()) {
+            ("public_key", _) => {
+                finish(&mut current, &mut handshake, &mut state);
+                let key = Key::from_hex(value).ok_or_else(bad)?;
+                current = Some((key, PeerState::default()));
+            }
+            ("private_key", None) => {
+                state.private_key = Some(Key::from_hex(value).ok_or_else(bad)?)
+            }
+            ("listen_port", None) => state.listen_port = value.parse().map_err(|_| bad())?,
+            ("endpoint", Some((_, p))) => p.peer.endpoint = Some(value.parse().map_err(|_| bad())?),
+            ("allowed_ip", Some((_, p))) => {
+                p.peer.allowed_ips.push(value.parse().map_err(|_| bad())?)
+            }
+            ("rx_bytes", Some((_, p))) => p.rx_bytes = number()?,
+            ("tx_bytes", Some((_, p))) => p.tx_bytes = number()?,
+            ("last_handshake_time_sec", Some(_)) => handshake.0 = number()?,
+            ("last_handshake_time_nsec", Some(_)) => {
+                handshake.1 = value.parse().map_err(|_| bad())?
+            }
+            // fwmark, preshared keys, keepalive, protocol version and errno: unused.
+            _ => {}
+        }
+    }
+    finish(&mut current, &mut handshake, &mut state);
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::Peer;
+
+    #[test]
+    fn a_get_reply_parses() {
+        let a = Key([1; 32]);
+        let b = Key([2; 32]);
+        let reply = format!(
+            "private_key={}\nlisten_port=51820\npublic_key={}\nprotocol_version=1\n\
+             endpoint=192.168.1.2:51820\nlast_handshake_time_sec=1700000000\n\
+             last_handshake_time_nsec=5\ntx_bytes=10\nrx_bytes=20\n\
+             persistent_keepalive_interval=0\nallowed_ip=fd00:10:244:2::/64\n\
+             allowed_ip=10.244.2.0/24\npublic_key={}\nendpoint=[fd00::3]:51820\n\
+             last_handshake_time_sec=0\nlast_handshake_time_nsec=0\nallowed_ip=10.244.3.0/24\n\
+             errno=0\n\n",
+            a.to_hex(),
+            b.to_hex(),
+            a.to_hex()
+        );
+        let state = parse_get(&reply).expect("parses");
+        assert_eq!(state.private_key, Some(a));
+        assert_eq!(state.listen_port, 51820);
+        let pb = &state.peers[&b];
+        assert_eq!(pb.rx_bytes, 20);
+        assert_eq!(pb.tx_bytes, 10);
+        assert_eq!(
+            pb.peer.allowed_ips,
+            vec![
+                "10.244.2.0/24".parse().expect("c"),
+                "fd00:10:244:2::/64".parse().expect("c")
+            ]
+        );
+        assert!(pb.last_handshake.is_some());
+        let pa = &state.peers[&a];
+        assert_eq!(
+            pa.peer.endpoint,
+            Some("[fd00::3]:51820".parse().expect("addr"))
+        );
+        assert_eq!(pa.last_handshake, None);
+        assert_eq!(errno(&reply), Some(0));
+        assert!(parse_get("listen_port=x\n").is_err());
+    }
+
+    #[test]
+    fn changes_are_per_peer_and_never_replace_the_set() {
+        let peer = Peer {
+            endpoint: Some("192.168.1.2:51820".parse().expect("addr")),
+            allowed_ips: vec!["10.244.2.0/24".parse().expect("cidr")],
+        };
+        let text = format_changes(&[
+            PeerChange::Remove(Key([1; 32])),
+            PeerChange::Upsert(Key([2; 32]), peer),
+        ]);
+        assert_eq!(
+            text,
+            format!(
+                "set=1\npublic_key={}\nremove=true\npublic_key={}\nendpoint=192.168.1.2:51820\n\
+                 replace_allowed_ips=true\nallowed_ip=10.244.2.0/24\n\n",
+                Key([1; 32]).to_hex(),
+                Key([2; 32]).to_hex()
+            )
+        );
+        assert!(!text.contains("replace_peers"));
+    }
+}

@@ -1,0 +1,127 @@
+//! The CNI conflist kubelet (or containerd) uses for this node's pods: the reference `ptp`
+//! plugin with `host-local` IPAM over the node's pod CIDRs, both families, at the mesh MTU.
+//!
+//! `host-local` hands out the first address of each range as the gateway; that is also the
+//! address on the WireGuard device, so pod traffic to other nodes leaves with a source the
+//! peers accept.
+
+use crate::Error;
+use nodus_view::model::{Cidr, Family};
+use std::io::Write;
+use std::path::Path;
+
+/// The conflist's `name`: the network's name in the runtime and host-local's data directory.
+pub const NETWORK_NAME: &str = "nodus";
+
+/// The conflist for `cidrs` (our pod CIDRs) at `mtu`, as pretty JSON ending in a newline.
+pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
+    let ranges: Vec<_> = cidrs
+        .iter()
+        .map(|c| serde_json::json!([{ "subnet": crate::plan::network(*c).to_string() }]))
+        .collect();
+    let mut routes = Vec::new();
+    for family in Family::ALL {
+        if cidrs.iter().any(|c| c.family() == family) {
+            let dst = match family {
+                Family::V4 => "0.0.0.0/0",
+                Family::V6 => "::/0",
+            };
+            routes.push(serde_json::json!({ "dst": dst }));
+        }
+    }
+    let document = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK_NAME,
+        "plugins": [{
+            "type": "ptp",
+            "mtu": mtu,
+            "ipam": {
+                "type": "host-local",
+                "ranges": ranges,
+                "routes": routes,
+            },
+        }],
+    });
+    let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+/// Writes `content` to `path` through a temporary file and a rename, so that a runtime
+/// never reads half a file; does nothing when the file already holds `content`. Returns
+/// whether it wrote.
+pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == content) {
+        return Ok(false);
+    }
+    let shown = path.display();
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
+    }
+    // A dot name: runtimes load only `*.conflist` and `*.conf` from the directory.
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    let mut file =
+        std::fs::File::create(&tmp).map_err(Error::io(format!("creating {}", tmp.display())))?;
+    file.write_all(content.as_bytes())
+        .and_then(|()| file.sync_all())
+        .map_err(Error::io(format!("writing {}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(Error::io(format!("renaming into {shown}")))?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dual_stack_conflist() {
+        let cidrs: Vec<Cidr> = ["10.244.1.0/24", "fd00:10:244:1::/64"]
+            .iter()
+            .map(|c| c.parse().expect("cidr"))
+            .collect();
+        let text = conflist(&cidrs, 1420);
+        let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
+        let plugin = &doc["plugins"][0];
+        assert_eq!(plugin["type"], "ptp");
+        assert_eq!(plugin["mtu"], 1420);
+        assert_eq!(plugin["ipam"]["type"], "host-local");
+        assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
+        assert_eq!(
+            plugin["ipam"]["ranges"][1][0]["subnet"],
+            "fd00:10:244:1::/64"
+        );
+        assert_eq!(plugin["ipam"]["routes"][1]["dst"], "::/0");
+        let v4_only = conflist(&cidrs[..1], 1420);
+        assert!(!v4_only.contains("::/0"), "{v4_only}");
+    }
+
+    #[test]
+    fn written_only_when_changed() {
+        let dir = std::env::temp_dir().join(format!("nodus-cni-{}", std::process::id()));
+        let path = dir.join("net.d/10-nodus.conflist");
+        assert!(write_if_changed(&path, "a\n").expect("write"));
+        let before = std::fs::metadata(&path)
+            .expect("file")
+            .modified()
+            .expect("mtime");
+        assert!(!write_if_changed(&path, "a\n").expect("same"));
+        assert_eq!(
+            std::fs::metadata(&path)
+                .expect("file")
+                .modified()
+                .expect("mtime"),
+            before
+        );
+        assert!(write_if_changed(&path, "b\n").expect("write"));
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "b\n");
+        let entries = std::fs::read_dir(path.parent().expect("dir"))
+            .expect("dir")
+            .count();
+        assert_eq!(entries, 1, "no temporary file left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

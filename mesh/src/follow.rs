@@ -1,0 +1,93 @@
+//! The mesh inside `nodus run`: a task that re-plans from the view after every batch that
+//! the watch loop applied, syncs the kernel, polls the device for the metrics (and to
+//! repair outside changes), and publishes our annotations when the Node lacks them.
+
+use crate::agent::Mesh;
+use crate::plan::{self, needs_publish, own_annotations};
+use crate::publish::publish;
+use nodus_view::SharedView;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// How often the device is read back and the plan re-applied without a view change.
+pub const POLL_PERIOD: Duration = Duration::from_secs(10);
+
+type Annotations = BTreeMap<&'static str, String>;
+
+/// Runs until `view_changed`'s sender goes. Nothing is programmed before its first signal,
+/// which the watch loop sends once the view is complete.
+pub async fn follow(
+    mut mesh: Mesh,
+    view: SharedView,
+    client: kube::Client,
+    mut view_changed: watch::Receiver<()>,
+) {
+    let mut poll = tokio::time::interval(POLL_PERIOD);
+    poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut complete = false;
+    let mut publishing: Option<(JoinHandle<()>, Annotations)> = None;
+    let mut published: Option<Annotations> = None;
+    let mut last_skipped = Vec::new();
+    loop {
+        tokio::select! {
+            changed = view_changed.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                complete = true;
+            }
+            _ = poll.tick() => {
+                if let Err(error) = mesh.refresh().await {
+                    tracing::warn!(%error, "reading the mesh device failed");
+                }
+            }
+        }
+        if !complete {
+            continue;
+        }
+        let settings = mesh.plan_settings();
+        let (desired, wanted, node, missing) = {
+            let Ok(view) = view.read() else {
+                return;
+            };
+            let desired = plan::desired(&view, settings, mesh.public_key());
+            let wanted = own_annotations(
+                mesh.public_key(),
+                settings.listen_port,
+                desired.own_endpoint,
+            );
+            let missing = needs_publish(view.this_node(), &wanted);
+            (desired, wanted, view.node_name().to_string(), missing)
+        };
+        if desired.skipped != last_skipped {
+            for (node, reason) in &desired.skipped {
+                tracing::info!(node = %node, reason, "node left out of the mesh");
+            }
+            last_skipped = desired.skipped.clone();
+        }
+        match mesh.sync(&desired).await {
+            Ok(report) if report.changed() => {
+                tracing::info!(?report, peers = desired.peers.len(), "mesh synced");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                mesh.metrics.sync_failed();
+                tracing::error!(%error, "mesh sync failed; retrying at the next poll");
+            }
+        }
+        if let Some((task, annotations)) = publishing.take_if(|(task, _)| task.is_finished()) {
+            drop(task);
+            published = Some(annotations);
+        }
+        if !missing {
+            published = None;
+        }
+        // Published but not yet back through the watch: wait for it rather than patch again.
+        if missing && publishing.is_none() && published.as_ref() != Some(&wanted) {
+            let task = tokio::spawn(publish(client.clone(), node, wanted.clone()));
+            publishing = Some((task, wanted));
+        }
+    }
+}

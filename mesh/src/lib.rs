@@ -1,0 +1,62 @@
+//! The WireGuard pod network: one device per node, every other node a peer.
+//!
+//! - [`plan`] (pure): the node view → desired peers, routes, device addresses and the
+//!   annotations to publish, and the per-peer deltas between two states.
+//! - [`cni`]: the CNI conflist for kubelet (pure content, atomic write).
+//! - [`key`]: the node's key pair and its file.
+//! - [`backend`]: the WireGuard device, kernel (generic netlink) or userspace
+//!   (`wireguard-go` driven over its UAPI socket).
+//! - [`links`]: the device's link, addresses and routes over rtnetlink.
+//! - [`agent`]: brings the kernel in step with a plan, per-peer deltas only.
+//! - [`follow`]: the task that runs the mesh inside `nodus run`.
+//! - [`publish`]: the node's own annotations, patched into the API.
+//! - [`metrics`]: the mesh's series on `/metrics`.
+
+pub mod agent;
+pub mod backend;
+pub mod cni;
+pub mod follow;
+pub mod key;
+pub mod links;
+pub mod metrics;
+pub mod plan;
+pub mod publish;
+
+pub use agent::{Mesh, MeshSettings};
+pub use key::Key;
+
+/// An error of the mesh, with what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("{context}: {source}")]
+    Netlink {
+        context: String,
+        source: rtnetlink::Error,
+    },
+    #[error("{context}: {message}")]
+    Device { context: String, message: String },
+}
+
+impl Error {
+    pub(crate) fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+
+    pub(crate) fn netlink(context: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Netlink { context, source }
+    }
+
+    pub(crate) fn device(context: impl Into<String>, message: impl ToString) -> Error {
+        Error::Device {
+            context: context.into(),
+            message: message.to_string(),
+        }
+    }
+}

@@ -1,0 +1,250 @@
+//! The device's link, addresses and routes, over rtnetlink.
+//!
+//! Routes through the device in the main table are the mesh's: one per remote pod CIDR,
+//! scope link, protocol `static`. Routes the kernel derives itself (protocol `kernel`) and
+//! IPv6 link-local addresses are left alone.
+
+use crate::Error;
+use futures::TryStreamExt;
+use nodus_view::model::Cidr;
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
+};
+use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+pub struct Links {
+    handle: Handle,
+}
+
+/// A link as the mesh needs to know it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Link {
+    pub index: u32,
+    pub mtu: Option<u32>,
+    pub up: bool,
+}
+
+impl Links {
+    pub fn new() -> Result<Links, Error> {
+        let (connection, handle, _) =
+            rtnetlink::new_connection().map_err(Error::io("opening rtnetlink"))?;
+        tokio::spawn(connection);
+        Ok(Links { handle })
+    }
+
+    pub async fn link(&self, name: &str) -> Result<Link, Error> {
+        let message = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute()
+            .try_next()
+            .await
+            .map_err(Error::netlink(format!("finding link {name}")))?
+            .ok_or_else(|| Error::device(format!("link {name}"), "not found"))?;
+        Ok(Link {
+            index: message.header.index,
+            mtu: mtu_of(&message),
+            up: message.header.flags.contains(LinkFlags::Up),
+        })
+    }
+
+    pub async fn set_up_with_mtu(&self, index: u32, mtu: u32) -> Result<(), Error> {
+        self.handle
+            .link()
+            .set(LinkUnspec::new_with_index(index).up().mtu(mtu).build())
+            .execute()
+            .await
+            .map_err(Error::netlink(format!(
+                "setting link {index} up, mtu {mtu}"
+            )))
+    }
+
+    /// The MTU of the link that holds `ip` (the underlay under our endpoint).
+    pub async fn mtu_of_address(&self, ip: IpAddr) -> Result<Option<u32>, Error> {
+        let found = self
+            .handle
+            .address()
+            .get()
+            .set_address_filter(ip)
+            .execute()
+            .try_next()
+            .await
+            .map_err(Error::netlink(format!("finding the link of {ip}")))?;
+        let Some(address) = found else {
+            return Ok(None);
+        };
+        let message = self
+            .handle
+            .link()
+            .get()
+            .match_index(address.header.index)
+            .execute()
+            .try_next()
+            .await
+            .map_err(Error::netlink(format!("reading the link of {ip}")))?;
+        Ok(message.as_ref().and_then(mtu_of))
+    }
+
+    async fn address_messages(&self, index: u32) -> Result<Vec<AddressMessage>, Error> {
+        self.handle
+            .address()
+            .get()
+            .set_link_index_filter(index)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(Error::netlink(format!("listing addresses of link {index}")))
+    }
+
+    /// The device's addresses as host prefixes, IPv6 link-local ones left out.
+    pub async fn addresses(&self, index: u32) -> Result<BTreeSet<Cidr>, Error> {
+        Ok(self
+            .address_messages(index)
+            .await?
+            .iter()
+            .filter_map(address_of)
+            .collect())
+    }
+
+    pub async fn add_address(&self, index: u32, address: Cidr) -> Result<(), Error> {
+        self.handle
+            .address()
+            .add(index, address.addr, address.prefix)
+            .replace()
+            .execute()
+            .await
+            .map_err(Error::netlink(format!("adding {address} to link {index}")))
+    }
+
+    pub async fn remove_address(&self, index: u32, address: Cidr) -> Result<(), Error> {
+        for message in self.address_messages(index).await? {
+            if address_of(&message) == Some(address) {
+                self.handle
+                    .address()
+                    .del(message)
+                    .execute()
+                    .await
+                    .map_err(Error::netlink(format!(
+                        "removing {address} from link {index}"
+                    )))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Destinations routed through link `index` in the main table, by us.
+    pub async fn routes(&self, index: u32) -> Result<BTreeSet<Cidr>, Error> {
+        let mut out = BTreeSet::new();
+        let filters = [
+            RouteMessageBuilder::<Ipv4Addr>::new().build(),
+            RouteMessageBuilder::<Ipv6Addr>::new().build(),
+        ];
+        for filter in filters {
+            let routes: Vec<RouteMessage> = self
+                .handle
+                .route()
+                .get(filter)
+                .execute()
+                .try_collect()
+                .await
+                .map_err(Error::netlink(format!("listing routes of link {index}")))?;
+            out.extend(routes.iter().filter_map(|r| ours(r, index)));
+        }
+        Ok(out)
+    }
+
+    pub async fn add_route(&self, index: u32, destination: Cidr) -> Result<(), Error> {
+        self.handle
+            .route()
+            .add(route_message(index, destination)?)
+            .replace()
+            .execute()
+            .await
+            .map_err(Error::netlink(format!(
+                "routing {destination} to link {index}"
+            )))
+    }
+
+    pub async fn remove_route(&self, index: u32, destination: Cidr) -> Result<(), Error> {
+        self.handle
+            .route()
+            .del(route_message(index, destination)?)
+            .execute()
+            .await
+            .map_err(Error::netlink(format!(
+                "removing the route to {destination}"
+            )))
+    }
+}
+
+fn mtu_of(link: &LinkMessage) -> Option<u32> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Mtu(m) => Some(*m),
+        _ => None,
+    })
+}
+
+fn address_of(message: &AddressMessage) -> Option<Cidr> {
+    let addr = message.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    })?;
+    let link_local = matches!(addr, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+    (!link_local).then_some(Cidr {
+        addr,
+        prefix: message.header.prefix_len,
+    })
+}
+
+fn route_message(index: u32, destination: Cidr) -> Result<RouteMessage, Error> {
+    Ok(RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(destination.addr, destination.prefix)
+        .map_err(|e| Error::device(format!("route to {destination}"), e))?
+        .output_interface(index)
+        .scope(RouteScope::Link)
+        .protocol(RouteProtocol::Static)
+        .kind(RouteType::Unicast)
+        .table_id(u32::from(RouteHeader::RT_TABLE_MAIN))
+        .build())
+}
+
+/// The destination of `route` if it is one of the mesh's on link `index`.
+fn ours(route: &RouteMessage, index: u32) -> Option<Cidr> {
+    let header = &route.header;
+    let main = header.table == RouteHeader::RT_TABLE_MAIN
+        || route.attributes.contains(&RouteAttribute::Table(u32::from(
+            RouteHeader::RT_TABLE_MAIN,
+        )));
+    if !main
+        || header.protocol == RouteProtocol::Kernel
+        || header.kind != RouteType::Unicast
+        || !route.attributes.contains(&RouteAttribute::Oif(index))
+    {
+        return None;
+    }
+    let prefix = header.destination_prefix_length;
+    let addr = route.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(IpAddr::V4(*ip)),
+        RouteAttribute::Destination(RouteAddress::Inet6(ip)) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    });
+    match (addr, header.address_family) {
+        (Some(addr), _) => Some(Cidr { addr, prefix }),
+        // A default route has no destination attribute.
+        (None, AddressFamily::Inet) => Some(Cidr {
+            addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            prefix: 0,
+        }),
+        (None, _) => Some(Cidr {
+            addr: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+            prefix: 0,
+        }),
+    }
+}

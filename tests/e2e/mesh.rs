@@ -1,0 +1,443 @@
+//! The WireGuard mesh for real: three node namespaces on a bridge underlay, each running
+//! `nodus run` with the mesh on (userspace backend: the machines have no WireGuard module)
+//! against the API-server stand-in, and pods made by the reference CNI plugins from the
+//! conflist each nodus wrote.
+
+use crate::support::{Cluster, NODUS, free_port, metric, wait_for};
+use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
+use nodus_testbed::cni;
+use nodus_testbed::netns::{self, Node, Pod, Underlay, unique_name};
+use nodus_testbed::probe::{http_get, tcp_who};
+use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+const API_PORT: u16 = 6443;
+const ECHO_PORT: u16 = 8080;
+const WG_PORT: u16 = 51820;
+
+fn v4_cidr(i: u8) -> String {
+    format!("10.244.{i}.0/24")
+}
+
+fn v6_cidr(i: u8) -> String {
+    format!("fd00:10:244:{i}::/64")
+}
+
+fn node_object(name: &str, i: u8, underlay: &Underlay) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name},
+        "spec": {"podCIDR": v4_cidr(i), "podCIDRs": [v4_cidr(i), v6_cidr(i)]},
+        "status": {"addresses": [
+            {"type": "InternalIP", "address": underlay.v4(i + 1).to_string()},
+            {"type": "InternalIP", "address": underlay.v6(u16::from(i) + 1).to_string()},
+        ]},
+    })
+}
+
+/// One node namespace and the nodus running in it.
+struct MeshNode {
+    node: Node,
+    interface: String,
+    dir: PathBuf,
+    config: PathBuf,
+    http: SocketAddr,
+    pid: Option<u32>,
+    starts: usize,
+}
+
+impl MeshNode {
+    fn new(cluster: &Cluster, underlay: &Underlay, name: &str, i: u8, extra: &str) -> MeshNode {
+        let node = Node::new(underlay, name, i + 1).expect("node namespace");
+        let interface = unique_name("wg");
+        let dir = cluster.dir.join(name);
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let config = dir.join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: userspace\n  \
+                 interface: {interface}\n  key_file: {}\n  cni_conflist: {}\n{extra}",
+                dir.join("key/wireguard.key").display(),
+                dir.join("net.d/10-nodus.conflist").display()
+            ),
+        )
+        .expect("config");
+        MeshNode {
+            node,
+            interface,
+            dir,
+            config,
+            http: SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())),
+            pid: None,
+            starts: 0,
+        }
+    }
+
+    fn conflist(&self) -> PathBuf {
+        self.dir.join("net.d/10-nodus.conflist")
+    }
+
+    fn log(&self, start: usize) -> PathBuf {
+        self.dir.join(format!("nodus-{start}.log"))
+    }
+
+    fn start(&mut self, kubeconfig: &std::path::Path) {
+        let log = std::fs::File::create(self.log(self.starts)).expect("log");
+        let mut cmd = self.node.ns.command(NODUS);
+        cmd.args(["run", "--node-name", &self.node.name, "--kubeconfig"])
+            .arg(kubeconfig)
+            .arg("--config")
+            .arg(&self.config)
+            .args(["--http-addr", &self.http.to_string()])
+            .env("NODUS_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.pid = Some(self.node.ns.spawn(cmd).expect("nodus starts"));
+        self.starts += 1;
+    }
+
+    /// SIGTERM, as a service manager stops it; nodus must exit cleanly on its own path.
+    fn stop(&mut self) {
+        let pid = self.pid.take().expect("running");
+        let status = self.node.ns.terminate(pid).expect("terminate");
+        assert!(status.success(), "nodus exited with {status}");
+        let log = std::fs::read_to_string(self.log(self.starts - 1)).expect("log");
+        assert!(
+            log.contains("exiting; the dataplane stays in place"),
+            "{log}"
+        );
+    }
+
+    fn metric(&self, series: &str) -> Option<f64> {
+        let http = self.http;
+        let (_, body) = self
+            .node
+            .ns
+            .enter(move || http_get(http, "/metrics", Duration::from_secs(2)))
+            .ok()?
+            .ok()?;
+        metric(&body, series)
+    }
+
+    fn wait_metric(&self, series: &str, expected: f64) {
+        wait_for(
+            &format!("{} {series} == {expected}", self.node.name),
+            || self.metric(series).filter(|v| *v == expected),
+        );
+    }
+
+    /// `wg show <dev> <what>` as (public key, value) pairs, sorted by key.
+    fn wg_show(&self, what: &str) -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = self
+            .node
+            .ns
+            .exec("wg", &["show", &self.interface, what])
+            .expect("wg show")
+            .lines()
+            .filter_map(|l| {
+                let mut parts = l.split_whitespace();
+                Some((
+                    parts.next()?.to_string(),
+                    parts.collect::<Vec<_>>().join(" "),
+                ))
+            })
+            .collect();
+        pairs.sort();
+        pairs
+    }
+
+    fn routes(&self) -> String {
+        let v4 = self
+            .node
+            .ns
+            .ip(&["route", "show", "dev", &self.interface])
+            .expect("routes");
+        let v6 = self
+            .node
+            .ns
+            .ip(&["-6", "route", "show", "dev", &self.interface])
+            .expect("routes");
+        format!("{v4}{v6}")
+    }
+
+    fn published_key(&self, cluster: &Cluster) -> Option<String> {
+        let node = cluster.store.get("v1", "Node", None, &self.node.name)?;
+        node["metadata"]["annotations"][ANNOTATION_PUBLIC_KEY]
+            .as_str()
+            .map(str::to_string)
+    }
+}
+
+impl Drop for MeshNode {
+    fn drop(&mut self) {
+        // The namespace's drop kills wireguard-go; its socket file is host-wide.
+        let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.interface));
+    }
+}
+
+fn ping(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
+    pod.ns.exec("ping", &["-c1", "-W2", &to.to_string()])
+}
+
+fn who(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
+    let addr = SocketAddr::new(to, ECHO_PORT);
+    pod.ns
+        .enter(move || tcp_who(addr, Duration::from_secs(3)))?
+}
+
+fn pod_on(node: &MeshNode, name: &str) -> Pod {
+    let pod = cni::add_pod(
+        &node.node,
+        &node.conflist(),
+        &unique_name(name),
+        &node.dir.join("ipam"),
+        &[],
+    )
+    .expect("the CNI plugins create the pod");
+    let mut echo = pod.ns.command(NODUS);
+    echo.args(["echo", "--name", name, "--port", &ECHO_PORT.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    pod.ns.spawn(echo).expect("echo server");
+    pod
+}
+
+/// Starts a three-node cluster whose nodus processes all run the mesh.
+fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
+    assert!(
+        netns::is_root(),
+        "the mesh test needs root (network namespaces)"
+    );
+    let underlay = Underlay::new([10, 201, 0], [0xfd00, 0x201, 0, 0]).expect("underlay");
+    let objects: Vec<_> = (1..=3)
+        .map(|i| node_object(&format!("node-{i}"), i, &underlay))
+        .collect();
+    let cluster = Cluster::new(test, "");
+    for object in objects {
+        cluster.apply(object);
+    }
+    let kubeconfig = cluster.listen_on(&underlay, API_PORT);
+    let mut nodes: Vec<MeshNode> = (1..=3)
+        .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, ""))
+        .collect();
+    for node in &mut nodes {
+        node.start(&kubeconfig);
+    }
+    for node in &nodes {
+        node.wait_metric("nodus_mesh_peers", 2.0);
+    }
+    (cluster, underlay, nodes, kubeconfig)
+}
+
+#[test]
+fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
+    let (cluster, _underlay, mut nodes, kubeconfig) = three_nodes("mesh");
+    let pods: Vec<Pod> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
+        .collect();
+    for (i, pod) in pods.iter().enumerate() {
+        let v4 = pod.v4.expect("an IPv4 address");
+        let v6 = pod.v6.expect("an IPv6 address");
+        assert!(
+            v4.to_string().starts_with(&format!("10.244.{}.", i + 1)),
+            "{v4}"
+        );
+        assert!(
+            v6.to_string()
+                .starts_with(&format!("fd00:10:244:{}:", i + 1)),
+            "{v6}"
+        );
+    }
+    let conflist = std::fs::read_to_string(nodes[0].conflist()).expect("conflist");
+    assert!(
+        conflist.contains("\"mtu\": 1420"),
+        "underlay 1500 − 80:\n{conflist}"
+    );
+
+    // The underlay of node 2 while pod 1 talks to pods 2 and 3, both families: everything
+    // but the API server's TCP and neighbour discovery must be WireGuard's UDP.
+    let capture = nodes[1].dir.join("underlay.txt");
+    let mut tcpdump = nodes[1].node.ns.command("tcpdump");
+    tcpdump
+        .args(["-l", "-nn", "-i", "eth0"])
+        .arg(format!(
+            "not arp and not tcp port {API_PORT} and not (icmp6 and ip6[40] >= 133 and ip6[40] <= 137)"
+        ))
+        .stdout(std::fs::File::create(&capture).expect("capture file"))
+        .stderr(Stdio::null());
+    let tcpdump = nodes[1].node.ns.spawn(tcpdump).expect("tcpdump");
+    std::thread::sleep(Duration::from_millis(800));
+    for (to, name) in [(&pods[1], "pod-2"), (&pods[2], "pod-3")] {
+        for ip in [
+            IpAddr::V4(to.v4.expect("v4")),
+            IpAddr::V6(to.v6.expect("v6")),
+        ] {
+            wait_for(&format!("pod-1 pings {name} at {ip}"), || {
+                ping(&pods[0], ip).ok()
+            });
+            assert_eq!(who(&pods[0], ip).expect("TCP across the mesh"), name);
+        }
+    }
+    // From the node itself, too: its source is the device's address, which peers accept.
+    nodes[0]
+        .node
+        .ns
+        .exec(
+            "ping",
+            &["-c1", "-W2", &pods[1].v4.expect("v4").to_string()],
+        )
+        .expect("node 1 reaches pod 2");
+    std::thread::sleep(Duration::from_millis(300));
+    nodes[1].node.ns.kill(tcpdump).expect("stop tcpdump");
+    let captured = std::fs::read_to_string(&capture).expect("capture");
+    let lines: Vec<&str> = captured.lines().collect();
+    assert!(lines.len() >= 8, "too little captured:\n{captured}");
+    for line in &lines {
+        assert!(
+            line.contains(&format!(".{WG_PORT} > ")) && line.contains(&format!(".{WG_PORT}: UDP")),
+            "not WireGuard on the underlay: {line}\n{captured}"
+        );
+    }
+    nodes[0].wait_metric("nodus_mesh_peers_recent_handshake", 2.0);
+    assert!(
+        nodes[0]
+            .metric("nodus_mesh_peer_bytes{direction=\"sent\"}")
+            .unwrap_or(0.0)
+            > 0.0
+    );
+
+    // A restart of nodus on node 1 keeps the sessions: no new handshake, no lost ping.
+    let pod2 = pods[1].v4.expect("v4").to_string();
+    let handshakes = nodes[0].wg_show("latest-handshakes");
+    let key_before = nodes[0].published_key(&cluster).expect("published key");
+    let mut pinger = pods[0].ns.command("ping");
+    pinger
+        .args(["-i", "0.1", "-c", "40", "-W", "1", &pod2])
+        .stdout(Stdio::piped());
+    let pinger = pinger.spawn().expect("ping");
+    std::thread::sleep(Duration::from_millis(500));
+    nodes[0].stop();
+    nodes[0].start(&kubeconfig);
+    nodes[0].wait_metric("nodus_ready", 1.0);
+    nodes[0].wait_metric("nodus_mesh_peers", 2.0);
+    let output = pinger.wait_with_output().expect("ping ends");
+    let summary = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        summary.contains(" 0% packet loss"),
+        "traffic stopped across the restart:\n{summary}"
+    );
+    assert_eq!(
+        nodes[0].wg_show("latest-handshakes"),
+        handshakes,
+        "a new handshake after restart"
+    );
+    assert_eq!(
+        nodes[0].published_key(&cluster),
+        Some(key_before),
+        "the key is stable"
+    );
+    let log = std::fs::read_to_string(nodes[0].log(1)).expect("log");
+    assert!(log.contains("adopting the running wireguard-go"), "{log}");
+    assert!(
+        !log.contains("mesh synced"),
+        "the restart changed something:\n{log}"
+    );
+
+    // Node 3 leaves the API: its peer and both its routes go in one sync.
+    let changes = nodes[0]
+        .metric("nodus_mesh_peer_changes_total")
+        .expect("metric");
+    cluster
+        .store
+        .delete("v1", "Node", None, "node-3")
+        .expect("delete node-3");
+    nodes[0].wait_metric("nodus_mesh_peers", 1.0);
+    nodes[0].wait_metric("nodus_mesh_routes", 2.0);
+    assert_eq!(
+        nodes[0].metric("nodus_mesh_peer_changes_total"),
+        Some(changes + 1.0)
+    );
+    let routes = nodes[0].routes();
+    assert!(
+        !routes.contains("10.244.3.0/24") && !routes.contains("fd00:10:244:3::/64"),
+        "{routes}"
+    );
+    assert!(
+        routes.contains("10.244.2.0/24") && routes.contains("fd00:10:244:2::/64"),
+        "{routes}"
+    );
+    assert!(
+        ping(&pods[0], IpAddr::V4(pods[2].v4.expect("v4"))).is_err(),
+        "node 3 still reachable"
+    );
+    let log = std::fs::read_to_string(nodes[0].log(1)).expect("log");
+    let syncs: Vec<&str> = log.lines().filter(|l| l.contains("mesh synced")).collect();
+    assert_eq!(syncs.len(), 1, "{log}");
+    assert!(
+        syncs[0].contains("peer_changes: 1") && syncs[0].contains("routes_removed: 2"),
+        "{log}"
+    );
+
+    // Node 2 rotates its key: node 1 replaces the peer and traffic recovers.
+    let old_key = nodes[1].published_key(&cluster).expect("key");
+    nodes[1].stop();
+    std::fs::remove_file(nodes[1].dir.join("key/wireguard.key")).expect("remove key");
+    nodes[1].start(&kubeconfig);
+    let new_key = wait_for("node-2's new key", || {
+        nodes[1].published_key(&cluster).filter(|k| *k != old_key)
+    });
+    wait_for("node 1 to peer with the new key", || {
+        let peers = nodes[0].wg_show("endpoints");
+        (peers.len() == 1 && peers[0].0 == new_key).then_some(())
+    });
+    wait_for("pod-1 to reach pod-2 again", || {
+        ping(&pods[0], IpAddr::V4(pods[1].v4.expect("v4"))).ok()
+    });
+    assert_eq!(
+        who(&pods[0], IpAddr::V6(pods[1].v6.expect("v6"))).expect("TCP"),
+        "pod-2"
+    );
+}
+
+#[test]
+fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
+    assert!(
+        netns::is_root(),
+        "the mesh test needs root (network namespaces)"
+    );
+    let underlay = Underlay::new([10, 202, 0], [0xfd00, 0x202, 0, 0]).expect("underlay");
+    let cluster = Cluster::new("mesh-rbac", "");
+    cluster.apply(node_object("node-1", 1, &underlay));
+    cluster.store.forbid_patch("nodes", true);
+    let kubeconfig = cluster.listen_on(&underlay, API_PORT);
+    let mut node = MeshNode::new(&cluster, &underlay, "node-1", 1, "");
+    node.start(&kubeconfig);
+    wait_for("the RBAC error in the log", || {
+        let log = std::fs::read_to_string(node.log(0)).ok()?;
+        log.contains("nodus needs RBAC permission to `patch` `nodes`")
+            .then_some(log)
+    });
+    assert_eq!(node.published_key(&cluster), None);
+    cluster.store.forbid_patch("nodes", false);
+    let key = wait_for("the key published after the retry", || {
+        node.published_key(&cluster)
+    });
+    assert_eq!(key.len(), 44);
+    let patches = cluster.store.patches();
+    assert_eq!(patches.len(), 1, "{patches:?}");
+    assert_eq!(patches[0].content_type, "application/merge-patch+json");
+    assert_eq!(patches[0].field_manager.as_deref(), Some("nodus"));
+    let mode = |p: &std::path::Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).expect("exists").permissions().mode() & 0o777
+    };
+    assert_eq!(mode(&node.dir.join("key/wireguard.key")), 0o600);
+    assert_eq!(mode(&node.dir.join("key")), 0o700);
+}
