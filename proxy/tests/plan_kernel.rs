@@ -46,7 +46,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
         "fd00:96::13 . tcp . 80 : goto service-",
         "198.51.100.1 . tcp . 80 : goto firewall-",
         "dnat ip to numgen random mod 2 map @service-",
-        "typeof numgen random mod 2 : ip daddr . tcp dport",
+        "typeof numgen random mod 2 : ip daddr . th dport",
         "0 : 10.244.1.5 . 8080, 1 : 10.244.2.9 . 8080",
         "dnat ip6 to [fd00:244:1::7]:8080",
         "numgen random mod 1 vmap",

@@ -3,8 +3,8 @@
 mod agent;
 mod deploy;
 mod dns;
-mod operate;
 mod mesh;
+mod operate;
 mod proxy;
 mod proxy_packets;
 mod sandbox;

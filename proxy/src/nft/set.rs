@@ -261,7 +261,7 @@ impl Set {
     }
 }
 
-/// The annotation nft 1.0.6 writes for `typeof numgen random mod 2 : ip daddr . tcp
+/// The annotation nft 1.0.6 writes for `typeof numgen random mod 2 : ip daddr . th
 /// dport` (or `ip6 daddr`). An `integer` key has no type name `nft list` could print, so
 /// it prints the map's type from this; with it, a map we program lists exactly like one
 /// nft loaded from `nodus proxy render`.
@@ -299,7 +299,7 @@ fn endpoint_map_userdata(key: &Fields, data: &SetData) -> Option<Vec<u8>> {
         sys::NFT_EXPR_TYPE_CONCAT,
         [
             udata(0, &payload(proto, field)),
-            udata(1, &payload(sys::NFT_PROTO_TCP, sys::NFT_TCPHDR_DPORT)),
+            udata(1, &payload(sys::NFT_PROTO_TH, sys::NFT_THDR_DPORT)),
         ]
         .concat(),
     );
@@ -604,9 +604,9 @@ mod tests {
 
     #[test]
     fn endpoint_maps_carry_the_typeof_annotation_nft_writes() {
-        // `nft --debug=mnl` for `map m { typeof numgen random mod 2 : ip daddr . tcp
+        // `nft --debug=mnl` for `map m { typeof numgen random mod 2 : ip daddr . th
         // dport; }`, nft 1.0.6 on x86_64: NFTA_SET_USERDATA.
-        let expected = "00040100000001040000000003 1a000417000000011200040100000001040200000002040000000004340004 0d000000012c0014000407000000010c00040c0000000104 0c000000011400040700000001 0c0004080000000104020000000604 00000000";
+        let expected = "00040100000001040000000003 1a000417000000011200040100000001040200000002040000000004340004 0d000000012c0014000407000000010c00040c0000000104 0c000000011400040700000001 0c00040b0000000104020000000604 00000000";
         let expected: Vec<u8> = expected
             .replace(' ', "")
             .as_bytes()

@@ -138,10 +138,10 @@ pub const NFT_EXPR_TYPE_CONCAT: u32 = 13;
 pub const NFT_EXPR_TYPE_NUMGEN: u32 = 23;
 pub const NFT_PROTO_IP: u32 = 12;
 pub const NFT_PROTO_IP6: u32 = 13;
-pub const NFT_PROTO_TCP: u32 = 8;
+pub const NFT_PROTO_TH: u32 = 11;
 pub const NFT_IPHDR_DADDR: u32 = 12;
 pub const NFT_IP6HDR_DADDR: u32 = 9;
-pub const NFT_TCPHDR_DPORT: u32 = 2;
+pub const NFT_THDR_DPORT: u32 = 2;
 pub const NFT_BYTEORDER_HOST_ENDIAN: u32 = 1;
 
 /// `NFTA_SET_DATA_TYPE` of a verdict map (`NFT_DATA_VERDICT`).

@@ -106,8 +106,8 @@ fn write_set(out: &mut impl Write, set: &Set, elements: &[Element]) -> fmt::Resu
     writeln!(out, "\t}}")
 }
 
-/// The `typeof` spelling of endpoint map data, `ip daddr . tcp dport`: expressions of
-/// the same types (`tcp dport` stands for any port).
+/// The `typeof` spelling of endpoint map data, `ip daddr . th dport`: expressions of
+/// the same types (`th dport` is any transport protocol's).
 fn typeof_fields(data: &Fields) -> String {
     let words: Vec<&str> = data
         .fields()
@@ -116,7 +116,7 @@ fn typeof_fields(data: &Fields) -> String {
             DataType::Ipv4Addr => "ip daddr",
             DataType::Ipv6Addr => "ip6 daddr",
             DataType::InetProto => "meta l4proto",
-            DataType::InetService => "tcp dport",
+            DataType::InetService => "th dport",
             DataType::Mark => "meta mark",
             DataType::Integer32 => "numgen random mod 2",
         })
