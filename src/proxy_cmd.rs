@@ -11,6 +11,7 @@ use std::io::Write;
 pub fn proxy_config(config: &Config) -> ProxyConfig {
     ProxyConfig {
         cluster_cidrs: config.cluster_cidrs.clone(),
+        egress_masquerade: config.mesh.enabled,
         ..ProxyConfig::default()
     }
 }

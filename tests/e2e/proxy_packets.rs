@@ -145,6 +145,16 @@ fn spread(ns: &str, url: &str, count: usize) -> BTreeMap<String, usize> {
     seen
 }
 
+/// A child process killed when the test ends, even when it fails.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 const CURL_TIMEOUT: i32 = 28;
 const CURL_REFUSED: i32 = 7;
 
@@ -273,6 +283,43 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
         );
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
+
+    // Egress (the mesh is on in the sandbox): a pod reaches an address outside the
+    // cluster, which sees the node's address, not the pod's (it has no route back to pods).
+    let server = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &underlay,
+            "python3",
+            "-c",
+            "import socket\n\
+                s = socket.socket()\n\
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                s.bind(('172.30.0.1', 18080))\n\
+                s.listen()\n\
+                while True:\n\
+                \x20   c, a = s.accept()\n\
+                \x20   c.recv(1000)\n\
+                \x20   c.sendall(('HTTP/1.0 200 OK\\r\\n\\r\\n' + a[0]).encode())\n\
+                \x20   c.close()\n",
+        ])
+        .spawn()
+        .expect("outside server");
+    let mut server = KillOnDrop(server);
+    let deadline = Instant::now() + WAIT;
+    let seen = loop {
+        match curl(&pod("a-2"), "http://172.30.0.1:18080/", &[]) {
+            Ok(seen) => break seen,
+            Err(code) => assert!(
+                Instant::now() < deadline,
+                "pod traffic to outside the cluster failed: curl exit {code}"
+            ),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    };
+    assert_eq!(seen, node_a, "the source the outside saw");
+    let _ = server.0.kill();
 
     // K.62: an outside `nft flush table` on node-a is repaired by the periodic check.
     netns::run(

@@ -208,6 +208,20 @@ impl Proxy {
     /// refuses the transaction.
     pub fn sync(&mut self, view: &View, changes: &ChangeSet) -> Result<SyncReport, Error> {
         let planner = Planner::new(view, &self.config);
+        if let Some(facts) = &self.facts
+            && !self.needs_full_sync
+            && !changes.this_node
+            && facts.differs_only_in_destinations(planner.facts())
+        {
+            // A Node joined or left: only the skeleton's egress ranges change.
+            let mut batch = PlanBatch::new();
+            batch.refresh_skeleton(&planner.skeleton());
+            let mut report = SyncReport::new(SyncKind::Partial);
+            if let Err(failure) = self.commit(&batch.into_batch(), &mut report) {
+                return self.fall_back(view, failure.to_string());
+            }
+            self.facts = Some(planner.facts().clone());
+        }
         let reason = if self.needs_full_sync {
             Some("the previous sync failed or none ran yet".to_string())
         } else if changes.this_node || self.facts.as_ref() != Some(planner.facts()) {

@@ -20,6 +20,9 @@ pub struct ProxyConfig {
     pub masquerade_mark: u32,
     /// Masquerade every connection to a ClusterIP (D.28).
     pub masquerade_all: bool,
+    /// Masquerade pod traffic that leaves the cluster (nodus is the pod network: the
+    /// mesh is on).
+    pub egress_masquerade: bool,
 }
 
 impl Default for ProxyConfig {
@@ -28,6 +31,7 @@ impl Default for ProxyConfig {
             cluster_cidrs: Vec::new(),
             masquerade_mark: DEFAULT_MASQUERADE_MARK,
             masquerade_all: false,
+            egress_masquerade: false,
         }
     }
 }
@@ -43,6 +47,9 @@ pub struct NodeFacts {
     pub pod_cidrs: Vec<Cidr>,
     pub masquerade_mark: u32,
     pub masquerade_all: bool,
+    /// With egress masquerade: the destinations that stay inside the cluster, the
+    /// configured cluster CIDRs or else every Node's pod CIDRs. Empty without it.
+    pub cluster_destinations: Vec<Cidr>,
 }
 
 impl NodeFacts {
@@ -63,13 +70,38 @@ impl NodeFacts {
         } else {
             config.cluster_cidrs.clone()
         };
+        let cluster_destinations = match (config.egress_masquerade, config.cluster_cidrs.is_empty())
+        {
+            (false, _) => Vec::new(),
+            (true, false) => config.cluster_cidrs.clone(),
+            (true, true) => {
+                let mut cidrs: Vec<Cidr> = view
+                    .nodes()
+                    .flat_map(|(_, node)| node.pod_cidrs.iter().copied())
+                    .collect();
+                cidrs.sort();
+                cidrs.dedup();
+                cidrs
+            }
+        };
         NodeFacts {
             node: view.node_context(),
             node_port_ips,
             pod_cidrs,
             masquerade_mark: config.masquerade_mark,
             masquerade_all: config.masquerade_all,
+            cluster_destinations,
         }
+    }
+
+    /// Whether `other` differs from these facts only in the cluster's destinations (a
+    /// Node joined or left): the skeleton changes, the services' plans do not.
+    pub fn differs_only_in_destinations(&self, other: &NodeFacts) -> bool {
+        self != other
+            && NodeFacts {
+                cluster_destinations: other.cluster_destinations.clone(),
+                ..self.clone()
+            } == *other
     }
 
     /// Whether pod traffic of `family` can be told from other traffic.

@@ -29,6 +29,11 @@ pub fn pod_cidrs_set(family: Family) -> String {
     format!("pod-cidrs-{}", family_suffix(family))
 }
 
+/// `cluster-cidrs-v4`: destinations pod traffic may reach without egress masquerade.
+fn cluster_cidrs_set(family: Family) -> String {
+    format!("cluster-cidrs-{}", family_suffix(family))
+}
+
 /// Filter chains run just before DNAT (`dstnat - 10`), except the check that must see
 /// the rewritten destination of host traffic (`dstnat + 10`).
 const FILTER_PRIORITY: i32 = priority::DSTNAT - 10;
@@ -83,6 +88,18 @@ fn per_family(rule: impl Fn(Family) -> RulePlan) -> Vec<RulePlan> {
 /// The skeleton for this node.
 pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
     let mark = facts.masquerade_mark;
+    // A family gets egress masquerade when it has both ranges: whose traffic, and where
+    // it stays inside.
+    let egress_families: Vec<Family> = Family::ALL
+        .into_iter()
+        .filter(|family| {
+            facts.detects_local(*family)
+                && facts
+                    .cluster_destinations
+                    .iter()
+                    .any(|cidr| cidr.family() == *family)
+        })
+        .collect();
     let chains = vec![
         base(
             "filter-prerouting",
@@ -207,6 +224,29 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
                 ])
             })
             .into_iter()
+            // Egress: pods leaving the cluster, as the pod network must.
+            .chain(
+                Family::ALL
+                    .into_iter()
+                    .filter(|family| egress_families.contains(family))
+                    .map(|family| {
+                        RulePlan::new([
+                            Stmt::AddrInSet {
+                                addr: Addr::Source,
+                                family,
+                                set: pod_cidrs_set(family),
+                                negated: false,
+                            },
+                            Stmt::AddrInSet {
+                                addr: Addr::Destination,
+                                family,
+                                set: cluster_cidrs_set(family),
+                                negated: true,
+                            },
+                            Stmt::MarkOr(mark),
+                        ])
+                    }),
+            )
             .chain([
                 RulePlan::new([Stmt::MarkClear(mark), Stmt::Verdict(Verdict::Return)]),
                 RulePlan::new([Stmt::MarkXor(mark)]),
@@ -241,6 +281,20 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
                 .map(|(start, end)| Element::range(ip_value(start), ip_value(end)))
                 .collect(),
         });
+        if egress_families.contains(&family) {
+            sets.push(SetPlan {
+                set: Set::new(cluster_cidrs_set(family), address_type(family)).with_flags(
+                    SetFlags {
+                        interval: true,
+                        ..SetFlags::default()
+                    },
+                ),
+                elements: merged_ranges(&facts.cluster_destinations, &[], family)
+                    .into_iter()
+                    .map(|(start, end)| Element::range(ip_value(start), ip_value(end)))
+                    .collect(),
+            });
+        }
     }
     Skeleton { sets, chains }
 }

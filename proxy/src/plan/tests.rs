@@ -899,3 +899,51 @@ fn i53_udp_flows_of_removed_endpoints_and_of_ports_that_gain_endpoints_are_delet
     assert!(stale_udp_flows(&two, &two).is_empty());
     assert_eq!(stale_udp_flows(&one, &[]).len(), 1, "a deleted service");
 }
+
+#[test]
+fn egress_from_pods_to_outside_the_cluster_is_masqueraded_with_the_mesh() {
+    let other = node(
+        "node-b",
+        json!([{"type": "InternalIP", "address": "192.168.0.11"}]),
+        json!(["10.244.2.0/24"]),
+    );
+    let view = view([this_node(), other]);
+    let egress = ProxyConfig {
+        egress_masquerade: true,
+        ..ProxyConfig::default()
+    };
+    let text = render(&Planner::new(&view, &egress).skeleton(), []);
+    assert!(
+        text.contains(
+            "\t\tip saddr @pod-cidrs-v4 ip daddr != @cluster-cidrs-v4 meta mark set meta mark | 0x00004000\n"
+        ),
+        "{text}"
+    );
+    // Every Node's pod range stays inside the cluster.
+    assert!(
+        text.contains("elements = { 10.244.1.0-10.244.2.255 }"),
+        "{text}"
+    );
+    let without = render(&Planner::new(&view, &ProxyConfig::default()).skeleton(), []);
+    assert!(!without.contains("cluster-cidrs"), "{without}");
+
+    // A Node joining changes only the egress ranges: no full sync is needed.
+    let before = Planner::new(&view, &egress).facts().clone();
+    let third = node(
+        "node-c",
+        json!([{"type": "InternalIP", "address": "192.168.0.12"}]),
+        json!(["10.244.3.0/24"]),
+    );
+    let grown = self::view([
+        this_node(),
+        node(
+            "node-b",
+            json!([{"type": "InternalIP", "address": "192.168.0.11"}]),
+            json!(["10.244.2.0/24"]),
+        ),
+        third,
+    ]);
+    let after = Planner::new(&grown, &egress).facts().clone();
+    assert!(before.differs_only_in_destinations(&after));
+    assert!(!before.differs_only_in_destinations(&before));
+}
