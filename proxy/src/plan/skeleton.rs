@@ -2,7 +2,7 @@
 //! the hooks, the helper chains they jump to, and the shared sets and maps that services
 //! fill. See the README for the role of each chain.
 
-use nodus_view::model::Family;
+use nodus_view::model::{Cidr, Family};
 
 use super::config::NodeFacts;
 use super::objects::{ChainPlan, SetPlan, SharedKind, SharedSet, Skeleton, family_suffix};
@@ -83,6 +83,20 @@ fn node_port_vmap(family: Family, kind: SharedKind) -> RulePlan {
 
 fn per_family(rule: impl Fn(Family) -> RulePlan) -> Vec<RulePlan> {
     Family::ALL.into_iter().map(rule).collect()
+}
+
+/// An interval set of the `family` addresses in `cidrs`, merged.
+fn ranges_set(name: String, family: Family, cidrs: &[Cidr]) -> SetPlan {
+    SetPlan {
+        set: Set::new(name, address_type(family)).with_flags(SetFlags {
+            interval: true,
+            ..SetFlags::default()
+        }),
+        elements: merged_ranges(cidrs, &[], family)
+            .into_iter()
+            .map(|(start, end)| Element::range(ip_value(start), ip_value(end)))
+            .collect(),
+    }
 }
 
 /// The skeleton for this node.
@@ -271,29 +285,13 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
                 .map(|ip| Element::new(ip_value(ip)))
                 .collect(),
         });
-        sets.push(SetPlan {
-            set: Set::new(pod_cidrs_set(family), address_type(family)).with_flags(SetFlags {
-                interval: true,
-                ..SetFlags::default()
-            }),
-            elements: merged_ranges(&facts.pod_cidrs, &[], family)
-                .into_iter()
-                .map(|(start, end)| Element::range(ip_value(start), ip_value(end)))
-                .collect(),
-        });
+        sets.push(ranges_set(pod_cidrs_set(family), family, &facts.pod_cidrs));
         if egress_families.contains(&family) {
-            sets.push(SetPlan {
-                set: Set::new(cluster_cidrs_set(family), address_type(family)).with_flags(
-                    SetFlags {
-                        interval: true,
-                        ..SetFlags::default()
-                    },
-                ),
-                elements: merged_ranges(&facts.cluster_destinations, &[], family)
-                    .into_iter()
-                    .map(|(start, end)| Element::range(ip_value(start), ip_value(end)))
-                    .collect(),
-            });
+            sets.push(ranges_set(
+                cluster_cidrs_set(family),
+                family,
+                &facts.cluster_destinations,
+            ));
         }
     }
     Skeleton { sets, chains }
