@@ -50,9 +50,11 @@ enum Command {
     /// The service proxy's ruleset.
     #[command(subcommand)]
     Proxy(ProxyCommand),
-    /// Remove what nodus programmed on this host: the `inet nodus` nftables table.
+    /// Remove what nodus programmed on this host: the `inet nodus` nftables table, the
+    /// WireGuard device (with its routes) and the CNI conflist. The key file stays.
     Cleanup {
-        /// Do not ask for confirmation.
+        /// Do not ask for confirmation. `--config` names the device and the conflist
+        /// (the defaults otherwise).
         #[arg(long)]
         yes: bool,
     },
@@ -200,7 +202,9 @@ fn main() -> anyhow::Result<()> {
             init_logging(&args);
             runtime()?.block_on(proxy_cmd::render_ruleset(args))
         }
-        Some(Command::Cleanup { yes }) => proxy_cmd::cleanup(yes),
+        Some(Command::Cleanup { yes }) => {
+            proxy_cmd::cleanup(yes, &run::load_config(&cli.run.cluster)?)
+        }
         Some(Command::Sandbox(args)) => {
             init_logging(&ClusterArgs {
                 log_level: DEFAULT_LOG_FILTER.into(),

@@ -32,16 +32,23 @@ pub async fn render_ruleset(cluster: ClusterArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Deletes the proxy's table, after asking on a terminal unless `yes`. Traffic to services
-/// stops being translated on this node at once, which is why it asks.
-pub fn cleanup(yes: bool) -> anyhow::Result<()> {
+/// Deletes the proxy's table, the mesh's device and the CNI conflist, after asking on a
+/// terminal unless `yes`. Services and pod traffic between nodes stop at once on this
+/// node, which is why it asks.
+pub fn cleanup(yes: bool, config: &Config) -> anyhow::Result<()> {
     use std::io::IsTerminal;
+    let mesh = &config.mesh;
     if !yes {
         anyhow::ensure!(
             std::io::stdin().is_terminal(),
-            "refusing to remove the nftables table without --yes when not on a terminal"
+            "refusing to remove the nftables table and the mesh without --yes when not on a terminal"
         );
-        print!("Remove the nftables table inet nodus? Services stop working on this node. [y/N] ");
+        print!(
+            "Remove the nftables table inet nodus, the WireGuard device {} and {}? Services and \
+             pod traffic between nodes stop working on this node. [y/N] ",
+            mesh.interface,
+            mesh.cni_conflist.display()
+        );
         std::io::stdout().flush()?;
         let mut answer = String::new();
         std::io::stdin().read_line(&mut answer)?;
@@ -53,6 +60,22 @@ pub fn cleanup(yes: bool) -> anyhow::Result<()> {
     match nodus_proxy::apply::cleanup()? {
         true => println!("removed table inet nodus"),
         false => println!("no table inet nodus; nothing to remove"),
+    }
+    let removed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(nodus_mesh::cleanup::remove(
+            &mesh.interface,
+            &mesh.cni_conflist,
+        ))
+        .map_err(|error| anyhow::anyhow!("removing the mesh: {error}"))?;
+    match removed.device {
+        true => println!("removed WireGuard device {} and its routes", mesh.interface),
+        false => println!("no WireGuard device {}", mesh.interface),
+    }
+    match removed.conflist {
+        true => println!("removed {}", mesh.cni_conflist.display()),
+        false => println!("no {}", mesh.cni_conflist.display()),
     }
     Ok(())
 }

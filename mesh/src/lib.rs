@@ -10,10 +10,12 @@
 //! - [`agent`]: brings the kernel in step with a plan, per-peer deltas only.
 //! - [`follow`]: the task that runs the mesh inside `nodus run`.
 //! - [`publish`]: the node's own annotations, patched into the API.
+//! - [`cleanup`]: `nodus cleanup`'s part: the device and the conflist.
 //! - [`metrics`]: the mesh's series on `/metrics`.
 
 pub mod agent;
 pub mod backend;
+pub mod cleanup;
 pub mod cni;
 pub mod follow;
 pub mod key;

@@ -55,6 +55,38 @@ impl Links {
         })
     }
 
+    /// Looks a link up by name, `None` when there is none.
+    pub async fn find(&self, name: &str) -> Result<Option<u32>, Error> {
+        let found = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute()
+            .try_next()
+            .await;
+        match found {
+            Ok(message) => Ok(message.map(|message| message.header.index)),
+            // The kernel answers ENODEV for a name it does not know.
+            Err(rtnetlink::Error::NetlinkError(error))
+                if error.code.map(|code| code.get()) == Some(-libc::ENODEV) =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(Error::netlink(format!("finding link {name}"))(error)),
+        }
+    }
+
+    /// Deletes a link; the kernel removes its addresses and routes with it.
+    pub async fn delete(&self, index: u32) -> Result<(), Error> {
+        self.handle
+            .link()
+            .del(index)
+            .execute()
+            .await
+            .map_err(Error::netlink(format!("deleting link {index}")))
+    }
+
     pub async fn set_up_with_mtu(&self, index: u32, mtu: u32) -> Result<(), Error> {
         self.handle
             .link()

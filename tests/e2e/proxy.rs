@@ -58,18 +58,54 @@ fn cleanup_removes_the_table_and_asks_first() {
     ns.exec("nft", &["-f", &file.to_string_lossy()])
         .expect("load");
 
-    let asked = ns.exec(crate::support::NODUS, &["cleanup"]);
+    // The mesh's device (a veth stands in: this kernel has no WireGuard module) with a
+    // route, and its conflist, named by the configuration.
+    let device = nodus_testbed::netns::unique_name("wg");
+    let peer = nodus_testbed::netns::unique_name("wp");
+    ns.ip(&[
+        "link", "add", &device, "type", "veth", "peer", "name", &peer,
+    ])
+    .expect("device");
+    ns.ip(&["link", "set", &device, "up"]).expect("up");
+    ns.ip(&["route", "add", "10.244.9.0/24", "dev", &device])
+        .expect("route");
+    let conflist = cluster.dir.join("10-nodus.conflist");
+    std::fs::write(&conflist, "{}").expect("conflist");
+    let config = cluster.dir.join("cleanup.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "mesh:\n  interface: {device}\n  cni_conflist: {}\n",
+            conflist.display()
+        ),
+    )
+    .expect("config");
+    let config = config.to_string_lossy().to_string();
+
+    let asked = ns.exec(crate::support::NODUS, &["cleanup", "--config", &config]);
     assert!(
         asked.is_err(),
         "without --yes and without a terminal nothing is removed"
     );
     assert!(ns.exec("nft", &["list", "table", "inet", "nodus"]).is_ok());
 
+    assert!(conflist.exists(), "nothing removed without --yes");
     let removed = ns
-        .exec(crate::support::NODUS, &["cleanup", "--yes"])
+        .exec(
+            crate::support::NODUS,
+            &["cleanup", "--yes", "--config", &config],
+        )
         .expect("cleanup");
     assert!(removed.contains("removed table inet nodus"), "{removed}");
+    assert!(removed.contains("removed WireGuard device"), "{removed}");
     assert!(ns.exec("nft", &["list", "table", "inet", "nodus"]).is_err());
+    assert!(
+        ns.ip(&["link", "show", &device]).is_err(),
+        "the device is gone"
+    );
+    let routes = ns.ip(&["route", "show"]).expect("routes");
+    assert!(!routes.contains("10.244.9.0/24"), "{routes}");
+    assert!(!conflist.exists(), "the conflist is gone");
     let again = ns
         .exec(crate::support::NODUS, &["cleanup", "--yes"])
         .expect("cleanup");

@@ -1,0 +1,39 @@
+//! `nodus cleanup` for the mesh: the device (with its addresses and routes), the
+//! userspace daemon's socket, and the CNI conflist. The key file stays: a node that comes
+//! back keeps its identity.
+
+use std::path::Path;
+
+use crate::Error;
+use crate::backend::uapi::SOCKET_DIR;
+use crate::links::Links;
+
+/// What [`remove`] found and removed.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Removed {
+    pub device: bool,
+    pub conflist: bool,
+}
+
+/// Removes the mesh's device named `interface` and the conflist at `conflist`, whichever
+/// exist. Deleting the device also ends a `wireguard-go` serving it.
+pub async fn remove(interface: &str, conflist: &Path) -> Result<Removed, Error> {
+    let links = Links::new()?;
+    let mut removed = Removed::default();
+    if let Some(index) = links.find(interface).await? {
+        links.delete(index).await?;
+        removed.device = true;
+    }
+    let socket = Path::new(SOCKET_DIR).join(format!("{interface}.sock"));
+    remove_file_if_present(&socket)?;
+    removed.conflist = remove_file_if_present(conflist)?;
+    Ok(removed)
+}
+
+fn remove_file_if_present(path: &Path) -> Result<bool, Error> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(error) => Err(Error::io(format!("removing {}", path.display()))(error)),
+    }
+}
