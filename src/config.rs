@@ -81,9 +81,11 @@ pub struct DnsConfig {
     pub resolv_conf: PathBuf,
     /// How long one upstream gets before the next is tried.
     pub forward_timeout_ms: u64,
-    /// Caps of the forwarding cache.
+    /// Caps of the forwarding cache: answers, and their wire size.
     pub cache_entries: usize,
     pub cache_bytes: usize,
+    /// Questions upstream at once; more are refused (CoreDNS's `max_concurrent`).
+    pub forward_max_concurrent: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -114,6 +116,8 @@ impl Default for DnsConfig {
             forward_timeout_ms: 2000,
             cache_entries: 10_000,
             cache_bytes: 1 << 20,
+            // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
+            forward_max_concurrent: 1000,
         }
     }
 }
@@ -171,6 +175,10 @@ impl Config {
         anyhow::ensure!(
             self.dns.forward_timeout_ms > 0,
             "dns.forward_timeout_ms: must be at least 1"
+        );
+        anyhow::ensure!(
+            self.dns.forward_max_concurrent > 0,
+            "dns.forward_max_concurrent: must be at least 1"
         );
         if let Some(url) = &self.api_server {
             anyhow::ensure!(

@@ -119,6 +119,7 @@ fn forwarder(config: &Config) -> Option<Arc<Forwarder>> {
                 timeout: Duration::from_millis(dns.forward_timeout_ms),
                 cache_entries: dns.cache_entries,
                 cache_bytes: dns.cache_bytes,
+                max_concurrent: dns.forward_max_concurrent,
             })))
         }
         Ok(_) => {

@@ -148,6 +148,7 @@ fn setup_with(dead: usize, with_live: bool, synced: bool) -> Setup {
             timeout: Duration::from_millis(300),
             cache_entries: 100,
             cache_bytes: 1 << 20,
+            max_concurrent: 100,
         }));
         let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
         let mut view = View::new("node-1");
