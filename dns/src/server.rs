@@ -60,6 +60,14 @@ impl ClusterDns {
         }
     }
 
+    pub fn zone(&self) -> &Zone {
+        &self.zone
+    }
+
+    pub fn view(&self) -> &SharedView {
+        &self.view
+    }
+
     /// The full path for one UDP datagram, as hickory-server's UDP loop runs it: no reply to
     /// a packet without a header nor to a response, FORMERR to one that does not parse, and
     /// otherwise the handler's answer within the payload size the requester can take

@@ -1,82 +1,13 @@
 //! The DNS server asked by real clients (`dig` and `kdig`) over UDP and TCP, answering from
 //! a view of the example cluster plus a few services made for these rules.
 
+mod fixture;
+
+use fixture::view;
 use nodus_dns::server::{DnsServer, serve};
 use nodus_dns::{PodRecords, Zone};
-use nodus_view::SharedView;
-use nodus_view::{Update, View, wire};
-use serde::Deserialize;
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::{Arc, RwLock};
-
-const EXAMPLE: &str = include_str!("../../deploy/examples/cluster.yaml");
-
-/// Services for the rules the example cluster does not show.
-const EXTRA: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: dual, namespace: default}
-spec:
-  clusterIP: 10.96.0.40
-  clusterIPs: [10.96.0.40, "fd00:96::40"]
-  ports: [{name: http, port: 80}, {port: 81}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: empty-headless, namespace: default}
-spec: {clusterIP: None}
----
-apiVersion: v1
-kind: Service
-metadata: {name: inner, namespace: shop}
-spec: {type: ExternalName, externalName: web.default.svc.cluster.local}
----
-apiVersion: v1
-kind: Service
-metadata: {name: many, namespace: default}
-spec: {clusterIP: None, ports: [{name: http, port: 80}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: many-1
-  namespace: default
-  labels: {kubernetes.io/service-name: many, service.kubernetes.io/headless: ""}
-addressType: IPv4
-ports: [{name: http, protocol: TCP, port: 8080}]
-endpoints:
-"#;
-
-fn view() -> SharedView {
-    let mut extra = EXTRA.to_string();
-    // Enough endpoints that the A answer does not fit in 512 bytes of UDP.
-    for i in 1..=60 {
-        extra.push_str(&format!("- addresses: [\"10.244.9.{i}\"]\n"));
-    }
-    extra.push_str("- addresses: [\"10.244.9.200\"]\n  conditions: {ready: false}\n");
-    let mut updates = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(EXAMPLE)
-        .chain(serde_yaml::Deserializer::from_str(&extra))
-    {
-        let value = serde_json::Value::deserialize(doc).expect("yaml");
-        let update = match value["kind"].as_str() {
-            Some("Service") => {
-                Update::Service(serde_json::from_value::<Box<wire::Service>>(value).expect("svc"))
-            }
-            Some("EndpointSlice") => {
-                Update::EndpointSlice(serde_json::from_value(value).expect("slice"))
-            }
-            Some("Node") => Update::Node(serde_json::from_value(value).expect("node")),
-            _ => continue,
-        };
-        updates.push(update);
-    }
-    let mut view = View::new("node-1");
-    let report = view.apply(updates);
-    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
-    Arc::new(RwLock::new(view))
-}
 
 struct Dns {
     addr: SocketAddr,
@@ -469,4 +400,75 @@ fn malformed_packets_never_take_the_server_down() {
     }
     let r = ask(&dns, "web.default.svc.cluster.local", "A");
     assert_eq!(r.status, "NOERROR", "still answering: {}", r.raw);
+}
+
+#[test]
+fn pod_records_need_an_existing_namespace() {
+    let insecure = start(PodRecords::Insecure);
+    // CoreDNS's insecure mode still checks the namespace (`namespaceExposed`).
+    let missing = ask(&insecure, "10-244-1-10.missing-ns.pod.cluster.local", "A");
+    assert_eq!(missing.status, "NXDOMAIN", "{}", missing.raw);
+    let namespace = ask(&insecure, "default.pod.cluster.local", "A");
+    assert_eq!(
+        (namespace.status.as_str(), namespace.answers.len()),
+        ("NOERROR", 0),
+        "{}",
+        namespace.raw
+    );
+    let disabled = start(PodRecords::Disabled);
+    let r = ask(&disabled, "default.pod.cluster.local", "A");
+    assert_eq!(
+        r.status, "NXDOMAIN",
+        "disabled: nothing below pod: {}",
+        r.raw
+    );
+}
+
+#[test]
+fn srv_with_a_bare_underscore_label_matches_any_port_or_protocol() {
+    let dns = start(PodRecords::Disabled);
+    for name in [
+        "_._tcp.dual.default.svc.cluster.local",
+        "_http._.dual.default.svc.cluster.local",
+        "_._.dual.default.svc.cluster.local",
+    ] {
+        let r = ask(&dns, name, "SRV");
+        assert_eq!(
+            r.data(),
+            ["SRV 0 100 80 dual.default.svc.cluster.local."],
+            "{name}: {}",
+            r.raw
+        );
+    }
+    let wrong = ask(&dns, "_._udp.dual.default.svc.cluster.local", "SRV");
+    assert_eq!(wrong.status, "NXDOMAIN", "{}", wrong.raw);
+    let headless = ask(&dns, "_._tcp.db.shop.svc.cluster.local", "SRV");
+    assert_eq!(headless.answers.len(), 2, "{}", headless.raw);
+}
+
+#[test]
+fn negative_reverse_answers_carry_the_reverse_zone_soa() {
+    let dns = start(PodRecords::Disabled);
+    for (name, zone) in [
+        ("20.0.96.10.in-addr.arpa", "in-addr.arpa."),
+        (
+            "0.2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.0.d.f.ip6.arpa",
+            "ip6.arpa.",
+        ),
+    ] {
+        let r = ask(&dns, name, "A");
+        assert_eq!(
+            (r.status.as_str(), r.answers.len()),
+            ("NOERROR", 0),
+            "{}",
+            r.raw
+        );
+        assert!(
+            r.authority
+                .iter()
+                .any(|l| l.starts_with(zone) && l.contains(&format!("SOA\tns.dns.{zone}"))),
+            "{name}: {}",
+            r.raw
+        );
+    }
 }
