@@ -68,6 +68,11 @@ impl ClusterDns {
         &self.view
     }
 
+    /// Set once the view is complete (see the field); the fuzz target sets it.
+    pub fn synced(&self) -> &AtomicBool {
+        &self.synced
+    }
+
     /// The full path for one UDP datagram, as hickory-server's UDP loop runs it: no reply to
     /// a packet without a header nor to a response, FORMERR to one that does not parse, and
     /// otherwise the handler's answer within the payload size the requester can take
