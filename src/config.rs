@@ -86,6 +86,8 @@ pub struct DnsConfig {
     pub cache_bytes: usize,
     /// Questions upstream at once; more are refused (CoreDNS's `max_concurrent`).
     pub forward_max_concurrent: usize,
+    /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
+    pub udp_threads: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -118,6 +120,7 @@ impl Default for DnsConfig {
             cache_bytes: 1 << 20,
             // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
             forward_max_concurrent: 1000,
+            udp_threads: 1,
         }
     }
 }
@@ -179,6 +182,11 @@ impl Config {
         anyhow::ensure!(
             self.dns.forward_max_concurrent > 0,
             "dns.forward_max_concurrent: must be at least 1"
+        );
+        anyhow::ensure!(
+            (1..=64).contains(&self.dns.udp_threads),
+            "dns.udp_threads: {} is not between 1 and 64",
+            self.dns.udp_threads
         );
         if let Some(url) = &self.api_server {
             anyhow::ensure!(

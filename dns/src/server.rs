@@ -315,19 +315,31 @@ impl DnsServer {
     }
 }
 
-/// Binds UDP and TCP on every address and serves until the returned server is dropped.
+/// Binds UDP and TCP on every address and serves until the returned server is dropped,
+/// with one UDP thread per address.
 pub async fn serve(
     view: SharedView,
     zone: Zone,
     forwarder: Option<Arc<Forwarder>>,
     listen: &[SocketAddr],
 ) -> std::io::Result<DnsServer> {
+    serve_with_threads(view, zone, forwarder, listen, 1).await
+}
+
+/// As [`serve`], with `udp_threads` threads per UDP address, each on its own socket.
+pub async fn serve_with_threads(
+    view: SharedView,
+    zone: Zone,
+    forwarder: Option<Arc<Forwarder>>,
+    listen: &[SocketAddr],
+    udp_threads: usize,
+) -> std::io::Result<DnsServer> {
     let handler = ClusterDns::new(view, zone, forwarder);
     let mut server = Server::new(handler.clone());
     let mut udp = Vec::new();
     let mut bound = Vec::new();
     for addr in listen {
-        let listener = UdpListener::bind(*addr, handler.clone())?;
+        let listener = UdpListener::bind(*addr, udp_threads, handler.clone())?;
         // Port 0 picks one port for UDP; TCP takes the same one.
         let addr = listener.local_addr();
         let tcp = tokio::net::TcpListener::bind(addr).await?;

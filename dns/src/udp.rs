@@ -17,7 +17,7 @@ use crate::server::{ClusterDns, MAX_UDP_PAYLOAD};
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::JoinHandle;
@@ -36,33 +36,48 @@ const WAKE_UP: Duration = Duration::from_millis(500);
 
 /// Serves one UDP address until dropped.
 pub struct UdpListener {
-    socket: Arc<UdpSocket>,
+    sockets: Vec<Arc<UdpSocket>>,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl UdpListener {
-    /// Binds `addr` and starts answering on it; needs a tokio runtime for the full path.
-    pub fn bind(addr: SocketAddr, handler: ClusterDns) -> io::Result<UdpListener> {
-        let socket = UdpSocket::bind(addr)?;
-        socket.set_read_timeout(Some(WAKE_UP))?;
-        let socket = Arc::new(socket);
-        let addr = socket.local_addr()?;
+    /// Binds `addr` and starts answering on it with `threads` threads, each on its own
+    /// socket (`SO_REUSEPORT` spreads clients over them); needs a tokio runtime for the full
+    /// path.
+    pub fn bind(addr: SocketAddr, threads: usize, handler: ClusterDns) -> io::Result<UdpListener> {
+        let mut sockets = Vec::new();
+        let mut addr = addr;
+        for _ in 0..threads.max(1) {
+            let socket = match threads {
+                1 => UdpSocket::bind(addr)?,
+                _ => bind_reuse_port(addr)?,
+            };
+            socket.set_read_timeout(Some(WAKE_UP))?;
+            // Port 0 picks a port once; the other sockets share it.
+            addr = socket.local_addr()?;
+            sockets.push(Arc::new(socket));
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let (full_path, queue) = mpsc::channel(FULL_PATH_QUEUE);
-        tokio::spawn(full_path_loop(queue, socket.clone(), handler.clone()));
-        let thread = std::thread::Builder::new()
-            .name(format!("dns-udp-{}", addr.port()))
-            .spawn({
-                let (socket, stop) = (socket.clone(), stop.clone());
-                move || fast_loop(&socket, &handler, &full_path, &stop)
-            })?;
+        // Any of the sockets sends from the same address and port.
+        tokio::spawn(full_path_loop(queue, sockets[0].clone(), handler.clone()));
+        let mut threads = Vec::new();
+        for (i, socket) in sockets.iter().enumerate() {
+            let (socket, stop) = (socket.clone(), stop.clone());
+            let (handler, full_path) = (handler.clone(), full_path.clone());
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("dns-udp-{}-{i}", addr.port()))
+                    .spawn(move || fast_loop(&socket, &handler, &full_path, &stop))?,
+            );
+        }
         Ok(UdpListener {
-            socket,
+            sockets,
             addr,
             stop,
-            thread: Some(thread),
+            threads,
         })
     }
 
@@ -74,13 +89,47 @@ impl UdpListener {
 impl Drop for UdpListener {
     fn drop(&mut self) {
         self.stop.store(true, Relaxed);
-        // Wakes a blocked `recvmmsg` at once (Linux does so even for unconnected sockets);
-        // the read timeout bounds the wait where it does not.
-        // SAFETY: shutdown on a descriptor this listener owns and keeps open.
-        unsafe { libc::shutdown(self.socket.as_raw_fd(), libc::SHUT_RD) };
-        if let Some(thread) = self.thread.take() {
+        for socket in &self.sockets {
+            // Wakes a blocked `recvmmsg` at once (Linux does so even for unconnected
+            // sockets); the read timeout bounds the wait where it does not.
+            // SAFETY: shutdown on a descriptor this listener owns and keeps open.
+            unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
+        }
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+    }
+}
+
+/// A UDP socket bound with `SO_REUSEPORT`, so that several can share `addr`.
+fn bind_reuse_port(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let family = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: plain socket calls; the descriptor is owned by the UdpSocket at once.
+    unsafe {
+        let fd = libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let socket = UdpSocket::from_raw_fd(fd);
+        let on: libc::c_int = 1;
+        if libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEPORT,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        ) < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let (name, len) = sockaddr_of(addr);
+        if libc::bind(fd, (&raw const name).cast(), len) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(socket)
     }
 }
 

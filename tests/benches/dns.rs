@@ -2,7 +2,9 @@
 //! serving the equivalent zone file, in the same run, on the same query files.
 //!
 //! Query sets: existing service A names; SRV names; and the search-path mix that `ndots:5`
-//! produces (four misses per hit). It prints figures and asserts nothing.
+//! produces (four misses per hit). Two agents serve the same cluster: one with one UDP
+//! thread (as NSD here has one server process) and one with two (`dns.udp_threads`).
+//! It prints figures and asserts nothing.
 //!
 //! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]`
 //! (needs `dnsperf` and `nsd` from Debian).
@@ -163,6 +165,13 @@ struct Perf {
     lost: String,
 }
 
+impl Perf {
+    /// The count of lost queries, when there were any.
+    fn lost_count(&self) -> Option<&str> {
+        self.lost.split_whitespace().next().filter(|n| *n != "0")
+    }
+}
+
 fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
     let output = Command::new("dnsperf")
         .args([
@@ -213,14 +222,22 @@ fn main() -> anyhow::Result<()> {
         nodes: 100,
     };
     let cluster = BenchCluster::new(10_000, scale::cluster(&shape))?;
-    let nodus_port = free_port()?;
-    let agent = cluster.start_agent(
-        &opts.nodus,
-        &scale::node_name(0),
-        &format!("dns:\n  listen: [\"127.0.0.1:{nodus_port}\"]\n"),
-    )?;
-    agent.wait_ready(Duration::from_secs(600))?;
-    let before = proc_memory(agent.pid())?;
+    // (UDP threads, port, agent), started one after the other.
+    let mut agents = Vec::new();
+    for threads in [1, 2] {
+        let port = free_port()?;
+        let agent = cluster.start_agent(
+            &opts.nodus,
+            &scale::node_name(0),
+            &format!("dns:\n  listen: [\"127.0.0.1:{port}\"]\n  udp_threads: {threads}\n"),
+        )?;
+        agent.wait_ready(Duration::from_secs(600))?;
+        agents.push((threads, port, agent));
+    }
+    let before: Vec<_> = agents
+        .iter()
+        .map(|(_, _, agent)| proc_memory(agent.pid()))
+        .collect::<Result<_, _>>()?;
 
     let files = query_files(&cluster.dir, opts.services)?;
     let zone = zone_file(&cluster.dir, opts.services)?;
@@ -229,37 +246,50 @@ fn main() -> anyhow::Result<()> {
 
     println!(
         "DNS bench: {} services × 10 endpoints; dnsperf -c 4 -T 1 -q 200 -l {} on loopback; \
-         median of {} alternating runs",
+         median of {} alternating runs (nodus with 1 UDP thread, with 2, NSD)",
         opts.services, opts.seconds, opts.runs
     );
     println!(
-        "{:<36} | {:>10} {:>8} {:>14} | {:>10} {:>8} | {:>6}",
-        "query set", "nodus QPS", "avg ms", "lost", "NSD QPS", "avg ms", "ratio"
+        "{:<36} | {:>9} {:>6} {:>6} | {:>9} {:>6} {:>6} | {:>9} {:>6}",
+        "query set", "nodus 1T", "avg ms", "ratio", "nodus 2T", "avg ms", "ratio", "NSD", "avg ms"
     );
     for (label, file) in &files {
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let mut ours: Vec<Vec<Perf>> = agents.iter().map(|_| Vec::new()).collect();
+        let mut theirs = Vec::new();
         for _ in 0..opts.runs {
-            ours.push(dnsperf(nodus_port, file, opts.seconds)?);
+            for ((_, port, _), runs) in agents.iter().zip(&mut ours) {
+                runs.push(dnsperf(*port, file, opts.seconds)?);
+            }
             theirs.push(dnsperf(nsd_port, file, opts.seconds)?);
         }
-        let (ours, theirs) = (median(ours), median(theirs));
+        let theirs = median(theirs);
+        let mut line = format!("{label:<36}");
+        for runs in ours {
+            let ours = median(runs);
+            let _ = write!(
+                line,
+                " | {:>9.0} {:>6.2} {:>5.2}×",
+                ours.qps,
+                ours.latency_ms,
+                ours.qps / theirs.qps
+            );
+            if let Some(lost) = ours.lost_count() {
+                let _ = write!(line, " ({lost} lost)");
+            }
+        }
+        let _ = write!(line, " | {:>9.0} {:>6.2}", theirs.qps, theirs.latency_ms);
+        println!("{line}");
+    }
+    drop(nsd);
+    for ((threads, _, agent), before) in agents.iter().zip(before) {
+        let after = proc_memory(agent.pid())?;
         println!(
-            "{label:<36} | {:>10.0} {:>8.2} {:>14} | {:>10.0} {:>8.2} | {:>5.2}×",
-            ours.qps,
-            ours.latency_ms,
-            ours.lost,
-            theirs.qps,
-            theirs.latency_ms,
-            ours.qps / theirs.qps
+            "nodus with {threads} UDP thread(s): RSS {:.1} MiB before the load, {:.1} MiB after \
+             (peak {:.1} MiB)",
+            before.rss_kib as f64 / 1024.0,
+            after.rss_kib as f64 / 1024.0,
+            after.peak_rss_kib as f64 / 1024.0
         );
     }
-    let after = proc_memory(agent.pid())?;
-    drop(nsd);
-    println!(
-        "nodus RSS {:.1} MiB before the load, {:.1} MiB after (peak {:.1} MiB)",
-        before.rss_kib as f64 / 1024.0,
-        after.rss_kib as f64 / 1024.0,
-        after.peak_rss_kib as f64 / 1024.0
-    );
     Ok(())
 }
