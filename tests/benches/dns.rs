@@ -4,7 +4,8 @@
 //! Query sets: existing service A names; SRV names; and the search-path mix that `ndots:5`
 //! produces (four misses per hit). Two agents serve the same cluster: one with one UDP
 //! thread (as NSD here has one server process) and one with two (`dns.udp_threads`).
-//! It prints figures and asserts nothing.
+//! Besides QPS and latency it prints the CPU time each server spent per query, which does not
+//! depend on how loaded the shared machine was. It prints figures and asserts nothing.
 //!
 //! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]`
 //! (needs `dnsperf` and `nsd` from Debian).
@@ -163,6 +164,9 @@ struct Perf {
     qps: f64,
     latency_ms: f64,
     lost: String,
+    /// CPU time (user and system) the server spent per answered query, in microseconds:
+    /// unlike QPS, it does not depend on how much of the machine the server got.
+    cpu_us: f64,
 }
 
 impl Perf {
@@ -172,7 +176,49 @@ impl Perf {
     }
 }
 
-fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
+/// CPU seconds `pid` and its descendants (NSD answers from forked server processes) have
+/// used.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // (pid, parent, user + system ticks) of every process.
+    let mut processes: Vec<(u32, u32, u64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(stat) = std::fs::read_to_string(entry?.path().join("stat")) else {
+            continue;
+        };
+        // After the command's closing parenthesis: state, ppid, … utime (12th), stime.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let number = |s: Option<&str>| s.and_then(|v| v.parse::<u64>().ok());
+        if let (Some(this), Some(parent)) = (
+            number(head.split_whitespace().next()),
+            number(fields.get(1).copied()),
+        ) {
+            let used = number(fields.get(11).copied()).unwrap_or(0)
+                + number(fields.get(12).copied()).unwrap_or(0);
+            processes.push((this as u32, parent as u32, used));
+        }
+    }
+    let mut tree = vec![pid];
+    let mut total = 0;
+    while let Some(next) = tree.pop() {
+        for (this, parent, used) in &processes {
+            if *this == next {
+                total += used;
+            } else if *parent == next {
+                tree.push(*this);
+            }
+        }
+    }
+    Ok(total as f64 / ticks)
+}
+
+/// One dnsperf run against the server on `port`, whose process is `pid`.
+fn dnsperf(port: u16, pid: u32, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
+    let cpu_before = cpu_seconds(pid)?;
     let output = Command::new("dnsperf")
         .args([
             "-s",
@@ -201,10 +247,12 @@ fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
             .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
             .with_context(|| format!("no {key:?} in dnsperf output:\n{text}"))
     };
+    let cpu = cpu_seconds(pid)? - cpu_before;
     Ok(Perf {
         qps: number("Queries per second:")?,
         latency_ms: number("Average Latency (s):")? * 1000.0,
         lost: field("Queries lost:").unwrap_or_default(),
+        cpu_us: cpu * 1e6 / number("Queries completed:")?.max(1.0),
     })
 }
 
@@ -250,17 +298,28 @@ fn main() -> anyhow::Result<()> {
         opts.services, opts.seconds, opts.runs
     );
     println!(
-        "{:<36} | {:>9} {:>6} {:>6} | {:>9} {:>6} {:>6} | {:>9} {:>6}",
-        "query set", "nodus 1T", "avg ms", "ratio", "nodus 2T", "avg ms", "ratio", "NSD", "avg ms"
+        "{:<36} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>5}",
+        "query set",
+        "nodus 1T",
+        "avg ms",
+        "ratio",
+        "µs/q",
+        "nodus 2T",
+        "avg ms",
+        "ratio",
+        "µs/q",
+        "NSD",
+        "avg ms",
+        "µs/q"
     );
     for (label, file) in &files {
         let mut ours: Vec<Vec<Perf>> = agents.iter().map(|_| Vec::new()).collect();
         let mut theirs = Vec::new();
         for _ in 0..opts.runs {
-            for ((_, port, _), runs) in agents.iter().zip(&mut ours) {
-                runs.push(dnsperf(*port, file, opts.seconds)?);
+            for ((_, port, agent), runs) in agents.iter().zip(&mut ours) {
+                runs.push(dnsperf(*port, agent.pid(), file, opts.seconds)?);
             }
-            theirs.push(dnsperf(nsd_port, file, opts.seconds)?);
+            theirs.push(dnsperf(nsd_port, nsd.0.id(), file, opts.seconds)?);
         }
         let theirs = median(theirs);
         let mut line = format!("{label:<36}");
@@ -268,16 +327,24 @@ fn main() -> anyhow::Result<()> {
             let ours = median(runs);
             let _ = write!(
                 line,
-                " | {:>9.0} {:>6.2} {:>5.2}×",
+                " | {:>9.0} {:>6.2} {:>5.2}× {:>5.1}",
                 ours.qps,
                 ours.latency_ms,
-                ours.qps / theirs.qps
+                ours.qps / theirs.qps,
+                ours.cpu_us
             );
             if let Some(lost) = ours.lost_count() {
                 let _ = write!(line, " ({lost} lost)");
             }
         }
-        let _ = write!(line, " | {:>9.0} {:>6.2}", theirs.qps, theirs.latency_ms);
+        let _ = write!(
+            line,
+            " | {:>9.0} {:>6.2} {:>5.1}",
+            theirs.qps, theirs.latency_ms, theirs.cpu_us
+        );
+        if let Some(lost) = theirs.lost_count() {
+            let _ = write!(line, " ({lost} lost)");
+        }
         println!("{line}");
     }
     drop(nsd);
