@@ -248,6 +248,10 @@ mod tests {
         assert!(Config::parse("http_addr: nowhere").is_err());
         assert!(Config::parse("api_server: ftp://x").is_err());
         assert!(Config::parse("dns:\n  ttl: 4000\n").is_err());
+        assert!(Config::parse("dns:\n  udp_threads: 0\n").is_err());
+        assert!(Config::parse("dns:\n  forward_max_concurrent: 0\n").is_err());
+        let threads = Config::parse("dns:\n  udp_threads: 2\n").expect("valid");
+        assert_eq!(threads.dns.udp_threads, 2);
         assert!(Config::parse("dns:\n  listen: []\n").is_err());
         assert!(Config::parse("dns:\n  pod_records: verified\n").is_err());
     }

@@ -472,3 +472,43 @@ fn negative_reverse_answers_carry_the_reverse_zone_soa() {
         );
     }
 }
+
+#[test]
+fn several_udp_threads_share_the_port() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
+    let server = rt
+        .block_on(nodus_dns::server::serve_with_threads(
+            view(),
+            zone,
+            None,
+            &["127.0.0.1:0".parse().expect("addr")],
+            3,
+        ))
+        .expect("bind");
+    server
+        .synced
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let dns = Dns {
+        addr: server.addrs[0],
+        _server: server,
+        _rt: rt,
+    };
+    // Each dig has its own source port, which the kernel hashes to one of the sockets;
+    // misses and hits (fast path) and headless names (full path) answer on all of them.
+    for _ in 0..6 {
+        assert_eq!(
+            ask(&dns, "web.default.svc.cluster.local", "A").data(),
+            ["A 10.96.0.20"]
+        );
+        assert_eq!(
+            ask(&dns, "missing.default.svc.cluster.local", "A").status,
+            "NXDOMAIN"
+        );
+        assert_eq!(ask(&dns, "db.shop.svc.cluster.local", "A").data().len(), 2);
+    }
+}
