@@ -512,3 +512,24 @@ fn several_udp_threads_share_the_port() {
         assert_eq!(ask(&dns, "db.shop.svc.cluster.local", "A").data().len(), 2);
     }
 }
+
+#[test]
+fn metrics_count_both_paths() {
+    let dns = start(PodRecords::Disabled);
+    for _ in 0..3 {
+        ask(&dns, "web.default.svc.cluster.local", "A");
+    }
+    ask(&dns, "missing.default.svc.cluster.local", "A");
+    // Headless: the full path.
+    ask(&dns, "db.shop.svc.cluster.local", "A");
+    let mut text = String::new();
+    dns._server.metrics.render(&mut text);
+    for line in [
+        "nodus_dns_requests_total{qtype=\"A\"} 5",
+        "nodus_dns_responses_total{rcode=\"NOERROR\"} 4",
+        "nodus_dns_responses_total{rcode=\"NXDOMAIN\"} 1",
+        "nodus_dns_request_duration_seconds_count 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
+}
