@@ -4,7 +4,7 @@
 mod fixture;
 
 use fixture::view;
-use nodus_dns::server::{DnsServer, serve};
+use nodus_dns::server::{DnsServer, serve_with_threads};
 use nodus_dns::{PodRecords, Zone};
 use std::net::SocketAddr;
 use std::process::Command;
@@ -16,6 +16,11 @@ struct Dns {
 }
 
 fn start(pods: PodRecords) -> Dns {
+    start_with_threads(pods, 1)
+}
+
+/// nodus DNS over the fixture view with `udp_threads` UDP threads on its port.
+fn start_with_threads(pods: PodRecords, udp_threads: usize) -> Dns {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -23,11 +28,12 @@ fn start(pods: PodRecords) -> Dns {
         .expect("runtime");
     let zone = Zone::new("cluster.local", 5, pods).expect("zone");
     let server = rt
-        .block_on(serve(
+        .block_on(serve_with_threads(
             view(),
             zone,
             None,
             &["127.0.0.1:0".parse().expect("addr")],
+            udp_threads,
         ))
         .expect("bind");
     server
@@ -475,29 +481,7 @@ fn negative_reverse_answers_carry_the_reverse_zone_soa() {
 
 #[test]
 fn several_udp_threads_share_the_port() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
-    let server = rt
-        .block_on(nodus_dns::server::serve_with_threads(
-            view(),
-            zone,
-            None,
-            &["127.0.0.1:0".parse().expect("addr")],
-            3,
-        ))
-        .expect("bind");
-    server
-        .synced
-        .store(true, std::sync::atomic::Ordering::Relaxed);
-    let dns = Dns {
-        addr: server.addrs[0],
-        _server: server,
-        _rt: rt,
-    };
+    let dns = start_with_threads(PodRecords::Disabled, 3);
     // Each dig has its own source port, which the kernel hashes to one of the sockets;
     // misses and hits (fast path) and headless names (full path) answer on all of them.
     for _ in 0..6 {
