@@ -81,9 +81,13 @@ pub struct DnsConfig {
     pub resolv_conf: PathBuf,
     /// How long one upstream gets before the next is tried.
     pub forward_timeout_ms: u64,
-    /// Caps of the forwarding cache.
+    /// Caps of the forwarding cache: answers, and their wire size.
     pub cache_entries: usize,
     pub cache_bytes: usize,
+    /// Questions upstream at once; more are refused (CoreDNS's `max_concurrent`).
+    pub forward_max_concurrent: usize,
+    /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
+    pub udp_threads: usize,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -114,6 +118,9 @@ impl Default for DnsConfig {
             forward_timeout_ms: 2000,
             cache_entries: 10_000,
             cache_bytes: 1 << 20,
+            // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
+            forward_max_concurrent: 1000,
+            udp_threads: 1,
         }
     }
 }
@@ -284,6 +291,15 @@ impl Config {
                 "mesh.mtu: {mtu} is outside 1280..=65535"
             );
         }
+        anyhow::ensure!(
+            self.dns.forward_max_concurrent > 0,
+            "dns.forward_max_concurrent: must be at least 1"
+        );
+        anyhow::ensure!(
+            (1..=64).contains(&self.dns.udp_threads),
+            "dns.udp_threads: {} is not between 1 and 64",
+            self.dns.udp_threads
+        );
         if let Some(url) = &self.api_server {
             anyhow::ensure!(
                 url.starts_with("https://") || url.starts_with("http://"),
@@ -355,6 +371,10 @@ mod tests {
         assert!(Config::parse("http_addr: nowhere").is_err());
         assert!(Config::parse("api_server: ftp://x").is_err());
         assert!(Config::parse("dns:\n  ttl: 4000\n").is_err());
+        assert!(Config::parse("dns:\n  udp_threads: 0\n").is_err());
+        assert!(Config::parse("dns:\n  forward_max_concurrent: 0\n").is_err());
+        let threads = Config::parse("dns:\n  udp_threads: 2\n").expect("valid");
+        assert_eq!(threads.dns.udp_threads, 2);
         assert!(Config::parse("dns:\n  listen: []\n").is_err());
         assert!(Config::parse("dns:\n  pod_records: verified\n").is_err());
         assert!(Config::parse("mesh:\n  interface: a-name-far-too-long\n").is_err());

@@ -122,6 +122,7 @@ fn forwarder(config: &Config) -> Option<Arc<Forwarder>> {
                 timeout: Duration::from_millis(dns.forward_timeout_ms),
                 cache_entries: dns.cache_entries,
                 cache_bytes: dns.cache_bytes,
+                max_concurrent: dns.forward_max_concurrent,
             })))
         }
         Ok(_) => {
@@ -144,9 +145,15 @@ async fn start_dns(config: &Config, view: SharedView) -> anyhow::Result<DnsServe
         config.dns.pod_records.into(),
     )
     .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?;
-    let server = nodus_dns::server::serve(view, zone, forwarder(config), &config.dns.listen)
-        .await
-        .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
+    let server = nodus_dns::server::serve_with_threads(
+        view,
+        zone,
+        forwarder(config),
+        &config.dns.listen,
+        config.dns.udp_threads,
+    )
+    .await
+    .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
     Ok(server)
 }

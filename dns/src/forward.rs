@@ -5,16 +5,18 @@
 //! so that a node whose resolv.conf points at nodus does not loop. Each question is tried on
 //! each upstream in turn: over UDP, again over TCP when the answer is truncated, and on to
 //! the next upstream after a timeout. When every upstream fails the client gets SERVFAIL.
-//! Answers are cached by question for their TTL; negative answers for the SOA's minimum
-//! (RFC 2308); the cache is capped in entries and bytes.
+//! Answers are cached by question (name, type and class) for their TTL; negative answers
+//! for the SOA's minimum (RFC 2308); the cache is capped in entries and in the wire size of
+//! the cached answers. At most `max_concurrent` questions are upstream at once; past that a
+//! question is refused, as CoreDNS's forward plugin answers past its `max_concurrent`.
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -32,7 +34,10 @@ pub struct ForwardConfig {
     /// How long one upstream gets before the next is tried.
     pub timeout: Duration,
     pub cache_entries: usize,
+    /// A cap on the wire size of the cached answers.
     pub cache_bytes: usize,
+    /// Questions upstream at once; more are refused.
+    pub max_concurrent: usize,
 }
 
 /// The nameservers of a resolv.conf, on port 53, without `exclude` (nodus's own listeners).
@@ -70,10 +75,21 @@ pub struct Forwarded {
     pub additionals: Vec<Record>,
 }
 
+/// What came of a question.
+#[derive(Debug)]
+pub enum Resolution {
+    Answered(Forwarded),
+    /// No upstream answered: SERVFAIL.
+    Failed,
+    /// Too many questions were upstream already: REFUSED.
+    Refused,
+}
+
 #[derive(Clone, PartialEq, Eq, Hash)]
 struct CacheKey {
     name: Name,
     qtype: RecordType,
+    qclass: DNSClass,
 }
 
 struct CacheEntry {
@@ -97,12 +113,25 @@ pub struct ForwardStats {
     pub forwarded: AtomicU64,
     pub cache_hits: AtomicU64,
     pub failures: AtomicU64,
+    /// Questions refused over `max_concurrent`.
+    pub refused: AtomicU64,
 }
 
 pub struct Forwarder {
     config: ForwardConfig,
     cache: Mutex<Cache>,
+    /// Questions upstream now.
+    in_flight: AtomicUsize,
     pub stats: ForwardStats,
+}
+
+/// One question upstream, counted in `in_flight` until dropped.
+struct InFlight<'f>(&'f AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
 }
 
 /// The TTL an answer is cached for: the smallest record TTL, or for a negative answer the
@@ -129,12 +158,6 @@ fn cache_ttl(answer: &Forwarded) -> Option<u32> {
         .map(|r| r.ttl)
         .min()
         .map(|ttl| ttl.min(MAX_POSITIVE_TTL))
-}
-
-fn records_bytes(answer: &Forwarded) -> usize {
-    // An estimate: the records' wire size is close to their in-memory payload.
-    let records = answer.answers.len() + answer.authorities.len() + answer.additionals.len();
-    records * std::mem::size_of::<Record>() + 64
 }
 
 impl Cache {
@@ -168,11 +191,11 @@ impl Cache {
         &mut self,
         key: CacheKey,
         answer: Forwarded,
+        bytes: usize,
         ttl: u32,
         config: &ForwardConfig,
         now: Instant,
     ) {
-        let bytes = records_bytes(&answer);
         if ttl == 0 || config.cache_entries == 0 || bytes > config.cache_bytes {
             return;
         }
@@ -216,6 +239,7 @@ impl Forwarder {
         Forwarder {
             config,
             cache: Mutex::new(Cache::default()),
+            in_flight: AtomicUsize::new(0),
             stats: ForwardStats::default(),
         }
     }
@@ -224,17 +248,18 @@ impl Forwarder {
         &self.config.upstreams
     }
 
-    /// Entries and bytes in the cache, for metrics.
+    /// Entries and wire bytes in the cache, for metrics.
     pub fn cache_size(&self) -> (usize, usize) {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         (cache.entries.len(), cache.bytes)
     }
 
-    /// Answers `query` from the cache or the upstreams; `None` when every upstream failed.
-    pub async fn resolve(&self, query: &Query) -> Option<Forwarded> {
+    /// Answers `query` from the cache or the upstreams.
+    pub async fn resolve(&self, query: &Query) -> Resolution {
         let key = CacheKey {
             name: query.name().to_lowercase(),
             qtype: query.query_type(),
+            qclass: query.query_class(),
         };
         let now = Instant::now();
         if let Some(hit) = self
@@ -244,22 +269,27 @@ impl Forwarder {
             .get(&key, now)
         {
             self.stats.cache_hits.fetch_add(1, Relaxed);
-            return Some(hit);
+            return Resolution::Answered(hit);
         }
+        let Some(_slot) = self.take_slot() else {
+            self.stats.refused.fetch_add(1, Relaxed);
+            return Resolution::Refused;
+        };
         self.stats.forwarded.fetch_add(1, Relaxed);
         for upstream in &self.config.upstreams {
             match self.ask(*upstream, query).await {
-                Ok(answer) => {
+                Ok((answer, wire_size)) => {
                     if let Some(ttl) = cache_ttl(&answer) {
                         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
                             key,
                             answer.clone(),
+                            wire_size,
                             ttl,
                             &self.config,
                             Instant::now(),
                         );
                     }
-                    return Some(answer);
+                    return Resolution::Answered(answer);
                 }
                 Err(error) => {
                     tracing::debug!(%upstream, %error, name = %query.name(), "upstream failed")
@@ -267,10 +297,25 @@ impl Forwarder {
             }
         }
         self.stats.failures.fetch_add(1, Relaxed);
-        None
+        Resolution::Failed
     }
 
-    async fn ask(&self, upstream: SocketAddr, query: &Query) -> Result<Forwarded, UpstreamError> {
+    /// A place among the `max_concurrent` questions upstream, if one is free.
+    fn take_slot(&self) -> Option<InFlight<'_>> {
+        self.in_flight
+            .fetch_update(Relaxed, Relaxed, |n| {
+                (n < self.config.max_concurrent).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| InFlight(&self.in_flight))
+    }
+
+    /// The upstream's answer and its size on the wire.
+    async fn ask(
+        &self,
+        upstream: SocketAddr,
+        query: &Query,
+    ) -> Result<(Forwarded, usize), UpstreamError> {
         let id: u16 = rand_id();
         let mut message = Message::new(id, MessageType::Query, OpCode::Query);
         message.metadata.recursion_desired = true;
@@ -282,22 +327,22 @@ impl Forwarder {
         let bytes = message
             .to_vec()
             .map_err(|e| UpstreamError::Malformed(e.to_string()))?;
-        let answer = tokio::time::timeout(self.config.timeout, udp_exchange(upstream, &bytes))
+        let datagram = tokio::time::timeout(self.config.timeout, udp_exchange(upstream, &bytes))
             .await
             .map_err(|_| UpstreamError::Timeout)??;
-        let answer = check(answer, id, query)?;
-        let answer = if answer.metadata.truncation {
+        let answer = check(&datagram, id, query)?;
+        let (answer, wire_size) = if answer.metadata.truncation {
             let full = tokio::time::timeout(self.config.timeout, tcp_exchange(upstream, &bytes))
                 .await
                 .map_err(|_| UpstreamError::Timeout)??;
-            check(full, id, query)?
+            (check(&full, id, query)?, full.len())
         } else {
-            answer
+            (answer, datagram.len())
         };
         if answer.metadata.response_code == ResponseCode::ServFail {
             return Err(UpstreamError::Malformed("SERVFAIL".into()));
         }
-        Ok(Forwarded {
+        let forwarded = Forwarded {
             rcode: answer.metadata.response_code,
             answers: answer.answers,
             authorities: answer.authorities,
@@ -306,14 +351,15 @@ impl Forwarder {
                 .into_iter()
                 .filter(|r| r.record_type() != RecordType::OPT)
                 .collect(),
-        })
+        };
+        Ok((forwarded, wire_size))
     }
 }
 
 /// An answer is ours only if it echoes our id and our question: it is cached under that
 /// question, so a reply to anything else must never be taken.
-fn check(bytes: Vec<u8>, id: u16, query: &Query) -> Result<Message, UpstreamError> {
-    let message = Message::from_vec(&bytes).map_err(|e| UpstreamError::Malformed(e.to_string()))?;
+fn check(bytes: &[u8], id: u16, query: &Query) -> Result<Message, UpstreamError> {
+    let message = Message::from_vec(bytes).map_err(|e| UpstreamError::Malformed(e.to_string()))?;
     let same_question = matches!(message.queries.as_slice(), [q]
         if q.name().to_lowercase() == query.name().to_lowercase()
             && q.query_type() == query.query_type()

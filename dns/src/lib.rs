@@ -2,11 +2,14 @@
 //!
 //! [`lookup`] is the protocol: a question in, records out, computed from the view at query
 //! time. [`forward`] sends every other name upstream, with a cache. [`server`] puts both on
-//! UDP and TCP sockets through hickory-server.
+//! TCP through hickory-server and on UDP through [`udp`], whose fast path ([`fast`]) answers
+//! the common questions from the packet bytes and leaves the rest to hickory.
 
+pub mod fast;
 pub mod forward;
 pub mod lookup;
 pub mod metrics;
 pub mod server;
+mod udp;
 
 pub use lookup::{PodRecords, Zone};

@@ -38,8 +38,28 @@ pub struct Zone {
     soa_name: Name,
     /// Built once: every negative answer carries it, and misses are most queries.
     soa: Record,
+    /// The SOAs of `in-addr.arpa.` and `ip6.arpa.`, for negative answers about reverse
+    /// names nodus owns (as CoreDNS, authoritative for both, answers).
+    reverse_soas: [Record; 2],
     ttl: u32,
     pods: PodRecords,
+}
+
+/// `<origin> SOA ns.dns.<origin> hostmaster.<origin>`, as CoreDNS writes it for each zone.
+fn soa_record(origin: &Name, ttl: u32, serial: u32) -> Result<Record, hickory_proto::ProtoError> {
+    Ok(Record::from_rdata(
+        origin.clone(),
+        ttl,
+        RData::SOA(SOA::new(
+            Name::from_ascii("ns.dns")?.append_domain(origin)?,
+            Name::from_ascii("hostmaster")?.append_domain(origin)?,
+            serial,
+            7200,
+            1800,
+            86400,
+            ttl,
+        )),
+    ))
 }
 
 impl Zone {
@@ -56,22 +76,14 @@ impl Zone {
         let serial = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_secs() as u32);
-        let soa = Record::from_rdata(
-            origin.clone(),
-            ttl,
-            RData::SOA(SOA::new(
-                soa_name.clone(),
-                Name::from_ascii("hostmaster")?.append_domain(&origin)?,
-                serial,
-                7200,
-                1800,
-                86400,
-                ttl,
-            )),
-        );
+        let reverse_soas = [
+            soa_record(&Name::from_ascii("in-addr.arpa.")?, ttl, serial)?,
+            soa_record(&Name::from_ascii("ip6.arpa.")?, ttl, serial)?,
+        ];
         Ok(Zone {
+            soa: soa_record(&origin, ttl, serial)?,
             soa_name,
-            soa,
+            reverse_soas,
             origin,
             ttl,
             pods,
@@ -82,10 +94,19 @@ impl Zone {
         &self.origin
     }
 
+    pub fn ttl(&self) -> u32 {
+        self.ttl
+    }
+
     /// The SOA that negative answers carry in their authority section; its minimum is the
     /// TTL, so resolvers cache misses exactly as long as hits.
-    fn soa(&self) -> Record {
-        self.soa.clone()
+    pub fn soa(&self) -> &Record {
+        &self.soa
+    }
+
+    /// The SOA of the reverse zone that holds `ip`'s PTR name.
+    fn reverse_soa(&self, ip: IpAddr) -> Record {
+        self.reverse_soas[usize::from(ip.is_ipv6())].clone()
     }
 
     /// `<svc>.<ns>.svc.<zone>.`
@@ -117,7 +138,8 @@ pub enum Outcome {
 }
 
 /// What a query name means in the cluster zone.
-enum Target<'q> {
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'q> {
     Apex,
     SchemaVersion,
     NameServer,
@@ -135,8 +157,7 @@ enum Target<'q> {
     Port {
         namespace: &'q str,
         service: &'q str,
-        port: &'q str,
-        protocol: &'q str,
+        port: PortQuery<'q>,
     },
     Pod {
         address: IpAddr,
@@ -144,13 +165,20 @@ enum Target<'q> {
     Missing,
 }
 
-fn classify<'q>(view: &View, zone: &Zone, labels: &'q [&'q str]) -> Target<'q> {
+/// What `labels` (lower case, below the zone, as [`relative_labels`] gives them) name.
+pub fn classify<'q>(view: &View, zone: &Zone, labels: &'q [&'q str]) -> Target<'q> {
     match labels {
         [] => Target::Apex,
         ["dns-version"] => Target::SchemaVersion,
         ["ns", "dns"] => Target::NameServer,
         ["svc"] | ["pod"] => Target::Empty,
-        [namespace, "svc" | "pod"] if view.has_namespace(namespace) => Target::Empty,
+        [namespace, "svc"] if view.has_namespace(namespace) => Target::Empty,
+        // With pod records disabled CoreDNS answers NXDOMAIN for every name below `pod`.
+        [namespace, "pod"]
+            if zone.pods == PodRecords::Insecure && view.has_namespace(namespace) =>
+        {
+            Target::Empty
+        }
         [service, namespace, "svc"] => Target::Service { namespace, service },
         [endpoint, service, namespace, "svc"] => Target::Endpoint {
             namespace,
@@ -160,13 +188,188 @@ fn classify<'q>(view: &View, zone: &Zone, labels: &'q [&'q str]) -> Target<'q> {
         [port, protocol, service, namespace, "svc"] => Target::Port {
             namespace,
             service,
-            port: port.strip_prefix('_').unwrap_or(port),
-            protocol: protocol.strip_prefix('_').unwrap_or(protocol),
+            port: PortQuery {
+                name: port.strip_prefix('_').unwrap_or(port),
+                protocol: protocol.strip_prefix('_').unwrap_or(protocol),
+            },
         },
-        [dashed, _namespace, "pod"] if zone.pods == PodRecords::Insecure => {
+        // CoreDNS answers any dashed address, but only in a namespace that exists.
+        [dashed, namespace, "pod"]
+            if zone.pods == PodRecords::Insecure && view.has_namespace(namespace) =>
+        {
             parse_dashed(dashed).map_or(Target::Missing, |address| Target::Pod { address })
         }
         _ => Target::Missing,
+    }
+}
+
+/// The `_port._proto` labels of an SRV question. A label that is only `_` leaves its part
+/// empty, which matches any port name or protocol, as CoreDNS's `matchPortAndProtocol` does.
+/// Only named ports have SRV records (spec rule 5).
+#[derive(Clone, Copy, Debug)]
+pub struct PortQuery<'q> {
+    name: &'q str,
+    protocol: &'q str,
+}
+
+impl PortQuery<'_> {
+    /// Every named port: SRV asked of the bare service name.
+    const ANY: PortQuery<'static> = PortQuery {
+        name: "",
+        protocol: "",
+    };
+
+    fn matches(&self, name: &str, protocol: Protocol) -> bool {
+        !name.is_empty()
+            && (self.name.is_empty() || name.eq_ignore_ascii_case(self.name))
+            && (self.protocol.is_empty()
+                || protocol_label(protocol).eq_ignore_ascii_case(self.protocol))
+    }
+}
+
+/// The answers most questions get, decided without building records: misses, names that
+/// hold no records, and a ClusterIP service's addresses or SRV records. [`lookup`] turns
+/// them into records; the UDP fast path ([`crate::fast`]) writes them straight into the
+/// reply, so both paths answer from this one decision.
+#[derive(Clone, Copy)]
+pub enum Common<'a> {
+    /// NXDOMAIN, with the zone's SOA.
+    NxDomain,
+    /// NOERROR without records, with the zone's SOA.
+    NoData,
+    /// The service's cluster IPs of `family` (of both for ANY); at least one.
+    Addresses {
+        service: &'a Service,
+        family: Option<Family>,
+    },
+    /// One SRV per matching named port, with the cluster IPs as additional records.
+    Srv(ServiceSrv<'a>),
+}
+
+/// SRV records of a ClusterIP service: every target is `<name>.<namespace>.svc.<zone>`.
+#[derive(Clone, Copy)]
+pub struct ServiceSrv<'a> {
+    /// Lower case, as the question had them.
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub service: &'a Service,
+    view: &'a View,
+    ports: PortQuery<'a>,
+}
+
+impl<'a> ServiceSrv<'a> {
+    pub fn ports(&self) -> impl Iterator<Item = u16> + use<'a> {
+        let (strings, query) = (self.view.strings(), self.ports);
+        self.service
+            .ports
+            .iter()
+            .filter(move |p| query.matches(strings.resolve(p.name), p.protocol))
+            .map(|p| p.port)
+    }
+
+    pub fn weight(&self) -> u16 {
+        srv_weight(self.ports().count())
+    }
+}
+
+/// The cluster IPs of `service` in `family` (all of them when `None`).
+pub fn cluster_addresses(
+    service: &Service,
+    family: Option<Family>,
+) -> impl Iterator<Item = IpAddr> + '_ {
+    service
+        .cluster_ips
+        .iter()
+        .copied()
+        .filter(move |ip| family.is_none_or(|f| f == Family::of(*ip)))
+}
+
+/// A ClusterIP service's answer to `qtype`; `None` for headless and ExternalName services.
+fn cluster_ip_service<'a>(
+    view: &'a View,
+    service: &'a Service,
+    namespace: &'a str,
+    name: &'a str,
+    qtype: RecordType,
+) -> Option<Common<'a>> {
+    if service.headless || service.type_ == ServiceType::ExternalName {
+        return None;
+    }
+    let family = match qtype {
+        RecordType::SRV => {
+            return Some(service_srv(view, service, namespace, name, PortQuery::ANY));
+        }
+        RecordType::ANY => None,
+        _ => match family_of_query(qtype) {
+            Some(family) => Some(family),
+            None => return Some(Common::NoData),
+        },
+    };
+    Some(match cluster_addresses(service, family).next() {
+        Some(_) => Common::Addresses { service, family },
+        None => Common::NoData,
+    })
+}
+
+fn service_srv<'a>(
+    view: &'a View,
+    service: &'a Service,
+    namespace: &'a str,
+    name: &'a str,
+    ports: PortQuery<'a>,
+) -> Common<'a> {
+    let srv = ServiceSrv {
+        namespace,
+        name,
+        service,
+        view,
+        ports,
+    };
+    match srv.ports().next() {
+        Some(_) => Common::Srv(srv),
+        None => Common::NoData,
+    }
+}
+
+/// Whether `service` has a named port matching `query`: `_port._proto` names exist only then.
+fn has_port(view: &View, service: &Service, query: PortQuery<'_>) -> bool {
+    let strings = view.strings();
+    service.type_ != ServiceType::ExternalName
+        && service
+            .ports
+            .iter()
+            .any(|p| query.matches(strings.resolve(p.name), p.protocol))
+}
+
+/// The common answer for `target`, or `None` when it needs the full resolver: headless
+/// and ExternalName services, endpoint and pod names, the apex and the other fixed names.
+pub fn common<'a>(view: &'a View, target: &Target<'a>, qtype: RecordType) -> Option<Common<'a>> {
+    match *target {
+        Target::Missing => Some(Common::NxDomain),
+        Target::Empty => Some(Common::NoData),
+        Target::Service { namespace, service } => match find_service(view, namespace, service) {
+            None => Some(Common::NxDomain),
+            Some((_, found)) => cluster_ip_service(view, found, namespace, service, qtype),
+        },
+        Target::Port {
+            namespace,
+            service,
+            port,
+        } => match find_service(view, namespace, service) {
+            None => Some(Common::NxDomain),
+            Some((_, found)) if !has_port(view, found, port) => Some(Common::NxDomain),
+            Some((_, found)) if found.headless => None,
+            Some((_, found)) => Some(match qtype {
+                RecordType::SRV => service_srv(view, found, namespace, service, port),
+                _ => Common::NoData,
+            }),
+        },
+        Target::Endpoint {
+            namespace, service, ..
+        } => find_service(view, namespace, service)
+            .is_none()
+            .then_some(Common::NxDomain),
+        _ => None,
     }
 }
 
@@ -297,7 +500,7 @@ fn find_service<'v>(
 }
 
 /// More labels below the zone than any cluster name has (`_port._proto.svc.ns.svc` is 5).
-const MAX_LABELS: usize = 6;
+pub(crate) const MAX_LABELS: usize = 6;
 
 /// The labels of `lower` below the zone, in a caller's buffer: this runs for every query,
 /// so it does not allocate. Names deeper than any cluster name come back with one label
@@ -334,19 +537,22 @@ impl Resolver<'_> {
     fn finish(mut self) -> Answer {
         if self.answer.answers.is_empty() && self.answer.authority.is_empty() {
             // NXDOMAIN and NODATA both carry the SOA, for negative caching (RFC 2308).
-            self.answer.authority.push(self.zone.soa());
+            self.answer.authority.push(self.zone.soa().clone());
         }
         self.answer
     }
 
     fn answer_target(&mut self, target: Target<'_>, qname: &Name, qtype: RecordType) {
+        if let Some(common) = common(self.view, &target, qtype) {
+            return self.push(common, qname);
+        }
         let ttl = self.zone.ttl;
         match target {
-            Target::Missing => self.nxdomain(),
-            Target::Empty => {}
+            // `common` answers both.
+            Target::Missing | Target::Empty => {}
             Target::Apex => match qtype {
                 RecordType::SOA => {
-                    let mut soa = self.zone.soa();
+                    let mut soa = self.zone.soa().clone();
                     soa.name = qname.clone();
                     self.answer.answers.push(soa);
                 }
@@ -399,8 +605,7 @@ impl Resolver<'_> {
                 namespace,
                 service,
                 port,
-                protocol,
-            } => self.port(namespace, service, port, protocol, qname, qtype),
+            } => self.port(namespace, service, port, qname, qtype),
             Target::Pod { address } => {
                 if family_of_query(qtype) == Some(Family::of(address)) || qtype == RecordType::ANY {
                     self.answer
@@ -429,52 +634,68 @@ impl Resolver<'_> {
         if service.type_ == ServiceType::ExternalName {
             return self.external_name(service, qname, qtype, depth);
         }
-        let own_name = self.zone.service_name(namespace, name);
-        if service.headless {
-            let backends = published(view, &svc, service);
-            if backends.is_empty() {
-                // Spec rule 10: a headless service with no ready endpoints does not exist.
-                return self.nxdomain();
-            }
-            match qtype {
-                RecordType::A | RecordType::AAAA | RecordType::ANY => {
-                    for b in &backends {
-                        if family_of_query(qtype).is_none_or(|f| f == Family::of(b.ip)) {
-                            self.answer
-                                .answers
-                                .push(address_record(qname.clone(), ttl, b.ip));
-                        }
-                    }
-                }
-                RecordType::SRV => {
-                    let Some(own) = own_name else { return };
-                    self.headless_srv(&backends, &own, qname, |_, _| true);
-                }
-                _ => {}
+        if !service.headless {
+            if let Some(common) = cluster_ip_service(view, service, namespace, name, qtype) {
+                self.push(common, qname);
             }
             return;
         }
+        let backends = published(view, &svc, service);
+        if backends.is_empty() {
+            // Spec rule 10: a headless service with no ready endpoints does not exist.
+            return self.nxdomain();
+        }
         match qtype {
             RecordType::A | RecordType::AAAA | RecordType::ANY => {
-                for ip in service.cluster_ips.iter() {
-                    if family_of_query(qtype).is_none_or(|f| f == Family::of(*ip)) {
+                for b in &backends {
+                    if family_of_query(qtype).is_none_or(|f| f == Family::of(b.ip)) {
                         self.answer
                             .answers
-                            .push(address_record(qname.clone(), ttl, *ip));
+                            .push(address_record(qname.clone(), ttl, b.ip));
                     }
                 }
             }
             RecordType::SRV => {
-                let Some(own) = own_name else { return };
-                let ports: Vec<u16> = service
-                    .ports
-                    .iter()
-                    .filter(|p| !p.name.is_empty())
-                    .map(|p| p.port)
-                    .collect();
-                self.cluster_srv(service, &own, qname, &ports);
+                let Some(own) = self.zone.service_name(namespace, name) else {
+                    return;
+                };
+                self.headless_srv(&backends, &own, qname, PortQuery::ANY);
             }
             _ => {}
+        }
+    }
+
+    /// Adds a [`Common`] answer's records.
+    fn push(&mut self, common: Common<'_>, qname: &Name) {
+        let ttl = self.zone.ttl;
+        match common {
+            Common::NxDomain => self.nxdomain(),
+            Common::NoData => {}
+            Common::Addresses { service, family } => {
+                for ip in cluster_addresses(service, family) {
+                    self.answer
+                        .answers
+                        .push(address_record(qname.clone(), ttl, ip));
+                }
+            }
+            Common::Srv(srv) => {
+                let Some(own) = self.zone.service_name(srv.namespace, srv.name) else {
+                    return;
+                };
+                let weight = srv.weight();
+                for port in srv.ports() {
+                    self.answer.answers.push(Record::from_rdata(
+                        qname.clone(),
+                        ttl,
+                        RData::SRV(SRV::new(0, weight, port, own.clone())),
+                    ));
+                }
+                for ip in cluster_addresses(srv.service, None) {
+                    self.answer
+                        .additionals
+                        .push(address_record(own.clone(), ttl, ip));
+                }
+            }
         }
     }
 
@@ -514,32 +735,12 @@ impl Resolver<'_> {
         }
     }
 
-    fn cluster_srv(&mut self, service: &Service, own: &Name, qname: &Name, ports: &[u16]) {
-        let ttl = self.zone.ttl;
-        if ports.is_empty() {
-            return;
-        }
-        let weight = srv_weight(ports.len());
-        for port in ports {
-            self.answer.answers.push(Record::from_rdata(
-                qname.clone(),
-                ttl,
-                RData::SRV(SRV::new(0, weight, *port, own.clone())),
-            ));
-        }
-        for ip in service.cluster_ips.iter() {
-            self.answer
-                .additionals
-                .push(address_record(own.clone(), ttl, *ip));
-        }
-    }
-
     fn headless_srv(
         &mut self,
         backends: &[Published],
         own: &Name,
         qname: &Name,
-        wanted: impl Fn(&str, Protocol) -> bool,
+        wanted: PortQuery<'_>,
     ) {
         let ttl = self.zone.ttl;
         let mut targets: Vec<(Name, u16, IpAddr)> = Vec::new();
@@ -551,7 +752,7 @@ impl Resolver<'_> {
                 continue;
             };
             for (name, protocol, port) in &b.ports {
-                if wanted(name, *protocol) {
+                if wanted.matches(name, *protocol) {
                     targets.push((target.clone(), *port, b.ip));
                 }
             }
@@ -607,12 +808,12 @@ impl Resolver<'_> {
         }
     }
 
+    /// A `_port._proto` name of a headless service (`common` answers the rest).
     fn port(
         &mut self,
         namespace: &str,
         name: &str,
-        port: &str,
-        protocol: &str,
+        port: PortQuery<'_>,
         qname: &Name,
         qtype: RecordType,
     ) {
@@ -623,34 +824,13 @@ impl Resolver<'_> {
         let Some(own) = self.zone.service_name(namespace, name) else {
             return self.nxdomain();
         };
-        let strings = view.strings();
-        let wanted = |name: &str, proto: Protocol| {
-            name.eq_ignore_ascii_case(port) && protocol_label(proto).eq_ignore_ascii_case(protocol)
-        };
-        let exists = service
-            .ports
-            .iter()
-            .any(|p| !p.name.is_empty() && wanted(strings.resolve(p.name), p.protocol));
-        if !exists || service.type_ == ServiceType::ExternalName {
+        let backends = published(view, &svc, service);
+        if backends.is_empty() {
+            // Spec rule 10 holds below the service name too.
             return self.nxdomain();
         }
-        if service.headless {
-            let backends = published(view, &svc, service);
-            if backends.is_empty() {
-                // Spec rule 10 holds below the service name too.
-                return self.nxdomain();
-            }
-            if qtype == RecordType::SRV {
-                self.headless_srv(&backends, &own, qname, wanted);
-            }
-        } else if qtype == RecordType::SRV {
-            let ports: Vec<u16> = service
-                .ports
-                .iter()
-                .filter(|p| wanted(strings.resolve(p.name), p.protocol))
-                .map(|p| p.port)
-                .collect();
-            self.cluster_srv(service, &own, qname, &ports);
+        if qtype == RecordType::SRV {
+            self.headless_srv(&backends, &own, qname, port);
         }
     }
 }
@@ -715,7 +895,7 @@ fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr
             .map(|t| Record::from_rdata(qname.clone(), zone.ttl, RData::PTR(PTR(t))))
             .collect();
     } else {
-        answer.authority.push(zone.soa());
+        answer.authority.push(zone.reverse_soa(ip));
     }
     Outcome::Authoritative(answer)
 }

@@ -1,22 +1,33 @@
-//! The DNS server: [`crate::lookup`] behind hickory-server's UDP and TCP listeners.
+//! The DNS server: [`crate::lookup`] behind hickory-server's TCP listener and our UDP
+//! listener ([`crate::udp`]).
 //!
-//! hickory-server owns the sockets, the message framing, EDNS size limits and truncation;
-//! this module only turns a request into a lookup and the lookup into a response.
+//! hickory-server parses requests, frames TCP, limits sizes and truncates; this module
+//! turns a request into a lookup and the lookup into a response. UDP datagrams the fast
+//! path ([`crate::fast`]) does not take come here through [`ClusterDns::answer_datagram`],
+//! which runs them as hickory-server's own UDP loop would.
 
-use crate::forward::Forwarder;
+use crate::forward::{Forwarder, Resolution};
 use crate::lookup::{Answer, Outcome, Zone, lookup};
 use crate::metrics::DnsMetrics;
+use crate::udp::UdpListener;
 use hickory_server::Server;
-use hickory_server::net::runtime::Time;
+use hickory_server::net::NetError;
+use hickory_server::net::runtime::{Time, TokioTime};
+use hickory_server::net::xfer::Protocol;
 use hickory_server::proto::op::Query;
-use hickory_server::proto::op::{Edns, Header, HeaderCounts, Metadata, OpCode, ResponseCode};
-use hickory_server::proto::rr::{RData, RecordType};
+use hickory_server::proto::op::{
+    Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode,
+};
+use hickory_server::proto::rr::{RData, Record, RecordType};
+use hickory_server::proto::serialize::binary::{
+    BinDecodable, BinDecoder, BinEncodable, BinEncoder,
+};
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::MessageResponseBuilder;
+use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
 use nodus_view::SharedView;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The UDP payload we accept and advertise: the DNS flag day 2020 value, which avoids IP
@@ -25,16 +36,17 @@ pub const MAX_UDP_PAYLOAD: u16 = 1232;
 /// An idle TCP connection is closed after this long.
 const TCP_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Answers the cluster zone from the view, and forwards the rest.
+/// Answers the cluster zone from the view, and forwards the rest. Clones share everything.
+#[derive(Clone)]
 pub struct ClusterDns {
-    view: SharedView,
-    zone: Zone,
+    pub(crate) view: SharedView,
+    pub(crate) zone: Arc<Zone>,
     forwarder: Option<Arc<Forwarder>>,
-    metrics: Arc<DnsMetrics>,
+    pub(crate) metrics: Arc<DnsMetrics>,
     /// Set once the view holds every initial list. Until then a name the view lacks may
     /// only be missing from it: misses get SERVFAIL (which resolvers retry) rather than an
     /// NXDOMAIN they would cache, as CoreDNS does before it syncs.
-    synced: Arc<AtomicBool>,
+    pub(crate) synced: Arc<AtomicBool>,
 }
 
 impl ClusterDns {
@@ -43,9 +55,99 @@ impl ClusterDns {
             metrics: Arc::new(DnsMetrics::new(forwarder.clone())),
             synced: Arc::default(),
             view,
-            zone,
+            zone: Arc::new(zone),
             forwarder,
         }
+    }
+
+    pub fn zone(&self) -> &Zone {
+        &self.zone
+    }
+
+    pub fn view(&self) -> &SharedView {
+        &self.view
+    }
+
+    /// Set once the view is complete (see the field); the fuzz target sets it.
+    pub fn synced(&self) -> &AtomicBool {
+        &self.synced
+    }
+
+    /// The full path for one UDP datagram, as hickory-server's UDP loop runs it: no reply to
+    /// a packet without a header nor to a response, FORMERR to one that does not parse, and
+    /// otherwise the handler's answer within the payload size the requester can take
+    /// (truncated, with TC, when it does not fit).
+    pub async fn answer_datagram(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
+        let header = Header::read(&mut BinDecoder::new(&packet)).ok()?;
+        let request = match Request::from_bytes(packet, src, Protocol::Udp) {
+            Ok(request) => request,
+            Err(_) => {
+                let mut metadata = Metadata::response_from_request(&header.metadata);
+                metadata.response_code = ResponseCode::FormErr;
+                self.metrics
+                    .answered(None, ResponseCode::FormErr, Duration::ZERO);
+                return encode_header(metadata);
+            }
+        };
+        if request.metadata.message_type == MessageType::Response {
+            return None;
+        }
+        let reply = Capture::default();
+        self.handle_request::<_, TokioTime>(&request, reply.clone())
+            .await;
+        reply.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+fn encode_header(metadata: Metadata) -> Option<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(12);
+    let header = Header {
+        metadata,
+        counts: HeaderCounts::default(),
+    };
+    header.emit(&mut BinEncoder::new(&mut bytes)).ok()?;
+    Some(bytes)
+}
+
+/// Keeps the encoded response for [`ClusterDns::answer_datagram`], sized as hickory-server
+/// sizes a UDP response: the OPT's payload, or 512 bytes without EDNS.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Option<Vec<u8>>>>);
+
+#[async_trait::async_trait]
+impl ResponseHandler for Capture {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let max = response.edns().map_or(512, Edns::max_payload);
+        let id = response.metadata().id;
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(max);
+        let info = match response.destructive_emit(&mut encoder) {
+            Ok(info) => info,
+            Err(error) => {
+                // What hickory-server sends when a response cannot be encoded.
+                tracing::debug!(%error, "encoding a DNS response");
+                let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
+                metadata.response_code = ResponseCode::ServFail;
+                bytes = encode_header(metadata).unwrap_or_default();
+                ResponseInfo::from(Header {
+                    metadata,
+                    counts: HeaderCounts::default(),
+                })
+            }
+        };
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+        Ok(info)
     }
 }
 
@@ -67,7 +169,8 @@ impl ClusterDns {
         }
         let mut chased = Query::query(target.0.clone(), query.query_type());
         chased.set_query_class(query.query_class());
-        if let Some(upstream) = forwarder.resolve(&chased).await {
+        // Over the forwarding cap, or without an answer, the CNAME stands alone.
+        if let Resolution::Answered(upstream) = forwarder.resolve(&chased).await {
             answer.rcode = upstream.rcode;
             answer.answers.extend(upstream.answers);
         }
@@ -147,7 +250,7 @@ impl RequestHandler for ClusterDns {
                         Some(forwarder) => {
                             metadata.recursion_available = true;
                             match forwarder.resolve(query).await {
-                                Some(answer) => {
+                                Resolution::Answered(answer) => {
                                     metadata.response_code = answer.rcode;
                                     response_handle
                                         .send_response(builder.build(
@@ -159,8 +262,14 @@ impl RequestHandler for ClusterDns {
                                         ))
                                         .await
                                 }
-                                None => {
+                                Resolution::Failed => {
                                     metadata.response_code = ResponseCode::ServFail;
+                                    response_handle
+                                        .send_response(builder.build_no_records(metadata))
+                                        .await
+                                }
+                                Resolution::Refused => {
+                                    metadata.response_code = ResponseCode::Refused;
                                     response_handle
                                         .send_response(builder.build_no_records(metadata))
                                         .await
@@ -187,41 +296,63 @@ impl RequestHandler for ClusterDns {
     }
 }
 
-/// A running DNS server: it serves on the runtime that started it until dropped.
+/// A running DNS server: it serves until dropped.
 pub struct DnsServer {
-    _server: Server<ClusterDns>,
+    _tcp: Server<ClusterDns>,
+    _udp: Vec<UdpListener>,
     pub metrics: Arc<DnsMetrics>,
     /// Set it once the view is complete; until then misses are SERVFAIL.
     pub synced: Arc<AtomicBool>,
+    handler: ClusterDns,
     /// The bound addresses (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
 }
 
-/// Binds UDP and TCP on every address and serves until the returned server is dropped.
+impl DnsServer {
+    /// The handler behind both paths, for tests that compare them.
+    pub fn handler(&self) -> &ClusterDns {
+        &self.handler
+    }
+}
+
+/// Binds UDP and TCP on every address and serves until the returned server is dropped,
+/// with one UDP thread per address.
 pub async fn serve(
     view: SharedView,
     zone: Zone,
     forwarder: Option<Arc<Forwarder>>,
     listen: &[SocketAddr],
 ) -> std::io::Result<DnsServer> {
+    serve_with_threads(view, zone, forwarder, listen, 1).await
+}
+
+/// As [`serve`], with `udp_threads` threads per UDP address, each on its own socket.
+pub async fn serve_with_threads(
+    view: SharedView,
+    zone: Zone,
+    forwarder: Option<Arc<Forwarder>>,
+    listen: &[SocketAddr],
+    udp_threads: usize,
+) -> std::io::Result<DnsServer> {
     let handler = ClusterDns::new(view, zone, forwarder);
-    let metrics = handler.metrics.clone();
-    let synced = handler.synced.clone();
-    let mut server = Server::new(handler);
+    let mut server = Server::new(handler.clone());
+    let mut udp = Vec::new();
     let mut bound = Vec::new();
     for addr in listen {
-        let udp = tokio::net::UdpSocket::bind(addr).await?;
+        let listener = UdpListener::bind(*addr, udp_threads, handler.clone())?;
         // Port 0 picks one port for UDP; TCP takes the same one.
-        let addr = udp.local_addr()?;
+        let addr = listener.local_addr();
         let tcp = tokio::net::TcpListener::bind(addr).await?;
-        server.register_socket(udp);
         server.register_listener(tcp, TCP_TIMEOUT, 64);
+        udp.push(listener);
         bound.push(addr);
     }
     Ok(DnsServer {
-        _server: server,
-        metrics,
-        synced,
+        _tcp: server,
+        _udp: udp,
+        metrics: handler.metrics.clone(),
+        synced: handler.synced.clone(),
+        handler,
         addrs: bound,
     })
 }

@@ -1,82 +1,13 @@
 //! The DNS server asked by real clients (`dig` and `kdig`) over UDP and TCP, answering from
 //! a view of the example cluster plus a few services made for these rules.
 
-use nodus_dns::server::{DnsServer, serve};
+mod fixture;
+
+use fixture::view;
+use nodus_dns::server::{DnsServer, serve_with_threads};
 use nodus_dns::{PodRecords, Zone};
-use nodus_view::SharedView;
-use nodus_view::{Update, View, wire};
-use serde::Deserialize;
 use std::net::SocketAddr;
 use std::process::Command;
-use std::sync::{Arc, RwLock};
-
-const EXAMPLE: &str = include_str!("../../deploy/examples/cluster.yaml");
-
-/// Services for the rules the example cluster does not show.
-const EXTRA: &str = r#"
-apiVersion: v1
-kind: Service
-metadata: {name: dual, namespace: default}
-spec:
-  clusterIP: 10.96.0.40
-  clusterIPs: [10.96.0.40, "fd00:96::40"]
-  ports: [{name: http, port: 80}, {port: 81}]
----
-apiVersion: v1
-kind: Service
-metadata: {name: empty-headless, namespace: default}
-spec: {clusterIP: None}
----
-apiVersion: v1
-kind: Service
-metadata: {name: inner, namespace: shop}
-spec: {type: ExternalName, externalName: web.default.svc.cluster.local}
----
-apiVersion: v1
-kind: Service
-metadata: {name: many, namespace: default}
-spec: {clusterIP: None, ports: [{name: http, port: 80}]}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: many-1
-  namespace: default
-  labels: {kubernetes.io/service-name: many, service.kubernetes.io/headless: ""}
-addressType: IPv4
-ports: [{name: http, protocol: TCP, port: 8080}]
-endpoints:
-"#;
-
-fn view() -> SharedView {
-    let mut extra = EXTRA.to_string();
-    // Enough endpoints that the A answer does not fit in 512 bytes of UDP.
-    for i in 1..=60 {
-        extra.push_str(&format!("- addresses: [\"10.244.9.{i}\"]\n"));
-    }
-    extra.push_str("- addresses: [\"10.244.9.200\"]\n  conditions: {ready: false}\n");
-    let mut updates = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(EXAMPLE)
-        .chain(serde_yaml::Deserializer::from_str(&extra))
-    {
-        let value = serde_json::Value::deserialize(doc).expect("yaml");
-        let update = match value["kind"].as_str() {
-            Some("Service") => {
-                Update::Service(serde_json::from_value::<Box<wire::Service>>(value).expect("svc"))
-            }
-            Some("EndpointSlice") => {
-                Update::EndpointSlice(serde_json::from_value(value).expect("slice"))
-            }
-            Some("Node") => Update::Node(serde_json::from_value(value).expect("node")),
-            _ => continue,
-        };
-        updates.push(update);
-    }
-    let mut view = View::new("node-1");
-    let report = view.apply(updates);
-    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
-    Arc::new(RwLock::new(view))
-}
 
 struct Dns {
     addr: SocketAddr,
@@ -85,6 +16,11 @@ struct Dns {
 }
 
 fn start(pods: PodRecords) -> Dns {
+    start_with_threads(pods, 1)
+}
+
+/// nodus DNS over the fixture view with `udp_threads` UDP threads on its port.
+fn start_with_threads(pods: PodRecords, udp_threads: usize) -> Dns {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -92,11 +28,12 @@ fn start(pods: PodRecords) -> Dns {
         .expect("runtime");
     let zone = Zone::new("cluster.local", 5, pods).expect("zone");
     let server = rt
-        .block_on(serve(
+        .block_on(serve_with_threads(
             view(),
             zone,
             None,
             &["127.0.0.1:0".parse().expect("addr")],
+            udp_threads,
         ))
         .expect("bind");
     server
@@ -469,4 +406,114 @@ fn malformed_packets_never_take_the_server_down() {
     }
     let r = ask(&dns, "web.default.svc.cluster.local", "A");
     assert_eq!(r.status, "NOERROR", "still answering: {}", r.raw);
+}
+
+#[test]
+fn pod_records_need_an_existing_namespace() {
+    let insecure = start(PodRecords::Insecure);
+    // CoreDNS's insecure mode still checks the namespace (`namespaceExposed`).
+    let missing = ask(&insecure, "10-244-1-10.missing-ns.pod.cluster.local", "A");
+    assert_eq!(missing.status, "NXDOMAIN", "{}", missing.raw);
+    let namespace = ask(&insecure, "default.pod.cluster.local", "A");
+    assert_eq!(
+        (namespace.status.as_str(), namespace.answers.len()),
+        ("NOERROR", 0),
+        "{}",
+        namespace.raw
+    );
+    let disabled = start(PodRecords::Disabled);
+    let r = ask(&disabled, "default.pod.cluster.local", "A");
+    assert_eq!(
+        r.status, "NXDOMAIN",
+        "disabled: nothing below pod: {}",
+        r.raw
+    );
+}
+
+#[test]
+fn srv_with_a_bare_underscore_label_matches_any_port_or_protocol() {
+    let dns = start(PodRecords::Disabled);
+    for name in [
+        "_._tcp.dual.default.svc.cluster.local",
+        "_http._.dual.default.svc.cluster.local",
+        "_._.dual.default.svc.cluster.local",
+    ] {
+        let r = ask(&dns, name, "SRV");
+        assert_eq!(
+            r.data(),
+            ["SRV 0 100 80 dual.default.svc.cluster.local."],
+            "{name}: {}",
+            r.raw
+        );
+    }
+    let wrong = ask(&dns, "_._udp.dual.default.svc.cluster.local", "SRV");
+    assert_eq!(wrong.status, "NXDOMAIN", "{}", wrong.raw);
+    let headless = ask(&dns, "_._tcp.db.shop.svc.cluster.local", "SRV");
+    assert_eq!(headless.answers.len(), 2, "{}", headless.raw);
+}
+
+#[test]
+fn negative_reverse_answers_carry_the_reverse_zone_soa() {
+    let dns = start(PodRecords::Disabled);
+    for (name, zone) in [
+        ("20.0.96.10.in-addr.arpa", "in-addr.arpa."),
+        (
+            "0.2.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.6.9.0.0.0.0.d.f.ip6.arpa",
+            "ip6.arpa.",
+        ),
+    ] {
+        let r = ask(&dns, name, "A");
+        assert_eq!(
+            (r.status.as_str(), r.answers.len()),
+            ("NOERROR", 0),
+            "{}",
+            r.raw
+        );
+        assert!(
+            r.authority
+                .iter()
+                .any(|l| l.starts_with(zone) && l.contains(&format!("SOA\tns.dns.{zone}"))),
+            "{name}: {}",
+            r.raw
+        );
+    }
+}
+
+#[test]
+fn several_udp_threads_share_the_port() {
+    let dns = start_with_threads(PodRecords::Disabled, 3);
+    // Each dig has its own source port, which the kernel hashes to one of the sockets;
+    // misses and hits (fast path) and headless names (full path) answer on all of them.
+    for _ in 0..6 {
+        assert_eq!(
+            ask(&dns, "web.default.svc.cluster.local", "A").data(),
+            ["A 10.96.0.20"]
+        );
+        assert_eq!(
+            ask(&dns, "missing.default.svc.cluster.local", "A").status,
+            "NXDOMAIN"
+        );
+        assert_eq!(ask(&dns, "db.shop.svc.cluster.local", "A").data().len(), 2);
+    }
+}
+
+#[test]
+fn metrics_count_both_paths() {
+    let dns = start(PodRecords::Disabled);
+    for _ in 0..3 {
+        ask(&dns, "web.default.svc.cluster.local", "A");
+    }
+    ask(&dns, "missing.default.svc.cluster.local", "A");
+    // Headless: the full path.
+    ask(&dns, "db.shop.svc.cluster.local", "A");
+    let mut text = String::new();
+    dns._server.metrics.render(&mut text);
+    for line in [
+        "nodus_dns_requests_total{qtype=\"A\"} 5",
+        "nodus_dns_responses_total{rcode=\"NOERROR\"} 4",
+        "nodus_dns_responses_total{rcode=\"NXDOMAIN\"} 1",
+        "nodus_dns_request_duration_seconds_count 5",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+    }
 }

@@ -122,10 +122,10 @@ struct Setup {
 /// nodus DNS with `dead` silent upstreams before the working one (or only dead ones),
 /// over a view with one ExternalName service pointing outside the zone.
 fn setup(dead: usize, with_live: bool) -> Setup {
-    setup_with(dead, with_live, true)
+    setup_with(dead, with_live, true, 100)
 }
 
-fn setup_with(dead: usize, with_live: bool, synced: bool) -> Setup {
+fn setup_with(dead: usize, with_live: bool, synced: bool, max_concurrent: usize) -> Setup {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -148,6 +148,7 @@ fn setup_with(dead: usize, with_live: bool, synced: bool) -> Setup {
             timeout: Duration::from_millis(300),
             cache_entries: 100,
             cache_bytes: 1 << 20,
+            max_concurrent,
         }));
         let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
         let mut view = View::new("node-1");
@@ -298,7 +299,7 @@ fn an_external_name_outside_the_zone_is_chased_upstream() {
 
 #[test]
 fn misses_are_servfail_until_the_view_is_complete() {
-    let s = setup_with(0, true, false);
+    let s = setup_with(0, true, false, 100);
     let miss = dig(s.dns, &["missing.default.svc.cluster.local", "A"]);
     assert!(miss.contains("status: SERVFAIL"), "{miss}");
     let hit = dig(s.dns, &["db.default.svc.cluster.local", "CNAME"]);
@@ -306,4 +307,55 @@ fn misses_are_servfail_until_the_view_is_complete() {
         hit.contains("status: NOERROR"),
         "known names still answer: {hit}"
     );
+}
+
+#[test]
+fn the_cache_keeps_classes_apart_and_counts_wire_bytes() {
+    let s = setup(0, true);
+    let chaos = dig(s.dns, &["-c", "CH", "-t", "A", "www.example.org"]);
+    assert!(chaos.contains("status: NOERROR"), "{chaos}");
+    let internet = dig(s.dns, &["www.example.org", "A"]);
+    assert!(internet.contains("192.0.2.1"), "{internet}");
+    assert_eq!(
+        seen(&s, "www.example.org. udp"),
+        2,
+        "a CH answer must not answer an IN question"
+    );
+    // Both answers are cached at the size the upstream sent them.
+    let mut query = Message::new(1, MessageType::Query, hickory_proto::op::OpCode::Query);
+    query.add_query(hickory_proto::op::Query::query(
+        Name::from_ascii("www.example.org.").expect("name"),
+        hickory_proto::rr::RecordType::A,
+    ));
+    let wire = answer(&query, false).to_vec().expect("encode").len();
+    assert_eq!(s.forwarder.cache_size(), (2, 2 * wire));
+}
+
+#[test]
+fn questions_over_max_concurrent_are_refused() {
+    // One silent upstream: the first question waits for its timeout.
+    let s = setup_with(1, false, true, 1);
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let mut waiting = Message::new(7, MessageType::Query, hickory_proto::op::OpCode::Query);
+    waiting.add_query(hickory_proto::op::Query::query(
+        Name::from_ascii("slow.example.org.").expect("name"),
+        hickory_proto::rr::RecordType::A,
+    ));
+    client
+        .send_to(&waiting.to_vec().expect("encode"), s.dns)
+        .expect("send");
+    std::thread::sleep(Duration::from_millis(50));
+    let refused = dig(s.dns, &["other.example.org", "A"]);
+    assert!(refused.contains("status: REFUSED"), "{refused}");
+    assert_eq!(
+        s.forwarder
+            .stats
+            .refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    // Once it has failed, the next question goes upstream again (and fails).
+    std::thread::sleep(Duration::from_millis(400));
+    let failed = dig(s.dns, &["other.example.org", "A"]);
+    assert!(failed.contains("status: SERVFAIL"), "{failed}");
 }

@@ -47,15 +47,24 @@ impl<const N: usize> Histogram<N> {
     }
 
     pub fn observe(&self, took: Duration) {
+        self.observe_many(took, 1);
+    }
+
+    /// `count` observations of the same duration, such as a batch handled together.
+    pub fn observe_many(&self, took: Duration, count: u64) {
+        if count == 0 {
+            return;
+        }
         let seconds = took.as_secs_f64();
         for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
             if seconds <= *bound {
-                bucket.fetch_add(1, Relaxed);
+                bucket.fetch_add(count, Relaxed);
             }
         }
-        self.count.fetch_add(1, Relaxed);
+        self.count.fetch_add(count, Relaxed);
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Relaxed);
+        self.sum_nanos
+            .fetch_add(nanos.saturating_mul(count), Relaxed);
     }
 
     pub fn count(&self) -> u64 {

@@ -2,7 +2,10 @@
 //! serving the equivalent zone file, in the same run, on the same query files.
 //!
 //! Query sets: existing service A names; SRV names; and the search-path mix that `ndots:5`
-//! produces (four misses per hit). It prints figures and asserts nothing.
+//! produces (four misses per hit). Two agents serve the same cluster: one with one UDP
+//! thread (as NSD here has one server process) and one with two (`dns.udp_threads`).
+//! Besides QPS and latency it prints the CPU time each server spent per query, which does not
+//! depend on how loaded the shared machine was. It prints figures and asserts nothing.
 //!
 //! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]`
 //! (needs `dnsperf` and `nsd` from Debian).
@@ -161,9 +164,61 @@ struct Perf {
     qps: f64,
     latency_ms: f64,
     lost: String,
+    /// CPU time (user and system) the server spent per answered query, in microseconds:
+    /// unlike QPS, it does not depend on how much of the machine the server got.
+    cpu_us: f64,
 }
 
-fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
+impl Perf {
+    /// The count of lost queries, when there were any.
+    fn lost_count(&self) -> Option<&str> {
+        self.lost.split_whitespace().next().filter(|n| *n != "0")
+    }
+}
+
+/// CPU seconds `pid` and its descendants (NSD answers from forked server processes) have
+/// used.
+fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    // (pid, parent, user + system ticks) of every process.
+    let mut processes: Vec<(u32, u32, u64)> = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(stat) = std::fs::read_to_string(entry?.path().join("stat")) else {
+            continue;
+        };
+        // After the command's closing parenthesis: state, ppid, … utime (12th), stime.
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let number = |s: Option<&str>| s.and_then(|v| v.parse::<u64>().ok());
+        if let (Some(this), Some(parent)) = (
+            number(head.split_whitespace().next()),
+            number(fields.get(1).copied()),
+        ) {
+            let used = number(fields.get(11).copied()).unwrap_or(0)
+                + number(fields.get(12).copied()).unwrap_or(0);
+            processes.push((this as u32, parent as u32, used));
+        }
+    }
+    let mut tree = vec![pid];
+    let mut total = 0;
+    while let Some(next) = tree.pop() {
+        for (this, parent, used) in &processes {
+            if *this == next {
+                total += used;
+            } else if *parent == next {
+                tree.push(*this);
+            }
+        }
+    }
+    Ok(total as f64 / ticks)
+}
+
+/// One dnsperf run against the server on `port`, whose process is `pid`.
+fn dnsperf(port: u16, pid: u32, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
+    let cpu_before = cpu_seconds(pid)?;
     let output = Command::new("dnsperf")
         .args([
             "-s",
@@ -192,10 +247,12 @@ fn dnsperf(port: u16, queries: &Path, seconds: u32) -> anyhow::Result<Perf> {
             .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
             .with_context(|| format!("no {key:?} in dnsperf output:\n{text}"))
     };
+    let cpu = cpu_seconds(pid)? - cpu_before;
     Ok(Perf {
         qps: number("Queries per second:")?,
         latency_ms: number("Average Latency (s):")? * 1000.0,
         lost: field("Queries lost:").unwrap_or_default(),
+        cpu_us: cpu * 1e6 / number("Queries completed:")?.max(1.0),
     })
 }
 
@@ -213,14 +270,22 @@ fn main() -> anyhow::Result<()> {
         nodes: 100,
     };
     let cluster = BenchCluster::new(10_000, scale::cluster(&shape))?;
-    let nodus_port = free_port()?;
-    let agent = cluster.start_agent(
-        &opts.nodus,
-        &scale::node_name(0),
-        &format!("dns:\n  listen: [\"127.0.0.1:{nodus_port}\"]\n"),
-    )?;
-    agent.wait_ready(Duration::from_secs(600))?;
-    let before = proc_memory(agent.pid())?;
+    // (UDP threads, port, agent), started one after the other.
+    let mut agents = Vec::new();
+    for threads in [1, 2] {
+        let port = free_port()?;
+        let agent = cluster.start_agent(
+            &opts.nodus,
+            &scale::node_name(0),
+            &format!("dns:\n  listen: [\"127.0.0.1:{port}\"]\n  udp_threads: {threads}\n"),
+        )?;
+        agent.wait_ready(Duration::from_secs(600))?;
+        agents.push((threads, port, agent));
+    }
+    let before: Vec<_> = agents
+        .iter()
+        .map(|(_, _, agent)| proc_memory(agent.pid()))
+        .collect::<Result<_, _>>()?;
 
     let files = query_files(&cluster.dir, opts.services)?;
     let zone = zone_file(&cluster.dir, opts.services)?;
@@ -229,37 +294,69 @@ fn main() -> anyhow::Result<()> {
 
     println!(
         "DNS bench: {} services × 10 endpoints; dnsperf -c 4 -T 1 -q 200 -l {} on loopback; \
-         median of {} alternating runs",
+         median of {} alternating runs (nodus with 1 UDP thread, with 2, NSD)",
         opts.services, opts.seconds, opts.runs
     );
     println!(
-        "{:<36} | {:>10} {:>8} {:>14} | {:>10} {:>8} | {:>6}",
-        "query set", "nodus QPS", "avg ms", "lost", "NSD QPS", "avg ms", "ratio"
+        "{:<36} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>5}",
+        "query set",
+        "nodus 1T",
+        "avg ms",
+        "ratio",
+        "µs/q",
+        "nodus 2T",
+        "avg ms",
+        "ratio",
+        "µs/q",
+        "NSD",
+        "avg ms",
+        "µs/q"
     );
     for (label, file) in &files {
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let mut ours: Vec<Vec<Perf>> = agents.iter().map(|_| Vec::new()).collect();
+        let mut theirs = Vec::new();
         for _ in 0..opts.runs {
-            ours.push(dnsperf(nodus_port, file, opts.seconds)?);
-            theirs.push(dnsperf(nsd_port, file, opts.seconds)?);
+            for ((_, port, agent), runs) in agents.iter().zip(&mut ours) {
+                runs.push(dnsperf(*port, agent.pid(), file, opts.seconds)?);
+            }
+            theirs.push(dnsperf(nsd_port, nsd.0.id(), file, opts.seconds)?);
         }
-        let (ours, theirs) = (median(ours), median(theirs));
+        let theirs = median(theirs);
+        let mut line = format!("{label:<36}");
+        for runs in ours {
+            let ours = median(runs);
+            let _ = write!(
+                line,
+                " | {:>9.0} {:>6.2} {:>5.2}× {:>5.1}",
+                ours.qps,
+                ours.latency_ms,
+                ours.qps / theirs.qps,
+                ours.cpu_us
+            );
+            if let Some(lost) = ours.lost_count() {
+                let _ = write!(line, " ({lost} lost)");
+            }
+        }
+        let _ = write!(
+            line,
+            " | {:>9.0} {:>6.2} {:>5.1}",
+            theirs.qps, theirs.latency_ms, theirs.cpu_us
+        );
+        if let Some(lost) = theirs.lost_count() {
+            let _ = write!(line, " ({lost} lost)");
+        }
+        println!("{line}");
+    }
+    drop(nsd);
+    for ((threads, _, agent), before) in agents.iter().zip(before) {
+        let after = proc_memory(agent.pid())?;
         println!(
-            "{label:<36} | {:>10.0} {:>8.2} {:>14} | {:>10.0} {:>8.2} | {:>5.2}×",
-            ours.qps,
-            ours.latency_ms,
-            ours.lost,
-            theirs.qps,
-            theirs.latency_ms,
-            ours.qps / theirs.qps
+            "nodus with {threads} UDP thread(s): RSS {:.1} MiB before the load, {:.1} MiB after \
+             (peak {:.1} MiB)",
+            before.rss_kib as f64 / 1024.0,
+            after.rss_kib as f64 / 1024.0,
+            after.peak_rss_kib as f64 / 1024.0
         );
     }
-    let after = proc_memory(agent.pid())?;
-    drop(nsd);
-    println!(
-        "nodus RSS {:.1} MiB before the load, {:.1} MiB after (peak {:.1} MiB)",
-        before.rss_kib as f64 / 1024.0,
-        after.rss_kib as f64 / 1024.0,
-        after.peak_rss_kib as f64 / 1024.0
-    );
     Ok(())
 }

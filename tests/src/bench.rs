@@ -74,12 +74,13 @@ impl BenchCluster {
         Ok(path)
     }
 
-    /// Starts `nodus run` as node `node` with the configuration `config` (YAML).
+    /// Starts `nodus run` as node `node` with the configuration `config` (YAML). Each agent
+    /// has its own configuration and log file, named after its HTTP port.
     pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
         let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
-        let config_path = self.dir.join("config.yaml");
+        let config_path = self.dir.join(format!("config-{}.yaml", http.port()));
         std::fs::write(&config_path, config)?;
-        let log = self.dir.join("nodus.log");
+        let log = self.dir.join(format!("nodus-{}.log", http.port()));
         let child = Command::new(nodus)
             .args(["run", "--node-name", node, "--http-addr", &http.to_string()])
             .arg("--kubeconfig")
