@@ -88,6 +88,21 @@ pub struct DnsConfig {
     pub forward_max_concurrent: usize,
     /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
     pub udp_threads: usize,
+    /// The proxy sends the cluster DNS Service's ClusterIP:53 to this node's listener.
+    pub serve_cluster_dns_ip: bool,
+    /// That Service, `namespace/name`.
+    pub cluster_dns_service: String,
+}
+
+impl DnsConfig {
+    /// `cluster_dns_service` split into namespace and name.
+    pub fn cluster_dns_service(&self) -> Option<(&str, &str)> {
+        self.cluster_dns_service
+            .split_once('/')
+            .filter(|(namespace, name)| {
+                !namespace.is_empty() && !name.is_empty() && !name.contains('/')
+            })
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -121,6 +136,8 @@ impl Default for DnsConfig {
             // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
             forward_max_concurrent: 1000,
             udp_threads: 1,
+            serve_cluster_dns_ip: false,
+            cluster_dns_service: "kube-system/kube-dns".into(),
         }
     }
 }
@@ -296,6 +313,16 @@ impl Config {
             "dns.forward_max_concurrent: must be at least 1"
         );
         anyhow::ensure!(
+            self.dns.cluster_dns_service().is_some(),
+            "dns.cluster_dns_service: {:?} is not namespace/name",
+            self.dns.cluster_dns_service
+        );
+        anyhow::ensure!(
+            !self.dns.serve_cluster_dns_ip || (self.dns.enabled && self.proxy.enabled),
+            "dns.serve_cluster_dns_ip needs dns.enabled and proxy.enabled: the proxy sends the \
+             cluster DNS Service's ClusterIP to this node's DNS"
+        );
+        anyhow::ensure!(
             (1..=64).contains(&self.dns.udp_threads),
             "dns.udp_threads: {} is not between 1 and 64",
             self.dns.udp_threads
@@ -372,6 +399,14 @@ mod tests {
         assert!(Config::parse("api_server: ftp://x").is_err());
         assert!(Config::parse("dns:\n  ttl: 4000\n").is_err());
         assert!(Config::parse("dns:\n  udp_threads: 0\n").is_err());
+        assert!(Config::parse("dns:\n  serve_cluster_dns_ip: true\n").is_err());
+        assert!(Config::parse("dns:\n  cluster_dns_service: kube-dns\n").is_err());
+        let served = Config::parse("proxy:\n  enabled: true\ndns:\n  serve_cluster_dns_ip: true\n")
+            .expect("valid");
+        assert_eq!(
+            served.dns.cluster_dns_service(),
+            Some(("kube-system", "kube-dns"))
+        );
         assert!(Config::parse("dns:\n  forward_max_concurrent: 0\n").is_err());
         let threads = Config::parse("dns:\n  udp_threads: 2\n").expect("valid");
         assert_eq!(threads.dns.udp_threads, 2);

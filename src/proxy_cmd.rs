@@ -4,14 +4,24 @@ use crate::ClusterArgs;
 use crate::config::Config;
 use crate::run::load_config;
 use crate::view_cmd::synced_view;
-use nodus_proxy::plan::{Planner, ProxyConfig, render};
+use nodus_proxy::plan::{LocalDns, Planner, ProxyConfig, render};
 use std::io::Write;
 
 /// The proxy's settings from the configuration file.
 pub fn proxy_config(config: &Config) -> ProxyConfig {
+    let dns = &config.dns;
+    let local_dns = dns
+        .cluster_dns_service()
+        .filter(|_| dns.enabled && dns.serve_cluster_dns_ip)
+        .map(|(namespace, name)| LocalDns {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            port: dns.listen.first().map_or(53, |addr| addr.port()),
+        });
     ProxyConfig {
         cluster_cidrs: config.cluster_cidrs.clone(),
         egress_masquerade: config.mesh.enabled,
+        local_dns,
         ..ProxyConfig::default()
     }
 }

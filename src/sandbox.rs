@@ -310,7 +310,7 @@ fn demonstrate_proxy(pod: &Pod, nodes: &[Node]) {
 }
 
 /// `dig` from a pod to its node's DNS, through the pod's gateway.
-fn demonstrate_dns(pod: &Pod, gateway: IpAddr) {
+fn demonstrate_dns(pod: &Pod, gateway: IpAddr, cluster_dns: Option<IpAddr>) {
     for (name, qtype) in [
         ("web.default.svc.cluster.local", "A"),
         ("_pg._tcp.db.shop.svc.cluster.local", "SRV"),
@@ -337,6 +337,45 @@ fn demonstrate_dns(pod: &Pod, gateway: IpAddr) {
             ),
         }
     }
+    // kubelet's `clusterDNS`: the kube-dns ClusterIP, which the proxy sends to this node's
+    // own DNS (`dns.serve_cluster_dns_ip`).
+    if let Some(cluster_dns) = cluster_dns {
+        let name = "web.default.svc.cluster.local";
+        let answer = pod.ns.exec(
+            "dig",
+            &[
+                &format!("@{cluster_dns}"),
+                "+short",
+                "+time=2",
+                "+tries=1",
+                name,
+                "A",
+            ],
+        );
+        match answer {
+            Ok(answer) => println!(
+                "dig from pod {} via the kube-dns ClusterIP {cluster_dns}: {name} A → {}",
+                pod.name,
+                answer.trim()
+            ),
+            Err(error) => println!(
+                "dig from pod {} via the kube-dns ClusterIP {cluster_dns} failed: {error:#}",
+                pod.name
+            ),
+        }
+    }
+}
+
+/// The ClusterIP of kube-system/kube-dns, if the cluster has that Service.
+fn cluster_dns_ip(docs: &[Value]) -> Option<IpAddr> {
+    docs.iter()
+        .find(|d| {
+            d["kind"] == "Service"
+                && d["metadata"]["namespace"] == "kube-system"
+                && d["metadata"]["name"] == "kube-dns"
+        })
+        .and_then(|d| d["spec"]["clusterIP"].as_str())
+        .and_then(|ip| ip.parse().ok())
 }
 
 /// `namespaces.json` in the sandbox directory: the network namespace of the underlay, of
@@ -453,7 +492,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         std::fs::write(
             &node_config,
             format!(
-                "dns:\n  listen: [\"0.0.0.0:53\"]\nproxy:\n  enabled: true\nmesh:\n  enabled: true\n  \
+                "dns:\n  listen: [\"0.0.0.0:53\"]\n  serve_cluster_dns_ip: true\nproxy:\n  enabled: true\nmesh:\n  enabled: true\n  \
                  interface: {interface}\n  key_file: {}\n  cni_conflist: {}\n",
                 node_dir.join("wireguard.key").display(),
                 node_dir.join("10-nodus.conflist").display()
@@ -551,7 +590,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         .or(pods.first().map(|p| &p.pod))
     {
         if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(&docs, IpAddr::V4(ip))) {
-            demonstrate_dns(pod, gateway);
+            demonstrate_dns(pod, gateway, cluster_dns_ip(&docs));
         }
         demonstrate_proxy(pod, &nodes);
     }

@@ -28,6 +28,14 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
         printed.contains("web.default.svc.cluster.local A → 10.96.0.20"),
         "{printed}"
     );
+    // And through the kube-dns ClusterIP, as kubelet's clusterDNS makes pods do: the
+    // proxy sends it to the node's own DNS (dns.serve_cluster_dns_ip).
+    assert!(
+        printed.contains(
+            "via the kube-dns ClusterIP 10.96.0.10: web.default.svc.cluster.local A → 10.96.0.20"
+        ),
+        "{printed}"
+    );
     // The proxy on each node: a ClusterIP in both families, and a NodePort of another node.
     for url in [
         "http://10.96.0.20/",

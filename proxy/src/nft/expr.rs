@@ -349,6 +349,11 @@ pub enum Expr {
     Masquerade {
         flags: NatFlags,
     },
+    /// `redirect to :<port>`: DNAT to this host (the incoming interface's primary
+    /// address, or loopback for local traffic), the port from `proto_min`.
+    Redirect {
+        proto_min: Register,
+    },
     Numgen {
         kind: NumgenKind,
         modulus: u32,
@@ -401,6 +406,7 @@ impl Expr {
             Expr::Immediate { .. } | Expr::Verdict(_) => "immediate",
             Expr::Nat { .. } => "nat",
             Expr::Masquerade { .. } => "masq",
+            Expr::Redirect { .. } => "redir",
             Expr::Numgen { .. } => "numgen",
             Expr::Fib { .. } => "fib",
             Expr::CtLoad { .. } | Expr::CtSet { .. } => "ct",
@@ -525,6 +531,7 @@ impl Expr {
                 }
                 attrs
             }
+            Expr::Redirect { proto_min } => vec![proto_min.attr(sys::NFTA_REDIR_REG_PROTO_MIN)],
             Expr::Masquerade { flags } => {
                 let bits = flags.bits();
                 if bits == 0 {
@@ -1116,6 +1123,18 @@ mod tests {
             },
         };
         assert_eq!(expr_bytes(&both), u32_attr(sys::NFTA_MASQ_FLAGS, 0x18));
+    }
+
+    #[test]
+    fn redirect_to_a_port() {
+        // [ redir proto_min reg 1 ]
+        let expr = Expr::Redirect {
+            proto_min: Register::FIRST,
+        };
+        assert_eq!(
+            expr_bytes(&expr),
+            u32_attr(sys::NFTA_REDIR_REG_PROTO_MIN, 1)
+        );
     }
 
     #[test]

@@ -232,6 +232,9 @@ pub const NF_NAT_RANGE_PROTO_RANDOM_FULLY: u32 = 0x10;
 // masq
 pub const NFTA_MASQ_FLAGS: u16 = 1;
 
+// redir
+pub const NFTA_REDIR_REG_PROTO_MIN: u16 = 1;
+
 // numgen
 pub const NFTA_NG_DREG: u16 = 1;
 pub const NFTA_NG_MODULUS: u16 = 2;

@@ -23,6 +23,18 @@ pub struct ProxyConfig {
     /// Masquerade pod traffic that leaves the cluster (nodus is the pod network: the
     /// mesh is on).
     pub egress_masquerade: bool,
+    /// The cluster DNS Service whose ClusterIP:53 goes to this node's own DNS listener
+    /// instead of its endpoints (`dns.serve_cluster_dns_ip`).
+    pub local_dns: Option<LocalDns>,
+}
+
+/// The cluster DNS Service (kube-system/kube-dns by default) and the port of this node's
+/// DNS listener that its port 53 is redirected to.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LocalDns {
+    pub namespace: String,
+    pub name: String,
+    pub port: u16,
 }
 
 impl Default for ProxyConfig {
@@ -32,6 +44,7 @@ impl Default for ProxyConfig {
             masquerade_mark: DEFAULT_MASQUERADE_MARK,
             masquerade_all: false,
             egress_masquerade: false,
+            local_dns: None,
         }
     }
 }
@@ -50,6 +63,7 @@ pub struct NodeFacts {
     /// With egress masquerade: the destinations that stay inside the cluster, the
     /// configured cluster CIDRs or else every Node's pod CIDRs. Empty without it.
     pub cluster_destinations: Vec<Cidr>,
+    pub local_dns: Option<LocalDns>,
 }
 
 impl NodeFacts {
@@ -91,6 +105,7 @@ impl NodeFacts {
             masquerade_mark: config.masquerade_mark,
             masquerade_all: config.masquerade_all,
             cluster_destinations,
+            local_dns: config.local_dns.clone(),
         }
     }
 
@@ -107,6 +122,15 @@ impl NodeFacts {
     /// Whether pod traffic of `family` can be told from other traffic.
     pub fn detects_local(&self, family: Family) -> bool {
         self.pod_cidrs.iter().any(|cidr| cidr.family() == family)
+    }
+
+    /// The listener port that port `port` of service `namespace/name` is redirected to,
+    /// when that service is the cluster DNS this node answers for.
+    pub fn local_dns_port(&self, namespace: &str, name: &str, port: u16) -> Option<u16> {
+        self.local_dns
+            .as_ref()
+            .filter(|dns| dns.namespace == namespace && dns.name == name && port == 53)
+            .map(|dns| dns.port)
     }
 
     pub fn node_port_ips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {

@@ -26,7 +26,7 @@ mod skeleton;
 #[cfg(test)]
 mod tests;
 
-pub use config::{DEFAULT_MASQUERADE_MARK, NodeFacts, ProxyConfig};
+pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,

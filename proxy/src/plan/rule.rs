@@ -91,6 +91,9 @@ pub enum Stmt {
         family: Family,
         set: String,
     },
+    /// `redirect to :53`: to this node's own listener (needs a preceding
+    /// [`Stmt::L4Proto`]).
+    Redirect(u16),
     /// `reject with icmpx port-unreachable`: ICMP or ICMPv6, whichever the packet needs.
     Reject,
     /// `numgen random mod N vmap { 0 : goto a, 1 : goto b, … }`
@@ -306,6 +309,15 @@ impl Stmt {
                 out.extend(expr::load_concat(&hairpin_fields(*family)));
                 out.push(lookup(set_ref(set), None, false));
             }
+            Stmt::Redirect(port) => {
+                out.push(Expr::Immediate {
+                    dreg: Register::FIRST,
+                    data: port.to_be_bytes().to_vec(),
+                });
+                out.push(Expr::Redirect {
+                    proto_min: Register::FIRST,
+                });
+            }
             Stmt::Reject => out.push(Expr::Reject(Reject::Icmpx(IcmpxCode::PortUnreachable))),
             Stmt::RandomGoto(chains) => {
                 let set = batch.add_anonymous_set(&AnonymousSet::numgen_vmap(
@@ -400,6 +412,7 @@ impl fmt::Display for Stmt {
                 let h = header(*family);
                 write!(f, "{h} saddr . {h} daddr . ct original {h} daddr @{set}")
             }
+            Stmt::Redirect(port) => write!(f, "redirect to :{port}"),
             Stmt::Reject => f.write_str("reject with icmpx port-unreachable"),
             Stmt::RandomGoto(chains) => {
                 let entries: Vec<String> = chains

@@ -60,6 +60,11 @@ pub fn plan_service(view: &View, service: &ServiceView<'_>, facts: &NodeFacts) -
                 &label,
             );
             let endpoints = port_endpoints(service.slices, family, port, &facts.node);
+            if let Some(listener) = facts.local_dns_port(service.namespace, service.name, port.port)
+            {
+                plan_local_dns(&mut plan, identity, cluster_ip, port, family, listener);
+                continue;
+            }
             PortPlanner {
                 spec,
                 port,
@@ -74,6 +79,36 @@ pub fn plan_service(view: &View, service: &ServiceView<'_>, facts: &NodeFacts) -
     }
     dedup_elements(&mut plan.elements);
     plan
+}
+
+/// The cluster DNS Service's port 53 when this node answers it (`serve_cluster_dns_ip`):
+/// its ClusterIP goes to the node's own listener, whatever its endpoints, so kubelet's
+/// `clusterDNS` reaches nodus without touching pods.
+fn plan_local_dns(
+    plan: &mut ServicePlan,
+    identity: PortIdentity,
+    cluster_ip: IpAddr,
+    port: &ServicePort,
+    family: Family,
+    listener: u16,
+) {
+    let chain = identity.cluster_chain();
+    plan.elements.push(ElementPlan {
+        set: SharedSet::new(SharedKind::ServiceIps, family),
+        element: Element::new(service_key(cluster_ip, port.protocol, port.port))
+            .with_verdict(Verdict::goto(&chain)),
+    });
+    plan.elements.push(ElementPlan {
+        set: SharedSet::new(SharedKind::ClusterIps, family),
+        element: Element::new(ip_value(cluster_ip)),
+    });
+    plan.chains.push(ChainPlan::regular(
+        chain,
+        vec![RulePlan::new([
+            Stmt::L4Proto(port.protocol),
+            Stmt::Redirect(listener),
+        ])],
+    ));
 }
 
 /// A service may name one address twice (an ExternalIP that is also its LB IP). The

@@ -947,3 +947,62 @@ fn egress_from_pods_to_outside_the_cluster_is_masqueraded_with_the_mesh() {
     assert!(before.differs_only_in_destinations(&after));
     assert!(!before.differs_only_in_destinations(&before));
 }
+
+#[test]
+fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
+    let view = view([
+        this_node(),
+        service(
+            "kube-dns",
+            json!({"ports": [{"name": "dns", "port": 53, "protocol": "UDP"},
+                             {"name": "metrics", "port": 9153, "protocol": "TCP"}]}),
+            json!({}),
+        ),
+        http_slice("kube-dns", &two_endpoints()),
+    ]);
+    let config = ProxyConfig {
+        local_dns: Some(LocalDns {
+            namespace: "default".into(),
+            name: "kube-dns".into(),
+            port: 5353,
+        }),
+        ..ProxyConfig::default()
+    };
+    let plan = plan_with(&view, &config, "kube-dns");
+    let dns_chain = plan
+        .chains
+        .iter()
+        .find(|chain| chain.name().ends_with("/udp/dns"))
+        .expect("the DNS port's chain");
+    assert_eq!(
+        dns_chain
+            .rules
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["meta l4proto udp redirect to :5353"]
+    );
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . udp . 53"),
+        Some(format!("goto {}", dns_chain.name()))
+    );
+    // Other ports of the service are proxied as usual (this one has no endpoints).
+    assert_eq!(
+        v4(
+            &plan,
+            SharedKind::NoEndpointServices,
+            "10.96.0.10 . tcp . 9153"
+        )
+        .as_deref(),
+        Some("goto reject-chain")
+    );
+    assert!(
+        plan_with(&view, &ProxyConfig::default(), "kube-dns")
+            .chains
+            .iter()
+            .all(|chain| chain
+                .rules
+                .iter()
+                .all(|r| !r.to_string().contains("redirect")))
+    );
+}
