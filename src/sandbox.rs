@@ -366,6 +366,50 @@ fn demonstrate_dns(pod: &Pod, gateway: IpAddr, cluster_dns: Option<IpAddr>) {
     }
 }
 
+/// The resolv.conf kubelet would give a pod of namespace `default`, for `ip netns exec` in
+/// the pod's namespace (which mounts `/etc/netns/<ns>/resolv.conf` over `/etc/resolv.conf`);
+/// removed with the sandbox.
+struct PodResolvConf(PathBuf);
+
+impl PodResolvConf {
+    fn write(pod: &Pod, cluster_dns: IpAddr) -> anyhow::Result<PodResolvConf> {
+        let dir = Path::new("/etc/netns").join(pod.ns.name());
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let guard = PodResolvConf(dir);
+        std::fs::write(
+            guard.0.join("resolv.conf"),
+            format!(
+                "nameserver {cluster_dns}\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+            ),
+        )?;
+        Ok(guard)
+    }
+}
+
+impl Drop for PodResolvConf {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `curl http://web/` from a pod, as an application would: the short name through the
+/// search path (ndots:5), asked of the kube-dns ClusterIP, answered by the node's nodus,
+/// and the connection through the proxy.
+fn demonstrate_curl_by_name(pod: &Pod) {
+    let url = "http://web/";
+    match pod.ns.exec("curl", &["-s", "-m", "3", url]) {
+        Ok(answer) => println!(
+            "curl by name from pod {}: {url} → {}",
+            pod.name,
+            answer.trim()
+        ),
+        Err(error) => println!(
+            "curl by name from pod {}: {url} failed: {error:#}",
+            pod.name
+        ),
+    }
+}
+
 /// The ClusterIP of kube-system/kube-dns, if the cluster has that Service.
 fn cluster_dns_ip(docs: &[Value]) -> Option<IpAddr> {
     docs.iter()
@@ -582,6 +626,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             .join(", ")
     );
     println!("logs: {}/<node>.log", args.dir.display());
+    let mut resolv_confs = Vec::new();
     // A dual-stack pod, so that both families of a dual-stack service can be shown.
     if let Some(pod) = pods
         .iter()
@@ -593,6 +638,10 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             demonstrate_dns(pod, gateway, cluster_dns_ip(&docs));
         }
         demonstrate_proxy(pod, &nodes);
+        if let Some(cluster_dns) = cluster_dns_ip(&docs) {
+            resolv_confs.push(PodResolvConf::write(pod, cluster_dns)?);
+            demonstrate_curl_by_name(pod);
+        }
     }
     demonstrate_mesh(&pods);
     if !statuses.iter().all(|(ready, _)| *ready) {
@@ -605,7 +654,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     );
     let signal = rt.block_on(crate::run::shutdown_signal())?;
     println!("{signal}: tearing down");
-    drop((pods, nodes, underlay, sockets));
+    drop((resolv_confs, pods, nodes, underlay, sockets));
     rt.block_on(server.shutdown());
     Ok(())
 }

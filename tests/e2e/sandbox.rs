@@ -28,6 +28,20 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
         printed.contains("web.default.svc.cluster.local A → 10.96.0.20"),
         "{printed}"
     );
+    // An application's view: `curl http://web/` resolves the short name through the
+    // search path, at the kube-dns ClusterIP, and connects through the proxy.
+    let by_name = printed
+        .lines()
+        .find(|l| l.starts_with("curl by name from pod"))
+        .unwrap_or_else(|| panic!("no curl by name:\n{printed}"));
+    assert!(
+        by_name
+            .rsplit("→ ")
+            .next()
+            .unwrap_or_default()
+            .starts_with("web-"),
+        "{by_name}"
+    );
     // And through the kube-dns ClusterIP, as kubelet's clusterDNS makes pods do: the
     // proxy sends it to the node's own DNS (dns.serve_cluster_dns_ip).
     assert!(
