@@ -20,8 +20,8 @@ pub struct Removed {
 pub async fn remove(interface: &str, conflist: &Path) -> Result<Removed, Error> {
     let links = Links::new()?;
     let mut removed = Removed::default();
-    if let Some(index) = links.find(interface).await? {
-        links.delete(index).await?;
+    if let Some(link) = links.find(interface).await? {
+        links.delete(link.index).await?;
         removed.device = true;
     }
     let socket = Path::new(SOCKET_DIR).join(format!("{interface}.sock"));

@@ -38,25 +38,13 @@ impl Links {
     }
 
     pub async fn link(&self, name: &str) -> Result<Link, Error> {
-        let message = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute()
-            .try_next()
-            .await
-            .map_err(Error::netlink(format!("finding link {name}")))?
-            .ok_or_else(|| Error::device(format!("link {name}"), "not found"))?;
-        Ok(Link {
-            index: message.header.index,
-            mtu: mtu_of(&message),
-            up: message.header.flags.contains(LinkFlags::Up),
-        })
+        self.find(name)
+            .await?
+            .ok_or_else(|| Error::device(format!("link {name}"), "not found"))
     }
 
     /// Looks a link up by name, `None` when there is none.
-    pub async fn find(&self, name: &str) -> Result<Option<u32>, Error> {
+    pub async fn find(&self, name: &str) -> Result<Option<Link>, Error> {
         let found = self
             .handle
             .link()
@@ -66,7 +54,11 @@ impl Links {
             .try_next()
             .await;
         match found {
-            Ok(message) => Ok(message.map(|message| message.header.index)),
+            Ok(message) => Ok(message.map(|message| Link {
+                index: message.header.index,
+                mtu: mtu_of(&message),
+                up: message.header.flags.contains(LinkFlags::Up),
+            })),
             // The kernel answers ENODEV for a name it does not know.
             Err(rtnetlink::Error::NetlinkError(error))
                 if error.code.map(|code| code.get()) == Some(-libc::ENODEV) =>
