@@ -23,7 +23,7 @@ use tracing::{error, info, warn};
 
 pub use footprint::Footprint;
 
-use crate::nft::{self, Batch, Socket, Table};
+use crate::nft::{self, Batch, FlowFilter, Socket, Table};
 use crate::plan::{
     NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE, UdpFlows, stale_udp_flows,
 };
@@ -180,13 +180,14 @@ impl Proxy {
             // A full sync after a failure or a node change: the same cleanup as a partial
             // one, against what was programmed before. (After a restart nothing is known,
             // and established UDP flows keep their endpoints.)
-            for (key, old) in previous_udp {
-                let new = self
-                    .applied
-                    .get(&key)
-                    .map_or_else(Vec::new, |applied| applied.udp_flows.to_vec());
-                self.delete_stale_flows(&old, &new, &mut report);
-            }
+            let stale: Vec<FlowFilter> = previous_udp
+                .iter()
+                .flat_map(|(key, old)| {
+                    let new = self.applied.get(key).map_or(&[][..], |a| &a.udp_flows[..]);
+                    stale_udp_flows(old, new)
+                })
+                .collect();
+            self.delete_flows(&stale, &mut report);
         }
         report.duration = start.elapsed();
         outcome?;
@@ -208,6 +209,8 @@ impl Proxy {
     /// refuses the transaction.
     pub fn sync(&mut self, view: &View, changes: &ChangeSet) -> Result<SyncReport, Error> {
         let planner = Planner::new(view, &self.config);
+        let start = Instant::now();
+        let mut report = SyncReport::new(SyncKind::Partial);
         if let Some(facts) = &self.facts
             && !self.needs_full_sync
             && !changes.this_node
@@ -216,7 +219,6 @@ impl Proxy {
             // A Node joined or left: only the skeleton's egress ranges change.
             let mut batch = PlanBatch::new();
             batch.refresh_skeleton(&planner.skeleton());
-            let mut report = SyncReport::new(SyncKind::Partial);
             if let Err(failure) = self.commit(&batch.into_batch(), &mut report) {
                 return self.fall_back(view, failure.to_string());
             }
@@ -233,8 +235,6 @@ impl Proxy {
             return self.fall_back(view, reason);
         }
 
-        let start = Instant::now();
-        let mut report = SyncReport::new(SyncKind::Partial);
         let mut batch = PlanBatch::new();
         let mut records: Vec<(u64, Option<Applied>)> = Vec::new();
         for name in &changes.services {
@@ -287,14 +287,15 @@ impl Proxy {
                 }
             }
         }
-        for (key, record) in &records {
-            let old = self.applied.get(key).map_or(&[][..], |a| &a.udp_flows[..]);
-            let new = record.as_ref().map_or(&[][..], |a| &a.udp_flows[..]);
-            if !old.is_empty() || !new.is_empty() {
-                let (old, new) = (old.to_vec(), new.to_vec());
-                self.delete_stale_flows(&old, &new, &mut report);
-            }
-        }
+        let stale: Vec<FlowFilter> = records
+            .iter()
+            .flat_map(|(key, record)| {
+                let old = self.applied.get(key).map_or(&[][..], |a| &a.udp_flows[..]);
+                let new = record.as_ref().map_or(&[][..], |a| &a.udp_flows[..]);
+                stale_udp_flows(old, new)
+            })
+            .collect();
+        self.delete_flows(&stale, &mut report);
         for (key, record) in records {
             match record {
                 Some(record) => self.applied.insert(key, record),
@@ -337,9 +338,9 @@ impl Proxy {
     /// I.53: deletes the conntrack entries that would keep UDP flows on an endpoint that
     /// is gone, or on the rejection of a port that now has endpoints. A failure is logged
     /// and does not fail the sync: the rules are in place, and the entries time out.
-    fn delete_stale_flows(&mut self, old: &[UdpFlows], new: &[UdpFlows], report: &mut SyncReport) {
-        for filter in stale_udp_flows(old, new) {
-            match self.socket.delete_conntrack(&filter) {
+    fn delete_flows(&mut self, stale: &[FlowFilter], report: &mut SyncReport) {
+        for filter in stale {
+            match self.socket.delete_conntrack(filter) {
                 Ok(()) => report.conntrack_deletions += 1,
                 Err(error) => warn!(%error, "conntrack cleanup failed"),
             }
