@@ -286,39 +286,37 @@ impl PortPlanner<'_> {
             .map(|target| target.ip)
             .collect();
         local_ips.dedup();
-        if self.port.protocol == Protocol::Udp {
-            let mut service_addresses: Vec<(IpAddr, u16)> = std::iter::once(self.cluster_ip)
-                .chain(external_ips.iter().copied())
-                .chain(lb_ips.iter().copied())
-                .map(|ip| (ip, self.port.port))
-                .collect();
-            if node_port != 0 {
-                service_addresses
-                    .extend(self.facts.node_port_ips(family).map(|ip| (ip, node_port)));
-            }
-            self.plan.udp_flows.push(UdpFlows {
-                service_addresses,
-                endpoints: endpoint_targets.iter().map(|t| (t.ip, t.port)).collect(),
-            });
+        // Every address clients reach this port at: the ClusterIP first.
+        let mut service_addresses: Vec<(IpAddr, u16)> = std::iter::once(self.cluster_ip)
+            .chain(external_ips.iter().copied())
+            .chain(lb_ips.iter().copied())
+            .map(|ip| (ip, self.port.port))
+            .collect();
+        if node_port != 0 {
+            service_addresses.extend(self.facts.node_port_ips(family).map(|ip| (ip, node_port)));
         }
         // External traffic under the Cluster policy is masqueraded anyway; pods reach
         // a Local-policy service's external addresses without masquerade, so those
         // can hairpin too.
-        let mut service_ips = vec![self.cluster_ip];
-        if external_local {
-            service_ips.extend(external_ips.iter().chain(&lb_ips));
-            if node_port != 0 {
-                service_ips.extend(self.facts.node_port_ips(family));
-            }
-        }
+        let hairpin_addresses = if external_local {
+            &service_addresses[..]
+        } else {
+            &service_addresses[..1]
+        };
         for ip in local_ips {
-            for service_ip in &service_ips {
+            for (service_ip, _) in hairpin_addresses {
                 self.element(
                     SharedKind::Hairpin,
                     Tuple(vec![ip_value(ip), ip_value(ip), ip_value(*service_ip)]),
                     None,
                 );
             }
+        }
+        if self.port.protocol == Protocol::Udp {
+            self.plan.udp_flows.push(UdpFlows {
+                service_addresses,
+                endpoints: endpoint_targets.iter().map(|t| (t.ip, t.port)).collect(),
+            });
         }
     }
 
