@@ -315,21 +315,7 @@ fn demonstrate_dns(pod: &Pod, gateway: IpAddr, cluster_dns: Option<IpAddr>) {
         ("web.default.svc.cluster.local", "A"),
         ("_pg._tcp.db.shop.svc.cluster.local", "SRV"),
     ] {
-        let answer = pod
-            .ns
-            .exec(
-                "dig",
-                &[
-                    &format!("@{gateway}"),
-                    "+short",
-                    "+time=2",
-                    "+tries=1",
-                    name,
-                    qtype,
-                ],
-            )
-            .map(|out| out.split_whitespace().collect::<Vec<_>>().join(" "));
-        match answer {
+        match dig(pod, gateway, name, qtype) {
             Ok(answer) => println!("dig from pod {}: {name} {qtype} → {answer}", pod.name),
             Err(error) => println!(
                 "dig from pod {}: {name} {qtype} failed: {error:#}",
@@ -341,22 +327,10 @@ fn demonstrate_dns(pod: &Pod, gateway: IpAddr, cluster_dns: Option<IpAddr>) {
     // own DNS (`dns.serve_cluster_dns_ip`).
     if let Some(cluster_dns) = cluster_dns {
         let name = "web.default.svc.cluster.local";
-        let answer = pod.ns.exec(
-            "dig",
-            &[
-                &format!("@{cluster_dns}"),
-                "+short",
-                "+time=2",
-                "+tries=1",
-                name,
-                "A",
-            ],
-        );
-        match answer {
+        match dig(pod, cluster_dns, name, "A") {
             Ok(answer) => println!(
-                "dig from pod {} via the kube-dns ClusterIP {cluster_dns}: {name} A → {}",
-                pod.name,
-                answer.trim()
+                "dig from pod {} via the kube-dns ClusterIP {cluster_dns}: {name} A → {answer}",
+                pod.name
             ),
             Err(error) => println!(
                 "dig from pod {} via the kube-dns ClusterIP {cluster_dns} failed: {error:#}",
@@ -364,6 +338,22 @@ fn demonstrate_dns(pod: &Pod, gateway: IpAddr, cluster_dns: Option<IpAddr>) {
             ),
         }
     }
+}
+
+/// `dig +short` from a pod, the answer's records on one line.
+fn dig(pod: &Pod, server: IpAddr, name: &str, qtype: &str) -> anyhow::Result<String> {
+    let out = pod.ns.exec(
+        "dig",
+        &[
+            &format!("@{server}"),
+            "+short",
+            "+time=2",
+            "+tries=1",
+            name,
+            qtype,
+        ],
+    )?;
+    Ok(out.split_whitespace().collect::<Vec<_>>().join(" "))
 }
 
 /// The resolv.conf kubelet would give a pod of namespace `default`, for `ip netns exec` in
