@@ -326,6 +326,32 @@ pub async fn serve(
     serve_with_threads(view, zone, forwarder, listen, 1).await
 }
 
+/// Binds UDP and TCP on one address. Port 0 lets the kernel pick the UDP port and TCP takes
+/// the same one, which another process may already hold for TCP: then a fresh port is
+/// tried, a few times.
+async fn bind_pair(
+    addr: SocketAddr,
+    udp_threads: usize,
+    handler: &ClusterDns,
+) -> std::io::Result<(UdpListener, tokio::net::TcpListener)> {
+    const EPHEMERAL_ATTEMPTS: usize = 8;
+    let mut attempt = 1;
+    loop {
+        let udp = UdpListener::bind(addr, udp_threads, handler.clone())?;
+        match tokio::net::TcpListener::bind(udp.local_addr()).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e)
+                if addr.port() == 0
+                    && e.kind() == std::io::ErrorKind::AddrInUse
+                    && attempt < EPHEMERAL_ATTEMPTS =>
+            {
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// As [`serve`], with `udp_threads` threads per UDP address, each on its own socket.
 pub async fn serve_with_threads(
     view: SharedView,
@@ -339,10 +365,8 @@ pub async fn serve_with_threads(
     let mut udp = Vec::new();
     let mut bound = Vec::new();
     for addr in listen {
-        let listener = UdpListener::bind(*addr, udp_threads, handler.clone())?;
-        // Port 0 picks one port for UDP; TCP takes the same one.
+        let (listener, tcp) = bind_pair(*addr, udp_threads, &handler).await?;
         let addr = listener.local_addr();
-        let tcp = tokio::net::TcpListener::bind(addr).await?;
         server.register_listener(tcp, TCP_TIMEOUT, 64);
         udp.push(listener);
         bound.push(addr);

@@ -58,11 +58,19 @@ fn answer(query: &Message, tcp: bool) -> Message {
 
 /// A tiny authoritative server for example.org over UDP and TCP, counting what it is asked.
 async fn upstream(seen: Seen) -> SocketAddr {
-    let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
+    // The kernel picks a free UDP port; another test may hold the same port for TCP.
+    let (udp, tcp) = loop {
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = udp.local_addr().expect("addr");
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(tcp) => break (udp, tcp),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+            Err(e) => panic!("bind tcp {addr}: {e}"),
+        }
+    };
     let addr = udp.local_addr().expect("addr");
-    let tcp = tokio::net::TcpListener::bind(addr).await.expect("bind tcp");
     let count = move |seen: &Seen, query: &Message, transport: &str| {
         if let Some(q) = query.queries.first() {
             *seen

@@ -10,11 +10,26 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// A free TCP port on loopback (free when asked; good enough for one machine's benches).
+/// A loopback port free for both TCP and UDP, for a child process to bind.
+///
+/// Ports come from below the kernel's ephemeral range (32768 and up), so no outgoing
+/// connection or `bind(0)` can take one between this check and the child's bind; a counter
+/// shared by the process, started at an offset from its pid, keeps tests that run at the same
+/// time from choosing the same port.
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-        .local_addr()?
-        .port())
+    use std::sync::atomic::{AtomicU16, Ordering};
+    const FIRST: u16 = 20_000;
+    const SPAN: u16 = 12_000;
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let offset = (std::process::id() % u32::from(SPAN / 8)) as u16 * 8;
+    for _ in 0..SPAN {
+        let port = FIRST + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+        let addr = (Ipv4Addr::LOCALHOST, port);
+        if std::net::TcpListener::bind(addr).is_ok() && std::net::UdpSocket::bind(addr).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port between {FIRST} and {}", FIRST + SPAN)
 }
 
 /// The stand-in, loaded and serving on loopback, with a kubeconfig for it.
