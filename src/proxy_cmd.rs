@@ -4,7 +4,7 @@ use crate::ClusterArgs;
 use crate::config::Config;
 use crate::run::load_config;
 use crate::view_cmd::synced_view;
-use nodus_proxy::plan::{LocalDns, Planner, ProxyConfig, render};
+use nodus_proxy::plan::{EndpointKeys, LocalDns, Planner, ProxyConfig, render};
 use std::io::Write;
 
 /// The proxy's settings from the configuration file.
@@ -36,7 +36,10 @@ pub async fn render_ruleset(cluster: ClusterArgs) -> anyhow::Result<()> {
     let feed = synced_view(&cluster).await?;
     let view = feed.read();
     let planner = Planner::new(&view, &proxy_config(&config));
-    let text = render(&planner.skeleton(), planner.services());
+    let text = render(
+        &planner.skeleton(),
+        planner.services(&mut EndpointKeys::new()),
+    );
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())?;
     Ok(())

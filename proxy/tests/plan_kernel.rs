@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use nodus_proxy::nft::{Batch, Socket};
-use nodus_proxy::plan::{PlanBatch, Planner, ProxyConfig, cold_start, render};
+use nodus_proxy::plan::{EndpointKeys, PlanBatch, Planner, ProxyConfig, cold_start, render};
 use nodus_testbed::netns::Netns;
 
 mod common;
@@ -34,7 +34,9 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
     let ns = Netns::new("plan").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
     let planner = Planner::new(&view, &ProxyConfig::default());
-    let batches: Vec<Batch> = cold_start(&planner.skeleton(), planner.services(), 25).collect();
+    let mut keys = EndpointKeys::new();
+    let batches: Vec<Batch> =
+        cold_start(&planner.skeleton(), planner.services(&mut keys), 25).collect();
     assert!(batches.len() > 2, "{} batches", batches.len());
     commit(&ns, batches);
 
@@ -45,7 +47,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
         "tcp . 30080 : goto external-",
         "fd00:96::13 . tcp . 80 : goto service-",
         "198.51.100.1 . tcp . 80 : goto firewall-",
-        "dnat ip to numgen random mod 2 map @service-",
+        "dnat ip to numgen random mod 2 map @endpoints-v4-",
         "typeof numgen random mod 2 : ip daddr . th dport",
         "0 : 10.244.1.5 . 8080, 1 : 10.244.2.9 . 8080",
         "dnat ip6 to [fd00:244:1::7]:8080",
@@ -62,18 +64,38 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
     // A sync later: one endpoint left `web`, `empty` was deleted.
     let later = node_view(&TWO_ENDPOINTS[..1]);
     let after = Planner::new(&later, &ProxyConfig::default());
+    // What the cold start programmed, planned again in the same order.
+    let programmed = |name: &str| {
+        planner
+            .services(&mut EndpointKeys::new())
+            .find(|plan| plan.name == name)
+            .expect("planned")
+    };
+    let old_web = programmed("web");
+    let new_web = after.service("default", "web", &mut keys.lease(&old_web.blocks));
     let mut update = PlanBatch::new();
-    update.update_service(
-        &planner.service("default", "web"),
-        &after.service("default", "web"),
-    );
-    update.remove_service(&planner.service("default", "empty"));
+    update.update_service(&old_web, &new_web);
+    update.remove_service(&programmed("empty"));
     commit(&ns, [update.into_batch()]);
     let listing = list_table(&ns);
     assert!(!listing.contains("10.244.2.9"), "{listing}");
     assert!(!listing.contains("10.96.0.12"), "{listing}");
+    let block = new_web.blocks[0];
+    // The block was kept (one endpoint still fits), so the offset is unchanged.
+    assert_eq!(block, old_web.blocks[0]);
+    let offset = match block.offset {
+        0 => String::new(),
+        offset => format!(" offset {offset}"),
+    };
     assert!(
-        listing.contains("elements = { 0 : 10.244.1.5 . 8080 }"),
+        listing.contains(&format!(
+            "dnat ip to numgen random mod 1{offset} map @{}",
+            block.map.name()
+        )),
+        "{listing}"
+    );
+    assert!(
+        listing.contains(&format!("{} : 10.244.1.5 . 8080", block.offset)),
         "{listing}"
     );
 }
@@ -86,7 +108,10 @@ fn rendered_text_loads_with_nft() {
     let ns = Netns::new("rndr").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
     let planner = Planner::new(&view, &ProxyConfig::default());
-    let text = render(&planner.skeleton(), planner.services());
+    let text = render(
+        &planner.skeleton(),
+        planner.services(&mut EndpointKeys::new()),
+    );
     let path = std::env::temp_dir().join(format!("{}.nft", ns.name()));
     std::fs::write(&path, &text).expect("writing the ruleset");
     let loaded = ns.exec("nft", &["-f", path.to_str().expect("utf-8 path")]);
@@ -97,7 +122,11 @@ fn rendered_text_loads_with_nft() {
     let programmed = Netns::new("prog").expect("namespace");
     commit(
         &programmed,
-        cold_start(&planner.skeleton(), planner.services(), 1000),
+        cold_start(
+            &planner.skeleton(),
+            planner.services(&mut EndpointKeys::new()),
+            1000,
+        ),
     );
     assert_eq!(
         canonical(&list_table(&ns)),
@@ -155,7 +184,11 @@ fn connections_reach_endpoints_and_empty_services_are_refused() {
     let planner = Planner::new(&view, &ProxyConfig::default());
     commit(
         &node,
-        cold_start(&planner.skeleton(), planner.services(), 1000),
+        cold_start(
+            &planner.skeleton(),
+            planner.services(&mut EndpointKeys::new()),
+            1000,
+        ),
     );
 
     let (endpoint, decoy) = node

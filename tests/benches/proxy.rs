@@ -10,7 +10,7 @@
 
 use anyhow::{Context, bail};
 use nodus_proxy::apply::Proxy;
-use nodus_proxy::plan::{Planner, ProxyConfig, render};
+use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, render};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
@@ -105,7 +105,10 @@ fn run(services: usize, changes: usize) -> anyhow::Result<Row> {
     // What the `nft` binary costs for the same ruleset, where that stays affordable.
     let nft_file = if services <= 1000 {
         let planner = Planner::new(&view, &ProxyConfig::default());
-        let text = render(&planner.skeleton(), planner.services());
+        let text = render(
+            &planner.skeleton(),
+            planner.services(&mut EndpointKeys::new()),
+        );
         let file =
             std::env::temp_dir().join(format!("nodus-proxy-bench-{}.nft", std::process::id()));
         std::fs::write(&file, text)?;

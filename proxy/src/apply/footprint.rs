@@ -74,7 +74,7 @@ impl Footprint {
         }
         write_count(&mut bytes, plan.elements.len());
         for element in &plan.elements {
-            bytes.push(set_index(element.set));
+            write_set(&mut bytes, element.set);
             bytes.extend_from_slice(&data_digest(&element.element.data).to_ne_bytes());
             write_tuple(&mut bytes, &element.element.key);
             match &element.element.key_end {
@@ -153,7 +153,7 @@ impl Footprint {
         }
         let elements = reader.count()?;
         for _ in 0..elements {
-            let set = set_from_index(reader.byte()?)?;
+            let set = reader.set()?;
             let digest = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
             let key = reader.tuple()?;
             let key_end = match reader.byte()? {
@@ -221,24 +221,21 @@ fn data_digest(data: &Option<ElementData>) -> u32 {
     hasher.finish() as u32
 }
 
-fn set_index(set: SharedSet) -> u8 {
-    let kind = SharedKind::ALL
-        .iter()
-        .position(|kind| *kind == set.kind)
-        .unwrap_or_default();
-    let family = usize::from(set.family == Family::V6);
-    u8::try_from(kind * 2 + family).unwrap_or_default()
-}
-
-fn set_from_index(index: u8) -> Option<SharedSet> {
-    let index = usize::from(index);
-    let kind = *SharedKind::ALL.get(index / 2)?;
-    let family = if index % 2 == 0 {
-        Family::V4
-    } else {
-        Family::V6
+/// A shared set in one byte (its kind and family), and its shard in a second for
+/// endpoint maps.
+fn write_set(bytes: &mut Vec<u8>, set: SharedSet) {
+    let kind = match set.kind {
+        SharedKind::Endpoints => SharedKind::ALL.len(),
+        kind => SharedKind::ALL
+            .iter()
+            .position(|k| *k == kind)
+            .unwrap_or_default(),
     };
-    Some(SharedSet::new(kind, family))
+    let family = usize::from(set.family == Family::V6);
+    bytes.push(u8::try_from(kind * 2 + family).unwrap_or_default());
+    if set.kind == SharedKind::Endpoints {
+        bytes.push(set.shard);
+    }
 }
 
 fn write_count(bytes: &mut Vec<u8>, count: usize) {
@@ -296,6 +293,22 @@ impl<'a> Reader<'a> {
         Some(usize::from(u16::from_ne_bytes(
             self.take(2)?.try_into().ok()?,
         )))
+    }
+
+    fn set(&mut self) -> Option<SharedSet> {
+        let index = usize::from(self.byte()?);
+        let family = if index % 2 == 0 {
+            Family::V4
+        } else {
+            Family::V6
+        };
+        match SharedKind::ALL.get(index / 2) {
+            Some(kind) => Some(SharedSet::new(*kind, family)),
+            None if index / 2 == SharedKind::ALL.len() => {
+                Some(SharedSet::endpoints(family, self.byte()?))
+            }
+            None => None,
+        }
     }
 
     fn tuple(&mut self) -> Option<Tuple> {

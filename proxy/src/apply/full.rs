@@ -31,7 +31,9 @@ use super::{
     Error, FULL_SYNC_BATCH_MESSAGES, Proxy, RefusedService, SyncReport, applied, service_key,
 };
 use crate::nft::{self, DataType, Element, ElementData, ListedData, Table, Tuple, Value};
-use crate::plan::{ElementPlan, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, TABLE};
+use crate::plan::{
+    ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, TABLE,
+};
 
 /// One key of a shared map during a full sync.
 #[derive(Debug, Default)]
@@ -89,8 +91,12 @@ impl<'a, 'v> FullSync<'a, 'v> {
             self.snapshot()?;
         }
         self.proxy.applied.clear();
+        // Taken out while services borrow it; a failed sync leaves a fresh one, and the
+        // next full sync starts over anyway.
+        let mut keys = std::mem::take(&mut self.proxy.keys);
+        self.reserve_previous_keys(&mut keys);
         let planner = self.planner;
-        for plan in planner.services() {
+        for plan in planner.services(&mut keys) {
             self.add(plan)?;
             if self.batch.len() >= FULL_SYNC_BATCH_MESSAGES {
                 self.flush()?;
@@ -100,6 +106,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
         if !self.fresh {
             self.remove_leftovers()?;
         }
+        keys.release_reserved();
+        self.proxy.keys = keys;
         Ok(())
     }
 
@@ -140,26 +148,53 @@ impl<'a, 'v> FullSync<'a, 'v> {
 
     /// Reads the keys of the shared maps as a previous run left them.
     fn snapshot(&mut self) -> Result<(), Error> {
-        for family in Family::ALL {
-            for kind in SharedKind::ALL {
-                let set = SharedSet::new(kind, family);
-                let elements = self
-                    .proxy
-                    .socket
-                    .list_elements(&self.table, &set.name())
-                    .map_err(Error::netlink("listing the shared maps"))?;
-                for element in elements {
-                    self.slots.insert(
-                        (set, element.key),
-                        Slot {
-                            existing: Some(element.data),
-                            claimed: false,
-                        },
-                    );
-                }
+        let endpoint_maps = self
+            .proxy
+            .socket
+            .list_sets(&self.table, |name| {
+                SharedSet::endpoints_from_name(name).is_some()
+            })
+            .map_err(Error::netlink("listing the endpoint maps"))?;
+        let skeleton_sets = Family::ALL
+            .into_iter()
+            .flat_map(|family| SharedKind::ALL.map(|kind| SharedSet::new(kind, family)));
+        let sets: Vec<SharedSet> = skeleton_sets
+            .chain(
+                endpoint_maps
+                    .iter()
+                    .filter_map(|name| SharedSet::endpoints_from_name(name)),
+            )
+            .collect();
+        for set in sets {
+            let elements = self
+                .proxy
+                .socket
+                .list_elements(&self.table, &set.name())
+                .map_err(Error::netlink("listing the shared maps"))?;
+            for element in elements {
+                self.slots.insert(
+                    (set, element.key),
+                    Slot {
+                        existing: Some(element.data),
+                        claimed: false,
+                    },
+                );
             }
         }
         Ok(())
+    }
+
+    /// Keeps this sync's endpoint blocks clear of the keys a previous run left, which
+    /// its rules still use until each service is programmed again.
+    fn reserve_previous_keys(&self, keys: &mut EndpointKeys) {
+        for (set, key) in self.slots.keys() {
+            if set.kind == SharedKind::Endpoints
+                && let Some(Value::Integer32(key)) =
+                    tuple_from_bytes(*set, key).and_then(|tuple| tuple.0.into_iter().next())
+            {
+                keys.reserve(*set, [key]);
+            }
+        }
     }
 
     /// Adds one service to the transaction being built, unless one of its keys belongs
@@ -205,7 +240,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             }
         }
         for name in owned_names(&plan) {
-            self.wanted.insert(name_hash(name));
+            self.wanted.insert(name_hash(&name));
         }
         let member = Member {
             plan,
@@ -257,7 +292,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         }
                     }
                     for name in owned_names(&member.plan) {
-                        self.wanted.remove(&name_hash(name));
+                        self.wanted.remove(&name_hash(&name));
                     }
                     self.refuse(&member.plan, refusal.to_string());
                 }
@@ -357,11 +392,12 @@ fn program(batch: &mut PlanBatch, member: &Member, fresh: bool) {
     }
 }
 
-fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = &str> {
+fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = String> {
     plan.chains
         .iter()
-        .map(|chain| chain.name())
-        .chain(plan.sets.iter().map(|set| set.set.name.as_str()))
+        .map(|chain| chain.name().to_string())
+        .chain(plan.sets.iter().map(|set| set.set.name.clone()))
+        .chain(plan.endpoint_maps().into_iter().map(SharedSet::name))
 }
 
 fn name_hash(name: &str) -> u64 {

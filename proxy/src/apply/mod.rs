@@ -25,7 +25,8 @@ pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, FlowFilter, Socket, Table};
 use crate::plan::{
-    NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE, UdpFlows, stale_udp_flows,
+    EndpointKeys, KeyBlock, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE,
+    UdpFlows, stale_udp_flows,
 };
 
 /// Messages per transaction of a full sync: large enough to load 10,000 services in a
@@ -116,6 +117,8 @@ struct Applied {
     footprint: Footprint,
     /// Empty for services without UDP ports, which are most.
     udp_flows: Box<[UdpFlows]>,
+    /// The key blocks of its endpoints, reused when it is planned again.
+    blocks: Box<[KeyBlock]>,
 }
 
 /// The applier of the service proxy for one network namespace.
@@ -124,6 +127,8 @@ pub struct Proxy {
     socket: Socket,
     /// By [`service_key`]: a hash, so that the map holds no strings.
     applied: HashMap<u64, Applied>,
+    /// Where the endpoints of `applied` live in the endpoint maps.
+    keys: EndpointKeys,
     /// The node facts of the last full sync; a change means a full sync.
     facts: Option<NodeFacts>,
     /// The ruleset generation after our last commit.
@@ -140,6 +145,7 @@ impl Proxy {
             config,
             socket: Socket::open().map_err(Error::Open)?,
             applied: HashMap::new(),
+            keys: EndpointKeys::new(),
             facts: None,
             generation: None,
             needs_full_sync: true,
@@ -239,8 +245,14 @@ impl Proxy {
         let mut records: Vec<(u64, Option<Applied>)> = Vec::new();
         for name in &changes.services {
             let key = service_key(&name.namespace, &name.name);
-            let plan = planner.service(&name.namespace, &name.name);
             let previous = self.applied.get(&key);
+            let plan = planner.service(
+                &name.namespace,
+                &name.name,
+                &mut self
+                    .keys
+                    .lease(previous.map_or(&[][..], |applied| &applied.blocks[..])),
+            );
             let digest = (!plan.is_empty()).then(|| plan.digest());
             match (previous, digest) {
                 (None, None) => report.unchanged += 1,
@@ -379,6 +391,7 @@ fn applied(digest: u64, plan: &ServicePlan) -> Applied {
         digest,
         footprint: Footprint::of(plan),
         udp_flows: plan.udp_flows.clone().into_boxed_slice(),
+        blocks: plan.blocks.clone().into_boxed_slice(),
     }
 }
 

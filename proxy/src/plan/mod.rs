@@ -14,6 +14,7 @@
 //! every chain and lists the checklist items not covered yet.
 
 mod config;
+mod keys;
 mod names;
 mod objects;
 mod program;
@@ -27,6 +28,7 @@ mod skeleton;
 mod tests;
 
 pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig};
+pub use keys::{EndpointKeys, KeyBlock, KeyLease, SHARDS};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
@@ -65,21 +67,26 @@ impl<'v> Planner<'v> {
         skeleton::plan_skeleton(&self.facts)
     }
 
-    /// The plan of one service; empty when the view does not know it (deleted) or the
-    /// proxy leaves it alone.
-    pub fn service(&self, namespace: &str, name: &str) -> ServicePlan {
+    /// The plan of one service, its endpoints in blocks of `keys`; empty when the view
+    /// does not know it (deleted) or the proxy leaves it alone.
+    pub fn service(&self, namespace: &str, name: &str, keys: &mut KeyLease<'_>) -> ServicePlan {
         match self.view.service(namespace, name) {
-            Some(service) => service::plan_service(self.view, &service, &self.facts),
+            Some(service) => service::plan_service(self.view, &service, &self.facts, keys),
             None => ServicePlan::empty(namespace, name),
         }
     }
 
     /// The plans of every service the proxy programs, one at a time, in no particular
-    /// order.
-    pub fn services(&self) -> impl Iterator<Item = ServicePlan> + '_ {
+    /// order, their endpoints in fresh blocks of `keys`.
+    pub fn services<'a>(
+        &'a self,
+        keys: &'a mut EndpointKeys,
+    ) -> impl Iterator<Item = ServicePlan> + 'a {
         self.view
             .services()
-            .map(|service| service::plan_service(self.view, &service, &self.facts))
+            .map(move |service| {
+                service::plan_service(self.view, &service, &self.facts, &mut keys.lease(&[]))
+            })
             .filter(|plan| !plan.is_empty())
     }
 }

@@ -7,6 +7,7 @@ use std::net::IpAddr;
 
 use nodus_view::model::Family;
 
+use super::keys::KeyBlock;
 use super::rule::RulePlan;
 use crate::nft::{Chain, DataType, Element, Fields, Set};
 
@@ -49,9 +50,14 @@ pub enum SharedKind {
     /// `addr . addr . addr`: a local endpoint, itself, and a service address it backs,
     /// for hairpin masquerade (D.27).
     Hairpin,
+    /// `integer : addr . port`: the endpoints of dispatch chains, in key blocks (see
+    /// `keys.rs`); one of [`super::keys::SHARDS`] maps per family, created when a chain
+    /// first needs it.
+    Endpoints,
 }
 
 impl SharedKind {
+    /// The kinds the skeleton creates, one set per family.
     pub const ALL: [SharedKind; 7] = [
         SharedKind::ClusterIps,
         SharedKind::ServiceIps,
@@ -71,25 +77,53 @@ impl SharedKind {
             SharedKind::NoEndpointNodeports => "no-endpoint-nodeports",
             SharedKind::FirewallIps => "firewall-ips",
             SharedKind::Hairpin => "hairpin",
+            SharedKind::Endpoints => "endpoints",
         }
     }
 }
 
-/// One shared set or map: its kind in one family.
+/// One shared set or map: its kind in one family (and its shard, for endpoint maps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SharedSet {
     pub kind: SharedKind,
     pub family: Family,
+    pub shard: u8,
 }
 
 impl SharedSet {
     pub fn new(kind: SharedKind, family: Family) -> SharedSet {
-        SharedSet { kind, family }
+        SharedSet {
+            kind,
+            family,
+            shard: 0,
+        }
     }
 
-    /// `service-ips-v4`, `no-endpoint-nodeports-v6`, …
+    pub fn endpoints(family: Family, shard: u8) -> SharedSet {
+        SharedSet {
+            kind: SharedKind::Endpoints,
+            family,
+            shard,
+        }
+    }
+
+    /// `service-ips-v4`, `no-endpoint-nodeports-v6`, `endpoints-v4-1f`, …
     pub fn name(self) -> String {
-        format!("{}-{}", self.kind.base_name(), family_suffix(self.family))
+        let (base, family) = (self.kind.base_name(), family_suffix(self.family));
+        match self.kind {
+            SharedKind::Endpoints => format!("{base}-{family}-{:02x}", self.shard),
+            _ => format!("{base}-{family}"),
+        }
+    }
+
+    /// The endpoint map a table's set name denotes, if it is one.
+    pub fn endpoints_from_name(name: &str) -> Option<SharedSet> {
+        let (_, shard) = name.rsplit_once('-')?;
+        let shard = u8::from_str_radix(shard, 16).ok()?;
+        Family::ALL
+            .into_iter()
+            .map(|family| SharedSet::endpoints(family, shard))
+            .find(|set| shard < super::keys::SHARDS && set.name() == name)
     }
 
     /// The set's definition, without elements.
@@ -106,6 +140,11 @@ impl SharedSet {
                 Set::verdict_map(self.name(), proto_port)
             }
             SharedKind::Hairpin => Set::new(self.name(), Fields::new([addr, addr, addr])),
+            SharedKind::Endpoints => Set::data_map(
+                self.name(),
+                DataType::Integer32,
+                Fields::new([addr, DataType::InetService]),
+            ),
         }
     }
 }
@@ -162,6 +201,9 @@ pub struct ServicePlan {
     pub sets: Vec<SetPlan>,
     pub chains: Vec<ChainPlan>,
     pub elements: Vec<ElementPlan>,
+    /// The key blocks its endpoint elements occupy, one per dispatch chain without
+    /// affinity.
+    pub blocks: Vec<KeyBlock>,
     pub udp_flows: Vec<UdpFlows>,
 }
 
@@ -173,6 +215,7 @@ impl ServicePlan {
             sets: Vec::new(),
             chains: Vec::new(),
             elements: Vec::new(),
+            blocks: Vec::new(),
             udp_flows: Vec::new(),
         }
     }
@@ -188,6 +231,14 @@ impl ServicePlan {
         let mut hasher = DefaultHasher::new();
         self.hash(&mut hasher);
         hasher.finish()
+    }
+
+    /// The endpoint maps its elements need, each once.
+    pub fn endpoint_maps(&self) -> Vec<SharedSet> {
+        let mut maps: Vec<SharedSet> = self.blocks.iter().map(|block| block.map).collect();
+        maps.sort();
+        maps.dedup();
+        maps
     }
 
     /// The elements this service puts in `set`.

@@ -115,6 +115,7 @@ impl PlanBatch {
         stale: &[&ElementPlan],
         missing: &[&ElementPlan],
     ) {
+        self.ensure_endpoint_maps(plan.endpoint_maps());
         for set in &plan.sets {
             let reference = self.add_set(&set.set);
             if !set.elements.is_empty() {
@@ -184,6 +185,13 @@ impl PlanBatch {
             .collect();
         let old_elements: HashSet<&ElementPlan> = old.elements.iter().collect();
         let new_elements: HashSet<&ElementPlan> = new.elements.iter().collect();
+        // A rule names an endpoint map only with a block whose elements are new.
+        self.ensure_endpoint_maps(
+            new.elements
+                .iter()
+                .filter(|e| e.set.kind == SharedKind::Endpoints && !old_elements.contains(e))
+                .map(|e| e.set),
+        );
 
         for set in &new.sets {
             match old_sets.get(set.set.name.as_str()) {
@@ -236,6 +244,17 @@ impl PlanBatch {
             .filter(|set| !new_sets.contains(set.set.name.as_str()))
         {
             self.batch.delete_set(&set.set.name);
+        }
+    }
+
+    /// Creates `maps` unless they exist (an `add` of an existing
+    /// map is a no-op), once per batch. They are never deleted here: other services
+    /// share them; a full sync removes those left unused.
+    fn ensure_endpoint_maps(&mut self, maps: impl IntoIterator<Item = SharedSet>) {
+        for map in maps {
+            if !self.created_sets.contains_key(&map.name()) {
+                self.add_set(&map.definition());
+            }
         }
     }
 

@@ -45,6 +45,10 @@ pub fn write_service(out: &mut impl Write, service: &ServicePlan) -> fmt::Result
     writeln!(out, "\n# {}/{}", service.namespace, service.name)?;
     if !service.sets.is_empty() || !service.chains.is_empty() {
         writeln!(out, "table inet {TABLE} {{")?;
+        // Shared with other services: declaring one again is a no-op for nft.
+        for map in service.endpoint_maps() {
+            write_set(out, &map.definition(), &[])?;
+        }
         for set in &service.sets {
             write_set(out, &set.set, &set.elements)?;
         }

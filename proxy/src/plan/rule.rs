@@ -77,13 +77,15 @@ pub enum Stmt {
         addr: IpAddr,
         port: u16,
     },
-    /// `dnat ip addr . port to numgen random mod N map @map`: a uniformly random endpoint
-    /// from a map of N, keyed 0…N−1 (needs a preceding [`Stmt::L4Proto`]). The rule
-    /// never names an endpoint, so replacing one touches only the map's elements.
+    /// `dnat ip addr . port to numgen random mod N offset K map @map`: a uniformly random
+    /// endpoint of the N keyed K…K+N−1 in a shared endpoint map (needs a preceding
+    /// [`Stmt::L4Proto`]). The rule never names an endpoint, so replacing one touches
+    /// only map elements.
     DnatFromMap {
         family: Family,
         map: String,
         endpoints: u32,
+        offset: u32,
     },
     /// `ip saddr . ip daddr . ct original ip daddr @set`: a DNATed connection from an
     /// endpoint back to itself through a service address (hairpin).
@@ -281,11 +283,12 @@ impl Stmt {
                 family,
                 map,
                 endpoints,
+                offset,
             } => {
                 out.push(Expr::Numgen {
                     kind: NumgenKind::Random,
                     modulus: *endpoints,
-                    offset: 0,
+                    offset: *offset,
                     dreg: Register::FIRST,
                 });
                 out.push(lookup(set_ref(map), Some(Register::FIRST), false));
@@ -403,11 +406,19 @@ impl fmt::Display for Stmt {
                 family,
                 map,
                 endpoints,
-            } => write!(
-                f,
-                "dnat {} addr . port to numgen random mod {endpoints} map @{map}",
-                header(*family),
-            ),
+                offset,
+            } => {
+                write!(
+                    f,
+                    "dnat {} addr . port to numgen random mod {endpoints}",
+                    header(*family)
+                )?;
+                // nft lists no offset when it is 0.
+                if *offset != 0 {
+                    write!(f, " offset {offset}")?;
+                }
+                write!(f, " map @{map}")
+            }
             Stmt::Hairpin { family, set } => {
                 let h = header(*family);
                 write!(f, "{h} saddr . {h} daddr . ct original {h} daddr @{set}")

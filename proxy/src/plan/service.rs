@@ -14,6 +14,7 @@ use nodus_view::resolve::{PortEndpoints, Target, port_endpoints};
 use nodus_view::{ServiceView, View};
 
 use super::config::NodeFacts;
+use super::keys::KeyLease;
 use super::names::PortIdentity;
 use super::objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, UdpFlows,
@@ -21,7 +22,7 @@ use super::objects::{
 use super::ranges::merged_ranges;
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
-use crate::nft::{DataType, Element, Fields, FlowFilter, Set, SetFlags, Tuple, Value, Verdict};
+use crate::nft::{Element, FlowFilter, Set, SetFlags, Tuple, Value, Verdict};
 
 /// Entries an affinity set may hold; the kernel wants a bound on sets the packet path
 /// fills.
@@ -36,7 +37,12 @@ fn is_proxied(service: &Service) -> bool {
 }
 
 /// The plan of one service of `view`.
-pub fn plan_service(view: &View, service: &ServiceView<'_>, facts: &NodeFacts) -> ServicePlan {
+pub fn plan_service(
+    view: &View,
+    service: &ServiceView<'_>,
+    facts: &NodeFacts,
+    keys: &mut KeyLease<'_>,
+) -> ServicePlan {
     let mut plan = ServicePlan::empty(service.namespace, service.name);
     let Some(spec) = service.service.filter(|spec| is_proxied(spec)) else {
         return plan;
@@ -72,6 +78,7 @@ pub fn plan_service(view: &View, service: &ServiceView<'_>, facts: &NodeFacts) -
                 cluster_ip,
                 identity,
                 facts,
+                keys: &mut *keys,
                 plan: &mut plan,
             }
             .plan(&endpoints);
@@ -119,17 +126,18 @@ fn dedup_elements(elements: &mut Vec<ElementPlan>) {
 }
 
 /// The planning of one service port in one family.
-struct PortPlanner<'a> {
+struct PortPlanner<'a, 'k> {
     spec: &'a Service,
     port: &'a ServicePort,
     family: Family,
     cluster_ip: IpAddr,
     identity: PortIdentity,
     facts: &'a NodeFacts,
+    keys: &'a mut KeyLease<'k>,
     plan: &'a mut ServicePlan,
 }
 
-impl PortPlanner<'_> {
+impl PortPlanner<'_, '_> {
     fn plan(mut self, endpoints: &PortEndpoints) {
         let spec = self.spec;
         let family = self.family;
@@ -423,25 +431,31 @@ impl PortPlanner<'_> {
     }
 
     /// C.21, G.48: a uniformly random endpoint. Without affinity the chain DNATs
-    /// straight from its endpoint map (named like the chain), so an endpoint change
-    /// rewrites only map elements, which the kernel commits without re-validating the
-    /// table. With affinity, sticky clients go first, and every endpoint needs a chain
-    /// of its own to refresh its affinity set.
+    /// straight from its block of an endpoint map, so an endpoint change rewrites only
+    /// map elements, which the kernel commits without re-validating the table. With
+    /// affinity, sticky clients go first, and every endpoint needs a chain of its own to
+    /// refresh its affinity set.
     fn dispatch_rules(&mut self, chain: &str, targets: &[Target]) -> Vec<RulePlan> {
         let timeout = self.spec.affinity_timeout;
         if timeout == 0 {
-            let elements = endpoint_elements(targets);
-            let endpoints = u32::try_from(elements.len()).unwrap_or(u32::MAX);
-            self.plan.sets.push(SetPlan {
-                set: endpoint_map(chain, self.family),
-                elements,
-            });
+            let endpoints = distinct_endpoints(targets);
+            let count = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
+            let block = self.keys.take(chain, self.family, count);
+            self.plan.blocks.push(block);
+            for (index, (ip, port)) in (block.offset..).zip(endpoints) {
+                self.plan.elements.push(ElementPlan {
+                    set: block.map,
+                    element: Element::new(Value::Integer32(index))
+                        .with_value(Tuple(vec![ip_value(ip), Value::InetService(port)])),
+                });
+            }
             return vec![RulePlan::new([
                 Stmt::L4Proto(self.port.protocol),
                 Stmt::DnatFromMap {
                     family: self.family,
-                    map: chain.to_string(),
-                    endpoints,
+                    map: block.map.name(),
+                    endpoints: count,
+                    offset: block.offset,
                 },
             ])];
         }
@@ -502,28 +516,12 @@ impl PortPlanner<'_> {
     }
 }
 
-/// The endpoint map of a dispatch chain: `numgen` results to `addr . port`.
-fn endpoint_map(name: &str, family: Family) -> Set {
-    Set::data_map(
-        name,
-        DataType::Integer32,
-        Fields::new([address_type(family), DataType::InetService]),
-    )
-}
-
-/// The distinct `targets` in a stable order, keyed 0…N−1.
-fn endpoint_elements(targets: &[Target]) -> Vec<Element> {
-    let mut targets: Vec<(IpAddr, u16)> = targets.iter().map(|t| (t.ip, t.port)).collect();
-    targets.sort();
-    targets.dedup();
-    targets
-        .iter()
-        .zip(0u32..)
-        .map(|((ip, port), index)| {
-            Element::new(Value::Integer32(index))
-                .with_value(Tuple(vec![ip_value(*ip), Value::InetService(*port)]))
-        })
-        .collect()
+/// The distinct `targets` in a stable order.
+fn distinct_endpoints(targets: &[Target]) -> Vec<(IpAddr, u16)> {
+    let mut endpoints: Vec<(IpAddr, u16)> = targets.iter().map(|t| (t.ip, t.port)).collect();
+    endpoints.sort();
+    endpoints.dedup();
+    endpoints
 }
 
 fn jump(chain: &str) -> Stmt {

@@ -4,7 +4,7 @@
 use serde_json::{Value as Json, json};
 
 use super::*;
-use crate::nft::{Element, FlowFilter};
+use crate::nft::{Element, FlowFilter, Value};
 use nodus_view::model::Family;
 use nodus_view::{Update, View};
 
@@ -95,7 +95,7 @@ fn view(updates: impl IntoIterator<Item = Update>) -> View {
 }
 
 fn plan_with(view: &View, config: &ProxyConfig, name: &str) -> ServicePlan {
-    Planner::new(view, config).service("default", name)
+    Planner::new(view, config).service("default", name, &mut EndpointKeys::new().lease(&[]))
 }
 
 fn plan(view: &View, name: &str) -> ServicePlan {
@@ -130,20 +130,47 @@ fn rules(plan: &ServicePlan, prefix: &str) -> Vec<String> {
     chains[0].rules.iter().map(ToString::to_string).collect()
 }
 
-/// The elements, as nft text, of the service's own map named `name`.
-fn endpoint_map(plan: &ServicePlan, name: &str) -> Vec<String> {
-    plan.sets
+/// The endpoints the dispatch chain `chain` DNATs to, keyed from 0 within its block.
+fn endpoint_map(plan: &ServicePlan, chain: &str) -> Vec<String> {
+    let rule = plan
+        .chains
         .iter()
-        .find(|set| set.set.name == name)
-        .unwrap_or_else(|| panic!("map {name} in {:#?}", plan.sets))
+        .find(|c| c.name() == chain)
+        .and_then(|c| c.rules.last())
+        .unwrap_or_else(|| panic!("chain {chain} in {:#?}", plan.chains));
+    let Some(Stmt::DnatFromMap {
+        map,
+        endpoints,
+        offset,
+        ..
+    }) = rule.0.last()
+    else {
+        panic!("{rule} DNATs from no map");
+    };
+    let mut keyed: Vec<(u32, String)> = plan
         .elements
         .iter()
-        .map(ToString::to_string)
+        .filter(|element| element.set.name() == *map)
+        .filter_map(|element| match element.element.key.0[..] {
+            [Value::Integer32(key)] if (*offset..offset + endpoints).contains(&key) => {
+                let data = element.element.data.as_ref().map(ToString::to_string)?;
+                Some((key - offset, data))
+            }
+            _ => None,
+        })
+        .collect();
+    keyed.sort();
+    keyed
+        .into_iter()
+        .map(|(key, data)| format!("{key} : {data}"))
         .collect()
 }
 
-fn dnat_from(map: &str, endpoints: usize) -> String {
-    format!("meta l4proto tcp dnat ip addr . port to numgen random mod {endpoints} map @{map}")
+/// The DNAT of `chain` to its `endpoints`, in the first block of its endpoint map.
+fn dnat_from(chain: &str, family: Family, endpoints: usize) -> String {
+    let map = SharedSet::endpoints(family, super::keys::shard_of(chain)).name();
+    let h = if family == Family::V4 { "ip" } else { "ip6" };
+    format!("meta l4proto tcp dnat {h} addr . port to numgen random mod {endpoints} map @{map}")
 }
 
 fn chain_named(plan: &ServicePlan, prefix: &str) -> String {
@@ -176,7 +203,7 @@ fn a1_services_of_another_proxy_are_skipped() {
     assert!(plan(&view, "web").is_empty());
     assert_eq!(
         Planner::new(&view, &ProxyConfig::default())
-            .services()
+            .services(&mut EndpointKeys::new())
             .count(),
         0
     );
@@ -214,7 +241,10 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
         Some(format!("goto {service_chain}"))
     );
     let service_rules = rules(&plan, "service-");
-    assert_eq!(service_rules.last(), Some(&dnat_from(&service_chain, 2)));
+    assert_eq!(
+        service_rules.last(),
+        Some(&dnat_from(&service_chain, Family::V4, 2))
+    );
     assert_eq!(
         endpoint_map(&plan, &service_chain),
         ["0 : 10.244.1.5 . 8080", "1 : 10.244.2.9 . 8080"]
@@ -293,7 +323,10 @@ fn b19_internal_local_without_local_endpoints_drops() {
         v4(&plan_local, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
         Some(format!("goto {local_chain}"))
     );
-    assert_eq!(rules(&plan_local, "local-"), [dnat_from(&local_chain, 1)]);
+    assert_eq!(
+        rules(&plan_local, "local-"),
+        [dnat_from(&local_chain, Family::V4, 1)]
+    );
     assert_eq!(
         endpoint_map(&plan_local, &local_chain),
         ["0 : 10.244.1.5 . 8080"],
@@ -682,10 +715,7 @@ fn j57_dual_stack_families_are_planned_independently() {
         .to_string();
     assert_eq!(
         rules(&plan, &v6_chain).last().map(String::as_str),
-        Some(
-            format!("meta l4proto tcp dnat ip6 addr . port to numgen random mod 1 map @{v6_chain}")
-                .as_str()
-        )
+        Some(dnat_from(&v6_chain, Family::V6, 1).as_str())
     );
     assert_eq!(endpoint_map(&plan, &v6_chain), ["0 : fd00:244:1::5 . 8080"]);
     assert!(
@@ -802,14 +832,16 @@ fn updates_touch_only_what_changed() {
     batch.update_service(&old, &new);
     let text = batch.into_batch().to_string();
     let lines: Vec<&str> = text.lines().collect();
-    let service_chain = chain_named(&old, "service-");
-    // An endpoint replaced by another: only the endpoint map changes, flushed and
-    // refilled. No rule is touched, and the shared maps' entries did not change either.
+    let map = old.blocks[0].map.name();
+    // An endpoint replaced by another: only its element in the endpoint map changes (the
+    // map is declared in case it is new). No rule is touched, and the other shared
+    // maps' entries did not change either.
     assert_eq!(
         lines,
         [
-            format!("flush set {service_chain}"),
-            format!("add 2 elements to {service_chain} (first: 0 : 10.244.1.5 . 8080)"),
+            format!("add map {map}"),
+            format!("delete element from {map}: 1 : 10.244.2.9 . 8080"),
+            format!("add element to {map}: 1 : 10.244.2.10 . 8080"),
         ],
         "{text}"
     );
@@ -835,7 +867,9 @@ fn cold_start_packs_services_into_bounded_batches() {
     }
     let view = view(updates);
     let planner = Planner::new(&view, &ProxyConfig::default());
-    let batches: Vec<_> = cold_start(&planner.skeleton(), planner.services(), 40).collect();
+    let mut keys = EndpointKeys::new();
+    let batches: Vec<_> =
+        cold_start(&planner.skeleton(), planner.services(&mut keys), 40).collect();
     assert!(
         batches[0]
             .to_string()
