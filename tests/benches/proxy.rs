@@ -1,7 +1,7 @@
 //! The proxy's programming cost, in a fresh network namespace: a cold full sync, one
 //! endpoint change and one new service at 1,000 and 10,000 services × 10 endpoints; the
-//! kernel memory of the ruleset (unreclaimable slab, the part charged to the pod's memory
-//! cgroup); and, at 1,000 services, `nft -f` of the same ruleset as `nodus proxy render`
+//! kernel memory of the ruleset (what nf_tables allocates, charged to the memory cgroup of
+//! the process that programs it); and, at 1,000 services, `nft -f` of the same ruleset as `nodus proxy render`
 //! prints it, which is what kube-proxy and knls pay. Latencies here are view update → plan
 //! → netlink commit, in process; the API round trip comes on top (see the scale bench).
 //! It prints figures and asserts nothing.
@@ -14,6 +14,7 @@ use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, render};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn update(object: serde_json::Value) -> anyhow::Result<Update> {
@@ -34,14 +35,76 @@ fn view_of(shape: &Shape) -> anyhow::Result<View> {
     Ok(view)
 }
 
-/// Unreclaimable slab, in KiB: where nf_tables objects live.
-fn slab_kib() -> anyhow::Result<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("SUnreclaim:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("no SUnreclaim in /proc/meminfo")
+/// Kernel memory charged to a memory cgroup of its own while the ruleset is programmed:
+/// what a pod's limit would pay for the table. Needs a cgroup v1 memory hierarchy with
+/// kmem accounting (this machine's); elsewhere the system's unreclaimable slab is used,
+/// which other activity on the machine disturbs.
+struct KernelMemory {
+    /// The cgroup the programming thread joins, when there is one.
+    cgroup: Option<PathBuf>,
+}
+
+impl KernelMemory {
+    fn new() -> KernelMemory {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let cgroup = own
+            .lines()
+            .find_map(|line| line.split_once(":memory:"))
+            .map(|(_, path)| {
+                PathBuf::from(format!(
+                    "/sys/fs/cgroup/memory{}/nodus-proxy-bench-{}",
+                    path.trim_end_matches('/'),
+                    std::process::id()
+                ))
+            })
+            .filter(|dir| std::fs::create_dir_all(dir).is_ok())
+            .filter(|dir| dir.join("memory.kmem.usage_in_bytes").exists());
+        KernelMemory { cgroup }
+    }
+
+    fn method(&self) -> &'static str {
+        match self.cgroup {
+            Some(_) => "kernel memory charged to the programming thread's memory cgroup",
+            None => "system unreclaimable slab (noisy)",
+        }
+    }
+
+    /// Moves the calling thread into the cgroup; the bytes counted from now on.
+    fn join(&self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.cgroup {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            std::fs::write(dir.join("tasks"), tid.to_string())
+                .with_context(|| format!("joining {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    fn bytes(&self) -> anyhow::Result<u64> {
+        match &self.cgroup {
+            Some(dir) => Ok(std::fs::read_to_string(dir.join("memory.kmem.usage_in_bytes"))?
+                .trim()
+                .parse()?),
+            None => {
+                let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+                meminfo
+                    .lines()
+                    .find_map(|l| l.strip_prefix("SUnreclaim:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .map(|kib| kib * 1024)
+                    .context("no SUnreclaim in /proc/meminfo")
+            }
+        }
+    }
+}
+
+impl Drop for KernelMemory {
+    fn drop(&mut self) {
+        // Charges left behind move to the parent; the directory goes once no task is in it.
+        if let Some(dir) = &self.cgroup {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -55,13 +118,13 @@ fn ms(d: Duration) -> f64 {
 struct Row {
     services: usize,
     cold: Duration,
-    slab_mib: f64,
+    kernel_mib: f64,
     change: (Duration, Duration),
     new_service: (Duration, Duration),
     nft_file: Option<Duration>,
 }
 
-fn run(services: usize, changes: usize) -> anyhow::Result<Row> {
+fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow::Result<Row> {
     let shape = Shape {
         services,
         endpoints_per_service: 10,
@@ -69,15 +132,18 @@ fn run(services: usize, changes: usize) -> anyhow::Result<Row> {
     };
     let mut view = view_of(&shape)?;
     let ns = Netns::new("pbench")?;
-    let slab_before = slab_kib()?;
-    let (mut proxy, cold) = ns.enter(|| -> anyhow::Result<(Proxy, Duration)> {
+    let (mut proxy, cold, kernel_mib) = ns.enter(|| -> anyhow::Result<(Proxy, Duration, f64)> {
+        // The thread ends when the closure returns, which takes it out of the cgroup.
+        kernel_memory.join()?;
+        let before = kernel_memory.bytes()?;
         let mut proxy = Proxy::new(ProxyConfig::default())?;
         let start = Instant::now();
         let report = proxy.full_sync(&view)?;
+        let cold = start.elapsed();
         anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
-        Ok((proxy, start.elapsed()))
+        let bytes = kernel_memory.bytes()?.saturating_sub(before);
+        Ok((proxy, cold, bytes as f64 / (1024.0 * 1024.0)))
     })??;
-    let slab_mib = slab_kib()?.saturating_sub(slab_before) as f64 / 1024.0;
 
     let mut timed = |updates: Vec<Update>, view: &mut View| -> anyhow::Result<Duration> {
         let start = Instant::now();
@@ -124,7 +190,7 @@ fn run(services: usize, changes: usize) -> anyhow::Result<Row> {
     Ok(Row {
         services,
         cold,
-        slab_mib,
+        kernel_mib,
         change: (
             percentile(&change_times, 0.5),
             percentile(&change_times, 0.99),
@@ -153,20 +219,22 @@ fn main() -> anyhow::Result<()> {
             other => bail!("unknown argument {other:?}"),
         }
     }
+    let kernel_memory = KernelMemory::new();
     println!(
         "proxy bench: services × 10 endpoints, in a fresh network namespace; {changes} changes"
     );
+    println!("kernel MiB: {}", kernel_memory.method());
     println!(
         "{:>9} | {:>10} | {:>9} | {:>21} | {:>21} | {:>14}",
         "services",
         "cold ms",
-        "slab MiB",
+        "kernel MiB",
         "endpoint change p50/p99",
         "new service p50/p99",
         "nft -f ms (×)"
     );
     for services in sizes {
-        let row = run(services, changes)?;
+        let row = run(services, changes, &kernel_memory)?;
         let nft = row.nft_file.map_or("-".to_string(), |d| {
             format!(
                 "{:.0} ({:.1}×)",
@@ -178,7 +246,7 @@ fn main() -> anyhow::Result<()> {
             "{:>9} | {:>10.1} | {:>9.1} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
             row.services,
             ms(row.cold),
-            row.slab_mib,
+            row.kernel_mib,
             ms(row.change.0),
             ms(row.change.1),
             ms(row.new_service.0),
