@@ -3,16 +3,19 @@
 //! For each shape (services × endpoints per service × nodes) it loads the cluster, starts
 //! a real `nodus run`, and reports the time to ready, memory after the initial sync, and a
 //! churn of endpoint updates: the wall time from the first API write until nodus has
-//! applied the last one, and the time nodus spent applying batches. It prints figures;
-//! it asserts nothing.
+//! applied the last one, and the time nodus spent applying batches. With `--proxy` the
+//! agent runs in a network namespace of its own with the service proxy on, so the churn
+//! is programmed into the kernel too. It prints figures; it asserts nothing.
 //!
 //! `cargo bench --bench scale -- [--shape 1000x10x100]… [--churn 1000] [--nodus PATH]
-//! [--page-size N] [--settle-ms MS] [--dns]`
+//! [--page-size N] [--settle-ms MS] [--dns] [--proxy]`
 
 use anyhow::{Context, bail};
 use nodus_testbed::bench::{BenchCluster, free_port};
+use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, ProcMemory, Shape, proc_memory};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 struct Options {
@@ -23,6 +26,8 @@ struct Options {
     page_size: Option<u32>,
     /// Run with the DNS server on (on an ephemeral port) rather than no subsystem at all.
     dns: bool,
+    /// Run with the service proxy on, in a network namespace.
+    proxy: bool,
 }
 
 fn parse_shape(text: &str) -> anyhow::Result<Shape> {
@@ -51,6 +56,7 @@ fn options() -> anyhow::Result<Options> {
         settle: Duration::from_secs(2),
         page_size: None,
         dns: false,
+        proxy: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -62,6 +68,7 @@ fn options() -> anyhow::Result<Options> {
             "--settle-ms" => opts.settle = Duration::from_millis(value()?.parse()?),
             "--page-size" => opts.page_size = Some(value()?.parse()?),
             "--dns" => opts.dns = true,
+            "--proxy" => opts.proxy = true,
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -93,7 +100,15 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
         true => format!("dns:\n  listen: [\"127.0.0.1:{}\"]\n", free_port()?),
         false => "dns:\n  enabled: false\n".to_string(),
     });
-    let agent = cluster.start_agent(&opts.nodus, &scale::node_name(0), &config)?;
+    let node = scale::node_name(0);
+    let agent = match opts.proxy {
+        true => {
+            config.push_str("proxy:\n  enabled: true\n");
+            let ns = Arc::new(Netns::new("scale")?);
+            cluster.start_agent_in(ns, &opts.nodus, &node, &config)?
+        }
+        false => cluster.start_agent(&opts.nodus, &node, &config)?,
+    };
     let ready = agent.wait_ready(Duration::from_secs(600))?;
     std::thread::sleep(opts.settle);
     let synced = proc_memory(agent.pid())?;
@@ -144,10 +159,11 @@ fn mib(kib: u64) -> String {
 fn main() -> anyhow::Result<()> {
     let opts = options()?;
     println!(
-        "nodus scale bench: {} (churn {} endpoint-slice updates; DNS {})",
+        "nodus scale bench: {} (churn {} endpoint-slice updates; DNS {}; proxy {})",
         opts.nodus.display(),
         opts.churn,
-        if opts.dns { "on" } else { "off" }
+        if opts.dns { "on" } else { "off" },
+        if opts.proxy { "on" } else { "off" }
     );
     println!(
         "{:<14} {:>9} | {:>8} {:>8} {:>8} | {:>10} {:>10} | {:>8} {:>8} {:>8}",

@@ -2,12 +2,14 @@
 //! real `nodus run` process against it.
 
 use crate::apiserver::{self, ApiServerConfig, ServerHandle, Store};
+use crate::netns::Netns;
 use crate::probe::http_get;
 use anyhow::{Context, bail};
 use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A loopback port free for both TCP and UDP, for a child process to bind.
@@ -92,24 +94,52 @@ impl BenchCluster {
     /// Starts `nodus run` as node `node` with the configuration `config` (YAML). Each agent
     /// has its own configuration and log file, named after its HTTP port.
     pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
+        self.start(Command::new(nodus), &self.kubeconfig, None, node, config)
+    }
+
+    /// As [`BenchCluster::start_agent`], inside `ns` (which gets its own API listener), so
+    /// that the agent may program its kernel state.
+    pub fn start_agent_in(
+        &self,
+        ns: Arc<Netns>,
+        nodus: &Path,
+        node: &str,
+        config: &str,
+    ) -> anyhow::Result<Agent> {
+        let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+        let kubeconfig = self.listen_in(&ns, api)?;
+        let mut command = Command::new("ip");
+        command.args(["netns", "exec", ns.name()]).arg(nodus);
+        self.start(command, &kubeconfig, Some(ns), node, config)
+    }
+
+    fn start(
+        &self,
+        mut command: Command,
+        kubeconfig: &Path,
+        ns: Option<Arc<Netns>>,
+        node: &str,
+        config: &str,
+    ) -> anyhow::Result<Agent> {
         let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         let config_path = self.dir.join(format!("config-{}.yaml", http.port()));
         std::fs::write(&config_path, config)?;
         let log = self.dir.join(format!("nodus-{}.log", http.port()));
-        let child = Command::new(nodus)
+        let child = command
             .args(["run", "--node-name", node, "--http-addr", &http.to_string()])
             .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
+            .arg(kubeconfig)
             .arg("--config")
             .arg(&config_path)
             .env("NODUS_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
-            .with_context(|| format!("starting {}", nodus.display()))?;
+            .with_context(|| format!("starting {command:?}"))?;
         Ok(Agent {
             child,
             http,
+            ns,
             started: Instant::now(),
             log,
         })
@@ -129,6 +159,8 @@ impl Drop for BenchCluster {
 pub struct Agent {
     child: Child,
     pub http: SocketAddr,
+    /// Where `http` is, when not in this process's namespace.
+    ns: Option<Arc<Netns>>,
     started: Instant,
     log: PathBuf,
 }
@@ -141,9 +173,7 @@ impl Agent {
     /// Waits for `/readyz`; returns the time since the process started.
     pub fn wait_ready(&self, limit: Duration) -> anyhow::Result<Duration> {
         loop {
-            if http_get(self.http, "/readyz", Duration::from_secs(5))
-                .is_ok_and(|(code, _)| code == 200)
-            {
+            if self.get("/readyz").is_ok_and(|(code, _)| code == 200) {
                 return Ok(self.started.elapsed());
             }
             if self.started.elapsed() > limit {
@@ -156,9 +186,17 @@ impl Agent {
         }
     }
 
+    fn get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let get = || http_get(self.http, path, Duration::from_secs(5));
+        match &self.ns {
+            Some(ns) => ns.enter(get)?,
+            None => get(),
+        }
+    }
+
     /// One series of `/metrics`, e.g. `nodus_view_objects{kind="endpoint"}`.
     pub fn metric(&self, series: &str) -> anyhow::Result<f64> {
-        let (_, body) = http_get(self.http, "/metrics", Duration::from_secs(5))?;
+        let (_, body) = self.get("/metrics")?;
         body.lines()
             .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
             .and_then(|v| v.trim().parse().ok())

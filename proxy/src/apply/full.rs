@@ -200,15 +200,22 @@ impl<'a, 'v> FullSync<'a, 'v> {
     /// Adds one service to the transaction being built, unless one of its keys belongs
     /// to a service programmed earlier in this sync.
     fn add(&mut self, plan: ServicePlan) -> Result<(), Error> {
-        let keys: Vec<(SharedSet, Vec<u8>)> = plan
+        // Endpoint keys are allocated for this sync, clear of every key the table holds:
+        // nobody else claims them and none exists yet, so they need no slot (and at
+        // 100,000 endpoints the slots would be most of the sync's memory).
+        let keys: Vec<(usize, (SharedSet, Vec<u8>))> = plan
             .elements
             .iter()
-            .map(|element| (element.set, element.element.key.to_bytes()))
+            .enumerate()
+            .filter(|(_, element)| element.set.kind != SharedKind::Endpoints)
+            .map(|(index, element)| (index, (element.set, element.element.key.to_bytes())))
             .collect();
-        if let Some(index) = keys
-            .iter()
-            .position(|key| self.slots.get(key).is_some_and(|slot| slot.claimed))
-        {
+        if let Some(index) = keys.iter().find_map(|(index, key)| {
+            self.slots
+                .get(key)
+                .is_some_and(|slot| slot.claimed)
+                .then_some(*index)
+        }) {
             let element = &plan.elements[index];
             let reason = format!(
                 "{} in {} is already programmed for another service",
@@ -226,8 +233,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
             return Ok(());
         }
         let mut stale = Vec::new();
-        let mut missing = Vec::new();
-        for (index, key) in keys.into_iter().enumerate() {
+        let mut missing: Vec<usize> = plan
+            .elements
+            .iter()
+            .enumerate()
+            .filter(|(_, element)| element.set.kind == SharedKind::Endpoints)
+            .map(|(index, _)| index)
+            .collect();
+        for (index, key) in keys {
             let slot = self.slots.entry(key).or_default();
             slot.claimed = true;
             match &slot.existing {
