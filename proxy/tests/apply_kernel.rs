@@ -294,7 +294,11 @@ fn table_objects(ns: &Netns) -> Vec<String> {
     let mut objects: Vec<String> = list_table(ns)
         .lines()
         .map(str::trim)
-        .filter(|line| ["chain ", "set ", "map "].iter().any(|k| line.starts_with(k)))
+        .filter(|line| {
+            ["chain ", "set ", "map "]
+                .iter()
+                .any(|k| line.starts_with(k))
+        })
         .map(|line| line.trim_end_matches(" {").to_string())
         .collect();
     objects.sort_unstable();
@@ -339,7 +343,11 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
     assert_eq!(table_objects(&ns), egress_objects);
     // A restart adopts it (the service proxy's shared maps are missing, not an error).
     let report = full_sync(&egress_only);
-    assert_eq!((report.added, report.leftovers_removed), (0, 0), "{report:?}");
+    assert_eq!(
+        (report.added, report.leftovers_removed),
+        (0, 0),
+        "{report:?}"
+    );
     assert_eq!(table_objects(&ns), egress_objects);
 
     // The proxy turned on: services join the masquerade.

@@ -223,7 +223,7 @@ fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
     for object in objects {
         cluster.apply(object);
     }
-    let kubeconfig = cluster.listen_on(&underlay, API_PORT);
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut nodes: Vec<MeshNode> = (1..=3)
         .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, ""))
         .collect();
@@ -486,7 +486,7 @@ fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
     let cluster = Cluster::new("mesh-rbac", "");
     cluster.apply(node_object("node-1", 1, &underlay));
     cluster.store.forbid_patch("nodes", true);
-    let kubeconfig = cluster.listen_on(&underlay, API_PORT);
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut node = MeshNode::new(&cluster, &underlay, "node-1", 1, "");
     node.start(&kubeconfig);
     wait_for("the RBAC error in the log", || {

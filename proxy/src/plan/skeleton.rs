@@ -298,28 +298,23 @@ fn masquerading_chain(facts: &NodeFacts, egress_families: &[Family]) -> ChainPla
                 ])
             })
             // Egress: pods leaving the cluster, as the pod network must.
-            .chain(
-                Family::ALL
-                    .into_iter()
-                    .filter(|family| egress_families.contains(family))
-                    .map(|family| {
-                        RulePlan::new([
-                            Stmt::AddrInSet {
-                                addr: Addr::Source,
-                                family,
-                                set: pod_cidrs_set(family),
-                                negated: false,
-                            },
-                            Stmt::AddrInSet {
-                                addr: Addr::Destination,
-                                family,
-                                set: cluster_cidrs_set(family),
-                                negated: true,
-                            },
-                            Stmt::MarkOr(mark),
-                        ])
-                    }),
-            )
+            .chain(egress_families.iter().map(|&family| {
+                RulePlan::new([
+                    Stmt::AddrInSet {
+                        addr: Addr::Source,
+                        family,
+                        set: pod_cidrs_set(family),
+                        negated: false,
+                    },
+                    Stmt::AddrInSet {
+                        addr: Addr::Destination,
+                        family,
+                        set: cluster_cidrs_set(family),
+                        negated: true,
+                    },
+                    Stmt::MarkOr(mark),
+                ])
+            }))
             .chain([
                 RulePlan::new([Stmt::MarkClear(mark), Stmt::Verdict(Verdict::Return)]),
                 RulePlan::new([Stmt::MarkXor(mark)]),
