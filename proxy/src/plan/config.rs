@@ -27,6 +27,7 @@ pub enum TableScope {
 /// How the proxy is set up; the equivalent of kube-proxy's flags that nodus keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
+    /// The whole proxy, or the egress masquerade alone.
     pub scope: TableScope,
     /// Pod address ranges of the whole cluster: traffic from them is "local" to the
     /// cluster (D.29, F.45). Empty: the pod CIDRs of this node's Node object.
@@ -69,6 +70,7 @@ impl Default for ProxyConfig {
 /// once per sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFacts {
+    /// From the configuration; a plan depends on it like on the node's own facts.
     pub scope: TableScope,
     pub node: NodeContext,
     /// The node's primary address per family: the only NodePort addresses (E.34, E.35).
