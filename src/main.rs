@@ -160,12 +160,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .build()?)
 }
 
-/// `nodus run`. With the nftables table to program, a second worker keeps DNS and the
-/// HTTP endpoints answering while a netlink commit blocks the first (a full sync of the
-/// proxy can take seconds).
+/// `nodus run`. With the proxy on, a second worker keeps DNS and the HTTP endpoints
+/// answering while a netlink commit blocks the first (a full sync can take seconds).
 fn agent(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.cluster);
-    let runtime = match run::load_config(&args.cluster)?.programs_table() {
+    let runtime = match run::load_config(&args.cluster)?.proxy.enabled {
         true => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()

@@ -252,10 +252,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         // DNS answers from the view itself; the proxy must have programmed it.
         let proxy_ready = proxy.as_mut().is_none_or(|proxy| {
-            // Netlink commits block: let the runtime move DNS and HTTP to the other worker.
-            let programmed = tokio::task::block_in_place(|| {
-                proxy.step(&feed.read(), &applied.changes, &feed.metrics)
-            });
+            let mut step = || proxy.step(&feed.read(), &applied.changes, &feed.metrics);
+            // Netlink commits block: a full sync of the proxy takes seconds, so the runtime
+            // moves DNS and HTTP to its other worker meanwhile. The egress masquerade
+            // alone is a few messages, synced on the mesh's single-threaded runtime.
+            let programmed = match config.proxy.enabled {
+                true => tokio::task::block_in_place(step),
+                false => step(),
+            };
             if let Some(health) = &mut proxy.health {
                 health.update((!applied.initial_sync).then_some(&applied.changes));
             }
