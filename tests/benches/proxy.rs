@@ -82,9 +82,11 @@ impl KernelMemory {
 
     fn bytes(&self) -> anyhow::Result<u64> {
         match &self.cgroup {
-            Some(dir) => Ok(std::fs::read_to_string(dir.join("memory.kmem.usage_in_bytes"))?
-                .trim()
-                .parse()?),
+            Some(dir) => Ok(
+                std::fs::read_to_string(dir.join("memory.kmem.usage_in_bytes"))?
+                    .trim()
+                    .parse()?,
+            ),
             None => {
                 let meminfo = std::fs::read_to_string("/proc/meminfo")?;
                 meminfo
@@ -132,18 +134,19 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
     };
     let mut view = view_of(&shape)?;
     let ns = Netns::new("pbench")?;
-    let (mut proxy, cold, kernel_mib) = ns.enter(|| -> anyhow::Result<(Proxy, Duration, f64)> {
-        // The thread ends when the closure returns, which takes it out of the cgroup.
-        kernel_memory.join()?;
-        let before = kernel_memory.bytes()?;
-        let mut proxy = Proxy::new(ProxyConfig::default())?;
-        let start = Instant::now();
-        let report = proxy.full_sync(&view)?;
-        let cold = start.elapsed();
-        anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
-        let bytes = kernel_memory.bytes()?.saturating_sub(before);
-        Ok((proxy, cold, bytes as f64 / (1024.0 * 1024.0)))
-    })??;
+    let (mut proxy, cold, kernel_mib) =
+        ns.enter(|| -> anyhow::Result<(Proxy, Duration, f64)> {
+            // The thread ends when the closure returns, which takes it out of the cgroup.
+            kernel_memory.join()?;
+            let before = kernel_memory.bytes()?;
+            let mut proxy = Proxy::new(ProxyConfig::default())?;
+            let start = Instant::now();
+            let report = proxy.full_sync(&view)?;
+            let cold = start.elapsed();
+            anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
+            let bytes = kernel_memory.bytes()?.saturating_sub(before);
+            Ok((proxy, cold, bytes as f64 / (1024.0 * 1024.0)))
+        })??;
 
     let mut timed = |updates: Vec<Update>, view: &mut View| -> anyhow::Result<Duration> {
         let start = Instant::now();
