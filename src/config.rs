@@ -163,6 +163,8 @@ pub struct MeshConfig {
     pub mtu_overhead: u32,
     /// The CNI configuration written for kubelet.
     pub cni_conflist: PathBuf,
+    /// Pod traffic to destinations outside the cluster leaves with the node's address.
+    pub masquerade: bool,
 }
 
 impl Default for MeshConfig {
@@ -178,6 +180,7 @@ impl Default for MeshConfig {
             mtu: None,
             mtu_overhead: 80,
             cni_conflist: PathBuf::from("/etc/cni/net.d/10-nodus.conflist"),
+            masquerade: true,
         }
     }
 }
@@ -255,6 +258,18 @@ fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Cidr>, D::Err
 }
 
 impl Config {
+    /// Whether nodus's table masquerades pod traffic leaving the cluster: the mesh is the
+    /// pod network, and `mesh.masquerade` is on.
+    pub fn egress_masquerade(&self) -> bool {
+        self.mesh.enabled && self.mesh.masquerade
+    }
+
+    /// Whether nodus programs its nftables table at all: for the service proxy, or for
+    /// the egress masquerade alone.
+    pub fn programs_table(&self) -> bool {
+        self.proxy.enabled || self.egress_masquerade()
+    }
+
     pub fn parse(yaml: &str) -> anyhow::Result<Config> {
         if yaml.trim().is_empty() {
             return Ok(Config::default());
@@ -361,10 +376,21 @@ mod tests {
         assert_eq!(config.mesh.endpoint_family, EndpointFamily::Ipv6);
         assert_eq!(config.mesh.mtu, Some(1400));
         assert_eq!(config.mesh.listen_port, 51820);
+        assert!(config.egress_masquerade() && config.programs_table());
         assert_eq!(
             config.dns.listen,
             vec!["127.0.0.1:5353".parse().expect("addr")]
         );
+    }
+
+    #[test]
+    fn the_table_is_programmed_for_the_proxy_or_the_meshs_egress() {
+        let table = |yaml: &str| Config::parse(yaml).expect("valid").programs_table();
+        assert!(!table(""));
+        assert!(table("proxy:\n  enabled: true\n"));
+        assert!(table("mesh:\n  enabled: true\n"));
+        assert!(!table("mesh:\n  enabled: true\n  masquerade: false\n"));
+        assert!(!table("mesh:\n  masquerade: true\n"));
     }
 
     #[test]

@@ -4,10 +4,12 @@ use crate::ClusterArgs;
 use crate::config::Config;
 use crate::run::load_config;
 use crate::view_cmd::synced_view;
-use nodus_proxy::plan::{EndpointKeys, LocalDns, Planner, ProxyConfig, render};
+use nodus_proxy::plan::{EndpointKeys, LocalDns, Planner, ProxyConfig, TableScope, render};
 use std::io::Write;
 
-/// The proxy's settings from the configuration file.
+/// The proxy's settings from the configuration file. With the proxy off and the mesh's
+/// egress masquerade on, nodus's table carries that masquerade alone: another proxy
+/// serves Services.
 pub fn proxy_config(config: &Config) -> ProxyConfig {
     let dns = &config.dns;
     let local_dns = dns
@@ -18,9 +20,14 @@ pub fn proxy_config(config: &Config) -> ProxyConfig {
             name: name.to_string(),
             port: dns.listen.first().map_or(53, |addr| addr.port()),
         });
+    let scope = match config.proxy.enabled || !config.egress_masquerade() {
+        true => TableScope::Services,
+        false => TableScope::EgressOnly,
+    };
     ProxyConfig {
+        scope,
         cluster_cidrs: config.cluster_cidrs.clone(),
-        egress_masquerade: config.mesh.enabled,
+        egress_masquerade: config.egress_masquerade(),
         local_dns,
         ..ProxyConfig::default()
     }

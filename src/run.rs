@@ -54,11 +54,13 @@ fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
     })
 }
 
-/// The service proxy in the run loop: a full sync first, then one transaction per batch,
-/// and a periodic check that repairs outside changes.
+/// nodus's nftables table in the run loop (the service proxy, or with only the mesh on
+/// the egress masquerade): a full sync first, then one transaction per batch, and a
+/// periodic check that repairs outside changes.
 struct ProxyLoop {
     proxy: Proxy,
-    health: HealthChecks,
+    /// Health-check node ports, served only by the service proxy.
+    health: Option<HealthChecks>,
     /// The last sync failed, or none happened yet: the next step is a full sync.
     needs_full: bool,
     last_check: Instant,
@@ -69,7 +71,10 @@ impl ProxyLoop {
         let proxy = Proxy::new(proxy_config(config)).context("opening nf_tables netlink")?;
         Ok(ProxyLoop {
             proxy,
-            health: HealthChecks::new(view, config.proxy.health_check_address),
+            health: config
+                .proxy
+                .enabled
+                .then(|| HealthChecks::new(view, config.proxy.health_check_address)),
             needs_full: true,
             last_check: Instant::now(),
         })
@@ -228,7 +233,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         true => Some(start_mesh(&config, view.clone(), client.clone(), &metrics).await?),
         false => None,
     };
-    let mut proxy = match config.proxy.enabled {
+    // The mesh alone still needs the table, for its egress masquerade.
+    let mut proxy = match config.programs_table() {
         true => Some(ProxyLoop::new(&config, view.clone())?),
         false => None,
     };
@@ -246,12 +252,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         // DNS answers from the view itself; the proxy must have programmed it.
         let proxy_ready = proxy.as_mut().is_none_or(|proxy| {
-            // Netlink commits block: let the runtime move DNS and HTTP to the other worker.
-            let programmed = tokio::task::block_in_place(|| {
-                proxy.step(&feed.read(), &applied.changes, &feed.metrics)
-            });
-            let changes = (!applied.initial_sync).then_some(&applied.changes);
-            proxy.health.update(changes);
+            let mut step = || proxy.step(&feed.read(), &applied.changes, &feed.metrics);
+            // Netlink commits block: a full sync of the proxy takes seconds, so the runtime
+            // moves DNS and HTTP to its other worker meanwhile. The egress masquerade
+            // alone is a few messages, synced on the mesh's single-threaded runtime.
+            let programmed = match config.proxy.enabled {
+                true => tokio::task::block_in_place(step),
+                false => step(),
+            };
+            if let Some(health) = &mut proxy.health {
+                health.update((!applied.initial_sync).then_some(&applied.changes));
+            }
             programmed
         });
         if let Some(mesh) = &mesh_changed

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
 use nodus_proxy::nft::Socket;
-use nodus_proxy::plan::ProxyConfig;
+use nodus_proxy::plan::{ProxyConfig, TableScope};
 use nodus_testbed::netns::Netns;
 
 mod common;
@@ -287,4 +287,80 @@ fn a_conflicting_service_is_reported_and_the_others_programmed() {
         listing.contains("10.96.0.10 . tcp . 80 : goto service-"),
         "{listing}"
     );
+}
+
+/// The chains, sets and maps of the table, sorted.
+fn table_objects(ns: &Netns) -> Vec<String> {
+    let mut objects: Vec<String> = list_table(ns)
+        .lines()
+        .map(str::trim)
+        .filter(|line| {
+            ["chain ", "set ", "map "]
+                .iter()
+                .any(|k| line.starts_with(k))
+        })
+        .map(|line| line.trim_end_matches(" {").to_string())
+        .collect();
+    objects.sort_unstable();
+    objects
+}
+
+/// With the proxy off and the mesh on (beside kube-proxy), the table holds only the
+/// egress masquerade; restarts adopt it, and a node switched between that and the full
+/// proxy, without `nodus cleanup`, keeps only what its scope programs.
+#[test]
+fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
+    if skip_unless_root() {
+        return;
+    }
+    let ns = Netns::new("apeg").expect("namespace");
+    let view = node_view(&TWO_ENDPOINTS);
+    let egress_only = ProxyConfig {
+        scope: TableScope::EgressOnly,
+        egress_masquerade: true,
+        ..ProxyConfig::default()
+    };
+    let services = ProxyConfig {
+        egress_masquerade: true,
+        ..ProxyConfig::default()
+    };
+    let full_sync = |config: &ProxyConfig| {
+        let config = config.clone();
+        ns.enter(|| Proxy::new(config).expect("proxy").full_sync(&view))
+            .expect("entering the namespace")
+            .expect("full sync")
+    };
+    let egress_objects = [
+        "chain masquerading",
+        "chain nat-postrouting",
+        "set cluster-cidrs-v4",
+        "set cluster-cidrs-v6",
+        "set pod-cidrs-v4",
+        "set pod-cidrs-v6",
+    ];
+
+    assert_eq!(full_sync(&egress_only).added, 0);
+    assert_eq!(table_objects(&ns), egress_objects);
+    // A restart adopts it (the service proxy's shared maps are missing, not an error).
+    let report = full_sync(&egress_only);
+    assert_eq!(
+        (report.added, report.leftovers_removed),
+        (0, 0),
+        "{report:?}"
+    );
+    assert_eq!(table_objects(&ns), egress_objects);
+
+    // The proxy turned on: services join the masquerade.
+    assert_eq!(full_sync(&services).added, 5);
+    let listing = list_table(&ns);
+    assert!(
+        listing.contains("10.96.0.10 . tcp . 80 : goto service-"),
+        "{listing}"
+    );
+    assert!(listing.contains("daddr != @cluster-cidrs-v4"), "{listing}");
+
+    // And off again: every service chain, map and filter hook goes.
+    let report = full_sync(&egress_only);
+    assert!(report.leftovers_removed > 0, "{report:?}");
+    assert_eq!(table_objects(&ns), egress_objects);
 }

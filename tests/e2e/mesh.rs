@@ -7,7 +7,7 @@ use crate::support::{Cluster, NODUS, free_port, metric, wait_for};
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::cni;
 use nodus_testbed::netns::{self, Node, Pod, Underlay, unique_name};
-use nodus_testbed::probe::{http_get, tcp_who};
+use nodus_testbed::probe::{SourceEcho, http_get, tcp_who};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -17,6 +17,8 @@ use std::time::Duration;
 const API_PORT: u16 = 6443;
 const ECHO_PORT: u16 = 8080;
 const WG_PORT: u16 = 51820;
+/// A server's port on the underlay, which stands for the world outside the cluster.
+const OUTSIDE_PORT: u16 = 18080;
 
 fn v4_cidr(i: u8) -> String {
     format!("10.244.{i}.0/24")
@@ -221,7 +223,7 @@ fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
     for object in objects {
         cluster.apply(object);
     }
-    let kubeconfig = cluster.listen_on(&underlay, API_PORT);
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut nodes: Vec<MeshNode> = (1..=3)
         .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, ""))
         .collect();
@@ -236,7 +238,7 @@ fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
 
 #[test]
 fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
-    let (cluster, _underlay, mut nodes, kubeconfig) = three_nodes("mesh");
+    let (cluster, underlay, mut nodes, kubeconfig) = three_nodes("mesh");
     let pods: Vec<Pod> = nodes
         .iter()
         .enumerate()
@@ -305,6 +307,50 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
             "not WireGuard on the underlay: {line}\n{captured}"
         );
     }
+
+    // Egress with the proxy off (nodus beside kube-proxy): a server outside the cluster,
+    // on the underlay, which has no route to pods, sees node 1's address in both
+    // families. nodus's table holds the masquerade and nothing that could meet
+    // kube-proxy's traffic.
+    for (outside, node_1) in [
+        (IpAddr::V4(underlay.v4(1)), IpAddr::V4(underlay.v4(2))),
+        (IpAddr::V6(underlay.v6(1)), IpAddr::V6(underlay.v6(2))),
+    ] {
+        let outside = SocketAddr::new(outside, OUTSIDE_PORT);
+        let _server = SourceEcho::start(underlay.ns.name(), outside).expect("outside server");
+        let seen = wait_for(&format!("pod-1 reaches {outside}"), || {
+            pods[0]
+                .ns
+                .enter(move || tcp_who(outside, Duration::from_secs(2)))
+                .ok()?
+                .ok()
+        });
+        assert_eq!(seen, node_1.to_string(), "the source {outside} saw");
+    }
+    let table = nodes[0]
+        .node
+        .ns
+        .exec("nft", &["list", "table", "inet", "nodus"])
+        .expect("nodus's table");
+    let mut objects: Vec<&str> = table
+        .lines()
+        .map(str::trim)
+        .filter(|line| line.starts_with("chain ") || line.starts_with("set "))
+        .collect();
+    objects.sort_unstable();
+    assert_eq!(
+        objects,
+        [
+            "chain masquerading {",
+            "chain nat-postrouting {",
+            "set cluster-cidrs-v4 {",
+            "set cluster-cidrs-v6 {",
+            "set pod-cidrs-v4 {",
+            "set pod-cidrs-v6 {",
+        ],
+        "{table}"
+    );
+
     nodes[0].wait_metric("nodus_mesh_peers_recent_handshake", 2.0);
     assert!(
         nodes[0]
@@ -404,6 +450,30 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
         who(&pods[0], IpAddr::V6(pods[1].v6.expect("v6"))).expect("TCP"),
         "pod-2"
     );
+
+    // `nodus cleanup` removes the table with the device, the mesh alone having made it.
+    nodes[0].stop();
+    let config = nodes[0].config.to_string_lossy().to_string();
+    nodes[0]
+        .node
+        .ns
+        .exec(NODUS, &["cleanup", "--yes", "--config", &config])
+        .expect("nodus cleanup");
+    assert!(
+        nodes[0]
+            .node
+            .ns
+            .exec("nft", &["list", "table", "inet", "nodus"])
+            .is_err(),
+        "the table outlived the cleanup"
+    );
+    assert!(
+        nodes[0]
+            .node
+            .ns
+            .ip(&["link", "show", &nodes[0].interface])
+            .is_err()
+    );
 }
 
 #[test]
@@ -416,7 +486,7 @@ fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
     let cluster = Cluster::new("mesh-rbac", "");
     cluster.apply(node_object("node-1", 1, &underlay));
     cluster.store.forbid_patch("nodes", true);
-    let kubeconfig = cluster.listen_on(&underlay, API_PORT);
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut node = MeshNode::new(&cluster, &underlay, "node-1", 1, "");
     node.start(&kubeconfig);
     wait_for("the RBAC error in the log", || {

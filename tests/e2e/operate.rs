@@ -5,6 +5,8 @@ use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
 use serde_json::{Value, json};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const EXAMPLE_BACKEND: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/examples/on-change.sh");
@@ -118,6 +120,33 @@ fn slice(service: &str, addresses: &[&str]) -> Value {
     })
 }
 
+/// Starts `nodus run --on-change PROGRAM` for node-1, with DNS off and what `configure`
+/// adds; returns its HTTP address once it is ready.
+fn run_with_on_change(
+    cluster: &mut Cluster,
+    program: &Path,
+    configure: impl FnOnce(&mut Command),
+) -> SocketAddr {
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let config = cluster.dir.join("config.yaml");
+    std::fs::write(&config, "dns:\n  enabled: false\n").expect("config");
+    let mut cmd = cluster.nodus(&[
+        "run",
+        "--node-name",
+        "node-1",
+        "--http-addr",
+        &http.to_string(),
+    ]);
+    cmd.arg("--on-change")
+        .arg(program)
+        .arg("--config")
+        .arg(&config);
+    configure(&mut cmd);
+    cluster.spawn(cmd);
+    wait_ready(http);
+    http
+}
+
 /// The README's worked example against the stand-in: the script keeps a file per
 /// service handed to it, and nodus's own proxy leaves those services alone.
 #[test]
@@ -133,23 +162,9 @@ fn on_change_feeds_the_example_backend_the_services_handed_to_it() {
     cluster.apply(labelled_service("lb", "example-backend"));
     cluster.apply(slice("lb", &["10.244.2.50", "10.244.2.51"]));
     let backend = cluster.dir.join("backend");
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let config = cluster.dir.join("config.yaml");
-    std::fs::write(&config, "dns:\n  enabled: false\n").expect("config");
-    let mut cmd = cluster.nodus(&[
-        "run",
-        "--node-name",
-        "node-1",
-        "--http-addr",
-        &http.to_string(),
-        "--on-change",
-        EXAMPLE_BACKEND,
-    ]);
-    cmd.arg("--config")
-        .arg(&config)
-        .env("BACKEND_DIR", &backend);
-    cluster.spawn(cmd);
-    wait_ready(http);
+    let http = run_with_on_change(&mut cluster, Path::new(EXAMPLE_BACKEND), |cmd| {
+        cmd.env("BACKEND_DIR", &backend);
+    });
 
     let file = backend.join("default_lb");
     let read = || std::fs::read_to_string(&file).ok();
@@ -220,25 +235,10 @@ fn a_failing_or_hanging_program_is_logged_and_never_stalls_the_agent() {
         .args(["+x", &script.to_string_lossy()])
         .status()
         .expect("chmod");
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let config = cluster.dir.join("config.yaml");
-    std::fs::write(&config, "dns:\n  enabled: false\n").expect("config");
-    let mut cmd = cluster.nodus(&[
-        "run",
-        "--node-name",
-        "node-1",
-        "--http-addr",
-        &http.to_string(),
-        "--on-change-timeout",
-        "1",
-    ]);
-    cmd.arg("--on-change")
-        .arg(&script)
-        .arg("--config")
-        .arg(&config)
-        .env("NODUS_LOG_FORMAT", "json");
-    cluster.spawn(cmd);
-    wait_ready(http);
+    let http = run_with_on_change(&mut cluster, &script, |cmd| {
+        cmd.args(["--on-change-timeout", "1"])
+            .env("NODUS_LOG_FORMAT", "json");
+    });
     let errors = |http| subsystem(&status_json(http), "on-change")["errors"].clone();
     wait_for("a timed-out run after the failed one", || {
         (errors(http).as_u64() >= Some(2)).then_some(())
@@ -285,7 +285,7 @@ fn with_only_the_daemonsets_capabilities_it_programs_and_answers_and_sigterm_lea
     let mut cluster = Cluster::new("sigterm", EXAMPLE);
     let ns = Netns::new("term").expect("netns");
     ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
-    let kubeconfig = cluster.listen_in(&ns);
+    let kubeconfig = cluster.listen_in(&ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
     let config = cluster.dir.join("config.yaml");
     std::fs::write(
         &config,

@@ -3,11 +3,13 @@
 //! echo server, which answers with its pod name. Clients in pod namespaces (or on the
 //! underlay, outside the cluster) connect with `curl` and check where they landed.
 
-use crate::support::{Sandbox, WAIT};
+use crate::support::{Sandbox, WAIT, wait_for};
 use nodus_testbed::netns;
+use nodus_testbed::probe::{SourceEcho, tcp_who};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::time::Instant;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 
 fn node(name: &str, index: u8) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
@@ -145,16 +147,6 @@ fn spread(ns: &str, url: &str, count: usize) -> BTreeMap<String, usize> {
     seen
 }
 
-/// A child process killed when the test ends, even when it fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 const CURL_TIMEOUT: i32 = 28;
 const CURL_REFUSED: i32 = 7;
 
@@ -286,40 +278,14 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
 
     // Egress (the mesh is on in the sandbox): a pod reaches an address outside the
     // cluster, which sees the node's address, not the pod's (it has no route back to pods).
-    let server = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &underlay,
-            "python3",
-            "-c",
-            "import socket\n\
-                s = socket.socket()\n\
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-                s.bind(('172.30.0.1', 18080))\n\
-                s.listen()\n\
-                while True:\n\
-                \x20   c, a = s.accept()\n\
-                \x20   c.recv(1000)\n\
-                \x20   c.sendall(('HTTP/1.0 200 OK\\r\\n\\r\\n' + a[0]).encode())\n\
-                \x20   c.close()\n",
-        ])
-        .spawn()
-        .expect("outside server");
-    let mut server = KillOnDrop(server);
-    let deadline = Instant::now() + WAIT;
-    let seen = loop {
-        match curl(&pod("a-2"), "http://172.30.0.1:18080/", &[]) {
-            Ok(seen) => break seen,
-            Err(code) => assert!(
-                Instant::now() < deadline,
-                "pod traffic to outside the cluster failed: curl exit {code}"
-            ),
-        }
-        std::thread::sleep(std::time::Duration::from_millis(300));
-    };
+    let outside = SocketAddr::from(([172, 30, 0, 1], 18080));
+    let _server = SourceEcho::start(&underlay, outside).expect("outside server");
+    let seen = wait_for("pod traffic to outside the cluster", || {
+        netns::enter(&pod("a-2"), || tcp_who(outside, Duration::from_secs(2)))
+            .ok()?
+            .ok()
+    });
     assert_eq!(seen, node_a, "the source the outside saw");
-    let _ = server.0.kill();
 
     // K.62: an outside `nft flush table` on node-a is repaired by the periodic check.
     netns::run(

@@ -2,7 +2,7 @@
 //! the nodus processes started against it, all stopped when the test ends.
 
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
-use nodus_testbed::netns::{Netns, Underlay};
+use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -94,20 +94,15 @@ impl Cluster {
         (http, dns)
     }
 
-    /// Serves the API on the loopback of `ns` too (for a nodus inside it); returns the
-    /// kubeconfig for that address.
-    pub fn listen_in(&self, ns: &Netns) -> PathBuf {
-        let server = self.server.as_ref().expect("the server runs");
-        let listener = ns
-            .enter(|| std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)))
-            .expect("entering the namespace")
-            .expect("binding in the namespace");
-        listener.set_nonblocking(true).expect("non-blocking");
-        let addr = listener.local_addr().expect("bound");
-        {
-            let _guard = self.rt.enter();
-            server.add_listener(listener).expect("listener added");
-        }
+    /// Also serves the API on `addr` inside namespace `ns`, for nodus processes in it (on
+    /// its loopback) or in node namespaces on an underlay (on the underlay's address);
+    /// returns a kubeconfig for that address.
+    pub fn listen_in(&self, ns: &Netns, addr: SocketAddr) -> PathBuf {
+        self.server
+            .as_ref()
+            .expect("the server runs")
+            .listen_in(ns, addr)
+            .expect("listening in the namespace");
         let kubeconfig = self.dir.join(format!("kubeconfig-{}", ns.name()));
         apiserver::write_kubeconfig(&kubeconfig, &format!("http://{addr}")).expect("kubeconfig");
         kubeconfig
@@ -121,21 +116,6 @@ impl Cluster {
             .find(|c| c.id() == pid)
             .expect("a child of this cluster");
         child.wait().expect("wait")
-    }
-
-    /// Also serves the API on the underlay's own address, inside its namespace, for nodus
-    /// processes in node namespaces; returns a kubeconfig for them.
-    pub fn listen_on(&self, underlay: &Underlay, port: u16) -> PathBuf {
-        let address = underlay.v4(1);
-        self.server
-            .as_ref()
-            .expect("serving")
-            .listen_in(&underlay.ns, SocketAddr::from((address, port)))
-            .expect("listening on the underlay");
-        let path = self.dir.join("node-kubeconfig");
-        apiserver::write_kubeconfig(&path, &format!("http://{address}:{port}"))
-            .expect("kubeconfig");
-        path
     }
 
     pub fn restart_server(&mut self) {

@@ -147,23 +147,29 @@ impl Netns {
     /// Runs `f` on a thread that has entered the namespace. Sockets created there stay in
     /// the namespace, so this is how a listener or client is bound inside it.
     pub fn enter<T: Send>(&self, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
-        let path = format!("/var/run/netns/{}", self.name);
-        let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
-        std::thread::scope(|scope| {
-            scope
-                .spawn(|| {
-                    // SAFETY: setns on a valid namespace fd affects only this thread, which
-                    // ends when `f` returns.
-                    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-                    if rc != 0 {
-                        bail!("entering {}: {}", path, std::io::Error::last_os_error());
-                    }
-                    Ok(f())
-                })
-                .join()
-                .map_err(|_| anyhow::anyhow!("thread in {} panicked", self.name))?
-        })
+        enter(&self.name, f)
     }
+}
+
+/// [`Netns::enter`] for a namespace known by its name (`ip netns`), such as one of the
+/// sandbox's, which another process owns.
+pub fn enter<T: Send>(name: &str, f: impl FnOnce() -> T + Send) -> anyhow::Result<T> {
+    let path = format!("/var/run/netns/{name}");
+    let file = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: setns on a valid namespace fd affects only this thread, which
+                // ends when `f` returns.
+                let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+                if rc != 0 {
+                    bail!("entering {}: {}", path, std::io::Error::last_os_error());
+                }
+                Ok(f())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("thread in {name} panicked"))?
+    })
 }
 
 impl Drop for Netns {

@@ -30,7 +30,7 @@ use tracing::{error, warn};
 use super::{
     Error, FULL_SYNC_BATCH_MESSAGES, Proxy, RefusedService, SyncReport, applied, service_key,
 };
-use crate::nft::{self, DataType, Element, ElementData, ListedData, Table, Tuple, Value};
+use crate::nft::{self, DataType, Element, ElementData, Errno, ListedData, Table, Tuple, Value};
 use crate::plan::{
     ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, TABLE,
 };
@@ -146,7 +146,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(())
     }
 
-    /// Reads the keys of the shared maps as a previous run left them.
+    /// Reads the keys of the shared maps as a previous run left them. A table that
+    /// carried only the egress masquerade has none.
     fn snapshot(&mut self) -> Result<(), Error> {
         let endpoint_maps = self
             .proxy
@@ -166,11 +167,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
             )
             .collect();
         for set in sets {
-            let elements = self
-                .proxy
-                .socket
-                .list_elements(&self.table, &set.name())
-                .map_err(Error::netlink("listing the shared maps"))?;
+            let elements = match self.proxy.socket.list_elements(&self.table, &set.name()) {
+                Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => continue,
+                listed => listed.map_err(Error::netlink("listing the shared maps"))?,
+            };
             for element in elements {
                 self.slots.insert(
                     (set, element.key),

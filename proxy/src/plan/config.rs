@@ -10,9 +10,25 @@ use nodus_view::resolve::NodeContext;
 /// must not rely on it.
 pub const DEFAULT_MASQUERADE_MARK: u32 = 0x4000;
 
+/// What the `nodus` table carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TableScope {
+    /// The service proxy: every chain of kube-proxy's nftables mode, and the egress
+    /// masquerade when it is on.
+    #[default]
+    Services,
+    /// Only the pod network's egress masquerade (`nat-postrouting`, `masquerading` and
+    /// the pod and cluster ranges), for a node where another proxy (kube-proxy) serves
+    /// Services beside nodus's mesh: no service, filter or reject rules that could meet
+    /// that proxy's traffic.
+    EgressOnly,
+}
+
 /// How the proxy is set up; the equivalent of kube-proxy's flags that nodus keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
+    /// The whole proxy, or the egress masquerade alone.
+    pub scope: TableScope,
     /// Pod address ranges of the whole cluster: traffic from them is "local" to the
     /// cluster (D.29, F.45). Empty: the pod CIDRs of this node's Node object.
     pub cluster_cidrs: Vec<Cidr>,
@@ -40,6 +56,7 @@ pub struct LocalDns {
 impl Default for ProxyConfig {
     fn default() -> ProxyConfig {
         ProxyConfig {
+            scope: TableScope::Services,
             cluster_cidrs: Vec::new(),
             masquerade_mark: DEFAULT_MASQUERADE_MARK,
             masquerade_all: false,
@@ -53,6 +70,8 @@ impl Default for ProxyConfig {
 /// once per sync.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeFacts {
+    /// From the configuration; a plan depends on it like on the node's own facts.
+    pub scope: TableScope,
     pub node: NodeContext,
     /// The node's primary address per family: the only NodePort addresses (E.34, E.35).
     pub node_port_ips: Vec<IpAddr>,
@@ -99,6 +118,7 @@ impl NodeFacts {
             }
         };
         NodeFacts {
+            scope: config.scope,
             node: view.node_context(),
             node_port_ips,
             pod_cidrs,

@@ -27,7 +27,7 @@ mod skeleton;
 #[cfg(test)]
 mod tests;
 
-pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig};
+pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig, TableScope};
 pub use keys::{EndpointKeys, KeyBlock, KeyLease, SHARDS};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
@@ -68,11 +68,14 @@ impl<'v> Planner<'v> {
     }
 
     /// The plan of one service, its endpoints in blocks of `keys`; empty when the view
-    /// does not know it (deleted) or the proxy leaves it alone.
+    /// does not know it (deleted), the proxy leaves it alone, or the table carries no
+    /// services.
     pub fn service(&self, namespace: &str, name: &str, keys: &mut KeyLease<'_>) -> ServicePlan {
         match self.view.service(namespace, name) {
-            Some(service) => service::plan_service(self.view, &service, &self.facts, keys),
-            None => ServicePlan::empty(namespace, name),
+            Some(service) if self.plans_services() => {
+                service::plan_service(self.view, &service, &self.facts, keys)
+            }
+            _ => ServicePlan::empty(namespace, name),
         }
     }
 
@@ -84,9 +87,15 @@ impl<'v> Planner<'v> {
     ) -> impl Iterator<Item = ServicePlan> + 'a {
         self.view
             .services()
+            .filter(|_| self.plans_services())
             .map(move |service| {
                 service::plan_service(self.view, &service, &self.facts, &mut keys.lease(&[]))
             })
             .filter(|plan| !plan.is_empty())
+    }
+
+    /// Whether the table carries Services at all ([`TableScope::EgressOnly`] does not).
+    fn plans_services(&self) -> bool {
+        self.facts.scope == TableScope::Services
     }
 }

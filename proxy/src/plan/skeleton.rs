@@ -1,10 +1,11 @@
 //! The fixed part of the `nodus` table, after kube-proxy's `setupNFTables`: base chains on
 //! the hooks, the helper chains they jump to, and the shared sets and maps that services
-//! fill. See the README for the role of each chain.
+//! fill. See the README for the role of each chain. A table of
+//! [`TableScope::EgressOnly`] has only the egress masquerade's part of it.
 
 use nodus_view::model::{Cidr, Family};
 
-use super::config::NodeFacts;
+use super::config::{NodeFacts, TableScope};
 use super::objects::{ChainPlan, SetPlan, SharedKind, SharedSet, Skeleton, family_suffix};
 use super::ranges::merged_ranges;
 use super::rule::{Addr, LookupKey, RulePlan, Stmt, address_type, ip_value};
@@ -99,9 +100,9 @@ fn ranges_set(name: String, family: Family, cidrs: &[Cidr]) -> SetPlan {
     }
 }
 
-/// The skeleton for this node.
+/// The skeleton for this node: with [`TableScope::EgressOnly`], only the egress
+/// masquerade's chains and ranges.
 pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
-    let mark = facts.masquerade_mark;
     // A family gets egress masquerade when it has both ranges: whose traffic, and where
     // it stays inside.
     let egress_families: Vec<Family> = Family::ALL
@@ -114,7 +115,60 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
                     .any(|cidr| cidr.family() == *family)
         })
         .collect();
-    let chains = vec![
+    let pod_ranges = |family| ranges_set(pod_cidrs_set(family), family, &facts.pod_cidrs);
+    let cluster_ranges = |family| {
+        ranges_set(
+            cluster_cidrs_set(family),
+            family,
+            &facts.cluster_destinations,
+        )
+    };
+    let nat_postrouting = base(
+        "nat-postrouting",
+        ChainType::Nat,
+        Hook::Postrouting,
+        priority::SRCNAT,
+        vec![RulePlan::new([jump(MASQUERADING)])],
+    );
+    let masquerading = masquerading_chain(facts, &egress_families);
+    if facts.scope == TableScope::EgressOnly {
+        return Skeleton {
+            sets: egress_families
+                .iter()
+                .flat_map(|family| [pod_ranges(*family), cluster_ranges(*family)])
+                .collect(),
+            chains: vec![nat_postrouting, masquerading],
+        };
+    }
+    let mut chains = service_chains(facts.masquerade_mark);
+    chains.extend([nat_postrouting, masquerading]);
+    let mut sets = Vec::new();
+    for family in Family::ALL {
+        for kind in SharedKind::ALL {
+            sets.push(SetPlan {
+                set: SharedSet::new(kind, family).definition(),
+                elements: Vec::new(),
+            });
+        }
+        sets.push(SetPlan {
+            set: Set::new(node_port_ips_set(family), address_type(family)),
+            elements: facts
+                .node_port_ips(family)
+                .map(|ip| Element::new(ip_value(ip)))
+                .collect(),
+        });
+        sets.push(pod_ranges(family));
+        if egress_families.contains(&family) {
+            sets.push(cluster_ranges(family));
+        }
+    }
+    Skeleton { sets, chains }
+}
+
+/// Everything the skeleton has for Services: the filter and DNAT hooks and the chains
+/// they jump to.
+fn service_chains(mark: u32) -> Vec<ChainPlan> {
+    vec![
         base(
             "filter-prerouting",
             ChainType::Filter,
@@ -173,13 +227,6 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
             priority::DSTNAT,
             vec![RulePlan::new([jump(SERVICES)])],
         ),
-        base(
-            "nat-postrouting",
-            ChainType::Nat,
-            Hook::Postrouting,
-            priority::SRCNAT,
-            vec![RulePlan::new([jump(MASQUERADING)])],
-        ),
         regular(
             SERVICES,
             Family::ALL
@@ -224,75 +271,55 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
             MARK_FOR_MASQUERADE,
             vec![RulePlan::new([Stmt::MarkOr(mark)])],
         ),
-        regular(
-            MASQUERADING,
-            // D.27: hairpin connections are marked here, after DNAT has chosen the
-            // endpoint, instead of in a chain per endpoint before it.
-            per_family(|family| {
+    ]
+}
+
+/// `masquerading`, after `nat-postrouting`: marks hairpin connections (only for
+/// Services) and pod traffic leaving the cluster, then masquerades what carries the mark.
+fn masquerading_chain(facts: &NodeFacts, egress_families: &[Family]) -> ChainPlan {
+    let mark = facts.masquerade_mark;
+    let hairpin_families = match facts.scope {
+        TableScope::Services => &Family::ALL[..],
+        TableScope::EgressOnly => &[],
+    };
+    regular(
+        MASQUERADING,
+        // D.27: hairpin connections are marked here, after DNAT has chosen the
+        // endpoint, instead of in a chain per endpoint before it.
+        hairpin_families
+            .iter()
+            .map(|family| {
                 RulePlan::new([
                     Stmt::Hairpin {
-                        family,
-                        set: SharedSet::new(SharedKind::Hairpin, family).name(),
+                        family: *family,
+                        set: SharedSet::new(SharedKind::Hairpin, *family).name(),
                     },
                     Stmt::MarkOr(mark),
                 ])
             })
-            .into_iter()
             // Egress: pods leaving the cluster, as the pod network must.
-            .chain(
-                Family::ALL
-                    .into_iter()
-                    .filter(|family| egress_families.contains(family))
-                    .map(|family| {
-                        RulePlan::new([
-                            Stmt::AddrInSet {
-                                addr: Addr::Source,
-                                family,
-                                set: pod_cidrs_set(family),
-                                negated: false,
-                            },
-                            Stmt::AddrInSet {
-                                addr: Addr::Destination,
-                                family,
-                                set: cluster_cidrs_set(family),
-                                negated: true,
-                            },
-                            Stmt::MarkOr(mark),
-                        ])
-                    }),
-            )
+            .chain(egress_families.iter().map(|&family| {
+                RulePlan::new([
+                    Stmt::AddrInSet {
+                        addr: Addr::Source,
+                        family,
+                        set: pod_cidrs_set(family),
+                        negated: false,
+                    },
+                    Stmt::AddrInSet {
+                        addr: Addr::Destination,
+                        family,
+                        set: cluster_cidrs_set(family),
+                        negated: true,
+                    },
+                    Stmt::MarkOr(mark),
+                ])
+            }))
             .chain([
                 RulePlan::new([Stmt::MarkClear(mark), Stmt::Verdict(Verdict::Return)]),
                 RulePlan::new([Stmt::MarkXor(mark)]),
                 RulePlan::new([Stmt::Masquerade]),
             ])
             .collect(),
-        ),
-    ];
-
-    let mut sets = Vec::new();
-    for family in Family::ALL {
-        for kind in SharedKind::ALL {
-            sets.push(SetPlan {
-                set: SharedSet::new(kind, family).definition(),
-                elements: Vec::new(),
-            });
-        }
-        sets.push(SetPlan {
-            set: Set::new(node_port_ips_set(family), address_type(family)),
-            elements: facts
-                .node_port_ips(family)
-                .map(|ip| Element::new(ip_value(ip)))
-                .collect(),
-        });
-        sets.push(ranges_set(pod_cidrs_set(family), family, &facts.pod_cidrs));
-        if egress_families.contains(&family) {
-            sets.push(ranges_set(
-                cluster_cidrs_set(family),
-                family,
-                &facts.cluster_destinations,
-            ));
-        }
-    }
-    Skeleton { sets, chains }
+    )
 }

@@ -983,6 +983,56 @@ fn egress_from_pods_to_outside_the_cluster_is_masqueraded_with_the_mesh() {
 }
 
 #[test]
+fn with_the_proxy_off_the_table_carries_only_the_egress_masquerade() {
+    let other = node(
+        "node-b",
+        json!([{"type": "InternalIP", "address": "192.168.0.11"}]),
+        json!(["10.244.2.0/24", "fd00:244:2::/64"]),
+    );
+    let view = view([
+        this_node(),
+        other,
+        service("web", json!({"clusterIP": "10.96.0.10"}), json!({})),
+    ]);
+    let egress_only = ProxyConfig {
+        scope: TableScope::EgressOnly,
+        egress_masquerade: true,
+        ..ProxyConfig::default()
+    };
+    let planner = Planner::new(&view, &egress_only);
+    let mut keys = EndpointKeys::new();
+    assert_eq!(planner.services(&mut keys).count(), 0);
+    assert!(
+        planner
+            .service("default", "web", &mut keys.lease(&[]))
+            .is_empty()
+    );
+    let skeleton = planner.skeleton();
+    let chains: Vec<&str> = skeleton.chains.iter().map(ChainPlan::name).collect();
+    assert_eq!(chains, ["nat-postrouting", "masquerading"]);
+    let sets: Vec<&str> = skeleton.sets.iter().map(|s| s.set.name.as_str()).collect();
+    assert_eq!(
+        sets,
+        [
+            "pod-cidrs-v4",
+            "cluster-cidrs-v4",
+            "pod-cidrs-v6",
+            "cluster-cidrs-v6"
+        ]
+    );
+    let text = render(&skeleton, []);
+    for expected in [
+        "\t\tip saddr @pod-cidrs-v4 ip daddr != @cluster-cidrs-v4 meta mark set meta mark | 0x00004000\n",
+        "\t\tip6 saddr @pod-cidrs-v6 ip6 daddr != @cluster-cidrs-v6 meta mark set meta mark | 0x00004000\n",
+        "\t\tmasquerade fully-random\n",
+    ] {
+        assert!(text.contains(expected), "{expected:?} in\n{text}");
+    }
+    // No hairpin rule: its sets belong to the service proxy.
+    assert!(!text.contains("hairpin"), "{text}");
+}
+
+#[test]
 fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
     let view = view([
         this_node(),
