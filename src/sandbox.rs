@@ -269,7 +269,7 @@ fn demonstrate_mesh(pods: &[SandboxPod]) {
             ),
         }
         let Some(port) = to.port else { continue };
-        let url = format!("http://{}/", SocketAddr::new(ip, port));
+        let url = http_url(ip, port);
         let answer = from
             .pod
             .ns
@@ -288,19 +288,61 @@ fn demonstrate_mesh(pods: &[SandboxPod]) {
     }
 }
 
-/// `curl` from a pod to a ClusterIP and to a NodePort on another node.
-fn demonstrate_proxy(pod: &Pod, nodes: &[Node]) {
-    let mut targets = vec![
-        "http://10.96.0.20/".to_string(),
-        "http://[fd00:96::20]/".to_string(),
-    ];
-    if let Some(other) = nodes.last() {
-        targets.push(format!("http://{}:30080/", other.v4));
+/// `http://host[:port]/`, the host in brackets for IPv6.
+fn http_url(ip: IpAddr, port: u16) -> String {
+    let host = match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    if port == 80 {
+        format!("http://{host}/")
+    } else {
+        format!("http://{host}:{port}/")
     }
+}
+
+/// What the proxy demonstration asks: the ClusterIPs (every family) of the cluster's first
+/// NodePort service, and its NodePort on the last node. Taken from the loaded cluster, so
+/// that a cluster without the example's services is not asked for them (each would wait
+/// for curl's timeout).
+fn proxy_targets(docs: &[Value], nodes: &[Node]) -> Vec<String> {
+    let Some(spec) = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .map(|d| &d["spec"])
+        .find(|spec| spec["ports"][0]["nodePort"].is_u64())
+    else {
+        return Vec::new();
+    };
+    let port = |key: &str| {
+        spec["ports"][0][key]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+    };
+    let ips: Vec<IpAddr> = spec["clusterIPs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(std::iter::once(&spec["clusterIP"]))
+        .filter_map(|ip| ip.as_str().and_then(|ip| ip.parse().ok()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut targets: Vec<String> = port("port")
+        .map(|port| ips.iter().map(|ip| http_url(*ip, port)).collect())
+        .unwrap_or_default();
+    if let (Some(node_port), Some(other)) = (port("nodePort"), nodes.last()) {
+        targets.push(http_url(IpAddr::V4(other.v4), node_port));
+    }
+    targets
+}
+
+/// `curl` from a pod to a ClusterIP and to a NodePort on another node.
+fn demonstrate_proxy(pod: &Pod, targets: &[String]) {
     for url in targets {
         let answer = pod
             .ns
-            .exec("curl", &["-s", "-m", "3", &url])
+            .exec("curl", &["-s", "-m", "3", url])
             .map(|out| out.trim().to_string());
         match answer {
             Ok(answer) => println!("curl from pod {}: {url} → {answer}", pod.name),
@@ -627,7 +669,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(&docs, IpAddr::V4(ip))) {
             demonstrate_dns(pod, gateway, cluster_dns_ip(&docs));
         }
-        demonstrate_proxy(pod, &nodes);
+        demonstrate_proxy(pod, &proxy_targets(&docs, &nodes));
         if let Some(cluster_dns) = cluster_dns_ip(&docs) {
             resolv_confs.push(PodResolvConf::write(pod, cluster_dns)?);
             demonstrate_curl_by_name(pod);
