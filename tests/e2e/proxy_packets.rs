@@ -3,20 +3,20 @@
 //! echo server, which answers with its pod name. Clients in pod namespaces (or on the
 //! underlay, outside the cluster) connect with `curl` and check where they landed.
 
-use crate::support::{Sandbox, WAIT};
+use crate::support::{KillOnDrop, Sandbox, WAIT};
 use nodus_testbed::netns;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-fn node(name: &str, index: u8) -> Value {
+pub(crate) fn node(name: &str, index: u8) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
            "spec": {"podCIDRs": [format!("10.244.{index}.0/24"), format!("fd00:244:{index}::/64")]},
            "status": {"addresses": []}})
 }
 
-fn service(name: &str, spec: Value) -> Value {
+pub(crate) fn service(name: &str, spec: Value) -> Value {
     let mut base = json!({"type": "ClusterIP",
                           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
     if let (Some(base), Some(spec)) = (base.as_object_mut(), spec.as_object()) {
@@ -32,7 +32,7 @@ fn with_status(mut service: Value, status: Value) -> Value {
 }
 
 /// An EndpointSlice of ready pods, `(pod, node, ip)`, all of one family (the first's).
-fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
+pub(crate) fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
     let family = match pods.first() {
         Some((_, _, ip)) if ip.contains(':') => "IPv6",
         _ => "IPv4",
@@ -77,9 +77,9 @@ fn udp_ask(ns: &str, service: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
-const A1: (&str, &str, &str) = ("a-1", "node-a", "10.244.1.11");
+pub(crate) const A1: (&str, &str, &str) = ("a-1", "node-a", "10.244.1.11");
 const A2: (&str, &str, &str) = ("a-2", "node-a", "10.244.1.12");
-const B1: (&str, &str, &str) = ("b-1", "node-b", "10.244.2.11");
+pub(crate) const B1: (&str, &str, &str) = ("b-1", "node-b", "10.244.2.11");
 const B2: (&str, &str, &str) = ("b-2", "node-b", "10.244.2.12");
 // The same pods' IPv6 addresses, in their nodes' IPv6 pod CIDRs.
 const A1_V6: (&str, &str, &str) = ("a-1", "node-a", "fd00:244:1::11");
@@ -170,16 +170,6 @@ fn spread(ns: &str, url: &str, count: usize) -> BTreeMap<String, usize> {
         *seen.entry(answer).or_default() += 1;
     }
     seen
-}
-
-/// A child process killed when the test ends, even when it fails.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 const CURL_TIMEOUT: i32 = 28;
