@@ -152,7 +152,7 @@ impl Dataplane {
         let device_index = link.split(':').next().unwrap_or_default().to_string();
         let handshakes = exec(node_ns, "wg", &["show", device, "latest-handshakes"]);
         assert!(
-            !handshakes.trim().is_empty() && !handshakes.contains("\t0"),
+            !handshakes.trim().is_empty() && !handshakes.lines().any(|l| l.ends_with("\t0")),
             "node-a has a session with its peer: {handshakes:?}"
         );
         Dataplane {
