@@ -119,7 +119,11 @@ fn cluster() -> String {
             json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.50"}]}}),
         ),
         slice("ranged", &[A1]),
-        service("empty", json!({"clusterIP": "10.96.1.6"})),
+        service(
+            "empty",
+            json!({"clusterIP": "10.96.1.6", "clusterIPs": ["10.96.1.6", "fd00:96::1:6"],
+                   "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"}),
+        ),
         service(
             "udp",
             json!({"clusterIP": "10.96.1.7",
@@ -233,11 +237,10 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
         Ok("a-1")
     );
 
-    // C.23: no endpoints: refused (an ICMP error), not left to time out.
-    assert_eq!(
-        curl(&pod("a-2"), "http://10.96.1.6/", &[]),
-        Err(CURL_REFUSED)
-    );
+    // C.23: no endpoints: refused (an ICMP error), not left to time out, in both families.
+    for url in ["http://10.96.1.6/", "http://[fd00:96::1:6]/"] {
+        assert_eq!(curl(&pod("a-2"), url, &[]), Err(CURL_REFUSED), "{url}");
+    }
 
     // E.37, F.45: external Local policy: delivered on the node with the endpoint,
     // dropped (not refused) on the other; a pod still reaches it through node-a.
