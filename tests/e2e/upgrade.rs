@@ -111,15 +111,12 @@ print(json.dumps(stats), flush=True)
 /// CI sets it to the static release build of this commit: another profile, libc linked
 /// statically, other codegen, so nothing may depend on the two being the same binary.
 fn builds() -> (PathBuf, PathBuf) {
-    let new = PathBuf::from(NODUS);
+    // Canonical, as `/proc/PID/exe` names a process's binary.
+    let new = std::fs::canonicalize(NODUS).expect("the test build");
     match std::env::var_os("NODUS_UPGRADE_BINARY") {
         Some(old) => {
-            let old = PathBuf::from(old);
-            assert!(
-                old.is_file(),
-                "NODUS_UPGRADE_BINARY: no file {}",
-                old.display()
-            );
+            let old = std::fs::canonicalize(&old)
+                .unwrap_or_else(|e| panic!("NODUS_UPGRADE_BINARY={old:?}: {e}"));
             (old, new)
         }
         None => {
