@@ -207,6 +207,7 @@ fn an_upgrade_under_traffic_adopts_the_table_and_the_device_and_drops_nothing() 
     assert_eq!(next(), "ready");
 
     assert_eq!(agent_binary(&node_ns), old, "the old build runs on node-a");
+    let restarting = std::time::Instant::now();
     eprintln!("{}", sandbox.restart_agent("node-a", &new));
     // The old process is gone: any answer now is the new one's.
     let readyz = "http://127.0.0.1:10256/readyz";
@@ -228,6 +229,10 @@ fn an_upgrade_under_traffic_adopts_the_table_and_the_device_and_drops_nothing() 
         );
         (code.ok()? == "200").then_some(())
     });
+    eprintln!(
+        "node-a ready again {:?} after the restart began",
+        restarting.elapsed()
+    );
     assert_eq!(agent_binary(&node_ns), new, "the new build runs on node-a");
     writeln!(commands, "mark").expect("client stdin");
     writeln!(commands, "stop").expect("client stdin");
