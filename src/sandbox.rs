@@ -42,6 +42,10 @@ pub struct SandboxArgs {
     /// Directory for the kubeconfig and the nodes' logs.
     #[arg(long, default_value = "/tmp/nodus-sandbox")]
     pub dir: PathBuf,
+    /// The binary the nodes run `nodus run` with (default: this one), for instance a
+    /// previous version, to try an upgrade with `restart NODE BINARY`.
+    #[arg(long)]
+    pub agent_binary: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -54,8 +58,9 @@ pub struct EchoArgs {
     pub ports: Vec<u16>,
 }
 
-/// Echo server: every UDP datagram and every TCP request gets the server's name back;
-/// a request that looks like HTTP gets it as an HTTP response, so `curl` works too.
+/// Echo server: every UDP datagram and every TCP message gets the server's name back,
+/// on one connection until the client closes its side (long-lived connections); a request
+/// that looks like HTTP gets it as one HTTP response, so `curl` works too.
 pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
     let name: &'static str = Box::leak(args.name.into_boxed_str());
     let mut tasks = tokio::task::JoinSet::new();
@@ -79,12 +84,16 @@ pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
                     let mut buf = [0u8; 1024];
                     let n = stream.read(&mut buf).await.unwrap_or(0);
                     let request = &buf[..n];
-                    let reply = if [&b"GET "[..], b"HEAD ", b"POST "].iter().any(|m| request.starts_with(m)) {
-                        format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}\n", name.len() + 1)
+                    if [&b"GET "[..], b"HEAD ", b"POST "].iter().any(|m| request.starts_with(m)) {
+                        let reply = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{name}\n", name.len() + 1);
+                        let _ = stream.write_all(reply.as_bytes()).await;
                     } else {
-                        format!("{name}\n")
-                    };
-                    let _ = stream.write_all(reply.as_bytes()).await;
+                        let reply = format!("{name}\n");
+                        let mut n = n;
+                        while n > 0 && stream.write_all(reply.as_bytes()).await.is_ok() {
+                            n = stream.read(&mut buf).await.unwrap_or(0);
+                        }
+                    }
                     let _ = stream.shutdown().await;
                 });
             }
@@ -269,7 +278,7 @@ fn demonstrate_mesh(pods: &[SandboxPod]) {
             ),
         }
         let Some(port) = to.port else { continue };
-        let url = format!("http://{}/", SocketAddr::new(ip, port));
+        let url = http_url(ip, port);
         let answer = from
             .pod
             .ns
@@ -288,19 +297,61 @@ fn demonstrate_mesh(pods: &[SandboxPod]) {
     }
 }
 
-/// `curl` from a pod to a ClusterIP and to a NodePort on another node.
-fn demonstrate_proxy(pod: &Pod, nodes: &[Node]) {
-    let mut targets = vec![
-        "http://10.96.0.20/".to_string(),
-        "http://[fd00:96::20]/".to_string(),
-    ];
-    if let Some(other) = nodes.last() {
-        targets.push(format!("http://{}:30080/", other.v4));
+/// `http://host[:port]/`, the host in brackets for IPv6.
+fn http_url(ip: IpAddr, port: u16) -> String {
+    let host = match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("[{v6}]"),
+    };
+    if port == 80 {
+        format!("http://{host}/")
+    } else {
+        format!("http://{host}:{port}/")
     }
+}
+
+/// What the proxy demonstration asks: the ClusterIPs (every family) of the cluster's first
+/// NodePort service, and its NodePort on the last node. Taken from the loaded cluster, so
+/// that a cluster without the example's services is not asked for them (each would wait
+/// for curl's timeout).
+fn proxy_targets(docs: &[Value], nodes: &[Node]) -> Vec<String> {
+    let Some(spec) = docs
+        .iter()
+        .filter(|d| d["kind"] == "Service")
+        .map(|d| &d["spec"])
+        .find(|spec| spec["ports"][0]["nodePort"].is_u64())
+    else {
+        return Vec::new();
+    };
+    let port = |key: &str| {
+        spec["ports"][0][key]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+    };
+    let ips: Vec<IpAddr> = spec["clusterIPs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(std::iter::once(&spec["clusterIP"]))
+        .filter_map(|ip| ip.as_str().and_then(|ip| ip.parse().ok()))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let mut targets: Vec<String> = port("port")
+        .map(|port| ips.iter().map(|ip| http_url(*ip, port)).collect())
+        .unwrap_or_default();
+    if let (Some(node_port), Some(other)) = (port("nodePort"), nodes.last()) {
+        targets.push(http_url(IpAddr::V4(other.v4), node_port));
+    }
+    targets
+}
+
+/// `curl` from a pod to a ClusterIP and to a NodePort on another node.
+fn demonstrate_proxy(pod: &Pod, targets: &[String]) {
     for url in targets {
         let answer = pod
             .ns
-            .exec("curl", &["-s", "-m", "3", &url])
+            .exec("curl", &["-s", "-m", "3", url])
             .map(|out| out.trim().to_string());
         match answer {
             Ok(answer) => println!("curl from pod {}: {url} → {answer}", pod.name),
@@ -412,6 +463,73 @@ fn cluster_dns_ip(docs: &[Value]) -> Option<IpAddr> {
         .and_then(|ip| ip.parse().ok())
 }
 
+/// A node's `nodus run`: its process and the arguments a restart repeats.
+struct Agent {
+    pid: u32,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Agent {
+    /// Starts `binary` with the agent's arguments in the node's namespace, its output
+    /// appended to the node's log.
+    fn start(node: &Node, binary: &Path, args: Vec<String>, log: PathBuf) -> anyhow::Result<Agent> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let mut cmd = node.ns.command(&binary.to_string_lossy());
+        cmd.args(&args).stdout(file.try_clone()?).stderr(file);
+        let pid = node.ns.spawn(cmd)?;
+        Ok(Agent { pid, args, log })
+    }
+}
+
+/// `restart NODE [BINARY]`, read from stdin: stops the node's nodus with SIGTERM, as a
+/// DaemonSet rollout does, and starts BINARY (by default the one it ran) with the same
+/// arguments. Returns the line to print.
+fn restart(
+    line: &str,
+    nodes: &[Node],
+    agents: &mut [Agent],
+    default_binary: &Path,
+) -> anyhow::Result<String> {
+    let mut words = line.split_whitespace();
+    let (Some("restart"), Some(name)) = (words.next(), words.next()) else {
+        bail!("unknown command {line:?}; try `restart NODE [BINARY]`");
+    };
+    let binary = words.next().map_or(default_binary, Path::new);
+    let i = nodes
+        .iter()
+        .position(|n| n.name == name)
+        .with_context(|| format!("no node {name}"))?;
+    let agent = &mut agents[i];
+    let stopping = Instant::now();
+    let status = nodes[i].ns.terminate(agent.pid)?;
+    let stopped_in = stopping.elapsed();
+    let args = std::mem::take(&mut agent.args);
+    *agent = Agent::start(&nodes[i], binary, args, agent.log.clone())?;
+    Ok(format!(
+        "restarted {name}: {status} after SIGTERM in {stopped_in:.1?}; now pid {} running {}",
+        agent.pid,
+        binary.display()
+    ))
+}
+
+/// Lines typed on stdin, read on their own thread; the channel closes at end of input.
+fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 /// `namespaces.json` in the sandbox directory: the network namespace of the underlay, of
 /// every node and of every pod, for `ip netns exec` (and for the tests that drive
 /// traffic through the sandbox).
@@ -420,6 +538,7 @@ fn write_namespaces(
     underlay: &Underlay,
     nodes: &[Node],
     pods: &[SandboxPod],
+    mesh_interfaces: &[String],
 ) -> anyhow::Result<()> {
     let names = |entries: Vec<(&str, &str)>| {
         entries
@@ -431,6 +550,7 @@ fn write_namespaces(
         "underlay": underlay.ns.name(),
         "nodes": names(nodes.iter().map(|n| (n.name.as_str(), n.ns.name())).collect()),
         "pods": names(pods.iter().map(|p| (p.pod.name.as_str(), p.pod.ns.name())).collect()),
+        "meshInterfaces": names(nodes.iter().map(|n| n.name.as_str()).zip(mesh_interfaces.iter().map(String::as_str)).collect()),
     });
     let path = dir.join("namespaces.json");
     std::fs::write(&path, serde_json::to_string_pretty(&map)?)
@@ -495,7 +615,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     )?;
 
     let exe = std::env::current_exe().context("finding the nodus binary")?;
+    let agent_binary = args.agent_binary.as_deref().unwrap_or(&exe);
     let mut nodes = Vec::new();
+    let mut agents = Vec::new();
     let mut sockets = UapiSockets(Vec::new());
     for (i, name) in node_names.iter().enumerate() {
         let node = Node::new(&underlay, name, FIRST_NODE_INDEX + i as u8)?;
@@ -533,16 +655,21 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             ),
         )?;
         sockets.0.push(interface);
-        let log = std::fs::File::create(args.dir.join(format!("{name}.log")))?;
-        let mut cmd = node.ns.command(&exe.to_string_lossy());
-        cmd.args(["run", "--node-name", name, "--kubeconfig"])
-            .arg(&node_kubeconfig)
-            .arg("--config")
-            .arg(&node_config)
-            .args(["--http-addr", &format!("127.0.0.1:{NODE_HTTP_PORT}")])
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        node.ns.spawn(cmd)?;
+        // A new log; the agent's restarts append to it.
+        let log = args.dir.join(format!("{name}.log"));
+        std::fs::File::create(&log)?;
+        let agent_args = vec![
+            "run".to_string(),
+            "--node-name".to_string(),
+            name.clone(),
+            "--kubeconfig".to_string(),
+            node_kubeconfig.to_string_lossy().into_owned(),
+            "--config".to_string(),
+            node_config.to_string_lossy().into_owned(),
+            "--http-addr".to_string(),
+            format!("127.0.0.1:{NODE_HTTP_PORT}"),
+        ];
+        agents.push(Agent::start(&node, agent_binary, agent_args, log)?);
         nodes.push(node);
     }
     let known: BTreeSet<String> = node_names.iter().cloned().collect();
@@ -577,7 +704,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         });
     }
 
-    write_namespaces(&args.dir, &underlay, &nodes, &pods)?;
+    write_namespaces(&args.dir, &underlay, &nodes, &pods, &sockets.0)?;
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let statuses: Vec<_> = loop {
@@ -627,7 +754,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(&docs, IpAddr::V4(ip))) {
             demonstrate_dns(pod, gateway, cluster_dns_ip(&docs));
         }
-        demonstrate_proxy(pod, &nodes);
+        demonstrate_proxy(pod, &proxy_targets(&docs, &nodes));
         if let Some(cluster_dns) = cluster_dns_ip(&docs) {
             resolv_confs.push(PodResolvConf::write(pod, cluster_dns)?);
             demonstrate_curl_by_name(pod);
@@ -638,11 +765,30 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         println!("warning: not every node became ready; see the logs");
     }
     println!(
-        "\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\nCtrl-C to tear everything down.",
+        "\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\n\
+         Type `restart NODE [BINARY]` to restart a node's nodus (with another binary: an upgrade).\n\
+         Ctrl-C to tear everything down.",
         user_kubeconfig.display(),
         user_kubeconfig.display()
     );
-    let signal = rt.block_on(crate::run::shutdown_signal())?;
+    let mut commands = stdin_lines();
+    let mut shutdown = std::pin::pin!(crate::run::shutdown_signal());
+    let signal = loop {
+        let line = rt.block_on(async {
+            tokio::select! {
+                signal = &mut shutdown => Err(signal),
+                Some(line) = commands.recv() => Ok(line),
+            }
+        });
+        match line {
+            Err(signal) => break signal?,
+            Ok(line) if line.trim().is_empty() => {}
+            Ok(line) => match restart(&line, &nodes, &mut agents, agent_binary) {
+                Ok(report) => println!("{report}"),
+                Err(error) => println!("error: {error:#}"),
+            },
+        }
+    };
     println!("{signal}: tearing down");
     drop((resolv_confs, pods, nodes, underlay, sockets));
     rt.block_on(server.shutdown());

@@ -9,4 +9,5 @@ mod proxy;
 mod proxy_packets;
 mod sandbox;
 mod support;
+mod upgrade;
 mod view;

@@ -264,13 +264,15 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
     );
 
     // The underlay of node 2 while pod 1 talks to pods 2 and 3, both families: everything
-    // but the API server's TCP and neighbour discovery must be WireGuard's UDP.
+    // but the API server's TCP, neighbour discovery and multicast (the group membership
+    // reports of devices still being configured) must be WireGuard's UDP.
     let capture = nodes[1].dir.join("underlay.txt");
     let mut tcpdump = nodes[1].node.ns.command("tcpdump");
     tcpdump
         .args(["-l", "-nn", "-i", "eth0"])
         .arg(format!(
-            "not arp and not tcp port {API_PORT} and not (icmp6 and ip6[40] >= 133 and ip6[40] <= 137)"
+            "not arp and not tcp port {API_PORT} and not multicast \
+             and not (icmp6 and ip6[40] >= 133 and ip6[40] <= 137)"
         ))
         .stdout(std::fs::File::create(&capture).expect("capture file"))
         .stderr(Stdio::null());

@@ -11,14 +11,14 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-fn node(name: &str, index: u8) -> Value {
+pub(crate) fn node(name: &str, index: u8) -> Value {
     json!({"apiVersion": "v1", "kind": "Node",
            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-           "spec": {"podCIDRs": [format!("10.244.{index}.0/24")]},
+           "spec": {"podCIDRs": [format!("10.244.{index}.0/24"), format!("fd00:244:{index}::/64")]},
            "status": {"addresses": []}})
 }
 
-fn service(name: &str, spec: Value) -> Value {
+pub(crate) fn service(name: &str, spec: Value) -> Value {
     let mut base = json!({"type": "ClusterIP",
                           "ports": [{"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"}]});
     if let (Some(base), Some(spec)) = (base.as_object_mut(), spec.as_object()) {
@@ -33,8 +33,12 @@ fn with_status(mut service: Value, status: Value) -> Value {
     service
 }
 
-/// An EndpointSlice of ready pods, `(pod, node, ip)`.
-fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
+/// An EndpointSlice of ready pods, `(pod, node, ip)`, all of one family (the first's).
+pub(crate) fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
+    let family = match pods.first() {
+        Some((_, _, ip)) if ip.contains(':') => "IPv6",
+        _ => "IPv4",
+    };
     let endpoints: Vec<Value> = pods
         .iter()
         .map(|(pod, node, ip)| {
@@ -43,9 +47,10 @@ fn slice(service: &str, pods: &[(&str, &str, &str)]) -> Value {
         })
         .collect();
     json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-           "metadata": {"name": format!("{service}-1"), "namespace": "default",
+           "metadata": {"name": format!("{service}-{}", family.to_lowercase()),
+                        "namespace": "default",
                         "labels": {"kubernetes.io/service-name": service}},
-           "addressType": "IPv4", "endpoints": endpoints,
+           "addressType": family, "endpoints": endpoints,
            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]})
 }
 
@@ -74,10 +79,15 @@ fn udp_ask(ns: &str, service: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
-const A1: (&str, &str, &str) = ("a-1", "node-a", "10.244.1.11");
+pub(crate) const A1: (&str, &str, &str) = ("a-1", "node-a", "10.244.1.11");
 const A2: (&str, &str, &str) = ("a-2", "node-a", "10.244.1.12");
-const B1: (&str, &str, &str) = ("b-1", "node-b", "10.244.2.11");
+pub(crate) const B1: (&str, &str, &str) = ("b-1", "node-b", "10.244.2.11");
 const B2: (&str, &str, &str) = ("b-2", "node-b", "10.244.2.12");
+// The same pods' IPv6 addresses, in their nodes' IPv6 pod CIDRs.
+const A1_V6: (&str, &str, &str) = ("a-1", "node-a", "fd00:244:1::11");
+const A2_V6: (&str, &str, &str) = ("a-2", "node-a", "fd00:244:1::12");
+const B1_V6: (&str, &str, &str) = ("b-1", "node-b", "fd00:244:2::11");
+const B2_V6: (&str, &str, &str) = ("b-2", "node-b", "fd00:244:2::12");
 
 fn cluster() -> String {
     let docs = [
@@ -111,13 +121,33 @@ fn cluster() -> String {
             json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.50"}]}}),
         ),
         slice("ranged", &[A1]),
-        service("empty", json!({"clusterIP": "10.96.1.6"})),
+        service(
+            "empty",
+            json!({"clusterIP": "10.96.1.6", "clusterIPs": ["10.96.1.6", "fd00:96::1:6"],
+                   "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"}),
+        ),
         service(
             "udp",
             json!({"clusterIP": "10.96.1.7",
                    "ports": [{"name": "dns", "port": 53, "targetPort": 8080, "protocol": "UDP"}]}),
         ),
         udp_slice(&[A1]),
+        service(
+            "six",
+            json!({"clusterIP": "fd00:96::1:1", "clusterIPs": ["fd00:96::1:1"],
+                   "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack"}),
+        ),
+        slice("six", &[A1_V6, A2_V6, B1_V6, B2_V6]),
+        service(
+            "dual",
+            json!({"type": "NodePort", "clusterIP": "10.96.1.8",
+                   "clusterIPs": ["10.96.1.8", "fd00:96::1:8"],
+                   "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
+                   "ports": [{"name": "http", "port": 80, "targetPort": 8080,
+                              "nodePort": 30092, "protocol": "TCP"}]}),
+        ),
+        slice("dual", &[A1, B1]),
+        slice("dual", &[A1_V6, B1_V6]),
     ];
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
@@ -137,11 +167,12 @@ fn curl(ns: &str, url: &str, extra: &[&str]) -> Result<String, i32> {
     }
 }
 
-/// Answers to `count` new connections.
+/// Answers to `count` new connections, every one of which must succeed.
 fn spread(ns: &str, url: &str, count: usize) -> BTreeMap<String, usize> {
     let mut seen = BTreeMap::new();
     for _ in 0..count {
-        let answer = curl(ns, url, &[]).unwrap_or_else(|code| format!("curl exit {code}"));
+        let answer = curl(ns, url, &[])
+            .unwrap_or_else(|code| panic!("{url} from {ns}: curl exit {code} after {seen:?}"));
         *seen.entry(answer).or_default() += 1;
     }
     seen
@@ -159,6 +190,8 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
         .expect("underlay namespace")
         .to_string();
     let (node_a, node_b) = ("172.30.0.11", "172.30.0.12");
+    // The sandbox numbers node N's underlay addresses alike in both families (::b is 11).
+    let node_b_v6 = "fd00:172:30::c";
 
     // C.21: new connections spread over local and remote endpoints.
     let seen = spread(&pod("a-2"), "http://10.96.1.1/", 40);
@@ -166,6 +199,32 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
         assert!(
             seen.contains_key(endpoint),
             "{endpoint} never chosen: {seen:?}"
+        );
+    }
+
+    // J.57: an IPv6-only service spreads over local and remote endpoints.
+    let seen = spread(&pod("a-2"), "http://[fd00:96::1:1]/", 40);
+    for endpoint in ["a-1", "a-2", "b-1", "b-2"] {
+        assert!(
+            seen.contains_key(endpoint),
+            "{endpoint} never chosen over IPv6: {seen:?}"
+        );
+    }
+
+    // J.57: a dual-stack service answers on both ClusterIPs, each family from its own
+    // EndpointSlice, and on its NodePort at the node's IPv4 and IPv6 underlay addresses.
+    let client = pod("a-2");
+    for (from, url) in [
+        (&client, "http://10.96.1.8/".to_string()),
+        (&client, "http://[fd00:96::1:8]/".to_string()),
+        (&underlay, format!("http://{node_b}:30092/")),
+        (&underlay, format!("http://[{node_b_v6}]:30092/")),
+    ] {
+        let seen = spread(from, &url, 20);
+        assert_eq!(
+            seen.keys().collect::<Vec<_>>(),
+            ["a-1", "b-1"],
+            "{url} from {from}"
         );
     }
 
@@ -180,11 +239,10 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
         Ok("a-1")
     );
 
-    // C.23: no endpoints: refused (an ICMP error), not left to time out.
-    assert_eq!(
-        curl(&pod("a-2"), "http://10.96.1.6/", &[]),
-        Err(CURL_REFUSED)
-    );
+    // C.23: no endpoints: refused (an ICMP error), not left to time out, in both families.
+    for url in ["http://10.96.1.6/", "http://[fd00:96::1:6]/"] {
+        assert_eq!(curl(&pod("a-2"), url, &[]), Err(CURL_REFUSED), "{url}");
+    }
 
     // E.37, F.45: external Local policy: delivered on the node with the endpoint,
     // dropped (not refused) on the other; a pod still reaches it through node-a.

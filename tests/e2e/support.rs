@@ -4,10 +4,12 @@
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
-use std::io::{BufRead, BufReader};
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
 pub const NODUS: &str = env!("CARGO_BIN_EXE_nodus");
@@ -214,22 +216,11 @@ pub fn wait_metric(http: SocketAddr, series: &str, expected: f64) {
 }
 
 /// Reads JSON lines from a child's stdout on a thread, so that reads can time out.
-pub struct Lines(std::sync::mpsc::Receiver<serde_json::Value>);
+pub struct Lines(Receiver<String>);
 
 impl Lines {
     pub fn new(stdout: ChildStdout) -> Lines {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let value = serde_json::from_str(&line)
-                    .unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
-                if tx.send(value).is_err() {
-                    break;
-                }
-            }
-        });
-        Lines(rx)
+        Lines(line_reader(stdout))
     }
 
     /// The next line whose `kind`/`namespace`/`name` match.
@@ -241,6 +232,8 @@ impl Lines {
                 .0
                 .recv_timeout(left)
                 .unwrap_or_else(|_| panic!("no line for {kind} {name}"));
+            let line: serde_json::Value =
+                serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
             let full = match line["namespace"].as_str() {
                 Some(ns) => format!("{ns}/{}", line["name"].as_str().unwrap_or_default()),
                 None => line["name"].as_str().unwrap_or_default().to_string(),
@@ -252,19 +245,52 @@ impl Lines {
     }
 }
 
+/// The lines a child prints on `stdout`, read on their own thread, so that waiting for
+/// one can time out.
+pub fn line_reader(stdout: ChildStdout) -> Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// A child process killed when the test ends, even when it fails.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `nodus sandbox` running a cluster (the built-in example, or `load`), up until dropped,
 /// when it gets SIGINT and tears everything down.
 pub struct Sandbox {
     child: Child,
+    /// Its stdin, for commands (`restart`), and the lines it prints after starting.
+    commands: ChildStdin,
+    lines: Receiver<String>,
     pub dir: PathBuf,
     /// What it printed up to its "Ctrl-C" line.
     pub printed: String,
-    /// `namespaces.json`: `underlay`, `nodes.<name>`, `pods.<name>`.
+    /// `namespaces.json`: `underlay`, `nodes.<name>`, `pods.<name>`, and
+    /// `meshInterfaces.<node>`.
     pub namespaces: serde_json::Value,
 }
 
 impl Sandbox {
     pub fn start(test: &str, load: Option<&str>) -> Sandbox {
+        Sandbox::start_with(test, load, &[])
+    }
+
+    /// With more `nodus sandbox` arguments, such as `--agent-binary`.
+    pub fn start_with(test: &str, load: Option<&str>, extra: &[&OsStr]) -> Sandbox {
         assert!(
             nodus_testbed::netns::is_root(),
             "the sandbox needs root (network namespaces)"
@@ -283,19 +309,14 @@ impl Sandbox {
             command.arg("--load").arg(file);
         }
         let mut child = command
+            .args(extra)
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("sandbox starts");
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().expect("stdout");
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
+        let commands = child.stdin.take().expect("stdin");
+        let rx = line_reader(child.stdout.take().expect("stdout"));
         let mut printed = Vec::new();
         while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
             match rx.recv_timeout(WAIT * 2) {
@@ -312,6 +333,8 @@ impl Sandbox {
             .unwrap_or_default();
         Sandbox {
             child,
+            commands,
+            lines: rx,
             dir,
             printed: printed.join("\n"),
             namespaces,
@@ -335,6 +358,21 @@ impl Sandbox {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Restarts `node`'s nodus as a rollout does (SIGTERM, then the same command line),
+    /// with `binary`; returns the sandbox's report of it.
+    pub fn restart_agent(&mut self, node: &str, binary: &Path) -> String {
+        writeln!(self.commands, "restart {node} {}", binary.display()).expect("sandbox stdin");
+        let report = self
+            .lines
+            .recv_timeout(WAIT)
+            .expect("the sandbox reports the restart");
+        assert!(
+            report.starts_with(&format!("restarted {node}:")),
+            "{report}"
+        );
+        report
     }
 }
 

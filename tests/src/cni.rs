@@ -31,6 +31,11 @@ pub fn add_pod(
         .as_array()
         .with_context(|| format!("{}: no plugins", conflist.display()))?;
     let ns = Netns::new(name)?;
+    // No duplicate address detection on the pod's interface, which the plugins create in
+    // this namespace (the node's side is set alike in `Node::new`): addresses come from
+    // the node's own range, and `ptp` waits about 2 s a pod for IPv6 ones to leave the
+    // tentative state otherwise.
+    ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
     let mut result = Value::Null;
     for plugin in plugins {
         let mut config = plugin.clone();

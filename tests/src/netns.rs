@@ -291,6 +291,10 @@ pub struct Node {
 impl Node {
     pub fn new(underlay: &Underlay, name: &str, index: u8) -> anyhow::Result<Node> {
         let ns = Netns::new(name)?;
+        // No duplicate address detection on the node's devices (the underlay's, and the
+        // host ends of pod veths, which CNI plugins move here): while it runs, about 2 s,
+        // their IPv6 addresses are tentative and the first packets to a new pod are lost.
+        ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
         underlay.attach(&ns, index)?;
         ns.sysctl("net.ipv4.ip_forward", "1")?;
         ns.sysctl("net.ipv6.conf.all.forwarding", "1")?;

@@ -35,6 +35,8 @@ pub fn tcp_who(addr: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
         .with_context(|| format!("connecting to {addr}"))?;
     stream.set_read_timeout(Some(timeout))?;
     stream.write_all(b"who\n")?;
+    // The echo server answers every message until the client is done sending.
+    stream.shutdown(std::net::Shutdown::Write)?;
     let mut answer = String::new();
     stream
         .read_to_string(&mut answer)
