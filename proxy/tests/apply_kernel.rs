@@ -224,6 +224,28 @@ fn leftovers_of_a_previous_run_are_removed() {
         .full_sync(&node_view(&TWO_ENDPOINTS))
         .expect("first run");
     drop(first);
+    // An older layout kept a map named like each dispatch chain; the chain stays wanted,
+    // the map must go.
+    let web_chain = list_table(&ns)
+        .lines()
+        .find_map(|line| {
+            let name = line.trim().strip_prefix("chain ")?.trim_end_matches(" {");
+            (name.starts_with("service-") && name.ends_with("/web/ipv4/tcp/http"))
+                .then(|| name.to_string())
+        })
+        .expect("web's dispatch chain");
+    ns.exec(
+        "nft",
+        &[
+            "add",
+            "map",
+            "inet",
+            "nodus",
+            &web_chain,
+            "{ typeof numgen random mod 2 : ip daddr . th dport ; }",
+        ],
+    )
+    .expect("an old-layout map");
     // The next run sees `web` with one endpoint left and no `empty`.
     let mut view = node_view(&TWO_ENDPOINTS[..1]);
     view.apply([Update::Deleted {
@@ -234,10 +256,18 @@ fn leftovers_of_a_previous_run_are_removed() {
     let mut second = open_proxy(&ns);
     let report = second.full_sync(&view).expect("second run");
     assert_eq!(report.added, 4, "{report:?}");
-    // The two elements of `empty`, and the five endpoint keys of the first run: the
-    // second programs its endpoints at new keys beside them.
-    assert_eq!(report.leftovers_removed, 2 + 5, "{report:?}");
+    // The two elements of `empty`, the five endpoint keys of the first run (the second
+    // programs its endpoints at new keys beside them), and the old-layout map.
+    assert_eq!(report.leftovers_removed, 2 + 5 + 1, "{report:?}");
     let listing = list_table(&ns);
+    assert!(
+        listing.contains(&format!("chain {web_chain} {{")),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains(&format!("map {web_chain} {{")),
+        "{listing}"
+    );
     assert!(!listing.contains("10.244.2.9"), "{listing}");
     assert!(!listing.contains("10.96.0.12"), "{listing}");
     assert!(listing.contains(" : 10.244.1.5 . 8080"), "{listing}");

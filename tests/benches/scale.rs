@@ -5,13 +5,16 @@
 //! churn of endpoint updates: the wall time from the first API write until nodus has
 //! applied the last one, and the time nodus spent applying batches. With `--proxy` the
 //! agent runs in a network namespace of its own with the service proxy on, so the churn
-//! is programmed into the kernel too. It prints figures; it asserts nothing.
+//! is programmed into the kernel too; then, one at a time, EndpointSlice changes and new
+//! services are timed from the API write until the agent reports the nf_tables commit
+//! (its transaction counter, or its count of programmed services, moves). It prints
+//! figures; it asserts nothing.
 //!
 //! `cargo bench --bench scale -- [--shape 1000x10x100]… [--churn 1000] [--nodus PATH]
 //! [--page-size N] [--settle-ms MS] [--dns] [--proxy]`
 
 use anyhow::{Context, bail};
-use nodus_testbed::bench::{BenchCluster, free_port};
+use nodus_testbed::bench::{Agent, BenchCluster, free_port};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, ProcMemory, Shape, proc_memory};
 use std::path::PathBuf;
@@ -89,6 +92,9 @@ struct Row {
     churn_wall: Duration,
     churn_apply: f64,
     churned: ProcMemory,
+    /// With the proxy: API write → kernel, p50 and p99, for endpoint changes and new
+    /// services.
+    proxy: Option<[(Duration, Duration); 2]>,
 }
 
 fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
@@ -142,6 +148,10 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     let churn_apply = agent.metric(apply_sum)? - apply_before;
     std::thread::sleep(opts.settle);
     let churned = proc_memory(agent.pid())?;
+    let proxy = match opts.proxy {
+        true => Some(proxy_latencies(&cluster, &agent, &shape)?),
+        false => None,
+    };
     Ok(Row {
         shape,
         ready,
@@ -149,7 +159,57 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
         churn_wall,
         churn_apply,
         churned,
+        proxy,
     })
+}
+
+/// Endpoint changes and new services timed one at a time from the API write until the
+/// agent has committed them; p50 and p99 of each.
+fn proxy_latencies(
+    cluster: &BenchCluster,
+    agent: &Agent,
+    shape: &Shape,
+) -> anyhow::Result<[(Duration, Duration); 2]> {
+    const CHANGES: usize = 200;
+    const NEW_SERVICES: usize = 50;
+    let committed = |series: &str, before: f64, start: Instant| -> anyhow::Result<Duration> {
+        while agent.metric(series)? <= before {
+            if start.elapsed() > Duration::from_secs(30) {
+                bail!("{series} did not move within 30 s");
+            }
+        }
+        Ok(start.elapsed())
+    };
+    let transactions = "nodus_proxy_transactions_total";
+    let mut changes = Vec::with_capacity(CHANGES);
+    for k in 0..CHANGES {
+        let before = agent.metric(transactions)?;
+        let start = Instant::now();
+        // A generation no churn used: new pod addresses, so the plan changes.
+        cluster
+            .store
+            .apply_value(scale::slice(k % shape.services, shape, 1000 + k))?;
+        changes.push(committed(transactions, before, start)?);
+    }
+    let programmed = "nodus_proxy_services_programmed";
+    let mut new_services = Vec::with_capacity(NEW_SERVICES);
+    for k in 0..NEW_SERVICES {
+        // Past the churn's marker service; the slice first, so the service arrives with
+        // its endpoints.
+        let i = shape.services + 1 + k;
+        cluster.store.apply_value(scale::slice(i, shape, 0))?;
+        let before = agent.metric(programmed)?;
+        let start = Instant::now();
+        cluster.store.apply_value(scale::service(i))?;
+        new_services.push(committed(programmed, before, start)?);
+    }
+    Ok([percentiles(changes), percentiles(new_services)])
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
+    samples.sort();
+    let at = |p: f64| samples[((samples.len() - 1) as f64 * p).round() as usize];
+    (at(0.5), at(0.99))
 }
 
 fn mib(kib: u64) -> String {
@@ -200,6 +260,18 @@ fn main() -> anyhow::Result<()> {
             mib(row.churned.anon_kib),
             mib(row.churned.peak_rss_kib),
         );
+        if let Some([change, new_service]) = row.proxy {
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            println!(
+                "{:<14} API → kernel: endpoint change p50/p99 {:.1} / {:.1} ms, \
+                 new service p50/p99 {:.1} / {:.1} ms",
+                "",
+                ms(change.0),
+                ms(change.1),
+                ms(new_service.0),
+                ms(new_service.1)
+            );
+        }
     }
     Ok(())
 }

@@ -60,7 +60,7 @@ pub(super) struct FullSync<'a, 'v> {
     /// The table was created by this sync: nothing to adopt or clean up.
     fresh: bool,
     slots: HashMap<(SharedSet, Vec<u8>), Slot>,
-    /// Hashes of every chain and set name this sync programs.
+    /// Hashes of every chain and set this sync programs, by kind and name.
     wanted: HashSet<u64>,
     batch: PlanBatch,
     members: Vec<Member>,
@@ -113,13 +113,11 @@ impl<'a, 'v> FullSync<'a, 'v> {
 
     fn skeleton(&mut self) -> Result<(), Error> {
         let skeleton = self.planner.skeleton();
-        for name in skeleton
-            .chains
-            .iter()
-            .map(|chain| chain.name())
-            .chain(skeleton.sets.iter().map(|set| set.set.name.as_str()))
-        {
-            self.wanted.insert(name_hash(name));
+        for chain in &skeleton.chains {
+            self.wanted.insert(name_hash(Object::Chain, chain.name()));
+        }
+        for set in &skeleton.sets {
+            self.wanted.insert(name_hash(Object::Set, &set.set.name));
         }
         let exists = self
             .proxy
@@ -252,8 +250,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 None => missing.push(index),
             }
         }
-        for name in owned_names(&plan) {
-            self.wanted.insert(name_hash(&name));
+        for (object, name) in owned_names(&plan) {
+            self.wanted.insert(name_hash(object, &name));
         }
         let member = Member {
             plan,
@@ -304,8 +302,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
                             slot.claimed = false;
                         }
                     }
-                    for name in owned_names(&member.plan) {
-                        self.wanted.remove(&name_hash(&name));
+                    for (object, name) in owned_names(&member.plan) {
+                        self.wanted.remove(&name_hash(object, &name));
                     }
                     self.refuse(&member.plan, refusal.to_string());
                 }
@@ -352,14 +350,16 @@ impl<'a, 'v> FullSync<'a, 'v> {
         let chains = self
             .proxy
             .socket
-            .list_chains(&self.table, |name| !wanted.contains(&name_hash(name)))
+            .list_chains(&self.table, |name| {
+                !wanted.contains(&name_hash(Object::Chain, name))
+            })
             .map_err(Error::netlink("listing chains"))?;
         // Anonymous sets belong to rules and go with them.
         let sets = self
             .proxy
             .socket
             .list_sets(&self.table, |name| {
-                !name.starts_with("__") && !wanted.contains(&name_hash(name))
+                !name.starts_with("__") && !wanted.contains(&name_hash(Object::Set, name))
             })
             .map_err(Error::netlink("listing sets"))?;
         self.report.leftovers_removed += elements.len() + chains.len() + sets.len();
@@ -405,16 +405,33 @@ fn program(batch: &mut PlanBatch, member: &Member, fresh: bool) {
     }
 }
 
-fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = String> {
-    plan.chains
-        .iter()
-        .map(|chain| chain.name().to_string())
-        .chain(plan.sets.iter().map(|set| set.set.name.clone()))
-        .chain(plan.endpoint_maps().into_iter().map(SharedSet::name))
+/// Chains and sets live in separate namespaces of a table: an older layout had a map
+/// named like each dispatch chain, and only the chain is still wanted.
+#[derive(Hash, Clone, Copy)]
+enum Object {
+    Chain,
+    Set,
 }
 
-fn name_hash(name: &str) -> u64 {
+fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
+    plan.chains
+        .iter()
+        .map(|chain| (Object::Chain, chain.name().to_string()))
+        .chain(
+            plan.sets
+                .iter()
+                .map(|set| (Object::Set, set.set.name.clone())),
+        )
+        .chain(
+            plan.endpoint_maps()
+                .into_iter()
+                .map(|map| (Object::Set, map.name())),
+        )
+}
+
+fn name_hash(object: Object, name: &str) -> u64 {
     let mut hasher = DefaultHasher::new();
+    object.hash(&mut hasher);
     name.hash(&mut hasher);
     hasher.finish()
 }
