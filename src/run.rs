@@ -215,6 +215,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let _ = metrics.status.setup.set(crate::status::Setup {
         node: node_name.clone(),
         proxy: config.proxy.enabled,
+        egress_only_table: !config.proxy.enabled && config.programs_table(),
         dns: _dns.as_ref().map(|dns| dns.addrs.clone()),
         mesh: config.mesh.enabled,
         on_change: args.on_change.as_ref().map(|p| p.display().to_string()),

@@ -6,6 +6,7 @@
 
 use crate::metrics::Metrics;
 use anyhow::Context;
+use nodus_mesh::metrics::MeshStatus;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -87,6 +88,8 @@ fn unix_ms(at: SystemTime) -> u64 {
 pub struct Setup {
     pub node: String,
     pub proxy: bool,
+    /// The proxy is off but the table carries the mesh's egress masquerade.
+    pub egress_only_table: bool,
     pub dns: Option<Vec<SocketAddr>>,
     pub mesh: bool,
     pub on_change: Option<String>,
@@ -174,6 +177,11 @@ pub fn status(metrics: &Metrics) -> Status {
                 .insert("service".into(), metrics.proxy_services_programmed());
             proxy
         }
+        Some(setup) if setup.egress_only_table => {
+            let mut table = board.proxy.report("proxy");
+            table.detail = Some("off; the table holds only the mesh's egress masquerade".into());
+            table
+        }
         _ => Subsystem::disabled("proxy", None),
     });
     subsystems.push(match setup.and_then(|s| s.dns.as_ref()) {
@@ -194,12 +202,10 @@ pub fn status(metrics: &Metrics) -> Status {
         },
         None => Subsystem::disabled("dns", None),
     });
-    subsystems.push(Subsystem::disabled(
-        "mesh",
-        setup
-            .filter(|s| s.mesh)
-            .map(|_| "enabled, not in this build"),
-    ));
+    subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
+        (Some(_), Some(mesh)) => mesh_subsystem(&mesh.status()),
+        _ => Subsystem::disabled("mesh", None),
+    });
     if let Some(program) = setup.and_then(|s| s.on_change.as_ref()) {
         let mut on_change = board.on_change.report("on-change");
         on_change.detail = Some(program.clone());
@@ -211,6 +217,33 @@ pub fn status(metrics: &Metrics) -> Status {
         started_unix_ms: unix_ms(board.started),
         ready: metrics.ready.load(Relaxed),
         subsystems,
+    }
+}
+
+/// The mesh from its own record: synced once a sync succeeded after the last failure.
+fn mesh_subsystem(mesh: &MeshStatus) -> Subsystem {
+    let failed_since = match (&mesh.last_error, mesh.last_sync) {
+        (Some((failed, _)), Some(synced)) => *failed > synced,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    Subsystem {
+        name: "mesh".into(),
+        enabled: true,
+        synced: mesh.last_sync.is_some() && !failed_since,
+        objects: BTreeMap::from([
+            ("peer".to_string(), mesh.peers),
+            ("recent handshake".to_string(), mesh.peers_recent_handshake),
+            ("route".to_string(), mesh.routes),
+        ]),
+        last_sync_unix_ms: mesh.last_sync.map(unix_ms),
+        last_sync_duration_ms: mesh
+            .last_sync
+            .map(|_| mesh.last_sync_duration.as_secs_f64() * 1e3),
+        errors: mesh.failures,
+        last_error: mesh.last_error.as_ref().map(|(_, e)| e.clone()),
+        last_error_unix_ms: mesh.last_error.as_ref().map(|(at, _)| unix_ms(*at)),
+        detail: None,
     }
 }
 
@@ -298,6 +331,8 @@ pub fn print(addr: SocketAddr) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodus_mesh::metrics::MeshMetrics;
+    use std::sync::Arc;
 
     #[test]
     fn a_failed_sync_shows_until_the_next_one_succeeds() {
@@ -319,11 +354,43 @@ mod tests {
     }
 
     #[test]
+    fn the_mesh_line_counts_peers_and_shows_a_failure_until_the_next_sync() {
+        let metrics = Metrics::default();
+        let _ = metrics.status.setup.set(Setup {
+            node: "node-1".into(),
+            proxy: false,
+            egress_only_table: true,
+            dns: None,
+            mesh: true,
+            on_change: None,
+        });
+        let mesh = Arc::new(MeshMetrics::default());
+        let _ = metrics.mesh.set(mesh.clone());
+        mesh.synced(Duration::from_millis(4), 2, true, 2, 3);
+        let text = render(&status(&metrics), SystemTime::now());
+        assert!(
+            text.contains("mesh       synced     2 peers, 0 recent handshakes, 3 routes"),
+            "{text}"
+        );
+        assert!(text.contains("(4.0 ms)"), "{text}");
+        assert!(text.contains("the mesh's egress masquerade"), "{text}");
+        std::thread::sleep(Duration::from_millis(2));
+        mesh.sync_failed(&"setting the link up: Operation not permitted");
+        let text = render(&status(&metrics), SystemTime::now());
+        assert!(text.contains("mesh       NOT SYNCED"), "{text}");
+        assert!(text.contains("mesh: last error"), "{text}");
+        std::thread::sleep(Duration::from_millis(2));
+        mesh.synced(Duration::from_millis(1), 0, false, 2, 3);
+        assert!(render(&status(&metrics), SystemTime::now()).contains("mesh       synced"));
+    }
+
+    #[test]
     fn the_screen_names_every_subsystem_and_the_last_error() {
         let metrics = Metrics::default();
         let _ = metrics.status.setup.set(Setup {
             node: "node-1".into(),
             proxy: true,
+            egress_only_table: false,
             dns: Some(vec!["127.0.0.1:53".parse().expect("addr")]),
             mesh: false,
             on_change: None,

@@ -209,6 +209,7 @@ impl Mesh {
         // Handshakes and byte counts come with the next poll: a dump after every change
         // would cost as much as the change at thousands of peers.
         self.metrics.synced(
+            report.took,
             report.peer_changes,
             report.changed(),
             self.peers.len(),

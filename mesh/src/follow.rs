@@ -73,7 +73,7 @@ pub async fn follow(
             }
             Ok(_) => {}
             Err(error) => {
-                mesh.metrics.sync_failed();
+                mesh.metrics.sync_failed(&error);
                 tracing::error!(%error, "mesh sync failed; retrying at the next poll");
             }
         }

@@ -3,6 +3,7 @@
 
 use crate::backend::DeviceState;
 use nodus_prom::{family, sample, single};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
 
@@ -21,6 +22,22 @@ pub struct MeshMetrics {
     last_change: AtomicU64,
     peer_changes: AtomicU64,
     sync_failures: AtomicU64,
+    /// Unix milliseconds of the last sync that succeeded, changed or not; 0 before any.
+    last_sync_ms: AtomicU64,
+    last_sync_micros: AtomicU64,
+    last_error: Mutex<Option<(SystemTime, String)>>,
+}
+
+/// The mesh as `nodus status` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MeshStatus {
+    pub peers: u64,
+    pub peers_recent_handshake: u64,
+    pub routes: u64,
+    pub last_sync: Option<SystemTime>,
+    pub last_sync_duration: Duration,
+    pub failures: u64,
+    pub last_error: Option<(SystemTime, String)>,
 }
 
 fn unix_now() -> u64 {
@@ -49,9 +66,22 @@ impl MeshMetrics {
             .store(state.peers.values().map(|p| p.tx_bytes).sum(), Relaxed);
     }
 
-    /// Records a sync that changed `peer_changes` peers and left `peers` peers and
-    /// `routes` routes.
-    pub fn synced(&self, peer_changes: usize, changed: bool, peers: usize, routes: usize) {
+    /// Records a sync that took `took`, changed `peer_changes` peers and left `peers`
+    /// peers and `routes` routes.
+    pub fn synced(
+        &self,
+        took: Duration,
+        peer_changes: usize,
+        changed: bool,
+        peers: usize,
+        routes: usize,
+    ) {
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_sync_ms.store(now_ms, Relaxed);
+        self.last_sync_micros
+            .store(took.as_micros() as u64, Relaxed);
         self.peers.store(peers as u64, Relaxed);
         self.routes.store(routes as u64, Relaxed);
         self.peer_changes.fetch_add(peer_changes as u64, Relaxed);
@@ -60,8 +90,25 @@ impl MeshMetrics {
         }
     }
 
-    pub fn sync_failed(&self) {
+    pub fn sync_failed(&self, error: &impl std::fmt::Display) {
         self.sync_failures.fetch_add(1, Relaxed);
+        if let Ok(mut last) = self.last_error.lock() {
+            *last = Some((SystemTime::now(), error.to_string()));
+        }
+    }
+
+    pub fn status(&self) -> MeshStatus {
+        let last_sync_ms = self.last_sync_ms.load(Relaxed);
+        MeshStatus {
+            peers: self.peers.load(Relaxed),
+            peers_recent_handshake: self.peers_recent_handshake.load(Relaxed),
+            routes: self.routes.load(Relaxed),
+            last_sync: (last_sync_ms > 0)
+                .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(last_sync_ms)),
+            last_sync_duration: Duration::from_micros(self.last_sync_micros.load(Relaxed)),
+            failures: self.sync_failures.load(Relaxed),
+            last_error: self.last_error.lock().ok().and_then(|last| last.clone()),
+        }
     }
 
     pub fn render(&self, out: &mut String) {
@@ -158,7 +205,7 @@ mod tests {
         };
         let metrics = MeshMetrics::default();
         metrics.observe(&state, now);
-        metrics.synced(3, true, 3, 4);
+        metrics.synced(Duration::from_millis(2), 3, true, 3, 4);
         let mut text = String::new();
         metrics.render(&mut text);
         for line in [

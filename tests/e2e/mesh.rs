@@ -360,6 +360,21 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
             .unwrap_or(0.0)
             > 0.0
     );
+    // `nodus status` shows the mesh and the egress-only table.
+    let screen = nodes[0]
+        .node
+        .ns
+        .exec(
+            NODUS,
+            &["status", "--http-addr", &nodes[0].http.to_string()],
+        )
+        .expect("nodus status");
+    for line in [
+        "mesh       synced     2 peers, 2 recent handshakes, 4 routes",
+        "proxy: off; the table holds only the mesh's egress masquerade",
+    ] {
+        assert!(screen.contains(line), "{line:?} in\n{screen}");
+    }
 
     // A restart of nodus on node 1 keeps the sessions: no new handshake, no lost ping.
     let pod2 = pods[1].v4.expect("v4").to_string();
