@@ -9,12 +9,12 @@ use std::time::Duration;
 
 use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
 use nodus_proxy::nft::Socket;
-use nodus_proxy::plan::{ProxyConfig, TableScope};
+use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, TableScope};
 use nodus_testbed::netns::Netns;
 
 mod common;
 use common::*;
-use nodus_view::{ChangeSet, Kind, ServiceName, Update};
+use nodus_view::{ChangeSet, Kind, ServiceName, Update, View};
 use serde_json::json;
 
 fn open_proxy(ns: &Netns) -> Proxy {
@@ -393,4 +393,106 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
     let report = full_sync(&egress_only);
     assert!(report.leftovers_removed > 0, "{report:?}");
     assert_eq!(table_objects(&ns), egress_objects);
+}
+
+/// A partial sync the kernel refuses rolls back, so the blocks it released are still in
+/// use; the full sync that follows must not hand them to another chain. `twin` is chosen
+/// so that its dispatch chain shares `web`'s endpoint map and block size: `web` grows out
+/// of its block in the refused transaction, and `twin` must not land on it afterwards.
+#[test]
+fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
+    if skip_unless_root() {
+        return;
+    }
+    let ns = Netns::new("aprf").expect("namespace");
+    let config = ProxyConfig::default();
+    let block_map = |view: &View, name: &str| {
+        Planner::new(view, &config)
+            .service("default", name, &mut EndpointKeys::new().lease(&[]))
+            .blocks
+            .first()
+            .map(|block| block.map)
+    };
+    let twin_of = |name: &str| {
+        [
+            service(name, http(json!({"clusterIP": "10.96.0.30"})), json!({})),
+            slice(
+                name,
+                "IPv4",
+                &[("10.244.1.30", NODE), ("10.244.1.31", NODE)],
+                8080,
+            ),
+        ]
+    };
+    let web_map = block_map(&node_view(&TWO_ENDPOINTS), "web");
+    let twin = (0..)
+        .map(|i| format!("twin-{i}"))
+        .find(|name| {
+            let mut view = node_view(&TWO_ENDPOINTS);
+            view.apply(twin_of(name));
+            block_map(&view, name) == web_map
+        })
+        .expect("a name in web's endpoint map");
+    let claim = |name: &str, cluster_ip: &str, pod: &str| {
+        [
+            service(
+                name,
+                http(json!({"clusterIP": cluster_ip, "externalIPs": ["192.0.2.10"]})),
+                json!({}),
+            ),
+            slice(name, "IPv4", &[(pod, NODE)], 8080),
+        ]
+    };
+    let mut before = node_view(&TWO_ENDPOINTS);
+    before.apply(twin_of(&twin));
+    before.apply(claim("claim-a", "10.96.0.20", "10.244.1.20"));
+    let mut proxy = open_proxy(&ns);
+    let report = proxy.full_sync(&before).expect("full sync");
+    assert!(report.refused.is_empty(), "{report:?}");
+
+    // `web` grows from two endpoints to three; `claim-b` claims claim-a's ExternalIP, which
+    // the kernel refuses in the partial transaction.
+    let mut after = node_view(&[
+        ("10.244.1.5", NODE),
+        ("10.244.1.6", NODE),
+        ("10.244.2.9", "node-b"),
+    ]);
+    after.apply(twin_of(&twin));
+    after.apply(claim("claim-a", "10.96.0.20", "10.244.1.20"));
+    after.apply(claim("claim-b", "10.96.0.21", "10.244.1.21"));
+    let report = proxy
+        .sync(&after, &changed(&["web", "claim-b"]))
+        .expect("sync");
+    assert_eq!(report.kind, SyncKind::Full, "{report:?}");
+    assert!(report.fell_back.is_some(), "{report:?}");
+    let refused: Vec<&str> = report
+        .refused
+        .iter()
+        .map(|r| r.service.name.as_str())
+        .collect();
+    assert_eq!(refused.len(), 1, "{report:?}");
+
+    let targets = dispatch_targets(&list_table(&ns));
+    assert_eq!(
+        targets_of(&targets, "default/web/"),
+        [
+            "10.244.1.5 . 8080",
+            "10.244.1.6 . 8080",
+            "10.244.2.9 . 8080"
+        ]
+    );
+    assert_eq!(
+        targets_of(&targets, &format!("default/{twin}/")),
+        ["10.244.1.30 . 8080", "10.244.1.31 . 8080"]
+    );
+    let winner = if refused[0] == "claim-a" {
+        "claim-b"
+    } else {
+        "claim-a"
+    };
+    assert_eq!(
+        targets_of(&targets, &format!("default/{winner}/")).len(),
+        1,
+        "{targets:#?}"
+    );
 }

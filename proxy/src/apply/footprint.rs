@@ -11,6 +11,7 @@
 //! matches is left alone; a chain that changed is rewritten, a set refilled, an element
 //! deleted by key and re-added.
 
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -151,6 +152,12 @@ impl Footprint {
             }
             previous = text;
         }
+        // By set and key: a service may have thousands of endpoint elements.
+        let planned: HashMap<(SharedSet, &Tuple, &Option<Tuple>), &Element> = new
+            .elements
+            .iter()
+            .map(|e| ((e.set, &e.element.key, &e.element.key_end), &e.element))
+            .collect();
         let elements = reader.count()?;
         for _ in 0..elements {
             let set = reader.set()?;
@@ -160,14 +167,11 @@ impl Footprint {
                 0 => None,
                 _ => Some(reader.tuple()?),
             };
-            let same = new.elements.iter().find(|element| {
-                element.set == set
-                    && element.element.key == key
-                    && element.element.key_end == key_end
-                    && data_digest(&element.element.data) == digest
-            });
+            let same = planned
+                .get(&(set, &key, &key_end))
+                .filter(|element| data_digest(&element.data) == digest);
             let element = match same {
-                Some(element) => element.element.clone(),
+                Some(element) => (*element).clone(),
                 None => Element {
                     key_end,
                     ..Element::new(key)
@@ -239,9 +243,8 @@ fn write_set(bytes: &mut Vec<u8>, set: SharedSet) {
 }
 
 fn write_count(bytes: &mut Vec<u8>, count: usize) {
-    // Counts above 65,535 per service do not occur (a service has at most a few hundred
-    // ports and endpoints); saturating keeps the record readable anyway.
-    bytes.extend_from_slice(&u16::try_from(count).unwrap_or(u16::MAX).to_ne_bytes());
+    // A service's elements are bounded by its endpoints and ports, far below 2³².
+    bytes.extend_from_slice(&u32::try_from(count).unwrap_or(u32::MAX).to_ne_bytes());
 }
 
 fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
@@ -290,9 +293,7 @@ impl<'a> Reader<'a> {
     }
 
     fn count(&mut self) -> Option<usize> {
-        Some(usize::from(u16::from_ne_bytes(
-            self.take(2)?.try_into().ok()?,
-        )))
+        usize::try_from(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)).ok()
     }
 
     fn set(&mut self) -> Option<SharedSet> {

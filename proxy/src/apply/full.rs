@@ -60,6 +60,9 @@ pub(super) struct FullSync<'a, 'v> {
     /// The table was created by this sync: nothing to adopt or clean up.
     fresh: bool,
     slots: HashMap<(SharedSet, Vec<u8>), Slot>,
+    /// The keys a previous run left in the endpoint maps: avoided by this sync's blocks,
+    /// then deleted.
+    previous_endpoint_keys: Vec<(SharedSet, Vec<u32>)>,
     /// Hashes of every chain and set this sync programs, by kind and name.
     wanted: HashSet<u64>,
     batch: PlanBatch,
@@ -79,6 +82,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             table: Table::inet(TABLE),
             fresh: false,
             slots: HashMap::new(),
+            previous_endpoint_keys: Vec::new(),
             wanted: HashSet::new(),
             batch: PlanBatch::new(),
             members: Vec::new(),
@@ -91,10 +95,13 @@ impl<'a, 'v> FullSync<'a, 'v> {
             self.snapshot()?;
         }
         self.proxy.applied.clear();
-        // Taken out while services borrow it; a failed sync leaves a fresh one, and the
-        // next full sync starts over anyway.
-        let mut keys = std::mem::take(&mut self.proxy.keys);
-        self.reserve_previous_keys(&mut keys);
+        // A fresh allocator: the table is about to be reprogrammed from scratch, and what a
+        // previous run or a refused partial sync left is reserved instead (a block on the
+        // old allocator's free lists may still hold live keys after a refused commit).
+        let mut keys = EndpointKeys::new();
+        for (map, previous) in &self.previous_endpoint_keys {
+            keys.reserve(*map, previous.clone());
+        }
         let planner = self.planner;
         for plan in planner.services(&mut keys) {
             self.add(plan)?;
@@ -154,17 +161,28 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 SharedSet::endpoints_from_name(name).is_some()
             })
             .map_err(Error::netlink("listing the endpoint maps"))?;
+        // Endpoint keys only need avoiding, then deleting: keys without data.
+        for map in endpoint_maps
+            .iter()
+            .filter_map(|name| SharedSet::endpoints_from_name(name))
+        {
+            let keys: Vec<u32> = self
+                .proxy
+                .socket
+                .list_elements(&self.table, &map.name())
+                .map_err(Error::netlink("listing the endpoint maps"))?
+                .into_iter()
+                .filter_map(|element| match tuple_from_bytes(map, &element.key)?.0[..] {
+                    [Value::Integer32(key)] => Some(key),
+                    _ => None,
+                })
+                .collect();
+            self.previous_endpoint_keys.push((map, keys));
+        }
         let skeleton_sets = Family::ALL
             .into_iter()
             .flat_map(|family| SharedKind::ALL.map(|kind| SharedSet::new(kind, family)));
-        let sets: Vec<SharedSet> = skeleton_sets
-            .chain(
-                endpoint_maps
-                    .iter()
-                    .filter_map(|name| SharedSet::endpoints_from_name(name)),
-            )
-            .collect();
-        for set in sets {
+        for set in skeleton_sets {
             let elements = match self.proxy.socket.list_elements(&self.table, &set.name()) {
                 Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => continue,
                 listed => listed.map_err(Error::netlink("listing the shared maps"))?,
@@ -180,19 +198,6 @@ impl<'a, 'v> FullSync<'a, 'v> {
             }
         }
         Ok(())
-    }
-
-    /// Keeps this sync's endpoint blocks clear of the keys a previous run left, which
-    /// its rules still use until each service is programmed again.
-    fn reserve_previous_keys(&self, keys: &mut EndpointKeys) {
-        for (set, key) in self.slots.keys() {
-            if set.kind == SharedKind::Endpoints
-                && let Some(Value::Integer32(key)) =
-                    tuple_from_bytes(*set, key).and_then(|tuple| tuple.0.into_iter().next())
-            {
-                keys.reserve(*set, [key]);
-            }
-        }
     }
 
     /// Adds one service to the transaction being built, unless one of its keys belongs
@@ -250,7 +255,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 None => missing.push(index),
             }
         }
-        for (object, name) in owned_names(&plan) {
+        for (object, name) in needed_objects(&plan) {
             self.wanted.insert(name_hash(object, &name));
         }
         let member = Member {
@@ -302,7 +307,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
                             slot.claimed = false;
                         }
                     }
-                    for (object, name) in owned_names(&member.plan) {
+                    // Not its endpoint maps: other services use them.
+                    for (object, name) in own_objects(&member.plan) {
                         self.wanted.remove(&name_hash(object, &name));
                     }
                     self.refuse(&member.plan, refusal.to_string());
@@ -346,6 +352,15 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 })
             })
             .collect();
+        let endpoint_keys: Vec<ElementPlan> = std::mem::take(&mut self.previous_endpoint_keys)
+            .into_iter()
+            .flat_map(|(map, keys)| {
+                keys.into_iter().map(move |key| ElementPlan {
+                    set: map,
+                    element: Element::new(Value::Integer32(key)),
+                })
+            })
+            .collect();
         let wanted = &self.wanted;
         let chains = self
             .proxy
@@ -362,9 +377,15 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 !name.starts_with("__") && !wanted.contains(&name_hash(Object::Set, name))
             })
             .map_err(Error::netlink("listing sets"))?;
-        self.report.leftovers_removed += elements.len() + chains.len() + sets.len();
+        self.report.leftovers_removed +=
+            elements.len() + endpoint_keys.len() + chains.len() + sets.len();
 
-        for chunk in elements.chunks(FULL_SYNC_BATCH_MESSAGES * 8) {
+        // Dispatch elements before endpoint keys: a service of the previous run that is gone
+        // stops being dispatched before its endpoints go.
+        for chunk in elements
+            .chunks(FULL_SYNC_BATCH_MESSAGES * 8)
+            .chain(endpoint_keys.chunks(FULL_SYNC_BATCH_MESSAGES * 8))
+        {
             let mut batch = PlanBatch::new();
             batch.delete_leftover_elements(chunk);
             self.commit_cleanup(batch)?;
@@ -413,7 +434,8 @@ enum Object {
     Set,
 }
 
-fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
+/// The chains and sets a service alone owns.
+fn own_objects(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
     plan.chains
         .iter()
         .map(|chain| (Object::Chain, chain.name().to_string()))
@@ -422,11 +444,16 @@ fn owned_names(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
                 .iter()
                 .map(|set| (Object::Set, set.set.name.clone())),
         )
-        .chain(
-            plan.endpoint_maps()
-                .into_iter()
-                .map(|map| (Object::Set, map.name())),
-        )
+}
+
+/// Everything a service needs in the table: its own objects and the endpoint maps it
+/// shares.
+fn needed_objects(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
+    own_objects(plan).chain(
+        plan.endpoint_maps()
+            .into_iter()
+            .map(|map| (Object::Set, map.name())),
+    )
 }
 
 fn name_hash(object: Object, name: &str) -> u64 {

@@ -10,11 +10,13 @@
 //! chain's name hashed to one of them, keep both walks short.
 //!
 //! Key blocks are allocated here, outside the pure planner, because they depend on what
-//! is already programmed: a block's size is N rounded up to a power of two, and a service
+//! is already programmed: a block's size is N rounded up to a power of two, and a chain
 //! keeps its block while N fits, so only changed elements are rewritten. A block whose
-//! service went or outgrew it is reused by the next chain that needs a block of its size. A full sync starts over; it avoids every key the table already holds, so
-//! services of a previous run keep working until their turn comes, and the keys it did not
-//! claim are removed at its end.
+//! chain went or outgrew it is reused by the next chain of its size in that map. A full
+//! sync starts over with a fresh allocator that avoids every key the table already holds
+//! (a previous run's, or those of a partial sync the kernel refused), so the rules using
+//! them keep working until their service's turn comes; the keys it did not claim are
+//! removed at its end.
 
 use std::collections::HashMap;
 
@@ -32,6 +34,8 @@ pub struct KeyBlock {
     pub offset: u32,
     /// log2 of the block's size.
     pub class: u8,
+    /// The FNV-1a hash of the chain's name: a block goes back to its own chain.
+    pub chain: u32,
 }
 
 /// The keys of one endpoint map.
@@ -50,22 +54,30 @@ impl KeySpace {
         if let Some(offset) = self.free.get_mut(&class).and_then(Vec::pop) {
             return offset;
         }
-        let size = 1u32 << class;
-        let mut offset = self.next;
-        // Skip the blocks that hold a previous run's keys.
+        let size = 1u64 << class;
+        let mut offset = u64::from(self.next);
+        let mut wrapped = false;
+        // Skip the blocks that hold a previous run's keys, wrapping around once at the end
+        // of the key space (2³² keys against at most a few hundred thousand live ones).
         loop {
-            let first_reserved = self.reserved.partition_point(|key| *key < offset);
-            match self.reserved.get(first_reserved) {
-                Some(key) if u64::from(*key) < u64::from(offset) + u64::from(size) => {
-                    offset = key.saturating_add(1);
+            if offset + size > 1 << 32 {
+                if wrapped {
+                    break;
                 }
+                (offset, wrapped) = (0, true);
+            }
+            let first_reserved = self
+                .reserved
+                .partition_point(|key| u64::from(*key) < offset);
+            match self.reserved.get(first_reserved) {
+                Some(key) if u64::from(*key) < offset + size => offset = u64::from(*key) + 1,
                 _ => break,
             }
         }
-        // 2³² keys per map against at most a few hundred thousand live ones: `next` grows
-        // only with the peak of live blocks, and released ones are reused.
-        self.next = offset.saturating_add(size);
-        offset
+        // `next` grows only with the peak of live blocks: released ones are reused, and a
+        // full sync starts a fresh allocator.
+        self.next = u32::try_from(offset + size).unwrap_or(u32::MAX);
+        u32::try_from(offset).unwrap_or_default()
     }
 }
 
@@ -80,12 +92,14 @@ impl EndpointKeys {
         EndpointKeys::default()
     }
 
-    /// Marks `keys` of `map` as taken by a previous run, until [`EndpointKeys::release_reserved`].
-    pub fn reserve(&mut self, map: SharedSet, keys: impl IntoIterator<Item = u32>) {
+    /// Marks `keys` of `map` as taken by a previous run, until
+    /// [`EndpointKeys::release_reserved`]. For a fresh allocator, at the start of a full sync.
+    pub fn reserve(&mut self, map: SharedSet, mut keys: Vec<u32>) {
+        keys.sort_unstable();
+        keys.dedup();
         let space = self.spaces.entry(map).or_default();
-        space.reserved.extend(keys);
-        space.reserved.sort_unstable();
-        space.reserved.dedup();
+        space.free.clear();
+        space.reserved = keys;
     }
 
     /// Forgets the reserved keys once the previous run's elements are gone.
@@ -125,19 +139,25 @@ pub struct KeyLease<'k> {
 impl KeyLease<'_> {
     /// A block of at least `len` keys in the endpoint map of `chain` (by its name).
     pub fn take(&mut self, chain: &str, family: Family, len: u32) -> KeyBlock {
-        let map = SharedSet::endpoints(family, shard_of(chain));
+        let chain = fnv1a(chain);
+        let map = SharedSet::endpoints(family, shard_of_hash(chain));
         let class = u8::try_from(len.max(1).next_power_of_two().trailing_zeros()).unwrap_or(31);
-        // A block that still fits is kept, even when it is larger than needed now: keys
-        // cost nothing, and a service that scales down and up again keeps them.
+        // The chain's own block, while it fits, even when larger than needed now: keys cost
+        // nothing, and a service that scales down and up again keeps them.
         if let Some(index) = self
             .previous
             .iter()
-            .position(|block| block.map == map && block.class >= class)
+            .position(|block| block.chain == chain && block.map == map && block.class >= class)
         {
             return self.previous.swap_remove(index);
         }
         let offset = self.keys.spaces.entry(map).or_default().allocate(class);
-        KeyBlock { map, offset, class }
+        KeyBlock {
+            map,
+            offset,
+            class,
+            chain,
+        }
     }
 }
 
@@ -149,14 +169,23 @@ impl Drop for KeyLease<'_> {
     }
 }
 
-/// The shard of a chain: FNV-1a of its name, so it never changes between builds.
-pub(crate) fn shard_of(chain: &str) -> u8 {
+/// FNV-1a of a chain's name: it never changes between builds.
+fn fnv1a(chain: &str) -> u32 {
     const OFFSET_BASIS: u32 = 0x811c_9dc5;
     const PRIME: u32 = 0x0100_0193;
-    let hash = chain.bytes().fold(OFFSET_BASIS, |hash, byte| {
+    chain.bytes().fold(OFFSET_BASIS, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(PRIME)
-    });
+    })
+}
+
+fn shard_of_hash(hash: u32) -> u8 {
     (hash % u32::from(SHARDS)) as u8
+}
+
+/// The shard of a chain's endpoint map.
+#[cfg(test)]
+pub(crate) fn shard_of(chain: &str) -> u8 {
+    shard_of_hash(fnv1a(chain))
 }
 
 #[cfg(test)]
@@ -180,10 +209,40 @@ mod tests {
     }
 
     #[test]
+    fn each_chain_gets_its_own_block_back() {
+        let mut keys = EndpointKeys::new();
+        // Two chains in one map (names chosen to share a shard), and one elsewhere.
+        let (x, y) = same_shard_pair();
+        let mut lease = keys.lease(&[]);
+        let first = [
+            lease.take("service-other", Family::V4, 2),
+            lease.take(&x, Family::V4, 1),
+            lease.take(&y, Family::V4, 1),
+        ];
+        drop(lease);
+        let mut lease = keys.lease(&first);
+        let again = [
+            lease.take("service-other", Family::V4, 2),
+            lease.take(&x, Family::V4, 1),
+            lease.take(&y, Family::V4, 1),
+        ];
+        assert_eq!(again, first);
+    }
+
+    fn same_shard_pair() -> (String, String) {
+        let x = "service-x".to_string();
+        let y = (0..)
+            .map(|i| format!("service-y{i}"))
+            .find(|y| shard_of(y) == shard_of(&x))
+            .expect("some name shares the shard");
+        (x, y)
+    }
+
+    #[test]
     fn a_full_sync_allocates_around_the_previous_runs_keys() {
         let mut keys = EndpointKeys::new();
         let map = SharedSet::endpoints(Family::V6, shard_of("service-b"));
-        keys.reserve(map, [0, 1, 2, 9, 20]);
+        keys.reserve(map, vec![20, 9, 0, 1, 2]);
         let mut lease = keys.lease(&[]);
         let a = lease.take("service-b", Family::V6, 4);
         let b = lease.take("service-b", Family::V6, 8);
@@ -192,6 +251,16 @@ mod tests {
         keys.release_reserved();
         let c = keys.lease(&[]).take("service-b", Family::V6, 1);
         assert_eq!(c.offset, 18);
+    }
+
+    #[test]
+    fn the_end_of_the_key_space_wraps_around() {
+        let mut space = KeySpace {
+            next: u32::MAX - 1,
+            reserved: vec![3, u32::MAX],
+            ..KeySpace::default()
+        };
+        assert_eq!(space.allocate(2), 4);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use nodus_testbed::netns::{self, Netns};
 use nodus_view::{Update, View};
 use serde_json::{Value as Json, json};
+use std::collections::{BTreeMap, BTreeSet};
 
 pub const NODE: &str = "node-a";
 
@@ -132,4 +133,95 @@ pub fn node_and_client() -> (Netns, Netns) {
     node.ip(&["route", "add", "local", "10.96.0.0/16", "dev", "lo"])
         .expect("local service route");
     (node, client)
+}
+
+/// What each dispatch chain of the listing DNATs to: the `addr . port` elements of its
+/// key block (`numgen random mod N offset K map @M`), by chain name. A key of a block
+/// missing from its map shows as `missing <key>`, so a rule never points at nothing or at
+/// another service's endpoints unnoticed.
+pub fn dispatch_targets(listing: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut maps: BTreeMap<String, BTreeMap<u32, String>> = BTreeMap::new();
+    let mut current_map: Option<String> = None;
+    let mut rules: Vec<(String, String, u32, u32)> = Vec::new();
+    let mut current_chain: Option<String> = None;
+    let mut in_elements = false;
+    for line in listing.lines().map(str::trim) {
+        if let Some(name) = line.strip_prefix("map ").and_then(|l| l.strip_suffix(" {")) {
+            current_map = name.starts_with("endpoints-").then(|| name.to_string());
+            current_chain = None;
+            continue;
+        }
+        if let Some(name) = line
+            .strip_prefix("chain ")
+            .and_then(|l| l.strip_suffix(" {"))
+        {
+            current_chain = Some(name.to_string());
+            current_map = None;
+            continue;
+        }
+        if let Some(map) = &current_map {
+            let text = match line.strip_prefix("elements = {") {
+                Some(rest) => {
+                    in_elements = true;
+                    rest
+                }
+                None if in_elements => line,
+                None => continue,
+            };
+            let text = match text.strip_suffix('}') {
+                Some(last) => {
+                    in_elements = false;
+                    last
+                }
+                None => text,
+            };
+            for element in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+                let (key, data) = element.split_once(" : ").expect("key : data");
+                maps.entry(map.clone())
+                    .or_default()
+                    .insert(key.parse().expect("integer key"), data.to_string());
+            }
+            continue;
+        }
+        if let (Some(chain), Some(dnat)) = (&current_chain, line.split_once("numgen random mod ")) {
+            let Some((numbers, map)) = dnat.1.split_once(" map @") else {
+                continue;
+            };
+            let mut words = numbers.split_whitespace();
+            let count: u32 = words.next().and_then(|n| n.parse().ok()).expect("mod N");
+            let offset: u32 = match (words.next(), words.next()) {
+                (Some("offset"), Some(k)) => k.parse().expect("offset K"),
+                _ => 0,
+            };
+            rules.push((chain.clone(), map.to_string(), count, offset));
+        }
+    }
+    let mut targets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (chain, map, count, offset) in rules {
+        let elements = maps.get(&map);
+        let entry = targets.entry(chain).or_default();
+        for key in offset..offset + count {
+            entry.insert(
+                elements
+                    .and_then(|e| e.get(&key))
+                    .cloned()
+                    .unwrap_or_else(|| format!("missing {key}")),
+            );
+        }
+    }
+    targets
+}
+
+/// [`dispatch_targets`] of the chain whose name contains `needle`.
+pub fn targets_of(targets: &BTreeMap<String, BTreeSet<String>>, needle: &str) -> Vec<String> {
+    let found: Vec<_> = targets
+        .iter()
+        .filter(|(chain, _)| chain.contains(needle))
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one dispatch chain with {needle} in {targets:#?}"
+    );
+    found[0].1.iter().cloned().collect()
 }
