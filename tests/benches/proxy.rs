@@ -1,9 +1,10 @@
 //! The proxy's programming cost, in a fresh network namespace: a cold full sync, one
-//! endpoint change and one new service at 1,000 and 10,000 services × 10 endpoints; the
-//! kernel memory of the ruleset (what nf_tables allocates, charged to the memory cgroup of
-//! the process that programs it); and, at 1,000 services, `nft -f` of the same ruleset as `nodus proxy render`
-//! prints it, which is what kube-proxy and knls pay. Latencies here are view update → plan
-//! → netlink commit, in process; the API round trip comes on top (see the scale bench).
+//! endpoint change, one new service and a restart that adopts the table, at 1,000 and
+//! 10,000 services × 10 endpoints; the kernel memory of the ruleset (what nf_tables
+//! allocates, charged to the memory cgroup of the process that programs it); and, at 1,000
+//! services, `nft -f` of the same ruleset as `nodus proxy render` prints it, which is what
+//! kube-proxy and knls pay. Latencies here are view update → plan → netlink commit, in
+//! process; the API round trip comes on top (see the scale bench).
 //! It prints figures and asserts nothing.
 //!
 //! `cargo bench --bench proxy -- [--services 1000,10000] [--changes 200]`
@@ -120,6 +121,7 @@ fn ms(d: Duration) -> f64 {
 struct Row {
     services: usize,
     cold: Duration,
+    restart: Duration,
     kernel_mib: f64,
     change: (Duration, Duration),
     new_service: (Duration, Duration),
@@ -170,6 +172,17 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
     }
     change_times.sort();
     add_times.sort();
+    drop(proxy);
+
+    // A restart: a new applier adopts the table (every chain rewritten, every endpoint
+    // block moved to fresh keys beside the old ones, then the old keys deleted).
+    let restart = ns.enter(|| -> anyhow::Result<Duration> {
+        let mut proxy = Proxy::new(ProxyConfig::default())?;
+        let start = Instant::now();
+        let report = proxy.full_sync(&view)?;
+        anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
+        Ok(start.elapsed())
+    })??;
 
     // What the `nft` binary costs for the same ruleset, where that stays affordable.
     let nft_file = if services <= 1000 {
@@ -193,6 +206,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
     Ok(Row {
         services,
         cold,
+        restart,
         kernel_mib,
         change: (
             percentile(&change_times, 0.5),
@@ -228,9 +242,10 @@ fn main() -> anyhow::Result<()> {
     );
     println!("kernel MiB: {}", kernel_memory.method());
     println!(
-        "{:>9} | {:>10} | {:>9} | {:>21} | {:>21} | {:>14}",
+        "{:>9} | {:>10} | {:>10} | {:>9} | {:>21} | {:>21} | {:>14}",
         "services",
         "cold ms",
+        "restart ms",
         "kernel MiB",
         "endpoint change p50/p99",
         "new service p50/p99",
@@ -246,9 +261,10 @@ fn main() -> anyhow::Result<()> {
             )
         });
         println!(
-            "{:>9} | {:>10.1} | {:>9.1} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
+            "{:>9} | {:>10.1} | {:>10.1} | {:>9.1} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
             row.services,
             ms(row.cold),
+            ms(row.restart),
             row.kernel_mib,
             ms(row.change.0),
             ms(row.change.1),
