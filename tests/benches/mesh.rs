@@ -1,4 +1,4 @@
-//! The mesh bench: a real `nodus run` with the mesh on (userspace backend, wireguard-go), in
+//! The mesh bench: a real `nodus run` with the mesh on (wireguard-go backend), in
 //! a node namespace, against the API-server stand-in holding N other Nodes with keys.
 //!
 //! For each N it reports the cold start (process start → every peer and route in place),
@@ -150,7 +150,7 @@ fn run(opts: &Options, peers: usize) -> anyhow::Result<Row> {
     std::fs::write(
         &config,
         format!(
-            "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: userspace\n  interface: {interface}\n  \
+            "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: wireguard-go\n  interface: {interface}\n  \
              key_file: {}\n  cni_conflist: {}\n",
             dir.join("key").display(),
             dir.join("10-nodus.conflist").display()
@@ -241,7 +241,7 @@ fn main() -> anyhow::Result<()> {
         "the mesh bench needs root (network namespaces)"
     );
     println!(
-        "mesh bench: nodus {} (userspace backend, wireguard-go), {} joins per size",
+        "mesh bench: nodus {} (wireguard-go backend), {} joins per size",
         opts.nodus.display(),
         opts.joins
     );

@@ -576,7 +576,15 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
     assert_eq!(handshakes.len(), 2, "{handshakes:?}");
     assert!(handshakes.iter().all(|(_, t)| t != "0"), "{handshakes:?}");
 
-    // SIGTERM: nodus's shutdown runs, and the device goes with the process.
+    // SIGTERM: nodus's shutdown runs, and the device goes with the process. A ping at 10
+    // per second across the restart shows the outage (printed, not asserted).
+    let mut pinger = pods[0].ns.command("ping");
+    pinger
+        .args(["-i", "0.1", "-c", "60", "-W", "1"])
+        .arg(pods[1].v4.expect("v4").to_string())
+        .stdout(Stdio::piped());
+    let pinger = pinger.spawn().expect("ping");
+    std::thread::sleep(Duration::from_millis(500));
     let log = nodes[0].stop_with(libc::SIGTERM);
     assert!(
         log.contains("but for the embedded WireGuard device, which ends with the process"),
@@ -591,12 +599,16 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
         .ns
         .exec("nft", &["list", "table", "inet", "nodus"])
         .expect("nodus's table stays");
-    assert!(ping(&pods[0], IpAddr::V4(pods[1].v4.expect("v4"))).is_err());
 
     // The next nodus creates the device again: new sessions, traffic back.
     nodes[0].start(&kubeconfig);
     nodes[0].wait_metric("nodus_mesh_peers", 2.0);
     pod_1_reaches_pods_2_and_3(&pods);
+    let output = pinger.wait_with_output().expect("ping ends");
+    let summary = String::from_utf8_lossy(&output.stdout);
+    let summary = summary.lines().rev().nth(1).unwrap_or_default();
+    println!("ping at 10/s across an embedded restart: {summary}");
+    assert!(!summary.contains(" 0% packet loss"), "no outage: {summary}");
 
     // SIGINT too; then `nodus cleanup` finds only the table and the conflist to remove.
     nodes[0].stop_with(libc::SIGINT);
