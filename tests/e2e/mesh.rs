@@ -49,6 +49,8 @@ struct MeshNode {
     http: SocketAddr,
     pid: Option<u32>,
     starts: usize,
+    /// A bounding set for nodus (`setpriv --bounding-set`), as the DaemonSet grants.
+    capabilities: Option<&'static str>,
 }
 
 impl MeshNode {
@@ -77,6 +79,7 @@ impl MeshNode {
             http: SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())),
             pid: None,
             starts: 0,
+            capabilities: None,
         }
     }
 
@@ -90,7 +93,14 @@ impl MeshNode {
 
     fn start(&mut self, kubeconfig: &std::path::Path) {
         let log = std::fs::File::create(self.log(self.starts)).expect("log");
-        let mut cmd = self.node.ns.command(NODUS);
+        let mut cmd = match self.capabilities {
+            Some(set) => {
+                let mut cmd = self.node.ns.command("setpriv");
+                cmd.args(["--bounding-set", set, "--", NODUS]);
+                cmd
+            }
+            None => self.node.ns.command(NODUS),
+        };
         cmd.args(["run", "--node-name", &self.node.name, "--kubeconfig"])
             .arg(kubeconfig)
             .arg("--config")
@@ -535,8 +545,8 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
 /// wireguard-go. Pods cross both kinds of tunnel, and only WireGuard's UDP crosses node
 /// 1's underlay. SIGTERM still reaches nodus's own shutdown, which ends within 2 s and
 /// takes the embedded device (with its routes and socket) along, while nodus's table
-/// stays; the next nodus creates the device again and traffic resumes after a new
-/// handshake. SIGINT too.
+/// stays; the next nodus, with only the DaemonSet's capabilities, creates the device again
+/// and traffic resumes after a new handshake. SIGINT too.
 #[test]
 fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
     let (_cluster, _underlay, mut nodes, kubeconfig) = three_nodes(
@@ -600,9 +610,17 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
         .exec("nft", &["list", "table", "inet", "nodus"])
         .expect("nodus's table stays");
 
-    // The next nodus creates the device again: new sessions, traffic back.
+    // The next nodus creates the device again: new sessions, traffic back. It runs with
+    // only the DaemonSet's capabilities, which cover the TUN, its links and routes.
+    nodes[0].capabilities = Some("-all,+net_admin,+net_bind_service");
     nodes[0].start(&kubeconfig);
     nodes[0].wait_metric("nodus_mesh_peers", 2.0);
+    let pid = nodes[0].pid.expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert!(
+        status.contains("CapEff:\t0000000000001400"),
+        "only CAP_NET_ADMIN (12) and CAP_NET_BIND_SERVICE (10):\n{status}"
+    );
     pod_1_reaches_pods_2_and_3(&pods);
     let output = pinger.wait_with_output().expect("ping ends");
     let summary = String::from_utf8_lossy(&output.stdout);
