@@ -82,3 +82,24 @@ fn link_exists(name: &str) -> bool {
     // SAFETY: a valid NUL-terminated string; the call only reads it.
     unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_binary_is_found_as_the_shell_would() {
+        let sh = find(Path::new("sh")).expect("sh is in PATH");
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        assert_eq!(find(&sh), Some(sh.clone()));
+        assert_eq!(find(Path::new("/nonexistent/wireguard-go")), None);
+        assert_eq!(find(Path::new("nodus-no-such-program")), None);
+        // A file that is not executable is not a daemon to start.
+        let dir = std::env::temp_dir().join(format!("nodus-find-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let file = dir.join("wireguard-go");
+        std::fs::write(&file, "").expect("file");
+        assert_eq!(find(&file), None);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}
