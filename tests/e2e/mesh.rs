@@ -609,6 +609,8 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
         .ns
         .exec("nft", &["list", "table", "inet", "nodus"])
         .expect("nodus's table stays");
+    // Without the device's routes, node 1 answers that pod 2 is unreachable.
+    assert!(ping(&pods[0], IpAddr::V4(pods[1].v4.expect("v4"))).is_err());
 
     // The next nodus creates the device again: new sessions, traffic back. It runs with
     // only the DaemonSet's capabilities, which cover the TUN, its links and routes.
@@ -626,7 +628,6 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
     let summary = String::from_utf8_lossy(&output.stdout);
     let summary = summary.lines().rev().nth(1).unwrap_or_default();
     println!("ping at 10/s across an embedded restart: {summary}");
-    assert!(!summary.contains(" 0% packet loss"), "no outage: {summary}");
 
     // SIGINT too; then `nodus cleanup` finds only the table and the conflist to remove.
     nodes[0].stop_with(libc::SIGINT);

@@ -85,8 +85,9 @@ fn create_on_this_thread(name: &str) -> Result<WGApi<Userspace>, Error> {
     let context = || format!("creating the embedded WireGuard device {name}");
     let before = signalfds().map_err(Error::io("listing /proc/self/fd"))?;
     let mut api = WGApi::<Userspace>::new(name).map_err(|e| Error::device(context(), e))?;
-    api.create_interface()
-        .map_err(|e| Error::device(context(), e))?;
+    // Disarmed even when the creation fails halfway (after the device started, in setting
+    // the link up): that device runs until `api` drops.
+    let created = api.create_interface();
     let opened: Vec<RawFd> = signalfds()
         .map_err(Error::io("listing /proc/self/fd"))?
         .difference(&before)
@@ -99,6 +100,7 @@ fn create_on_this_thread(name: &str) -> Result<WGApi<Userspace>, Error> {
         signalfds = opened.len(),
         "disarmed boringtun's signal handlers"
     );
+    created.map_err(|e| Error::device(context(), e))?;
     Ok(api)
 }
 
