@@ -147,14 +147,14 @@ impl Default for DnsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct MeshConfig {
     pub enabled: bool,
-    /// The WireGuard device's name (unique on the host for the userspace backend).
+    /// The WireGuard device's name (unique on the host for the userspace backends).
     pub interface: String,
     pub listen_port: u16,
     /// The private key (created on first start, mode 0600, directory 0700).
     pub key_file: PathBuf,
-    /// `auto` (kernel WireGuard if the module is there), `kernel` or `userspace`.
+    /// `auto`, `kernel`, `wireguard-go` (alias `userspace`) or `embedded`.
     pub backend: MeshBackend,
-    /// The userspace backend's daemon.
+    /// The `wireguard-go` backend's daemon.
     pub wireguard_go: PathBuf,
     /// Which node address peers use as endpoint when a node has both: `ipv4` or `ipv6`.
     pub endpoint_family: EndpointFamily,
@@ -188,10 +188,15 @@ impl Default for MeshConfig {
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum MeshBackend {
+    /// The kernel if the `wireguard` link type exists, else `wireguard-go` if it runs or is
+    /// installed, else the embedded device.
     #[default]
     Auto,
     Kernel,
-    Userspace,
+    /// Named `userspace` before the embedded backend came.
+    #[serde(rename = "wireguard-go", alias = "userspace")]
+    WireguardGo,
+    Embedded,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -213,7 +218,8 @@ impl MeshConfig {
             backend: match self.backend {
                 MeshBackend::Auto => BackendKind::Auto,
                 MeshBackend::Kernel => BackendKind::Kernel,
-                MeshBackend::Userspace => BackendKind::Userspace,
+                MeshBackend::WireguardGo => BackendKind::WireguardGo,
+                MeshBackend::Embedded => BackendKind::Embedded,
             },
             wireguard_go: self.wireguard_go.clone(),
             endpoint_family: match self.endpoint_family {
@@ -372,7 +378,8 @@ mod tests {
         .expect("valid");
         assert_eq!(config.cluster_domain, "example.org");
         assert_eq!(config.cluster_cidrs.len(), 2);
-        assert_eq!(config.mesh.backend, MeshBackend::Userspace);
+        // `userspace`, the old name, still means wireguard-go.
+        assert_eq!(config.mesh.backend, MeshBackend::WireguardGo);
         assert_eq!(config.mesh.endpoint_family, EndpointFamily::Ipv6);
         assert_eq!(config.mesh.mtu, Some(1400));
         assert_eq!(config.mesh.listen_port, 51820);
@@ -440,6 +447,15 @@ mod tests {
         assert!(Config::parse("dns:\n  pod_records: verified\n").is_err());
         assert!(Config::parse("mesh:\n  interface: a-name-far-too-long\n").is_err());
         assert!(Config::parse("mesh:\n  backend: boringtun\n").is_err());
+        for (text, backend) in [
+            ("wireguard-go", MeshBackend::WireguardGo),
+            ("embedded", MeshBackend::Embedded),
+            ("kernel", MeshBackend::Kernel),
+            ("auto", MeshBackend::Auto),
+        ] {
+            let config = Config::parse(&format!("mesh:\n  backend: {text}\n")).expect(text);
+            assert_eq!(config.mesh.backend, backend);
+        }
         assert!(Config::parse("mesh:\n  mtu: 500\n").is_err());
     }
 }

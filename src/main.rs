@@ -71,8 +71,9 @@ enum ProxyCommand {
     Render(ClusterArgs),
 }
 
-/// hickory-server logs every malformed packet at info.
-const DEFAULT_LOG_FILTER: &str = "info,hickory_server=warn";
+/// hickory-server logs every malformed packet at info, and the embedded WireGuard device
+/// every peer it adds or removes (thousands at a cold start).
+const DEFAULT_LOG_FILTER: &str = "info,hickory_server=warn,defguard_boringtun=warn";
 
 /// How to reach the cluster and which node this is.
 #[derive(Args, Clone, Debug, Default)]

@@ -163,23 +163,40 @@ async fn start_dns(config: &Config, view: SharedView) -> anyhow::Result<DnsServe
     Ok(server)
 }
 
-/// Opens the WireGuard device (adopting a running one) and starts the mesh's task; the
-/// returned sender tells it that the view changed. It programs nothing before the first
-/// signal, which comes once the view is complete.
+/// The running mesh task, as the run loop sees it.
+struct MeshTask {
+    /// Tells the task that the view changed.
+    changed: tokio::sync::watch::Sender<()>,
+    /// The device is the embedded one, which the kernel deletes when nodus exits.
+    device_ends_with_process: bool,
+}
+
+/// Opens the WireGuard device (adopting a running one) and starts the mesh's task. It
+/// programs nothing before the first view-change signal, which comes once the view is
+/// complete.
+///
+/// It runs before [`shutdown_signal`] installs nodus's handlers: an embedded device's
+/// creation briefly holds signalfds for SIGTERM and SIGINT (see
+/// `nodus_mesh::backend::embedded`), and a signal in that window must keep its default
+/// action, ending the process, rather than reach them.
 async fn start_mesh(
     config: &Config,
     view: SharedView,
     client: kube::Client,
     metrics: &Metrics,
-) -> anyhow::Result<tokio::sync::watch::Sender<()>> {
+) -> anyhow::Result<MeshTask> {
     let mesh_metrics = Arc::new(nodus_mesh::metrics::MeshMetrics::default());
     let _ = metrics.mesh.set(mesh_metrics.clone());
     let mesh = nodus_mesh::Mesh::start(config.mesh.settings(), mesh_metrics)
         .await
         .context("starting the WireGuard mesh")?;
+    let device_ends_with_process = mesh.device_ends_with_process();
     let (changed, follower) = tokio::sync::watch::channel(());
     tokio::spawn(nodus_mesh::follow::follow(mesh, view, client, follower));
-    Ok(changed)
+    Ok(MeshTask {
+        changed,
+        device_ends_with_process,
+    })
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -230,7 +247,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
-    let mesh_changed = match config.mesh.enabled {
+    let mesh = match config.mesh.enabled {
         true => Some(start_mesh(&config, view.clone(), client.clone(), &metrics).await?),
         false => None,
     };
@@ -266,12 +283,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             programmed
         });
-        if let Some(mesh) = &mesh_changed
+        if let Some(mesh) = &mesh
             && (applied.initial_sync
                 || !applied.changes.nodes.is_empty()
                 || applied.changes.this_node)
         {
-            mesh.send_replace(());
+            mesh.changed.send_replace(());
         }
         // Readiness follows the proxy: a node whose rules are failing to sync is not ready.
         dns_synced.store(true, Relaxed);
@@ -297,7 +314,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tokio::select! {
         () = follow => anyhow::bail!("the watch streams ended"),
         signal = shutdown_signal() => {
-            tracing::info!(signal = signal?, "exiting; the dataplane stays in place");
+            let signal = signal?;
+            match mesh.as_ref().is_some_and(|mesh| mesh.device_ends_with_process) {
+                true => tracing::info!(
+                    signal,
+                    "exiting; the dataplane stays in place but for the embedded WireGuard \
+                     device, which ends with the process"
+                ),
+                false => tracing::info!(signal, "exiting; the dataplane stays in place"),
+            }
             Ok(())
         }
     }

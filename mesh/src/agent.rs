@@ -29,7 +29,7 @@ pub struct MeshSettings {
     pub listen_port: u16,
     pub key_file: PathBuf,
     pub backend: BackendKind,
-    /// The `wireguard-go` binary of the userspace backend.
+    /// The `wireguard-go` backend's daemon.
     pub wireguard_go: PathBuf,
     pub endpoint_family: Family,
     /// A fixed device MTU; `None` takes the underlay's minus `mtu_overhead`.
@@ -115,6 +115,11 @@ impl Mesh {
 
     pub fn backend(&self) -> &'static str {
         self.device.kind()
+    }
+
+    /// The device is embedded in this process: it ends when nodus exits.
+    pub fn device_ends_with_process(&self) -> bool {
+        self.device.ends_with_process()
     }
 
     pub fn plan_settings(&self) -> PlanSettings {

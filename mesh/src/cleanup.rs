@@ -1,5 +1,5 @@
-//! `nodus cleanup` for the mesh: the device (with its addresses and routes), the
-//! userspace daemon's socket, and the CNI conflist. The key file stays: a node that comes
+//! `nodus cleanup` for the mesh: the device (with its addresses and routes), the UAPI
+//! socket of a userspace device, and the CNI conflist. The key file stays: a node that comes
 //! back keeps its identity.
 
 use std::path::Path;
@@ -16,7 +16,8 @@ pub struct Removed {
 }
 
 /// Removes the mesh's device named `interface` and the conflist at `conflist`, whichever
-/// exist. Deleting the device also ends a `wireguard-go` serving it.
+/// exist. Deleting the device also ends a `wireguard-go` serving it; an embedded device
+/// is already gone with the nodus that ran it.
 pub async fn remove(interface: &str, conflist: &Path) -> Result<Removed, Error> {
     let links = Links::new()?;
     let mut removed = Removed::default();

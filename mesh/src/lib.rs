@@ -4,8 +4,8 @@
 //!   annotations to publish, and the per-peer deltas between two states.
 //! - [`cni`]: the CNI conflist for kubelet (pure content, atomic write).
 //! - [`key`]: the node's key pair and its file.
-//! - [`backend`]: the WireGuard device, kernel (generic netlink) or userspace
-//!   (`wireguard-go` driven over its UAPI socket).
+//! - [`backend`]: the WireGuard device: kernel (generic netlink), `wireguard-go` or
+//!   boringtun embedded in nodus (both driven over the UAPI socket).
 //! - [`links`]: the device's link, addresses and routes over rtnetlink.
 //! - [`agent`]: brings the kernel in step with a plan, per-peer deltas only.
 //! - [`follow`]: the task that runs the mesh inside `nodus run`.

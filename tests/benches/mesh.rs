@@ -1,13 +1,15 @@
-//! The mesh bench: a real `nodus run` with the mesh on (userspace backend, wireguard-go), in
-//! a node namespace, against the API-server stand-in holding N other Nodes with keys.
+//! The mesh bench: a real `nodus run` with the mesh on (the wireguard-go backend, or the
+//! embedded one), in a node namespace, against the API-server stand-in holding N other
+//! Nodes with keys.
 //!
 //! For each N it reports the cold start (process start → every peer and route in place),
 //! the first sync's own time (the kernel programming of N peers and N routes), the latency
 //! of a Node join (API write → peer in place, as `/metrics` reports it; median and worst of
 //! 20), and memory: nodus's RSS and anonymous memory after the cold sync, per peer against
-//! the run with no peer, and wireguard-go's RSS. It prints figures; it asserts nothing.
+//! the run with no peer, and wireguard-go's RSS (zero with the embedded backend, whose
+//! peers are in nodus's own). It prints figures; it asserts nothing.
 //!
-//! `cargo bench --bench mesh -- [--peers N]… [--joins N] [--nodus PATH]`
+//! `cargo bench --bench mesh -- [--peers N]… [--joins N] [--nodus PATH] [--backend B]`
 
 use anyhow::{Context, bail};
 use nodus_mesh::key::KeyPair;
@@ -30,6 +32,8 @@ struct Options {
     peers: Vec<usize>,
     joins: usize,
     nodus: PathBuf,
+    /// `mesh.backend`: `wireguard-go` or `embedded`.
+    backend: String,
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -37,6 +41,7 @@ fn options() -> anyhow::Result<Options> {
         peers: Vec::new(),
         joins: 20,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
+        backend: "wireguard-go".into(),
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -45,6 +50,7 @@ fn options() -> anyhow::Result<Options> {
             "--peers" => opts.peers.push(value()?.parse()?),
             "--joins" => opts.joins = value()?.parse()?,
             "--nodus" => opts.nodus = value()?.into(),
+            "--backend" => opts.backend = value()?,
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -150,8 +156,9 @@ fn run(opts: &Options, peers: usize) -> anyhow::Result<Row> {
     std::fs::write(
         &config,
         format!(
-            "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: userspace\n  interface: {interface}\n  \
+            "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: {}\n  interface: {interface}\n  \
              key_file: {}\n  cni_conflist: {}\n",
+            opts.backend,
             dir.join("key").display(),
             dir.join("10-nodus.conflist").display()
         ),
@@ -241,8 +248,9 @@ fn main() -> anyhow::Result<()> {
         "the mesh bench needs root (network namespaces)"
     );
     println!(
-        "mesh bench: nodus {} (userspace backend, wireguard-go), {} joins per size",
+        "mesh bench: nodus {} ({} backend), {} joins per size",
         opts.nodus.display(),
+        opts.backend,
         opts.joins
     );
     println!(

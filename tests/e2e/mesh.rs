@@ -1,7 +1,7 @@
 //! The WireGuard mesh for real: three node namespaces on a bridge underlay, each running
-//! `nodus run` with the mesh on (userspace backend: the machines have no WireGuard module)
-//! against the API-server stand-in, and pods made by the reference CNI plugins from the
-//! conflist each nodus wrote.
+//! `nodus run` with the mesh on (a userspace backend, `wireguard-go` or the embedded
+//! boringtun: the machines have no WireGuard module) against the API-server stand-in, and
+//! pods made by the reference CNI plugins from the conflist each nodus wrote.
 
 use crate::support::{Cluster, NODUS, free_port, metric, wait_for};
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
@@ -49,10 +49,13 @@ struct MeshNode {
     http: SocketAddr,
     pid: Option<u32>,
     starts: usize,
+    /// A bounding set for nodus (`setpriv --bounding-set`), as the DaemonSet grants.
+    capabilities: Option<&'static str>,
 }
 
 impl MeshNode {
-    fn new(cluster: &Cluster, underlay: &Underlay, name: &str, i: u8, extra: &str) -> MeshNode {
+    /// `mesh` holds the backend's lines of the `mesh:` section.
+    fn new(cluster: &Cluster, underlay: &Underlay, name: &str, i: u8, mesh: &str) -> MeshNode {
         let node = Node::new(underlay, name, i + 1).expect("node namespace");
         let interface = unique_name("wg");
         let dir = cluster.dir.join(name);
@@ -61,8 +64,8 @@ impl MeshNode {
         std::fs::write(
             &config,
             format!(
-                "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: userspace\n  \
-                 interface: {interface}\n  key_file: {}\n  cni_conflist: {}\n{extra}",
+                "dns:\n  enabled: false\nmesh:\n  enabled: true\n{mesh}  \
+                 interface: {interface}\n  key_file: {}\n  cni_conflist: {}\n",
                 dir.join("key/wireguard.key").display(),
                 dir.join("net.d/10-nodus.conflist").display()
             ),
@@ -76,6 +79,7 @@ impl MeshNode {
             http: SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())),
             pid: None,
             starts: 0,
+            capabilities: None,
         }
     }
 
@@ -89,7 +93,14 @@ impl MeshNode {
 
     fn start(&mut self, kubeconfig: &std::path::Path) {
         let log = std::fs::File::create(self.log(self.starts)).expect("log");
-        let mut cmd = self.node.ns.command(NODUS);
+        let mut cmd = match self.capabilities {
+            Some(set) => {
+                let mut cmd = self.node.ns.command("setpriv");
+                cmd.args(["--bounding-set", set, "--", NODUS]);
+                cmd
+            }
+            None => self.node.ns.command(NODUS),
+        };
         cmd.args(["run", "--node-name", &self.node.name, "--kubeconfig"])
             .arg(kubeconfig)
             .arg("--config")
@@ -105,14 +116,26 @@ impl MeshNode {
 
     /// SIGTERM, as a service manager stops it; nodus must exit cleanly on its own path.
     fn stop(&mut self) {
+        self.stop_with(libc::SIGTERM);
+    }
+
+    /// Stops nodus with `signal`; it must exit cleanly within 2 s (the DaemonSet's grace
+    /// period is 5 s). Returns its log.
+    fn stop_with(&mut self, signal: libc::c_int) -> String {
         let pid = self.pid.take().expect("running");
-        let status = self.node.ns.terminate(pid).expect("terminate");
+        let (status, took) = self
+            .node
+            .ns
+            .stop(pid, signal, Duration::from_secs(2))
+            .expect("nodus exits after the signal");
+        println!("{}: exit {took:.1?} after signal {signal}", self.node.name);
         assert!(status.success(), "nodus exited with {status}");
         let log = std::fs::read_to_string(self.log(self.starts - 1)).expect("log");
         assert!(
             log.contains("exiting; the dataplane stays in place"),
             "{log}"
         );
+        log
     }
 
     fn metric(&self, series: &str) -> Option<f64> {
@@ -177,7 +200,8 @@ impl MeshNode {
 
 impl Drop for MeshNode {
     fn drop(&mut self) {
-        // The namespace's drop kills wireguard-go; its socket file is host-wide.
+        // The namespace's drop kills wireguard-go; its socket file is host-wide (an
+        // embedded device removes its own when nodus exits cleanly).
         let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.interface));
     }
 }
@@ -209,13 +233,82 @@ fn pod_on(node: &MeshNode, name: &str) -> Pod {
     pod
 }
 
-/// Starts a three-node cluster whose nodus processes all run the mesh.
-fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
+/// The `mesh:` lines that pick the wireguard-go backend.
+const WIREGUARD_GO: &str = "  backend: wireguard-go\n";
+
+/// pod-1 reaches pod-2 and pod-3 by ping and TCP, in both families.
+fn pod_1_reaches_pods_2_and_3(pods: &[Pod]) {
+    for (to, name) in [(&pods[1], "pod-2"), (&pods[2], "pod-3")] {
+        for ip in [
+            IpAddr::V4(to.v4.expect("v4")),
+            IpAddr::V6(to.v6.expect("v6")),
+        ] {
+            wait_for(&format!("pod-1 pings {name} at {ip}"), || {
+                ping(&pods[0], ip).ok()
+            });
+            assert_eq!(who(&pods[0], ip).expect("TCP across the mesh"), name);
+        }
+    }
+}
+
+/// A `tcpdump` on a node's underlay link of everything but the API server's TCP,
+/// neighbour discovery and multicast (the group membership reports of devices still being
+/// configured).
+struct Capture<'a> {
+    node: &'a MeshNode,
+    pid: u32,
+    file: PathBuf,
+}
+
+impl Capture<'_> {
+    fn start(node: &MeshNode) -> Capture<'_> {
+        let file = node
+            .dir
+            .join(format!("underlay-{}.txt", unique_name("cap")));
+        let mut tcpdump = node.node.ns.command("tcpdump");
+        tcpdump
+            .args(["-l", "-nn", "-i", "eth0"])
+            .arg(format!(
+                "not arp and not tcp port {API_PORT} and not multicast \
+                 and not (icmp6 and ip6[40] >= 133 and ip6[40] <= 137)"
+            ))
+            .stdout(std::fs::File::create(&file).expect("capture file"))
+            .stderr(Stdio::null());
+        let pid = node.node.ns.spawn(tcpdump).expect("tcpdump");
+        std::thread::sleep(Duration::from_millis(800));
+        Capture { node, pid, file }
+    }
+
+    /// Stops the capture: it must hold traffic, all of it UDP between WireGuard ports.
+    fn only_wireguard(self) {
+        std::thread::sleep(Duration::from_millis(300));
+        self.node.node.ns.kill(self.pid).expect("stop tcpdump");
+        let captured = std::fs::read_to_string(&self.file).expect("capture");
+        let lines: Vec<&str> = captured.lines().collect();
+        assert!(lines.len() >= 8, "too little captured:\n{captured}");
+        for line in &lines {
+            assert!(
+                line.contains(&format!(".{WG_PORT} > "))
+                    && line.contains(&format!(".{WG_PORT}: UDP")),
+                "not WireGuard on the underlay: {line}\n{captured}"
+            );
+        }
+    }
+}
+
+/// Starts a three-node cluster whose nodus processes all run the mesh, node N+1 with
+/// `backends[N]` (lines of its `mesh:` section), on the underlay 10.`subnet`.0.0/24.
+fn three_nodes(
+    test: &str,
+    subnet: u8,
+    backends: [&str; 3],
+) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
     assert!(
         netns::is_root(),
         "the mesh test needs root (network namespaces)"
     );
-    let underlay = Underlay::new([10, 201, 0], [0xfd00, 0x201, 0, 0]).expect("underlay");
+    let underlay =
+        Underlay::new([10, subnet, 0], [0xfd00, u16::from(subnet), 0, 0]).expect("underlay");
     let objects: Vec<_> = (1..=3)
         .map(|i| node_object(&format!("node-{i}"), i, &underlay))
         .collect();
@@ -225,7 +318,8 @@ fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
     }
     let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut nodes: Vec<MeshNode> = (1..=3)
-        .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, ""))
+        .zip(backends)
+        .map(|(i, mesh)| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, mesh))
         .collect();
     for node in &mut nodes {
         node.start(&kubeconfig);
@@ -238,7 +332,7 @@ fn three_nodes(test: &str) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
 
 #[test]
 fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
-    let (cluster, underlay, mut nodes, kubeconfig) = three_nodes("mesh");
+    let (cluster, underlay, mut nodes, kubeconfig) = three_nodes("mesh", 201, [WIREGUARD_GO; 3]);
     let pods: Vec<Pod> = nodes
         .iter()
         .enumerate()
@@ -263,32 +357,10 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
         "underlay 1500 − 80:\n{conflist}"
     );
 
-    // The underlay of node 2 while pod 1 talks to pods 2 and 3, both families: everything
-    // but the API server's TCP, neighbour discovery and multicast (the group membership
-    // reports of devices still being configured) must be WireGuard's UDP.
-    let capture = nodes[1].dir.join("underlay.txt");
-    let mut tcpdump = nodes[1].node.ns.command("tcpdump");
-    tcpdump
-        .args(["-l", "-nn", "-i", "eth0"])
-        .arg(format!(
-            "not arp and not tcp port {API_PORT} and not multicast \
-             and not (icmp6 and ip6[40] >= 133 and ip6[40] <= 137)"
-        ))
-        .stdout(std::fs::File::create(&capture).expect("capture file"))
-        .stderr(Stdio::null());
-    let tcpdump = nodes[1].node.ns.spawn(tcpdump).expect("tcpdump");
-    std::thread::sleep(Duration::from_millis(800));
-    for (to, name) in [(&pods[1], "pod-2"), (&pods[2], "pod-3")] {
-        for ip in [
-            IpAddr::V4(to.v4.expect("v4")),
-            IpAddr::V6(to.v6.expect("v6")),
-        ] {
-            wait_for(&format!("pod-1 pings {name} at {ip}"), || {
-                ping(&pods[0], ip).ok()
-            });
-            assert_eq!(who(&pods[0], ip).expect("TCP across the mesh"), name);
-        }
-    }
+    // The underlay of node 2 while pod 1 talks to pods 2 and 3, both families, and node 1
+    // to pod 2.
+    let capture = Capture::start(&nodes[1]);
+    pod_1_reaches_pods_2_and_3(&pods);
     // From the node itself, too: its source is the device's address, which peers accept.
     nodes[0]
         .node
@@ -298,17 +370,7 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
             &["-c1", "-W2", &pods[1].v4.expect("v4").to_string()],
         )
         .expect("node 1 reaches pod 2");
-    std::thread::sleep(Duration::from_millis(300));
-    nodes[1].node.ns.kill(tcpdump).expect("stop tcpdump");
-    let captured = std::fs::read_to_string(&capture).expect("capture");
-    let lines: Vec<&str> = captured.lines().collect();
-    assert!(lines.len() >= 8, "too little captured:\n{captured}");
-    for line in &lines {
-        assert!(
-            line.contains(&format!(".{WG_PORT} > ")) && line.contains(&format!(".{WG_PORT}: UDP")),
-            "not WireGuard on the underlay: {line}\n{captured}"
-        );
-    }
+    capture.only_wireguard();
 
     // Egress with the proxy off (nodus beside kube-proxy): a server outside the cluster,
     // on the underlay, which has no route to pods, sees node 1's address in both
@@ -493,6 +555,116 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
     );
 }
 
+/// The embedded backend (boringtun in nodus), beside wireguard-go: node 1 asks for it,
+/// node 2 gets it from `auto` (no kernel module, no wireguard-go binary), node 3 runs
+/// wireguard-go. Pods cross both kinds of tunnel, and only WireGuard's UDP crosses node
+/// 1's underlay. SIGTERM still reaches nodus's own shutdown, which ends within 2 s and
+/// takes the embedded device (with its routes and socket) along, while nodus's table
+/// stays; the next nodus, with only the DaemonSet's capabilities, creates the device again
+/// and traffic resumes after a new handshake. SIGINT too.
+#[test]
+fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
+    let (_cluster, _underlay, mut nodes, kubeconfig) = three_nodes(
+        "mesh-embedded",
+        203,
+        [
+            "  backend: embedded\n",
+            "  backend: auto\n  wireguard_go: /nonexistent/wireguard-go\n",
+            WIREGUARD_GO,
+        ],
+    );
+    for (node, expected) in nodes.iter().zip([
+        "created the embedded WireGuard device",
+        "created the embedded WireGuard device",
+        "started wireguard-go",
+    ]) {
+        let log = std::fs::read_to_string(node.log(0)).expect("log");
+        assert!(log.contains(expected), "{}: {log}", node.node.name);
+    }
+    let pods: Vec<Pod> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
+        .collect();
+    let capture = Capture::start(&nodes[0]);
+    pod_1_reaches_pods_2_and_3(&pods);
+    capture.only_wireguard();
+    // `wg` reads the embedded device over its socket, as nodus's metrics do.
+    nodes[0].wait_metric("nodus_mesh_peers_recent_handshake", 2.0);
+    assert!(
+        nodes[0]
+            .metric("nodus_mesh_peer_bytes{direction=\"received\"}")
+            .unwrap_or(0.0)
+            > 0.0
+    );
+    let handshakes = nodes[0].wg_show("latest-handshakes");
+    assert_eq!(handshakes.len(), 2, "{handshakes:?}");
+    assert!(handshakes.iter().all(|(_, t)| t != "0"), "{handshakes:?}");
+
+    // SIGTERM: nodus's shutdown runs, and the device goes with the process. A ping at 10
+    // per second across the restart shows the outage (printed, not asserted).
+    let mut pinger = pods[0].ns.command("ping");
+    pinger
+        .args(["-i", "0.1", "-c", "60", "-W", "1"])
+        .arg(pods[1].v4.expect("v4").to_string())
+        .stdout(Stdio::piped());
+    let pinger = pinger.spawn().expect("ping");
+    std::thread::sleep(Duration::from_millis(500));
+    let log = nodes[0].stop_with(libc::SIGTERM);
+    assert!(
+        log.contains("but for the embedded WireGuard device, which ends with the process"),
+        "{log}"
+    );
+    let interface = nodes[0].interface.clone();
+    assert!(nodes[0].node.ns.ip(&["link", "show", &interface]).is_err());
+    let socket = format!("/var/run/wireguard/{interface}.sock");
+    assert!(!std::path::Path::new(&socket).exists(), "{socket} left");
+    nodes[0]
+        .node
+        .ns
+        .exec("nft", &["list", "table", "inet", "nodus"])
+        .expect("nodus's table stays");
+    // Without the device's routes, node 1 answers that pod 2 is unreachable.
+    assert!(ping(&pods[0], IpAddr::V4(pods[1].v4.expect("v4"))).is_err());
+
+    // The next nodus creates the device again: new sessions, traffic back. It runs with
+    // only the DaemonSet's capabilities, which cover the TUN, its links and routes.
+    nodes[0].capabilities = Some("-all,+net_admin,+net_bind_service");
+    nodes[0].start(&kubeconfig);
+    nodes[0].wait_metric("nodus_mesh_peers", 2.0);
+    let pid = nodes[0].pid.expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert!(
+        status.contains("CapEff:\t0000000000001400"),
+        "only CAP_NET_ADMIN (12) and CAP_NET_BIND_SERVICE (10):\n{status}"
+    );
+    pod_1_reaches_pods_2_and_3(&pods);
+    let output = pinger.wait_with_output().expect("ping ends");
+    let summary = String::from_utf8_lossy(&output.stdout);
+    let summary = summary.lines().rev().nth(1).unwrap_or_default();
+    println!("ping at 10/s across an embedded restart: {summary}");
+
+    // SIGINT too; then `nodus cleanup` finds only the table and the conflist to remove.
+    nodes[0].stop_with(libc::SIGINT);
+    assert!(nodes[0].node.ns.ip(&["link", "show", &interface]).is_err());
+    let config = nodes[0].config.to_string_lossy().to_string();
+    let cleanup = nodes[0]
+        .node
+        .ns
+        .exec(NODUS, &["cleanup", "--yes", "--config", &config])
+        .expect("nodus cleanup");
+    println!("{cleanup}");
+    assert!(
+        nodes[0]
+            .node
+            .ns
+            .exec("nft", &["list", "table", "inet", "nodus"])
+            .is_err(),
+        "the table outlived the cleanup"
+    );
+    assert!(!nodes[0].conflist().exists());
+}
+
 #[test]
 fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
     assert!(
@@ -504,7 +676,7 @@ fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
     cluster.apply(node_object("node-1", 1, &underlay));
     cluster.store.forbid_patch("nodes", true);
     let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
-    let mut node = MeshNode::new(&cluster, &underlay, "node-1", 1, "");
+    let mut node = MeshNode::new(&cluster, &underlay, "node-1", 1, WIREGUARD_GO);
     node.start(&kubeconfig);
     wait_for("the RBAC error in the log", || {
         let log = std::fs::read_to_string(node.log(0)).ok()?;

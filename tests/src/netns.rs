@@ -13,6 +13,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 /// A short name unique to this process (device names are limited to 15 bytes).
 pub fn unique_name(tag: &str) -> String {
@@ -128,6 +129,19 @@ impl Netns {
     /// Stops one process started with [`Netns::spawn`] with SIGTERM, as a service manager
     /// would, and returns how it exited.
     pub fn terminate(&self, pid: u32) -> anyhow::Result<std::process::ExitStatus> {
+        self.stop(pid, libc::SIGTERM, Duration::from_secs(60))
+            .map(|(status, _)| status)
+    }
+
+    /// Sends `signal` to one process started with [`Netns::spawn`] and waits for it to
+    /// exit; returns how it exited and how long that took. A process still running after
+    /// `within` is killed, and that is an error.
+    pub fn stop(
+        &self,
+        pid: u32,
+        signal: libc::c_int,
+        within: Duration,
+    ) -> anyhow::Result<(std::process::ExitStatus, Duration)> {
         let mut children = self
             .children
             .lock()
@@ -137,11 +151,26 @@ impl Netns {
             .position(|c| c.id() == pid)
             .with_context(|| format!("no process {pid} in {}", self.name))?;
         let mut child = children.swap_remove(i);
+        let sent = Instant::now();
         // SAFETY: signalling a child we own and have not reaped.
-        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-        child
-            .wait()
-            .with_context(|| format!("waiting for {pid} in {}", self.name))
+        unsafe { libc::kill(pid as i32, signal) };
+        loop {
+            let waited = child
+                .try_wait()
+                .with_context(|| format!("waiting for {pid} in {}", self.name))?;
+            if let Some(status) = waited {
+                return Ok((status, sent.elapsed()));
+            }
+            if sent.elapsed() > within {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "process {pid} in {} still ran {within:?} after signal {signal}; killed",
+                    self.name
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     /// Runs `f` on a thread that has entered the namespace. Sockets created there stay in

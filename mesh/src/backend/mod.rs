@@ -1,14 +1,18 @@
-//! The WireGuard device: kernel WireGuard configured over generic netlink, or `wireguard-go`
-//! driven over its UAPI socket. Both take the same per-peer changes and report the same
-//! state; neither is ever asked to replace the whole peer set, which would reset every
-//! session.
+//! The WireGuard device, from one of three backends: kernel WireGuard configured over
+//! generic netlink, `wireguard-go` (a daemon nodus starts), or boringtun embedded in nodus;
+//! the two userspace ones are driven over the same UAPI socket. All take the same per-peer
+//! changes and report the same state; none is ever asked to replace the whole peer set,
+//! which would reset every session.
 
+pub mod embedded;
 pub mod kernel;
 pub mod uapi;
+pub mod wireguard_go;
 
 use crate::Error;
 use crate::key::{Key, KeyPair};
 use crate::plan::{Peer, PeerChange};
+use embedded::EmbeddedDevice;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::SystemTime;
@@ -16,10 +20,12 @@ use std::time::SystemTime;
 /// Which implementation runs the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
-    /// Kernel WireGuard if the module is there, else userspace.
+    /// Kernel WireGuard if the `wireguard` link type exists; else `wireguard-go` if it is
+    /// running or installed (a restart keeps sessions); else the embedded device.
     Auto,
     Kernel,
-    Userspace,
+    WireguardGo,
+    Embedded,
 }
 
 /// A peer as the device reports it.
@@ -42,40 +48,57 @@ pub struct DeviceState {
 /// The device of one backend.
 pub enum Device {
     Kernel(kernel::KernelDevice),
-    Userspace(uapi::UserspaceDevice),
+    WireguardGo(uapi::UapiDevice),
+    Embedded(embedded::EmbeddedDevice),
 }
 
 impl Device {
-    /// Opens the device `name`, creating it if needed; `Auto` takes the kernel when it can.
+    /// Opens the device `name`, creating it if needed.
     pub async fn open(kind: BackendKind, name: &str, wireguard_go: &Path) -> Result<Device, Error> {
         match kind {
             BackendKind::Kernel => Ok(Device::Kernel(kernel::KernelDevice::open(name).await?)),
-            BackendKind::Userspace => Ok(Device::Userspace(
-                uapi::UserspaceDevice::open(name, wireguard_go).await?,
+            BackendKind::WireguardGo => Ok(Device::WireguardGo(
+                wireguard_go::open(name, wireguard_go).await?,
             )),
+            BackendKind::Embedded => Ok(Device::Embedded(EmbeddedDevice::create(name).await?)),
             BackendKind::Auto => match kernel::KernelDevice::open(name).await {
                 Ok(device) => Ok(Device::Kernel(device)),
                 Err(error) => {
-                    tracing::info!(%error, "no kernel WireGuard; using the userspace backend");
-                    Ok(Device::Userspace(
-                        uapi::UserspaceDevice::open(name, wireguard_go).await?,
-                    ))
+                    let daemon = wireguard_go::running(name).await.is_some()
+                        || wireguard_go::find(wireguard_go).is_some();
+                    let chosen = if daemon { "wireguard-go" } else { "embedded" };
+                    tracing::info!(%error, backend = chosen, "no kernel WireGuard");
+                    match daemon {
+                        true => Ok(Device::WireguardGo(
+                            wireguard_go::open(name, wireguard_go).await?,
+                        )),
+                        false => Ok(Device::Embedded(EmbeddedDevice::create(name).await?)),
+                    }
                 }
             },
         }
     }
 
+    /// The backend's name, as `mesh.backend` spells it.
     pub fn kind(&self) -> &'static str {
         match self {
             Device::Kernel(_) => "kernel",
-            Device::Userspace(_) => "userspace",
+            Device::WireguardGo(_) => "wireguard-go",
+            Device::Embedded(_) => "embedded",
         }
+    }
+
+    /// Whether the device ends with this process (and a restart means new sessions).
+    pub fn ends_with_process(&self) -> bool {
+        matches!(self, Device::Embedded(_))
     }
 
     pub async fn state(&mut self) -> Result<DeviceState, Error> {
         match self {
             Device::Kernel(d) => d.state().await,
-            Device::Userspace(d) => d.state().await,
+            Device::WireguardGo(d) | Device::Embedded(EmbeddedDevice { uapi: d, .. }) => {
+                d.state().await
+            }
         }
     }
 
@@ -83,7 +106,9 @@ impl Device {
     pub async fn set_identity(&mut self, keys: &KeyPair, port: u16) -> Result<(), Error> {
         match self {
             Device::Kernel(d) => d.set_identity(keys.private(), port).await,
-            Device::Userspace(d) => d.set_identity(keys.private(), port).await,
+            Device::WireguardGo(d) | Device::Embedded(EmbeddedDevice { uapi: d, .. }) => {
+                d.set_identity(keys.private(), port).await
+            }
         }
     }
 
@@ -94,7 +119,9 @@ impl Device {
         }
         match self {
             Device::Kernel(d) => d.apply(changes).await,
-            Device::Userspace(d) => d.apply(changes).await,
+            Device::WireguardGo(d) | Device::Embedded(EmbeddedDevice { uapi: d, .. }) => {
+                d.apply(changes).await
+            }
         }
     }
 }

@@ -1,11 +1,7 @@
-//! The userspace backend: Debian's `wireguard-go`, driven over the cross-platform UAPI
-//! socket (`/var/run/wireguard/<device>.sock`, the protocol `wg` speaks).
-//!
-//! `wireguard-go` runs as its own daemon rather than inside nodus, so a restart of nodus
-//! finds the device, its peers and their sessions where it left them (an embedded
-//! implementation would take the tunnel down with the process), and nodus's own SIGTERM
-//! and SIGINT handling is untouched. The daemon creates its TUN link down; the agent sets
-//! it up with the MTU.
+//! The cross-platform UAPI (`/var/run/wireguard/<device>.sock`, the protocol `wg`
+//! speaks): how nodus drives both userspace backends, `wireguard-go` and the embedded
+//! boringtun, which serve the same socket. Requests are per-peer `set`s and `get`s; never
+//! `replace_peers`.
 
 use super::{DeviceState, PeerState};
 use crate::Error;
@@ -13,61 +9,29 @@ use crate::key::Key;
 use crate::plan::PeerChange;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-/// Where `wireguard-go` (and `wg`) put the UAPI sockets. It is not per network namespace,
-/// so device names must be unique on the host.
+/// Where `wireguard-go`, boringtun and `wg` put the UAPI sockets. It is not per network
+/// namespace, so device names must be unique on the host.
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 
-/// How long a new `wireguard-go` gets to open its socket.
-const START_TIMEOUT: Duration = Duration::from_secs(5);
-
-pub struct UserspaceDevice {
+/// A client of one device's UAPI socket.
+pub struct UapiDevice {
     socket: PathBuf,
 }
 
-impl UserspaceDevice {
-    /// Adopts the running daemon of device `name`, or starts `wireguard_go` for it.
-    pub async fn open(name: &str, wireguard_go: &Path) -> Result<UserspaceDevice, Error> {
-        let device = UserspaceDevice {
+impl UapiDevice {
+    /// The client of device `name`'s socket (which may not exist yet).
+    pub fn of(name: &str) -> UapiDevice {
+        UapiDevice {
             socket: Path::new(SOCKET_DIR).join(format!("{name}.sock")),
-        };
-        // The socket directory is shared by every namespace: a daemon counts as ours only
-        // if the link is in this one.
-        if link_exists(name) && device.state().await.is_ok() {
-            tracing::info!(device = name, "adopting the running wireguard-go");
-            return Ok(device);
         }
-        let _ = std::fs::remove_file(&device.socket);
-        // wireguard-go forks its daemon and returns once the device and socket exist. Its
-        // stdio must not be ours: the daemon would hold a caller's pipes open forever.
-        let status = tokio::process::Command::new(wireguard_go)
-            .arg(name)
-            .env("LOG_LEVEL", "error")
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .await
-            .map_err(Error::io(format!("starting {}", wireguard_go.display())))?;
-        if !status.success() {
-            return Err(Error::device(
-                format!("starting {} {name}", wireguard_go.display()),
-                status,
-            ));
-        }
-        let started = Instant::now();
-        loop {
-            match device.state().await {
-                Ok(_) => break,
-                Err(error) if started.elapsed() > START_TIMEOUT => return Err(error),
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        }
-        tracing::info!(device = name, "started wireguard-go");
-        Ok(device)
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
     }
 
     async fn request(&self, body: &str) -> Result<String, Error> {
@@ -87,7 +51,7 @@ impl UserspaceDevice {
                 .await
                 .map_err(Error::io(context()))?;
             if n == 0 {
-                return Err(Error::device(context(), "the daemon closed the socket"));
+                return Err(Error::device(context(), "the device closed the socket"));
             }
             reply.extend_from_slice(&chunk[..n]);
         }
@@ -97,7 +61,7 @@ impl UserspaceDevice {
             Some(code) => Err(Error::device(
                 context(),
                 format!(
-                    "the daemon refused the request: {}",
+                    "the device refused the request: {}",
                     std::io::Error::from_raw_os_error(code)
                 ),
             )),
@@ -123,14 +87,6 @@ impl UserspaceDevice {
     pub async fn apply(&self, changes: &[PeerChange]) -> Result<(), Error> {
         self.request(&format_changes(changes)).await.map(drop)
     }
-}
-
-fn link_exists(name: &str) -> bool {
-    let Ok(name) = std::ffi::CString::new(name) else {
-        return false;
-    };
-    // SAFETY: a valid NUL-terminated string; the call only reads it.
-    unsafe { libc::if_nametoindex(name.as_ptr()) != 0 }
 }
 
 fn errno(reply: &str) -> Option<i32> {
