@@ -138,6 +138,24 @@ impl MeshNode {
         log
     }
 
+    /// `nodus cleanup --yes` with this node's configuration; the table must be gone.
+    fn cleanup(&self) -> String {
+        let config = self.config.to_string_lossy().to_string();
+        let output = self
+            .node
+            .ns
+            .exec(NODUS, &["cleanup", "--yes", "--config", &config])
+            .expect("nodus cleanup");
+        assert!(
+            self.node
+                .ns
+                .exec("nft", &["list", "table", "inet", "nodus"])
+                .is_err(),
+            "the table outlived the cleanup"
+        );
+        output
+    }
+
     fn metric(&self, series: &str) -> Option<f64> {
         let http = self.http;
         let (_, body) = self
@@ -532,20 +550,7 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
 
     // `nodus cleanup` removes the table with the device, the mesh alone having made it.
     nodes[0].stop();
-    let config = nodes[0].config.to_string_lossy().to_string();
-    nodes[0]
-        .node
-        .ns
-        .exec(NODUS, &["cleanup", "--yes", "--config", &config])
-        .expect("nodus cleanup");
-    assert!(
-        nodes[0]
-            .node
-            .ns
-            .exec("nft", &["list", "table", "inet", "nodus"])
-            .is_err(),
-        "the table outlived the cleanup"
-    );
+    nodes[0].cleanup();
     assert!(
         nodes[0]
             .node
@@ -647,21 +652,7 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
     // SIGINT too; then `nodus cleanup` finds only the table and the conflist to remove.
     nodes[0].stop_with(libc::SIGINT);
     assert!(nodes[0].node.ns.ip(&["link", "show", &interface]).is_err());
-    let config = nodes[0].config.to_string_lossy().to_string();
-    let cleanup = nodes[0]
-        .node
-        .ns
-        .exec(NODUS, &["cleanup", "--yes", "--config", &config])
-        .expect("nodus cleanup");
-    println!("{cleanup}");
-    assert!(
-        nodes[0]
-            .node
-            .ns
-            .exec("nft", &["list", "table", "inet", "nodus"])
-            .is_err(),
-        "the table outlived the cleanup"
-    );
+    println!("{}", nodes[0].cleanup());
     assert!(!nodes[0].conflist().exists());
 }
 
