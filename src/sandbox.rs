@@ -222,12 +222,18 @@ fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
     let Ok((ready, metrics)) = probe else {
         return (false, BTreeMap::new());
     };
-    let objects = metrics
+    let mut objects: BTreeMap<String, String> = metrics
         .lines()
         .filter_map(|l| l.strip_prefix("nodus_view_objects{kind=\""))
         .filter_map(|l| l.split_once("\"} "))
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
+    if let Some(peers) = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("nodus_mesh_peers "))
+    {
+        objects.insert("peer".into(), peers.trim().to_string());
+    }
     (ready, objects)
 }
 
@@ -248,6 +254,20 @@ fn pod_gateway(docs: &[Value], ip: IpAddr) -> Option<IpAddr> {
         .map(|c| c.addr)
 }
 
+/// The first of up to four tries that succeeds, or the last failure. A tunnel to a peer
+/// is set up by the first packet: when the peer's own nodus has not added this node yet,
+/// the handshake is ignored and WireGuard tries again five seconds later.
+fn first_success<T>(mut attempt: impl FnMut() -> anyhow::Result<T>) -> anyhow::Result<T> {
+    let mut result = attempt();
+    for _ in 1..4 {
+        if result.is_ok() {
+            break;
+        }
+        result = attempt();
+    }
+    result
+}
+
 /// `ping` and `curl` from a pod on the first node to a pod on every other node, across
 /// the WireGuard mesh.
 fn demonstrate_mesh(pods: &[SandboxPod]) {
@@ -257,10 +277,7 @@ fn demonstrate_mesh(pods: &[SandboxPod]) {
         let Some(ip) = to.pod.v4.map(IpAddr::V4).or(to.pod.v6.map(IpAddr::V6)) else {
             continue;
         };
-        let ping = from
-            .pod
-            .ns
-            .exec("ping", &["-c1", "-W2", &ip.to_string()])
+        let ping = first_success(|| from.pod.ns.exec("ping", &["-c1", "-W2", &ip.to_string()]))
             .map(|out| {
                 out.lines()
                     .find_map(|l| l.split("time=").nth(1))
@@ -279,10 +296,7 @@ fn demonstrate_mesh(pods: &[SandboxPod]) {
         }
         let Some(port) = to.port else { continue };
         let url = http_url(ip, port);
-        let answer = from
-            .pod
-            .ns
-            .exec("curl", &["-s", "-m", "3", &url])
+        let answer = first_success(|| from.pod.ns.exec("curl", &["-s", "-m", "3", &url]))
             .map(|out| out.trim().to_string());
         match answer {
             Ok(answer) => println!(
@@ -709,7 +723,13 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let statuses: Vec<_> = loop {
         let statuses: Vec<_> = nodes.iter().map(node_status).collect();
-        if statuses.iter().all(|(ready, _)| *ready) || Instant::now() > deadline {
+        // Ready, and a WireGuard peer for every other node, so that the demonstrations
+        // below do not race the nodes' key exchange.
+        let peers = (nodes.len() - 1).to_string();
+        let settled = statuses
+            .iter()
+            .all(|(ready, objects)| *ready && objects.get("peer") == Some(&peers));
+        if settled || Instant::now() > deadline {
             break statuses;
         }
         std::thread::sleep(Duration::from_millis(200));
