@@ -9,11 +9,11 @@ use futures::TryStreamExt;
 use nodus_view::model::Cidr;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressMessage};
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage};
+use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
 use rtnetlink::packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteScope, RouteType,
 };
-use rtnetlink::{Handle, LinkUnspec, RouteMessageBuilder};
+use rtnetlink::{Handle, LinkUnspec, LinkWireguard, RouteMessageBuilder};
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -27,6 +27,8 @@ pub struct Link {
     pub index: u32,
     pub mtu: Option<u32>,
     pub up: bool,
+    /// A kernel `wireguard` link, not a userspace TUN.
+    pub wireguard: bool,
 }
 
 impl Links {
@@ -41,6 +43,18 @@ impl Links {
         self.find(name)
             .await?
             .ok_or_else(|| Error::device(format!("link {name}"), "not found"))
+    }
+
+    /// Creates a kernel `wireguard` link named `name`.
+    pub async fn add_wireguard(&self, name: &str) -> Result<(), Error> {
+        self.handle
+            .link()
+            .add(LinkWireguard::new(name).build())
+            .execute()
+            .await
+            .map_err(Error::netlink(format!(
+                "creating the wireguard link {name}"
+            )))
     }
 
     /// Looks a link up by name, `None` when there is none.
@@ -58,6 +72,7 @@ impl Links {
                 index: message.header.index,
                 mtu: mtu_of(&message),
                 up: message.header.flags.contains(LinkFlags::Up),
+                wireguard: is_wireguard(&message),
             })),
             // The kernel answers ENODEV for a name it does not know.
             Err(rtnetlink::Error::NetlinkError(error))
@@ -206,6 +221,13 @@ impl Links {
                 "removing the route to {destination}"
             )))
     }
+}
+
+fn is_wireguard(link: &LinkMessage) -> bool {
+    link.attributes.iter().any(|a| {
+        matches!(a, LinkAttribute::LinkInfo(infos)
+            if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Wireguard))))
+    })
 }
 
 fn mtu_of(link: &LinkMessage) -> Option<u32> {

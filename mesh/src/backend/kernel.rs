@@ -8,8 +8,9 @@
 use super::DeviceState;
 use crate::Error;
 use crate::key::Key;
+use crate::links::Links;
 use crate::plan::PeerChange;
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use genetlink::GenetlinkHandle;
 use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkMessage, NetlinkPayload};
 use netlink_packet_generic::GenlMessage;
@@ -18,8 +19,6 @@ use netlink_packet_wireguard::{
     WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute, WireguardPeerFlags,
 };
 use nodus_view::model::Cidr;
-use rtnetlink::LinkWireguard;
-use rtnetlink::packet_route::link::{InfoKind, LinkAttribute, LinkInfo};
 use std::time::{Duration, SystemTime};
 
 /// Peers per generic netlink message: a peer with two allowed IPs takes about 120 bytes,
@@ -35,37 +34,16 @@ impl KernelDevice {
     /// Creates the `wireguard` link `name` unless it exists; a link of another kind with
     /// that name (a userspace TUN) is an error, so that `auto` picks the userspace backend.
     pub async fn open(name: &str) -> Result<KernelDevice, Error> {
-        let (connection, handle, _) =
-            rtnetlink::new_connection().map_err(Error::io("opening rtnetlink"))?;
-        tokio::spawn(connection);
-        let existing = handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute()
-            .try_next()
-            .await;
-        match existing {
-            Ok(Some(link)) => {
-                let is_wireguard = link.attributes.iter().any(|a| {
-                    matches!(a, LinkAttribute::LinkInfo(infos)
-                        if infos.iter().any(|i| matches!(i, LinkInfo::Kind(InfoKind::Wireguard))))
-                });
-                if !is_wireguard {
-                    return Err(Error::device(
-                        format!("link {name}"),
-                        "exists and is not a kernel WireGuard device",
-                    ));
-                }
+        let links = Links::new()?;
+        match links.find(name).await? {
+            Some(link) if !link.wireguard => {
+                return Err(Error::device(
+                    format!("link {name}"),
+                    "exists and is not a kernel WireGuard device",
+                ));
             }
-            _ => handle
-                .link()
-                .add(LinkWireguard::new(name).build())
-                .execute()
-                .await
-                .map_err(Error::netlink(format!(
-                    "creating the wireguard link {name}"
-                )))?,
+            Some(_) => {}
+            None => links.add_wireguard(name).await?,
         }
         let (connection, genl, _) =
             genetlink::new_connection().map_err(Error::io("opening generic netlink"))?;
