@@ -5,7 +5,9 @@
 //! WireGuard mesh on; every pod named by an EndpointSlice becomes a namespace made by the
 //! reference CNI plugins from the conflist its node's nodus wrote (at the EndpointSlice's
 //! addresses), running the echo server. Pod traffic between nodes crosses the mesh.
-//! Everything is removed on Ctrl-C. Nothing touches the root namespace's network.
+//! Everything is removed on Ctrl-C (or SIGTERM), also during start-up; a start first removes
+//! what a killed sandbox left in the same directory. Nothing touches the root namespace's
+//! network.
 
 use anyhow::{Context, bail};
 use clap::Args;
@@ -16,7 +18,9 @@ use nodus_testbed::probe::http_get;
 use nodus_view::model::Cidr;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -103,15 +107,276 @@ pub async fn echo(args: EchoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The mesh devices' UAPI socket files, removed when the sandbox ends however it ends:
-/// wireguard-go dies with its namespace, but the socket directory is host-wide.
-struct UapiSockets(Vec<String>);
+/// Where the sandbox keeps its state, one sandbox at a time: made private to root, locked
+/// while a sandbox runs in it, and naming the sandbox's namespaces and devices
+/// ([`netns::scope_for`]), so that a start finds what a killed sandbox left.
+struct SandboxDir {
+    path: PathBuf,
+    scope: String,
+    /// Held (flock) until the process ends, however it ends.
+    _lock: std::fs::File,
+}
 
-impl Drop for UapiSockets {
-    fn drop(&mut self) {
-        for interface in &self.0 {
-            let _ = std::fs::remove_file(format!("/var/run/wireguard/{interface}.sock"));
+impl SandboxDir {
+    fn take(path: &Path) -> anyhow::Result<SandboxDir> {
+        make_private_dir(path)?;
+        let lock_path = path.join("sandbox.lock");
+        let mut lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .with_context(|| format!("opening {}", lock_path.display()))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let mut holder = String::new();
+            let _ = lock.read_to_string(&mut holder);
+            bail!(
+                "another nodus sandbox (pid {}) runs in {}: stop it first, or give this one \
+                 another --dir (and --api-port)",
+                holder.trim(),
+                path.display()
+            );
         }
+        lock.set_len(0)?;
+        write!(lock, "{}", std::process::id())?;
+        Ok(SandboxDir {
+            scope: netns::scope_for(path),
+            path: path.to_path_buf(),
+            _lock: lock,
+        })
+    }
+
+    /// Removes what an earlier sandbox in this directory left because it was killed: its
+    /// namespaces and every process still running in them (its nodes' nodus, wireguard-go
+    /// and the pods' echo servers), its host-wide files, and the state of the nodes about
+    /// to be built (key, conflist and `host-local` leases).
+    fn clear_leftovers(&self, node_names: &[String]) -> anyhow::Result<()> {
+        let namespaces = netns::remove_scope(&self.scope)?;
+        if !namespaces.is_empty() {
+            println!(
+                "removed {} network namespaces a killed sandbox left in {}",
+                namespaces.len(),
+                self.path.display()
+            );
+        }
+        self.host_state(node_names).remove();
+        for name in node_names {
+            remove_if_present(&self.path.join(name))?;
+        }
+        remove_if_present(&self.path.join("namespaces.json"))
+    }
+
+    fn host_state(&self, node_names: &[String]) -> HostState {
+        HostState {
+            scope: self.scope.clone(),
+            leases: node_names
+                .iter()
+                .map(|n| self.path.join(n).join("ipam"))
+                .collect(),
+        }
+    }
+}
+
+/// Creates `path` (mode 0700: it will hold the nodes' WireGuard keys), or makes an
+/// existing directory of this user's private; a directory other users share, such as
+/// `/tmp` itself, is refused.
+fn make_private_dir(path: &Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let shown = path.display();
+    match std::fs::symlink_metadata(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("creating {}", parent.display()))?;
+            }
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(path)
+                .with_context(|| format!("creating {shown}"))
+        }
+        Err(error) => Err(error).with_context(|| format!("reading {shown}")),
+        Ok(meta) => {
+            if !meta.is_dir() {
+                bail!(
+                    "{shown} is not a directory (a file or a symbolic link): choose another --dir"
+                );
+            }
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            let me = unsafe { libc::geteuid() };
+            if meta.uid() != me || meta.mode() & 0o1002 != 0 {
+                bail!(
+                    "{shown} is shared (owner uid {}, mode {:o}): the sandbox keeps private \
+                     keys there; choose a directory of its own with --dir",
+                    meta.uid(),
+                    meta.mode() & 0o7777
+                );
+            }
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+                .with_context(|| format!("making {shown} private"))
+        }
+    }
+}
+
+fn remove_if_present(path: &Path) -> anyhow::Result<()> {
+    let removed = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match removed {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(error).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What the sandbox keeps outside its namespaces, removed when it ends however it ends (a
+/// killed one's by the next start): the mesh devices' UAPI sockets (wireguard-go dies
+/// with its namespace, but the socket directory is host-wide), the pods' resolv.conf
+/// files under `/etc/netns`, both named in the sandbox's scope, and the nodes'
+/// `host-local` leases, which would hold every pod address at the next start.
+struct HostState {
+    scope: String,
+    leases: Vec<PathBuf>,
+}
+
+impl HostState {
+    fn remove(&self) {
+        for dir in ["/var/run/wireguard", "/etc/netns"] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().starts_with(&self.scope) {
+                    let _ = remove_if_present(&entry.path());
+                }
+            }
+        }
+        for leases in &self.leases {
+            let _ = remove_if_present(leases);
+        }
+    }
+}
+
+impl Drop for HostState {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// The programs the sandbox needs, each with the Debian package that has it.
+const PREREQUISITES: [(&str, &str); 2] = [("ip", "iproute2"), ("sysctl", "procps")];
+/// The programs only its demonstrations run in the pods.
+const DEMONSTRATION_TOOLS: [(&str, &str); 3] = [
+    ("curl", "curl"),
+    ("ping", "iputils-ping"),
+    ("dig", "dnsutils"),
+];
+/// The package with the reference CNI plugins of the conflist the nodes write.
+const CNI_PACKAGE: &str = "containernetworking-plugins";
+
+/// Says which programs are missing, with the line that installs them, before anything is
+/// built. WireGuard needs nothing: without a kernel module or `wireguard-go`, the nodes
+/// use the embedded backend.
+fn check_prerequisites() -> anyhow::Result<()> {
+    let missing = |tools: &[(&str, &str)]| -> Vec<(String, String)> {
+        tools
+            .iter()
+            .filter(|(program, _)| !on_path(program))
+            .map(|(program, package)| (program.to_string(), package.to_string()))
+            .collect()
+    };
+    let mut required = missing(&PREREQUISITES);
+    for plugin in nodus_mesh::cni::PLUGINS {
+        let path = Path::new(cni::CNI_PATH).join(plugin);
+        if !is_executable(&path) {
+            required.push((path.display().to_string(), CNI_PACKAGE.to_string()));
+        }
+    }
+    let install = |missing: &[(String, String)]| {
+        let packages: BTreeSet<&str> = missing.iter().map(|(_, p)| p.as_str()).collect();
+        let programs: Vec<&str> = missing.iter().map(|(p, _)| p.as_str()).collect();
+        format!(
+            "{} (apt-get install -y --no-install-recommends {})",
+            programs.join(", "),
+            packages.into_iter().collect::<Vec<_>>().join(" ")
+        )
+    };
+    if !required.is_empty() {
+        bail!("the sandbox needs {}", install(&required));
+    }
+    let optional = missing(&DEMONSTRATION_TOOLS);
+    if !optional.is_empty() {
+        println!(
+            "warning: the demonstrations that use them will fail without {}",
+            install(&optional)
+        );
+    }
+    Ok(())
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| is_executable(&dir.join(program)))
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// The signal that asked the sandbox to stop, caught from before the first step: start-up
+/// checks it between steps, so that Ctrl-C at any moment tears down what was built.
+#[derive(Clone)]
+struct Stop(tokio::sync::watch::Receiver<Option<&'static str>>);
+
+/// Start-up ended by a signal.
+#[derive(Debug, thiserror::Error)]
+#[error("{0} during start-up")]
+struct Interrupted(&'static str);
+
+impl Stop {
+    fn install(rt: &tokio::runtime::Runtime) -> anyhow::Result<Stop> {
+        let mut signals = rt.block_on(async { crate::run::ShutdownSignals::install() })?;
+        let (caught, stop) = tokio::sync::watch::channel(None);
+        rt.spawn(async move {
+            let signal = signals.recv().await;
+            let _ = caught.send(Some(signal));
+        });
+        Ok(Stop(stop))
+    }
+
+    fn signal(&self) -> Option<&'static str> {
+        *self.0.borrow()
+    }
+
+    /// An [`Interrupted`] error once a signal came.
+    fn check(&self) -> anyhow::Result<()> {
+        match self.signal() {
+            Some(signal) => {
+                println!("{signal}: tearing down");
+                Err(Interrupted(signal).into())
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn wait(&mut self) -> &'static str {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(signal) => signal.unwrap_or("signal"),
+            // The watching task ended without a signal: only the runtime's end does that.
+            Err(_) => std::future::pending().await,
+        }
+    }
+
+    /// Sleeps for `duration`, then fails if a signal came meanwhile.
+    fn sleep(&self, duration: Duration) -> anyhow::Result<()> {
+        std::thread::sleep(duration);
+        self.check()
     }
 }
 
@@ -423,28 +688,18 @@ fn dig(pod: &Pod, server: IpAddr, name: &str, qtype: &str) -> anyhow::Result<Str
 
 /// The resolv.conf kubelet would give a pod of namespace `default`, for `ip netns exec` in
 /// the pod's namespace (which mounts `/etc/netns/<ns>/resolv.conf` over `/etc/resolv.conf`);
-/// removed with the sandbox.
-struct PodResolvConf(PathBuf);
-
-impl PodResolvConf {
-    fn write(pod: &Pod, cluster_dns: IpAddr) -> anyhow::Result<PodResolvConf> {
-        let dir = Path::new("/etc/netns").join(pod.ns.name());
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let guard = PodResolvConf(dir);
-        std::fs::write(
-            guard.0.join("resolv.conf"),
-            format!(
-                "nameserver {cluster_dns}\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
-            ),
-        )?;
-        Ok(guard)
-    }
-}
-
-impl Drop for PodResolvConf {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// named in the sandbox's scope, so removed with its [`HostState`].
+fn write_pod_resolv_conf(pod: &Pod, cluster_dns: IpAddr) -> anyhow::Result<()> {
+    let dir = Path::new("/etc/netns").join(pod.ns.name());
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("resolv.conf");
+    std::fs::write(
+        &path,
+        format!(
+            "nameserver {cluster_dns}\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n"
+        ),
+    )
+    .with_context(|| format!("writing {}", path.display()))
 }
 
 /// `curl http://web/` from a pod, as an application would: the short name through the
@@ -575,21 +830,49 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     if !netns::is_root() {
         bail!("the sandbox creates network namespaces: run it as root");
     }
-    std::fs::create_dir_all(&args.dir)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
-    let mut docs = read_cluster(args.load.as_deref())?;
+    check_prerequisites()?;
+    let docs = read_cluster(args.load.as_deref())?;
+    let dir = SandboxDir::take(&args.dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
+    // From here on a signal tears down what was built instead of ending the process.
+    let stop = Stop::install(&rt)?;
+    netns::claim_scope(&dir.scope)?;
+    match serve(&args, &dir, docs, &rt, stop.clone()) {
+        Err(error) if error.downcast_ref::<Interrupted>().is_some() => Ok(()),
+        // A step may fail because the signal ended one of its programs first (Ctrl-C
+        // reaches the whole process group).
+        Err(error) => match stop.signal() {
+            Some(signal) => {
+                println!("{signal}: torn down (start-up ended with: {error:#})");
+                Ok(())
+            }
+            None => Err(error),
+        },
+        Ok(()) => Ok(()),
+    }
+}
 
-    let underlay = Underlay::new(UNDERLAY_V4, UNDERLAY_V6)?;
+/// Builds the sandbox in `dir` and serves it until a signal; everything built is removed
+/// when this returns, also on an error.
+fn serve(
+    args: &SandboxArgs,
+    dir: &SandboxDir,
+    mut docs: Vec<Value>,
+    rt: &tokio::runtime::Runtime,
+    mut stop: Stop,
+) -> anyhow::Result<()> {
     let mut node_names: Vec<String> = docs
         .iter()
         .filter(|d| d["kind"] == "Node")
         .filter_map(|d| d["metadata"]["name"].as_str().map(str::to_string))
         .collect();
     node_names.sort();
+    dir.clear_leftovers(&node_names)?;
+    let host_state = dir.host_state(&node_names);
+    let underlay = Underlay::new(UNDERLAY_V4, UNDERLAY_V6)?;
     // Each Node object gets the underlay address its namespace really has.
     for doc in docs.iter_mut().filter(|d| d["kind"] == "Node") {
         let name = doc["metadata"]["name"]
@@ -620,9 +903,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         &underlay.ns,
         SocketAddr::from((underlay.v4(1), API_PORT_ON_UNDERLAY)),
     )?;
-    let user_kubeconfig = args.dir.join("kubeconfig");
+    let user_kubeconfig = dir.path.join("kubeconfig");
     apiserver::write_kubeconfig(&user_kubeconfig, &server.url())?;
-    let node_kubeconfig = args.dir.join("node-kubeconfig");
+    let node_kubeconfig = dir.path.join("node-kubeconfig");
     apiserver::write_kubeconfig(
         &node_kubeconfig,
         &format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1)),
@@ -632,8 +915,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     let agent_binary = args.agent_binary.as_deref().unwrap_or(&exe);
     let mut nodes = Vec::new();
     let mut agents = Vec::new();
-    let mut sockets = UapiSockets(Vec::new());
+    let mut interfaces = Vec::new();
     for (i, name) in node_names.iter().enumerate() {
+        stop.check()?;
         let node = Node::new(&underlay, name, FIRST_NODE_INDEX + i as u8)?;
         // Like a real node, a default route (to the underlay's host): traffic to a
         // ClusterIP without endpoints must reach the forward hook to be rejected.
@@ -655,7 +939,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         // DNS on every address of the node, so that pods reach it through their gateway;
         // the proxy programming the node's own namespace; the mesh with its key and CNI
         // conflist in the sandbox directory. Device names are host-wide for wireguard-go.
-        let node_dir = args.dir.join(name);
+        let node_dir = dir.path.join(name);
         let interface = unique_name("wg");
         let node_config = node_dir.join("config.yaml");
         std::fs::create_dir_all(&node_dir)?;
@@ -668,9 +952,9 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
                 node_dir.join("10-nodus.conflist").display()
             ),
         )?;
-        sockets.0.push(interface);
+        interfaces.push(interface);
         // A new log; the agent's restarts append to it.
-        let log = args.dir.join(format!("{name}.log"));
+        let log = dir.path.join(format!("{name}.log"));
         std::fs::File::create(&log)?;
         let agent_args = vec![
             "run".to_string(),
@@ -689,15 +973,16 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     let known: BTreeSet<String> = node_names.iter().cloned().collect();
     let mut pods = Vec::new();
     for (name, plan) in plan_pods(&docs, &known) {
+        stop.check()?;
         let Some(node) = nodes.iter().find(|n| n.name == plan.node) else {
             continue;
         };
-        let node_dir = args.dir.join(&node.name);
+        let node_dir = dir.path.join(&node.name);
         let conflist = node_dir.join("10-nodus.conflist");
         // The conflist appears once the node's nodus has the view and its mesh is set up.
         let deadline = Instant::now() + Duration::from_secs(60);
         while !conflist.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
+            stop.sleep(Duration::from_millis(100))?;
         }
         let ips: Vec<IpAddr> = [plan.v4.map(IpAddr::V4), plan.v6.map(IpAddr::V6)]
             .into_iter()
@@ -718,7 +1003,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         });
     }
 
-    write_namespaces(&args.dir, &underlay, &nodes, &pods, &sockets.0)?;
+    write_namespaces(&dir.path, &underlay, &nodes, &pods, &interfaces)?;
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let statuses: Vec<_> = loop {
@@ -732,7 +1017,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         if settled || Instant::now() > deadline {
             break statuses;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        stop.sleep(Duration::from_millis(200))?;
     };
     println!(
         "nodus sandbox: API server {} ({} objects)",
@@ -762,8 +1047,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!("logs: {}/<node>.log", args.dir.display());
-    let mut resolv_confs = Vec::new();
+    println!("logs: {}/<node>.log", dir.path.display());
     // A dual-stack pod, so that both families of a dual-stack service can be shown.
     if let Some(pod) = pods
         .iter()
@@ -774,12 +1058,15 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(&docs, IpAddr::V4(ip))) {
             demonstrate_dns(pod, gateway, cluster_dns_ip(&docs));
         }
+        stop.check()?;
         demonstrate_proxy(pod, &proxy_targets(&docs, &nodes));
+        stop.check()?;
         if let Some(cluster_dns) = cluster_dns_ip(&docs) {
-            resolv_confs.push(PodResolvConf::write(pod, cluster_dns)?);
+            write_pod_resolv_conf(pod, cluster_dns)?;
             demonstrate_curl_by_name(pod);
         }
     }
+    stop.check()?;
     demonstrate_mesh(&pods);
     if !statuses.iter().all(|(ready, _)| *ready) {
         println!("warning: not every node became ready; see the logs");
@@ -792,16 +1079,15 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         user_kubeconfig.display()
     );
     let mut commands = stdin_lines();
-    let mut shutdown = std::pin::pin!(crate::run::shutdown_signal());
     let signal = loop {
         let line = rt.block_on(async {
             tokio::select! {
-                signal = &mut shutdown => Err(signal),
+                signal = stop.wait() => Err(signal),
                 Some(line) = commands.recv() => Ok(line),
             }
         });
         match line {
-            Err(signal) => break signal?,
+            Err(signal) => break signal,
             Ok(line) if line.trim().is_empty() => {}
             Ok(line) => match restart(&line, &nodes, &mut agents, agent_binary) {
                 Ok(report) => println!("{report}"),
@@ -810,7 +1096,7 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
         }
     };
     println!("{signal}: tearing down");
-    drop((resolv_confs, pods, nodes, underlay, sockets));
+    drop((pods, nodes, underlay, host_state));
     rt.block_on(server.shutdown());
     Ok(())
 }

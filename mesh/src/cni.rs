@@ -13,6 +13,12 @@ use std::path::Path;
 /// The conflist's `name`: the network's name in the runtime and host-local's data directory.
 pub const NETWORK_NAME: &str = "nodus";
 
+/// The reference plugins the conflist chains, which must be in the runtime's CNI binary
+/// directory: the pod's veth and routes, and its addresses.
+pub const PLUGINS: [&str; 2] = [POD_PLUGIN, IPAM_PLUGIN];
+const POD_PLUGIN: &str = "ptp";
+const IPAM_PLUGIN: &str = "host-local";
+
 /// The conflist for `cidrs` (our pod CIDRs) at `mtu`, as pretty JSON ending in a newline.
 pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
     let ranges: Vec<_> = cidrs
@@ -33,10 +39,10 @@ pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
         "cniVersion": "1.0.0",
         "name": NETWORK_NAME,
         "plugins": [{
-            "type": "ptp",
+            "type": POD_PLUGIN,
             "mtu": mtu,
             "ipam": {
-                "type": "host-local",
+                "type": IPAM_PLUGIN,
                 "ranges": ranges,
                 "routes": routes,
             },

@@ -1,8 +1,10 @@
 //! `nodus sandbox`: the README's first command, brought up, queried and torn down for real.
 
-use crate::support::{NODUS, Sandbox};
+use crate::support::{NODUS, Sandbox, collect_lines, line_reader, spawn_sandbox, wait_for};
 use nodus_testbed::netns;
 use serde_json::Value;
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use std::process::Command;
 
 #[test]
@@ -105,10 +107,163 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
 
     let status = sandbox.interrupt();
     assert!(status.success(), "{status}");
-    let pid_prefix = format!("n{:x}", sandbox.pid() & 0xfffff);
-    let list = netns::run("ip", &["netns", "list"]).expect("ip netns list");
+    let left = netns::namespaces_in(&netns::scope_for(&dir)).expect("ip netns list");
     assert!(
-        !list.lines().any(|l| l.starts_with(&pid_prefix)),
-        "the sandbox left namespaces behind:\n{list}"
+        left.is_empty(),
+        "the sandbox left namespaces behind: {left:?}"
     );
+}
+
+/// Removes, when a test ends however it ends, what sandboxes in `dir` may have left: the
+/// directory and every namespace (and process) in its scope.
+struct SandboxLeftovers {
+    dir: PathBuf,
+    scope: String,
+}
+
+impl Drop for SandboxLeftovers {
+    fn drop(&mut self) {
+        let _ = netns::remove_scope(&self.scope);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn assert_every_node_ready(sandbox: &Sandbox) {
+    for node in ["node-1", "node-2", "node-3"] {
+        let row = sandbox
+            .printed
+            .lines()
+            .find(|l| l.starts_with(node))
+            .unwrap_or_else(|| panic!("{node} missing:\n{}", sandbox.printed));
+        assert_eq!(row.split_whitespace().nth(1), Some("true"), "{row}");
+    }
+    assert!(
+        !sandbox.printed.contains("failed"),
+        "a demonstration failed:\n{}",
+        sandbox.printed
+    );
+}
+
+fn processes_in(namespaces: &[String]) -> Vec<i32> {
+    namespaces
+        .iter()
+        .flat_map(|ns| {
+            netns::run("ip", &["netns", "pids", ns])
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect::<Vec<i32>>()
+        })
+        .collect()
+}
+
+/// The README's first command, run again and again in one directory, as a user does: each
+/// start works however the one before ended (Ctrl-C while it starts, Ctrl-C once it is up,
+/// SIGKILL), and nothing is left once the last one is interrupted.
+#[test]
+fn the_sandbox_starts_again_however_the_last_one_ended() {
+    let dir = std::env::temp_dir().join(format!("nodus-e2e-again-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("sandbox dir");
+    let scope = netns::scope_for(&dir);
+    let _leftovers = SandboxLeftovers {
+        dir: dir.clone(),
+        scope: scope.clone(),
+    };
+    let in_scope = || netns::namespaces_in(&scope).expect("ip netns list");
+
+    // 1. Ctrl-C while the nodes are being built, to the whole process group as a terminal
+    //    sends it: the nodes' nodus and any `ip` or CNI plugin running get it too.
+    let mut child = spawn_sandbox(&dir, None, &[]);
+    let lines = line_reader(child.stdout.take().expect("stdout"));
+    wait_for("the first node's nodus to start", || {
+        dir.join("node-1.log").exists().then_some(())
+    });
+    // SAFETY: signalling the process group of a child we own.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+    let status = child.wait().expect("the sandbox exits");
+    let printed = collect_lines(&lines);
+    assert!(status.success(), "{status}:\n{printed}");
+    assert!(printed.contains("SIGINT"), "{printed}");
+    assert!(
+        !printed.contains("Ctrl-C to tear"),
+        "it was up already:\n{printed}"
+    );
+    assert_eq!(
+        in_scope(),
+        Vec::<String>::new(),
+        "left by Ctrl-C during start-up"
+    );
+
+    // 2. Up, then Ctrl-C (the report: the next start found every pod address
+    //    still leased). The teardown releases the leases.
+    let mut sandbox = Sandbox::start_in(&dir, None, &[]);
+    assert_every_node_ready(&sandbox);
+    let mode = std::fs::metadata(&dir)
+        .expect("sandbox dir")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700, "it holds the nodes' private keys");
+    assert!(sandbox.interrupt().success());
+    assert!(sandbox.printed_at_exit().contains("SIGINT: tearing down"));
+    assert_eq!(in_scope(), Vec::<String>::new(), "left by Ctrl-C once up");
+    assert!(!dir.join("node-1/ipam").exists(), "host-local leases kept");
+    drop(sandbox);
+
+    // 3. Up, then SIGKILL: its namespaces and processes stay behind, and its leases.
+    let mut sandbox = Sandbox::start_in(&dir, None, &[]);
+    assert_every_node_ready(&sandbox);
+    let mut killed = in_scope();
+    let processes = processes_in(&killed);
+    sandbox.kill();
+    drop(sandbox);
+    let mut left = in_scope();
+    killed.sort();
+    left.sort();
+    assert_eq!(left, killed, "SIGKILL leaves everything");
+    assert!(
+        !processes.is_empty(),
+        "nodus and the echo servers run in them"
+    );
+    assert!(dir.join("node-1/ipam").exists());
+
+    // 4. Up again: the start removed what the killed one left (its namespaces' names are
+    //    taken again, so `ip netns add` would fail otherwise) and stopped its processes.
+    let mut sandbox = Sandbox::start_in(&dir, None, &[]);
+    assert_every_node_ready(&sandbox);
+    assert!(
+        sandbox
+            .printed
+            .contains("network namespaces a killed sandbox left"),
+        "{}",
+        sandbox.printed
+    );
+    let alive: Vec<&i32> = processes
+        .iter()
+        .filter(|pid| netns::is_running(**pid))
+        .collect();
+    assert!(
+        alive.is_empty(),
+        "the killed sandbox's processes {alive:?} still run"
+    );
+    assert!(sandbox.interrupt().success());
+    assert_eq!(in_scope(), Vec::<String>::new(), "left at the end");
+    let sockets: Vec<String> = std::fs::read_dir("/var/run/wireguard")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(&scope))
+        .collect();
+    assert!(sockets.is_empty(), "mesh sockets left: {sockets:?}");
+}
+
+#[test]
+fn a_directory_other_users_share_is_refused() {
+    let output = Command::new(NODUS)
+        .args(["sandbox", "--dir", "/tmp"])
+        .output()
+        .expect("nodus sandbox runs");
+    assert!(!output.status.success());
+    let error = String::from_utf8_lossy(&output.stderr);
+    assert!(error.contains("/tmp is shared"), "{error}");
 }

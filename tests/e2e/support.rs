@@ -7,6 +7,7 @@ use nodus_testbed::probe::http_get;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::mpsc::Receiver;
@@ -245,6 +246,15 @@ impl Lines {
     }
 }
 
+/// The lines left in `lines`, until its child's output closes (or stays quiet for 2 s).
+pub fn collect_lines(lines: &Receiver<String>) -> String {
+    let mut printed = Vec::new();
+    while let Ok(line) = lines.recv_timeout(Duration::from_secs(2)) {
+        printed.push(line);
+    }
+    printed.join("\n")
+}
+
 /// The lines a child prints on `stdout`, read on their own thread, so that waiting for
 /// one can time out.
 pub fn line_reader(stdout: ChildStdout) -> Receiver<String> {
@@ -277,6 +287,8 @@ pub struct Sandbox {
     commands: ChildStdin,
     lines: Receiver<String>,
     pub dir: PathBuf,
+    /// Whether the directory is this handle's, removed when it drops.
+    owns_dir: bool,
     /// What it printed up to its "Ctrl-C" line.
     pub printed: String,
     /// `namespaces.json`: `underlay`, `nodes.<name>`, `pods.<name>`, and
@@ -284,37 +296,51 @@ pub struct Sandbox {
     pub namespaces: serde_json::Value,
 }
 
+/// `nodus sandbox --dir dir` on a free API port, its stdin and stdout piped, in a process
+/// group of its own (as a shell's job is, so that a test can signal the group as Ctrl-C
+/// does).
+pub fn spawn_sandbox(dir: &Path, load: Option<&str>, extra: &[&OsStr]) -> Child {
+    assert!(
+        nodus_testbed::netns::is_root(),
+        "the sandbox needs root (network namespaces)"
+    );
+    let mut command = Command::new(NODUS);
+    command
+        .args(["sandbox", "--api-port", &free_port().to_string()])
+        .arg("--dir")
+        .arg(dir);
+    if let Some(yaml) = load {
+        let file = dir.with_extension("yaml");
+        std::fs::write(&file, yaml).expect("cluster file");
+        command.arg("--load").arg(file);
+    }
+    command
+        .args(extra)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("sandbox starts")
+}
+
 impl Sandbox {
     pub fn start(test: &str, load: Option<&str>) -> Sandbox {
         Sandbox::start_with(test, load, &[])
     }
 
-    /// With more `nodus sandbox` arguments, such as `--agent-binary`.
+    /// With more `nodus sandbox` arguments, such as `--agent-binary`, in a directory of
+    /// its own.
     pub fn start_with(test: &str, load: Option<&str>, extra: &[&OsStr]) -> Sandbox {
-        assert!(
-            nodus_testbed::netns::is_root(),
-            "the sandbox needs root (network namespaces)"
-        );
         let dir = std::env::temp_dir().join(format!("nodus-e2e-{test}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("sandbox dir");
-        let api_port = free_port();
-        let mut command = Command::new(NODUS);
-        command
-            .args(["sandbox", "--api-port", &api_port.to_string()])
-            .arg("--dir")
-            .arg(&dir);
-        if let Some(yaml) = load {
-            let file = dir.join("cluster.yaml");
-            std::fs::write(&file, yaml).expect("cluster file");
-            command.arg("--load").arg(file);
-        }
-        let mut child = command
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sandbox starts");
+        let mut sandbox = Sandbox::start_in(&dir, load, extra);
+        sandbox.owns_dir = true;
+        sandbox
+    }
+
+    /// In `dir`, which outlives the sandbox (the next one may start in it).
+    pub fn start_in(dir: &Path, load: Option<&str>, extra: &[&OsStr]) -> Sandbox {
+        let mut child = spawn_sandbox(dir, load, extra);
         let commands = child.stdin.take().expect("stdin");
         let rx = line_reader(child.stdout.take().expect("stdout"));
         let mut printed = Vec::new();
@@ -323,6 +349,7 @@ impl Sandbox {
                 Ok(line) => printed.push(line),
                 Err(_) => {
                     let _ = child.kill();
+                    let _ = child.wait();
                     panic!("the sandbox did not come up:\n{}", printed.join("\n"));
                 }
             }
@@ -335,7 +362,8 @@ impl Sandbox {
             child,
             commands,
             lines: rx,
-            dir,
+            dir: dir.to_path_buf(),
+            owns_dir: false,
             printed: printed.join("\n"),
             namespaces,
         }
@@ -356,8 +384,15 @@ impl Sandbox {
         self.child.wait().expect("sandbox exits")
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
+    /// Ends the sandbox with SIGKILL: it can remove nothing.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The lines it printed after its "Ctrl-C" line, once it has exited.
+    pub fn printed_at_exit(&self) -> String {
+        collect_lines(&self.lines)
     }
 
     /// Restarts `node`'s nodus as a rollout does (SIGTERM, then the same command line),
@@ -381,6 +416,9 @@ impl Drop for Sandbox {
         if matches!(self.child.try_wait(), Ok(None)) {
             self.interrupt();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if self.owns_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            let _ = std::fs::remove_file(self.dir.with_extension("yaml"));
+        }
     }
 }

@@ -10,10 +10,19 @@
 use anyhow::{Context, bail};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+/// The prefix of every name this process makes: `n` and its pid, unless it claimed a
+/// scope of its own with [`claim_scope`] before making the first.
+static SCOPE: OnceLock<String> = OnceLock::new();
+
+fn scope() -> &'static str {
+    SCOPE.get_or_init(|| format!("n{:x}", std::process::id() & 0xfffff))
+}
 
 /// A short name unique to this process (device names are limited to 15 bytes).
 pub fn unique_name(tag: &str) -> String {
@@ -24,7 +33,87 @@ pub fn unique_name(tag: &str) -> String {
         .filter(char::is_ascii_alphanumeric)
         .take(4)
         .collect();
-    format!("n{:x}{tag}{n}", std::process::id() & 0xfffff)
+    format!("{}{tag}{n}", scope())
+}
+
+/// The scope of names that belongs to a directory: `s` and six hex digits of a hash of its
+/// canonical path. A process that owns the directory (and holds a lock on it) names its
+/// namespaces and devices in this scope, so that the next owner finds what a killed one
+/// left behind by name, and the pid-based scopes of other processes never match it.
+pub fn scope_for(dir: &Path) -> String {
+    let path = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
+    // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
+    let hash = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("s{:06x}", hash & 0xff_ffff)
+}
+
+/// Names every later namespace and device of this process in `scope` (see [`scope_for`]).
+/// Fails when a name was already made in another scope.
+pub fn claim_scope(scope: &str) -> anyhow::Result<()> {
+    let claimed = SCOPE.get_or_init(|| scope.to_string());
+    if claimed != scope {
+        bail!("this process already names its namespaces {claimed}…, not {scope}…");
+    }
+    Ok(())
+}
+
+/// Every network namespace whose name starts with `scope`.
+pub fn namespaces_in(scope: &str) -> anyhow::Result<Vec<String>> {
+    Ok(run("ip", &["netns", "list"])?
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|name| name.starts_with(scope))
+        .map(str::to_string)
+        .collect())
+}
+
+/// Kills every process in each namespace of `scope`, waits for them to end, and deletes
+/// the namespaces: what a killed owner of the scope left. Returns the names it removed.
+pub fn remove_scope(scope: &str) -> anyhow::Result<Vec<String>> {
+    let names = namespaces_in(scope)?;
+    let mut killed = Vec::new();
+    for name in &names {
+        killed.extend(kill_processes_in(name));
+        run("ip", &["netns", "del", name])?;
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while killed.iter().any(|pid| is_running(*pid)) {
+        if Instant::now() > deadline {
+            bail!("processes of {scope}… still run 5 s after SIGKILL");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(names)
+}
+
+/// SIGKILL to every process in namespace `name`; returns their pids.
+fn kill_processes_in(name: &str) -> Vec<i32> {
+    let pids: Vec<i32> = run("ip", &["netns", "pids", name])
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    for pid in &pids {
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(*pid, libc::SIGKILL) };
+    }
+    pids
+}
+
+/// Whether process `pid` exists and has not exited: a zombie (an orphan whose reaper has
+/// not collected it yet) holds nothing but its pid.
+pub fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X')
+    })
 }
 
 /// Runs a command to completion; a failure carries the command line and its stderr.
@@ -211,15 +300,7 @@ impl Drop for Netns {
         }
         // Daemons that detached from our children (wireguard-go forks itself) live on in
         // the namespace; they are ours too, since nothing else runs in it.
-        if let Ok(pids) = run("ip", &["netns", "pids", &self.name]) {
-            for pid in pids
-                .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
-            {
-                // SAFETY: kill has no memory-safety preconditions.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        }
+        kill_processes_in(&self.name);
         let _ = run("ip", &["netns", "del", &self.name]);
     }
 }
