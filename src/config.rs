@@ -47,8 +47,8 @@ impl Default for Config {
     }
 }
 
-/// The service proxy. Off by default until it has every behaviour of its issue (health-check
-/// node ports and UDP conntrack cleanup are missing).
+/// The service proxy. Off by default, so that `nodus run` on a workstation never takes
+/// over the host's nftables; `deploy/` turns it on.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ProxyConfig {
@@ -283,6 +283,37 @@ impl Config {
         let config: Config = serde_yaml::from_str(yaml).map_err(|error| with_line(yaml, error))?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// The file at `path`, or the defaults without one.
+    pub fn load_or_default(path: Option<&Path>) -> anyhow::Result<Config> {
+        path.map_or_else(|| Ok(Config::default()), Config::load)
+    }
+
+    /// The proxy's settings. With the proxy off and the mesh's egress masquerade on,
+    /// nodus's table carries that masquerade alone: another proxy serves Services.
+    pub fn proxy_settings(&self) -> nodus_proxy::plan::ProxyConfig {
+        use nodus_proxy::plan::{LocalDns, TableScope};
+        let dns = &self.dns;
+        let local_dns = dns
+            .cluster_dns_service()
+            .filter(|_| dns.enabled && dns.serve_cluster_dns_ip)
+            .map(|(namespace, name)| LocalDns {
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                port: dns.listen.first().map_or(53, |addr| addr.port()),
+            });
+        let scope = match self.proxy.enabled || !self.egress_masquerade() {
+            true => TableScope::Services,
+            false => TableScope::EgressOnly,
+        };
+        nodus_proxy::plan::ProxyConfig {
+            scope,
+            cluster_cidrs: self.cluster_cidrs.clone(),
+            egress_masquerade: self.egress_masquerade(),
+            local_dns,
+            ..nodus_proxy::plan::ProxyConfig::default()
+        }
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Config> {

@@ -15,9 +15,9 @@
 //! against the question where the bytes match exactly, so case is never borrowed from it.
 
 use crate::lookup::{
-    Common, MAX_LABELS, ServiceSrv, Target, Zone, classify, cluster_addresses, common,
+    Common, MAX_LABELS, MAX_UDP_PAYLOAD, ServiceSrv, Target, Zone, classify, cluster_addresses,
+    common,
 };
-use crate::server::MAX_UDP_PAYLOAD;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::{RData, RecordType};
 use nodus_view::View;

@@ -1,12 +1,14 @@
 //! Cluster DNS: the Kubernetes DNS specification 1.1.0 answered from the node view.
 //!
 //! [`lookup`] is the protocol: a question in, records out, computed from the view at query
-//! time. [`forward`] sends every other name upstream, with a cache. [`server`] puts both on
+//! time. [`forward`] sends every other name upstream, with a cache. [`handler`] answers a
+//! request with both, as hickory-server's request handler. [`server`] puts the handler on
 //! TCP through hickory-server and on UDP through [`udp`], whose fast path ([`fast`]) answers
-//! the common questions from the packet bytes and leaves the rest to hickory.
+//! the common questions from the packet bytes and leaves the rest to the handler.
 
 pub mod fast;
 pub mod forward;
+pub mod handler;
 pub mod lookup;
 pub mod metrics;
 pub mod server;

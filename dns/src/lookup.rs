@@ -19,6 +19,9 @@ pub const SCHEMA_VERSION: &str = "1.1.0";
 const SCHEMA_TTL: u32 = 28_800;
 /// The Service whose cluster IPs are the zone's name server (`ns.dns.<zone>`).
 const DNS_SERVICE: (&str, &str) = ("kube-system", "kube-dns");
+/// The UDP payload we accept and advertise: the DNS flag day 2020 value, which avoids IP
+/// fragmentation. Both paths clamp the requester's EDNS payload size to it.
+pub const MAX_UDP_PAYLOAD: u16 = 1232;
 
 /// Whether `<a-b-c-d>.<ns>.pod.<zone>` names are answered.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -899,3 +902,6 @@ fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr
     }
     Outcome::Authoritative(answer)
 }
+
+#[cfg(test)]
+mod tests;

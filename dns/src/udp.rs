@@ -12,8 +12,11 @@
 //! shares its workers with the watch and the proxy with it; a blocking socket read in
 //! batches answers more queries per CPU than one readiness wake-up per datagram.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use crate::fast;
-use crate::server::{ClusterDns, MAX_UDP_PAYLOAD};
+use crate::handler::ClusterDns;
+use crate::lookup::MAX_UDP_PAYLOAD;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -302,8 +305,7 @@ fn fast_loop(
         let started = Instant::now();
         let mut replies = 0;
         {
-            let synced = handler.synced.load(Relaxed);
-            let view = synced.then(|| handler.view.read().unwrap_or_else(|p| p.into_inner()));
+            let view = handler.view.is_complete().then(|| handler.view.read());
             for i in 0..received {
                 let header = &batch.receive[i];
                 let Some(src) = socket_addr(&batch.sources[i], header.msg_hdr.msg_namelen)

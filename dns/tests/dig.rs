@@ -29,16 +29,13 @@ fn start_with_threads(pods: PodRecords, udp_threads: usize) -> Dns {
     let zone = Zone::new("cluster.local", 5, pods).expect("zone");
     let server = rt
         .block_on(serve_with_threads(
-            view(),
+            view().reader(),
             zone,
             None,
             &["127.0.0.1:0".parse().expect("addr")],
             udp_threads,
         ))
         .expect("bind");
-    server
-        .synced
-        .store(true, std::sync::atomic::Ordering::Relaxed);
     Dns {
         addr: server.addrs[0],
         _server: server,

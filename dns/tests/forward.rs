@@ -8,11 +8,11 @@ use hickory_proto::rr::{Name, RData, Record};
 use nodus_dns::forward::{ForwardConfig, Forwarder};
 use nodus_dns::server::{DnsServer, serve};
 use nodus_dns::{PodRecords, Zone};
-use nodus_view::View;
+use nodus_view::{View, ViewWriter};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -167,18 +167,18 @@ fn setup_with(dead: usize, with_live: bool, synced: bool, max_concurrent: usize)
             }))
             .expect("service"),
         )]);
-        let view = Arc::new(RwLock::new(view));
+        let view = ViewWriter::new(view);
+        if synced {
+            view.mark_complete();
+        }
         let server = serve(
-            view,
+            view.reader(),
             zone,
             Some(forwarder.clone()),
             &["127.0.0.1:0".parse().expect("addr")],
         )
         .await
         .expect("serve");
-        server
-            .synced
-            .store(synced, std::sync::atomic::Ordering::Relaxed);
         (server, forwarder)
     });
     Setup {

@@ -1,11 +1,12 @@
 //! The mesh inside `nodus run`: a task that re-plans from the view after every batch that
 //! the watch loop applied, syncs the kernel, polls the device for the metrics (and to
-//! repair outside changes), and publishes our annotations when the Node lacks them.
+//! repair outside changes), and publishes our annotations when the Node lacks them. The
+//! run loop drives it through [`MeshSubsystem`].
 
 use crate::agent::Mesh;
 use crate::plan::{self, needs_publish, own_annotations};
 use crate::publish::publish;
-use nodus_view::SharedView;
+use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::watch;
@@ -16,11 +17,45 @@ pub const POLL_PERIOD: Duration = Duration::from_secs(10);
 
 type Annotations = BTreeMap<&'static str, String>;
 
+/// The mesh as the run loop sees it: a poke to its task after every batch that touched a
+/// Node. Dropping it ends the task.
+pub struct MeshSubsystem {
+    changed: watch::Sender<()>,
+    /// The device is the embedded one, which the kernel deletes when nodus exits.
+    pub device_ends_with_process: bool,
+}
+
+impl MeshSubsystem {
+    /// Starts the mesh's task (inside a tokio runtime). It programs nothing before the
+    /// first batch after the view is complete.
+    pub fn spawn(mesh: Mesh, view: ViewReader, client: kube::Client) -> MeshSubsystem {
+        let device_ends_with_process = mesh.device_ends_with_process();
+        let (changed, view_changed) = watch::channel(());
+        tokio::spawn(follow(mesh, view, client, view_changed));
+        MeshSubsystem {
+            changed,
+            device_ends_with_process,
+        }
+    }
+}
+
+impl Subsystem for MeshSubsystem {
+    fn name(&self) -> &'static str {
+        "mesh"
+    }
+
+    fn after_batch(&mut self, _view: &View, applied: &Applied) {
+        if applied.initial_sync || !applied.changes.nodes.is_empty() || applied.changes.this_node {
+            self.changed.send_replace(());
+        }
+    }
+}
+
 /// Runs until `view_changed`'s sender goes. Nothing is programmed before its first signal,
 /// which the watch loop sends once the view is complete.
-pub async fn follow(
+async fn follow(
     mut mesh: Mesh,
-    view: SharedView,
+    view: ViewReader,
     client: kube::Client,
     mut view_changed: watch::Receiver<()>,
 ) {
@@ -49,9 +84,7 @@ pub async fn follow(
         }
         let settings = mesh.plan_settings();
         let (desired, wanted, node, missing) = {
-            let Ok(view) = view.read() else {
-                return;
-            };
+            let view = view.read();
             let desired = plan::desired(&view, settings, mesh.public_key());
             let wanted = own_annotations(
                 mesh.public_key(),

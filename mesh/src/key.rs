@@ -4,6 +4,8 @@
 //! directory created 0700. It is generated on first start and read on every later one, so
 //! the public key that peers know stays valid across restarts.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use crate::Error;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;

@@ -2,7 +2,10 @@
 //!
 //! nodus exports a few dozen series; a metrics library would cost more memory and build time
 //! than the numbers it carries. Every subsystem renders its own series with these helpers
-//! into the one `/metrics` body.
+//! into the one `/metrics` body, and keeps its last sync and error for `/status` in a
+//! [`Tracker`].
+
+#![forbid(unsafe_code)]
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -91,6 +94,62 @@ impl<const N: usize> Histogram<N> {
     }
 }
 
+/// The last sync and the last error of one subsystem: what `/status` shows and Prometheus
+/// does not keep.
+#[derive(Default)]
+pub struct Tracker(std::sync::Mutex<Track>);
+
+/// A [`Tracker`]'s record at one moment.
+#[derive(Clone, Debug, Default)]
+pub struct Track {
+    /// The last sync succeeded and no failure came after it.
+    pub synced: bool,
+    pub last_sync: Option<std::time::SystemTime>,
+    pub last_duration: Option<Duration>,
+    pub errors: u64,
+    pub last_error: Option<(std::time::SystemTime, String)>,
+}
+
+impl Tracker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Track> {
+        // A panic elsewhere while holding it leaves plain data behind: use it as it is.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn synced(&self, took: Duration) {
+        let mut track = self.lock();
+        track.synced = true;
+        track.last_sync = Some(std::time::SystemTime::now());
+        track.last_duration = Some(took);
+    }
+
+    /// An error that leaves the subsystem out of step until its next sync.
+    pub fn failed(&self, error: impl std::fmt::Display) {
+        let mut track = self.lock();
+        track.synced = false;
+        track.note_error(error);
+    }
+
+    /// An error after which the subsystem is still in step (a skipped object, a retried
+    /// watch, a backend program that failed).
+    pub fn error(&self, error: impl std::fmt::Display) {
+        self.lock().note_error(error);
+    }
+
+    pub fn snapshot(&self) -> Track {
+        self.lock().clone()
+    }
+}
+
+impl Track {
+    fn note_error(&mut self, error: impl std::fmt::Display) {
+        self.errors += 1;
+        self.last_error = Some((std::time::SystemTime::now(), error.to_string()));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +177,24 @@ mod tests {
             out,
             "# HELP up Up.\n# TYPE up gauge\nup 1\nreq_total{kind=\"a\"} 2\n"
         );
+    }
+
+    #[test]
+    fn a_failed_sync_shows_until_the_next_one_succeeds() {
+        let tracker = Tracker::default();
+        tracker.synced(Duration::from_millis(3));
+        tracker.failed("netlink: Operation not permitted");
+        let track = tracker.snapshot();
+        assert!(!track.synced);
+        assert_eq!(track.errors, 1);
+        assert_eq!(
+            track.last_error.map(|(_, error)| error).as_deref(),
+            Some("netlink: Operation not permitted")
+        );
+        tracker.synced(Duration::from_millis(2));
+        let track = tracker.snapshot();
+        assert!(track.synced);
+        assert_eq!(track.errors, 1, "errors count, they are not reset");
+        assert_eq!(track.last_duration, Some(Duration::from_millis(2)));
     }
 }

@@ -13,7 +13,7 @@ use http_body_util::Full;
 use hyper::{Response, StatusCode, service::service_fn};
 use hyper_util::rt::TokioIo;
 use nodus_view::model::{ServiceType, TrafficPolicy};
-use nodus_view::{ChangeSet, ServiceName, SharedView, View};
+use nodus_view::{ChangeSet, ServiceName, View, ViewReader};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use tokio::task::JoinHandle;
@@ -45,11 +45,8 @@ pub fn local_ready_endpoints(view: &View, namespace: &str, name: &str) -> usize 
     local.len()
 }
 
-fn respond(view: &SharedView, service: &ServiceName) -> Response<Full<Bytes>> {
-    let count = {
-        let view = view.read().unwrap_or_else(|poisoned| poisoned.into_inner());
-        local_ready_endpoints(&view, &service.namespace, &service.name)
-    };
+fn respond(view: &ViewReader, service: &ServiceName) -> Response<Full<Bytes>> {
+    let count = local_ready_endpoints(&view.read(), &service.namespace, &service.name);
     let body = serde_json::json!({
         "service": {"namespace": service.namespace, "name": service.name},
         "localEndpoints": count,
@@ -79,7 +76,7 @@ struct Served {
 
 /// The health-check servers, opened and closed as services come and go.
 pub struct HealthChecks {
-    view: SharedView,
+    view: ViewReader,
     bind: IpAddr,
     served: HashMap<u16, Served>,
 }
@@ -94,7 +91,7 @@ impl Drop for HealthChecks {
 
 impl HealthChecks {
     /// Servers will listen on `bind` (kube-proxy listens on every address by default).
-    pub fn new(view: SharedView, bind: IpAddr) -> HealthChecks {
+    pub fn new(view: ViewReader, bind: IpAddr) -> HealthChecks {
         HealthChecks {
             view,
             bind,
@@ -110,13 +107,10 @@ impl HealthChecks {
     }
 
     /// Brings the servers in line with the services in `changes`, or with every service
-    /// when `changes` is `None` (at start). Must run inside a tokio runtime.
-    pub fn update(&mut self, changes: Option<&ChangeSet>) {
+    /// when `changes` is `None` (at start), as `view` has them. Must run inside a tokio
+    /// runtime.
+    pub fn update(&mut self, view: &View, changes: Option<&ChangeSet>) {
         let wanted: Vec<(ServiceName, Option<u16>)> = {
-            let view = self
-                .view
-                .read()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
             let names: Vec<ServiceName> = match changes {
                 Some(changes) => changes.services.iter().cloned().collect(),
                 None => view
@@ -130,7 +124,7 @@ impl HealthChecks {
             names
                 .into_iter()
                 .map(|name| {
-                    let port = health_check_port(&view, &name.namespace, &name.name);
+                    let port = health_check_port(view, &name.namespace, &name.name);
                     (name, port)
                 })
                 .collect()

@@ -3,5 +3,7 @@
 
 pub mod apply;
 pub mod health;
+pub mod metrics;
 pub mod nft;
 pub mod plan;
+pub mod subsystem;

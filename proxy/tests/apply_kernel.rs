@@ -10,7 +10,7 @@ use std::time::Duration;
 use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
 use nodus_proxy::nft::Socket;
 use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, TableScope};
-use nodus_testbed::netns::Netns;
+use nodus_testbed::netns::{self, Netns};
 
 mod common;
 use common::*;
@@ -65,9 +65,7 @@ fn chain_block(ns: &Netns, needle: &str) -> String {
 
 #[test]
 fn full_then_partial_syncs_touch_only_what_changed() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("apfu").expect("namespace");
     let mut proxy = open_proxy(&ns);
     let view = node_view(&TWO_ENDPOINTS);
@@ -161,9 +159,7 @@ fn round_trip(stream: &mut TcpStream, message: &[u8; 4]) -> std::io::Result<[u8;
 
 #[test]
 fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let (node, client) = node_and_client();
     let listener = node
         .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
@@ -215,9 +211,7 @@ fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
 
 #[test]
 fn leftovers_of_a_previous_run_are_removed() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("aplo").expect("namespace");
     let mut first = open_proxy(&ns);
     first
@@ -275,9 +269,7 @@ fn leftovers_of_a_previous_run_are_removed() {
 
 #[test]
 fn a_conflicting_service_is_reported_and_the_others_programmed() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("apcf").expect("namespace");
     let mut view = node_view(&TWO_ENDPOINTS);
     let external = |name: &str, cluster_ip: &str| {
@@ -340,9 +332,7 @@ fn table_objects(ns: &Netns) -> Vec<String> {
 /// proxy, without `nodus cleanup`, keeps only what its scope programs.
 #[test]
 fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("apeg").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
     let egress_only = ProxyConfig {
@@ -401,9 +391,7 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
 /// of its block in the refused transaction, and `twin` must not land on it afterwards.
 #[test]
 fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("aprf").expect("namespace");
     let config = ProxyConfig::default();
     let block_map = |view: &View, name: &str| {

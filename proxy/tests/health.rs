@@ -2,10 +2,9 @@
 
 use nodus_proxy::health::HealthChecks;
 use nodus_testbed::probe::http_get;
-use nodus_view::{ChangeSet, ServiceName, SharedView, Update, View};
+use nodus_view::{ChangeSet, ServiceName, Update, View, ViewWriter};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 fn free_port() -> u16 {
@@ -68,16 +67,16 @@ fn health_check_node_port_follows_local_endpoints() {
         .expect("runtime");
     let _guard = rt.enter();
     let port = free_port();
-    let view: SharedView = Arc::new(RwLock::new(View::new("node-a")));
+    let view = ViewWriter::new(View::new("node-a"));
     let apply = |updates: Vec<Update>| {
-        view.write().expect("lock").apply(updates);
+        view.write().apply(updates);
     };
     apply(vec![
         lb(port),
         slice(&[("10.244.1.5", true, false), ("10.244.1.6", true, false)]),
     ]);
-    let mut checks = HealthChecks::new(view.clone(), IpAddr::V4(Ipv4Addr::LOCALHOST));
-    checks.update(None);
+    let mut checks = HealthChecks::new(view.reader(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    checks.update(&view.read(), None);
     assert_eq!(checks.ports(), [port]);
 
     let (code, body) = get(port).expect("served");
@@ -90,7 +89,7 @@ fn health_check_node_port_follows_local_endpoints() {
 
     // Only terminating locally: 503, so the load balancer drains the node.
     apply(vec![slice(&[("10.244.1.5", false, true)])]);
-    checks.update(Some(&changed()));
+    checks.update(&view.read(), Some(&changed()));
     let (code, body) = get(port).expect("served");
     assert_eq!((code, body["localEndpoints"].clone()), (503, json!(0)));
 
@@ -103,7 +102,7 @@ fn health_check_node_port_follows_local_endpoints() {
         }))
         .expect("service"),
     )]);
-    checks.update(Some(&changed()));
+    checks.update(&view.read(), Some(&changed()));
     assert!(checks.ports().is_empty());
     std::thread::sleep(Duration::from_millis(100));
     assert!(get(port).is_none(), "the port is closed");
@@ -118,11 +117,10 @@ fn a_port_that_cannot_be_bound_is_skipped() {
     let _guard = rt.enter();
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = taken.local_addr().expect("addr").port();
-    let view: SharedView = Arc::new(RwLock::new(View::new("node-a")));
+    let view = ViewWriter::new(View::new("node-a"));
     view.write()
-        .expect("lock")
         .apply([lb(port), slice(&[("10.244.1.5", true, false)])]);
-    let mut checks = HealthChecks::new(view, IpAddr::V4(Ipv4Addr::LOCALHOST));
-    checks.update(None);
+    let mut checks = HealthChecks::new(view.reader(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    checks.update(&view.read(), None);
     assert!(checks.ports().is_empty(), "logged and skipped, no panic");
 }

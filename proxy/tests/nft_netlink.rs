@@ -25,15 +25,6 @@ fn table() -> Table {
 }
 
 /// Kernel tests need root (namespaces, nf_tables); elsewhere they pass vacuously.
-fn skip_unless_root() -> bool {
-    if netns::is_root() {
-        false
-    } else {
-        eprintln!("skipping: kernel tests need root");
-        true
-    }
-}
-
 /// Runs `f` with a socket opened inside `ns`.
 fn with_socket<T: Send>(ns: &Netns, f: impl FnOnce(&mut Socket) -> T + Send) -> T {
     ns.enter(|| {
@@ -495,9 +486,7 @@ fn full_ruleset_batch() -> Batch {
 
 #[test]
 fn full_ruleset_reads_back_as_nft_wrote_it() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("full").expect("namespace");
     let batch = full_ruleset_batch();
     with_socket(&ns, |socket| socket.commit(&batch)).expect("commit");
@@ -544,9 +533,7 @@ fn small_table_batch() -> (Batch, SetRef) {
 
 #[test]
 fn refused_batch_applies_nothing_and_names_the_refused_element() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("fail").expect("namespace");
     let (setup, map) = small_table_batch();
     with_socket(&ns, |socket| socket.commit(&setup)).expect("setup commit");
@@ -611,9 +598,7 @@ fn refused_batch_applies_nothing_and_names_the_refused_element() {
 
 #[test]
 fn elements_are_added_and_deleted_on_an_existing_map() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("elem").expect("namespace");
     let (setup, map) = small_table_batch();
     let added = service_element(ipv4(10, 96, 0, 2), 53, Verdict::goto("svc-b"));
@@ -649,9 +634,7 @@ fn elements_are_added_and_deleted_on_an_existing_map() {
 
 #[test]
 fn one_chain_is_flushed_and_rewritten() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("flsh").expect("namespace");
     let (mut setup, _) = small_table_batch();
     setup.add_rule(&rule(
@@ -680,9 +663,7 @@ fn one_chain_is_flushed_and_rewritten() {
 
 #[test]
 fn generation_changes_with_each_commit_and_table_existence_is_seen() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("gen").expect("namespace");
     let (setup, _) = small_table_batch();
     with_socket(&ns, |socket| {
@@ -702,9 +683,7 @@ fn generation_changes_with_each_commit_and_table_existence_is_seen() {
 
 #[test]
 fn twenty_thousand_elements_commit_in_one_batch() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("big").expect("namespace");
     let (mut batch, map) = small_table_batch();
     let elements: Vec<Element> = (0..20_000u32)
@@ -738,9 +717,7 @@ fn twenty_thousand_elements_commit_in_one_batch() {
 /// chain that DNATs to a listener in the node namespace.
 #[test]
 fn tcp_to_a_service_address_lands_on_the_dnat_target() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let node = Netns::new("node").expect("node namespace");
     let client = Netns::new("cli").expect("client namespace");
     netns::veth(&node, "eth0", &client, "eth0").expect("veth");

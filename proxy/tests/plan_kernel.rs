@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use nodus_proxy::nft::{Batch, Socket};
 use nodus_proxy::plan::{EndpointKeys, PlanBatch, Planner, ProxyConfig, cold_start, render};
-use nodus_testbed::netns::Netns;
+use nodus_testbed::netns::{self, Netns};
 
 mod common;
 use common::*;
@@ -28,9 +28,7 @@ fn commit(ns: &Netns, batches: impl IntoIterator<Item = Batch>) {
 
 #[test]
 fn cold_start_in_small_batches_lists_the_planned_table() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("plan").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
     let planner = Planner::new(&view, &ProxyConfig::default());
@@ -102,9 +100,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
 
 #[test]
 fn rendered_text_loads_with_nft() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let ns = Netns::new("rndr").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
     let planner = Planner::new(&view, &ProxyConfig::default());
@@ -175,9 +171,7 @@ fn ping(address: &str) -> std::io::Result<[u8; 4]> {
 /// socket listens on its port.
 #[test]
 fn connections_reach_endpoints_and_empty_services_are_refused() {
-    if skip_unless_root() {
-        return;
-    }
+    netns::require_root();
     let (node, client) = node_and_client();
 
     let view = node_view(&[("10.0.0.1", NODE)]);

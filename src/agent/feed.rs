@@ -3,68 +3,51 @@
 //! Bursts coalesce: every item already waiting in the watch stream joins the same batch,
 //! so a subsystem syncs once per burst rather than once per event.
 
-use crate::metrics::Metrics;
-use crate::watch::WatchItem;
+use crate::agent::metrics::Metrics;
+use crate::agent::watch::{self, WatchItem, WatchSet};
+use crate::cli::ClusterArgs;
+use crate::config::Config;
 use futures::{Stream, StreamExt};
-use nodus_view::SharedView;
-use nodus_view::{ChangeSet, Kind, Update, View};
-use std::sync::Arc;
-use std::sync::{RwLockReadGuard, RwLockWriteGuard};
+use nodus_view::{Applied, Kind, Update, View, ViewReader, ViewWriter};
+use std::sync::{Arc, RwLockReadGuard};
 use std::time::Instant;
 
 /// The most watch items one batch takes: enough to coalesce any burst, small enough that a
 /// relist of a large cluster is applied in steps rather than held in memory at once.
 const MAX_BATCH: usize = 512;
 
-/// What one batch did.
-#[derive(Debug, Default)]
-pub struct Applied {
-    pub changes: ChangeSet,
-    /// This batch completed the initial list of every watched kind.
-    pub initial_sync: bool,
-    /// Time spent applying it to the view.
-    pub took: std::time::Duration,
-}
-
 pub struct Feed {
-    /// Shared with the DNS server, which reads it while the feed is between batches.
-    pub view: SharedView,
+    view: ViewWriter,
     pub metrics: Arc<Metrics>,
     /// Kinds whose initial list has not completed yet.
     waiting: Vec<Kind>,
 }
 
 impl Feed {
-    pub fn new(view: SharedView, metrics: Arc<Metrics>, kinds: Vec<Kind>) -> Feed {
+    pub fn new(view: View, metrics: Arc<Metrics>, kinds: Vec<Kind>) -> Feed {
         Feed {
-            view,
+            view: ViewWriter::new(view),
             metrics,
             waiting: kinds,
         }
     }
 
-    /// The view, for reading. A panic while the lock was held cannot leave the view half
-    /// applied in a way readers must avoid (each update is applied whole), so a poisoned
-    /// lock is used as it is.
-    pub fn read(&self) -> RwLockReadGuard<'_, View> {
-        self.view
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A reader of the view this feed writes.
+    pub fn reader(&self) -> ViewReader {
+        self.view.reader()
     }
 
-    fn read_write(&self) -> RwLockWriteGuard<'_, View> {
-        self.view
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub fn read(&self) -> RwLockReadGuard<'_, View> {
+        self.view.read()
     }
 
     /// Every watched kind has delivered its initial list: the view is complete.
-    pub fn synced(&self) -> bool {
-        self.waiting.is_empty()
+    pub fn is_complete(&self) -> bool {
+        self.view.is_complete()
     }
 
     pub fn apply(&mut self, items: Vec<WatchItem>) -> Applied {
-        let was_synced = self.synced();
+        let was_complete = self.is_complete();
         let mut updates = Vec::with_capacity(items.len());
         for item in items {
             match item {
@@ -83,7 +66,7 @@ impl Feed {
                 }
             }
         }
-        let mut view = self.read_write();
+        let mut view = self.view.write();
         let start = Instant::now();
         let report = view.apply(updates);
         let took = start.elapsed();
@@ -93,6 +76,9 @@ impl Feed {
             self.metrics.set_counts(&view.counts());
         }
         drop(view);
+        if !was_complete && self.waiting.is_empty() {
+            self.view.mark_complete();
+        }
         for invalid in &report.invalid {
             tracing::warn!(kind = invalid.kind, object = %invalid.object, reason = %invalid.reason, "skipping invalid object");
             let error = format!(
@@ -106,7 +92,7 @@ impl Feed {
         }
         Applied {
             changes: report.changes,
-            initial_sync: !was_synced && self.synced(),
+            initial_sync: !was_complete && self.is_complete(),
             took,
         }
     }
@@ -126,4 +112,42 @@ impl Feed {
             }
         }
     }
+}
+
+/// Connects to the cluster, watches every kind the view holds (every Node included), and
+/// returns the feed with the watch streams, before any item is applied: for the commands
+/// that print the view.
+pub async fn follow_cluster(
+    cluster: &ClusterArgs,
+) -> anyhow::Result<(Feed, impl Stream<Item = WatchItem> + use<>)> {
+    let config = Config::load_or_default(cluster.config.as_deref())?;
+    let client =
+        watch::connect(cluster.kubeconfig.as_deref(), config.api_server.as_deref()).await?;
+    let set = WatchSet {
+        page_size: config.watch_page_size,
+        all_nodes: true,
+        node_name: cluster.node_name.clone(),
+    };
+    let (items, kinds) = watch::watch_all(&client, &set);
+    let feed = Feed::new(
+        View::new(&cluster.node_name),
+        Arc::new(Metrics::default()),
+        kinds,
+    );
+    Ok((feed, items))
+}
+
+/// The complete view: every watch's initial list applied.
+pub async fn complete_view(cluster: &ClusterArgs) -> anyhow::Result<Feed> {
+    let (mut feed, items) = follow_cluster(cluster).await?;
+    feed.drive(items, |feed, _| match feed.is_complete() {
+        true => std::ops::ControlFlow::Break(()),
+        false => std::ops::ControlFlow::Continue(()),
+    })
+    .await;
+    anyhow::ensure!(
+        feed.is_complete(),
+        "the watch streams ended before the initial lists"
+    );
+    Ok(feed)
 }

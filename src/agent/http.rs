@@ -1,6 +1,6 @@
 //! The agent's HTTP endpoints: `/healthz`, `/readyz`, `/metrics` and `/status`.
 
-use crate::metrics::Metrics;
+use crate::agent::metrics::Metrics;
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -42,7 +42,7 @@ fn route(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         "/status" => respond(
             StatusCode::OK,
             "application/json",
-            serde_json::to_string(&crate::status::status(metrics)).unwrap_or_default(),
+            serde_json::to_string(&crate::agent::status::status(metrics)).unwrap_or_default(),
         ),
         "/metrics" => respond(
             StatusCode::OK,

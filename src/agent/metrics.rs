@@ -1,16 +1,15 @@
 //! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
 
+use crate::agent::board::Board;
 use nodus_dns::metrics::DnsMetrics;
 use nodus_mesh::metrics::MeshMetrics;
 use nodus_prom::{Histogram, family, sample, single};
-use nodus_proxy::apply::{SyncKind, SyncReport};
+use nodus_proxy::metrics::ProxyMetrics;
 use nodus_view::{Counts, Kind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-/// Upper bounds of the proxy sync histograms, in seconds.
-const SYNC_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0];
 /// Upper bounds of the batch-apply histogram, in seconds.
 const APPLY_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
@@ -24,16 +23,12 @@ pub struct Metrics {
     watch_restarts: [AtomicU64; 3],
     invalid_objects: [AtomicU64; 3],
     apply: Histogram<{ APPLY_BUCKETS.len() }>,
-    proxy_full: Histogram<{ SYNC_BUCKETS.len() }>,
-    proxy_partial: Histogram<{ SYNC_BUCKETS.len() }>,
-    proxy_services: AtomicU64,
-    proxy_transactions: AtomicU64,
-    proxy_conntrack_deletions: AtomicU64,
-    proxy_failures: AtomicU64,
+    /// Set once nodus's table is programmed (the proxy, or the mesh's egress masquerade).
+    pub proxy: OnceLock<Arc<ProxyMetrics>>,
     /// Set once the DNS server runs.
     pub dns: OnceLock<Arc<DnsMetrics>>,
     /// Last syncs and errors, for `/status`.
-    pub status: crate::status::Board,
+    pub status: Board,
     /// Set once the mesh runs.
     pub mesh: OnceLock<Arc<MeshMetrics>>,
 }
@@ -50,12 +45,7 @@ impl Default for Metrics {
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
             apply: Histogram::new(APPLY_BUCKETS),
-            proxy_full: Histogram::new(SYNC_BUCKETS),
-            proxy_partial: Histogram::new(SYNC_BUCKETS),
-            proxy_services: AtomicU64::new(0),
-            proxy_transactions: AtomicU64::new(0),
-            proxy_conntrack_deletions: AtomicU64::new(0),
-            proxy_failures: AtomicU64::new(0),
+            proxy: OnceLock::new(),
             dns: OnceLock::new(),
             status: Default::default(),
             mesh: OnceLock::new(),
@@ -89,22 +79,6 @@ impl Metrics {
         self.apply.observe(took);
     }
 
-    pub fn proxy_synced(&self, report: &SyncReport, programmed: usize) {
-        match report.kind {
-            SyncKind::Full => self.proxy_full.observe(report.duration),
-            SyncKind::Partial => self.proxy_partial.observe(report.duration),
-        }
-        self.proxy_services.store(programmed as u64, Relaxed);
-        self.proxy_transactions
-            .fetch_add(report.transactions as u64, Relaxed);
-        self.proxy_conntrack_deletions
-            .fetch_add(report.conntrack_deletions as u64, Relaxed);
-    }
-
-    pub fn proxy_sync_failed(&self) {
-        self.proxy_failures.fetch_add(1, Relaxed);
-    }
-
     /// Objects in the view by kind, as `nodus_view_objects` labels them.
     pub fn view_objects(&self) -> [(&'static str, u64); 4] {
         [
@@ -114,10 +88,6 @@ impl Metrics {
             ("node", &self.nodes),
         ]
         .map(|(kind, value)| (kind, value.load(Relaxed)))
-    }
-
-    pub fn proxy_services_programmed(&self) -> u64 {
-        self.proxy_services.load(Relaxed)
     }
 
     pub fn render(&self) -> String {
@@ -185,45 +155,8 @@ impl Metrics {
             "nodus_view_apply_duration_seconds",
             "Time to apply one batch of watch events to the view.",
         );
-        if self.proxy_full.count() > 0 || self.proxy_failures.load(Relaxed) > 0 {
-            self.proxy_full.render(
-                &mut out,
-                "nodus_proxy_full_sync_duration_seconds",
-                "Time of a full proxy sync (start-up, repair, after a failure).",
-            );
-            self.proxy_partial.render(
-                &mut out,
-                "nodus_proxy_partial_sync_duration_seconds",
-                "Time of a partial proxy sync: the services one batch changed.",
-            );
-            single(
-                &mut out,
-                "nodus_proxy_services_programmed",
-                "gauge",
-                "Services whose rules are in the kernel.",
-                self.proxy_services.load(Relaxed),
-            );
-            single(
-                &mut out,
-                "nodus_proxy_transactions_total",
-                "counter",
-                "nf_tables transactions committed.",
-                self.proxy_transactions.load(Relaxed),
-            );
-            single(
-                &mut out,
-                "nodus_proxy_conntrack_deletions_total",
-                "counter",
-                "Conntrack delete requests for UDP flows whose endpoint went away (each deletes every matching entry).",
-                self.proxy_conntrack_deletions.load(Relaxed),
-            );
-            single(
-                &mut out,
-                "nodus_proxy_sync_failures_total",
-                "counter",
-                "Proxy syncs that failed (each is followed by a full sync).",
-                self.proxy_failures.load(Relaxed),
-            );
+        if let Some(proxy) = self.proxy.get() {
+            proxy.render(&mut out);
         }
         if let Some(dns) = self.dns.get() {
             dns.render(&mut out);
@@ -275,7 +208,9 @@ mod tests {
     #[test]
     fn names_follow_the_prometheus_conventions() {
         let metrics = Metrics::default();
-        metrics.proxy_sync_failed();
+        let proxy = Arc::new(ProxyMetrics::default());
+        let _ = metrics.proxy.set(proxy.clone());
+        proxy.sync_failed("refused");
         let _ = metrics.dns.set(Arc::new(DnsMetrics::new(None)));
         let text = metrics.render();
         let mut families = 0;

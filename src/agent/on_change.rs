@@ -7,9 +7,9 @@
 //! it runs are coalesced into its next run. A run that fails or overruns its timeout is
 //! logged and its changes go with the next run, after a backoff.
 
-use crate::metrics::Metrics;
-use crate::view_cmd::{everything, print_changes};
-use nodus_view::{ChangeSet, SharedView};
+use crate::agent::metrics::Metrics;
+use nodus_view::output::{everything, write_change_lines};
+use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -52,7 +52,7 @@ impl OnChange {
     pub fn start(
         program: PathBuf,
         timeout: Duration,
-        view: SharedView,
+        view: ViewReader,
         metrics: Arc<Metrics>,
     ) -> OnChange {
         let pending = Arc::new(Mutex::new(Pending::default()));
@@ -68,13 +68,20 @@ impl OnChange {
         tokio::spawn(runner.run());
         OnChange { pending, wake }
     }
+}
 
-    /// Queues a batch's changes (`all` after the initial sync). Never waits for a run.
-    pub fn queue(&self, all: bool, changes: &ChangeSet) {
-        if !all && changes.is_empty() {
+impl Subsystem for OnChange {
+    fn name(&self) -> &'static str {
+        "on-change"
+    }
+
+    /// Queues the batch's changes (everything after the initial sync). Never waits for a
+    /// run.
+    fn after_batch(&mut self, _view: &View, applied: &Applied) {
+        if !applied.initial_sync && applied.changes.is_empty() {
             return;
         }
-        lock(&self.pending).merge(all, changes);
+        lock(&self.pending).merge(applied.initial_sync, &applied.changes);
         self.wake.notify_one();
     }
 }
@@ -89,7 +96,7 @@ fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
 struct Runner {
     program: PathBuf,
     timeout: Duration,
-    view: SharedView,
+    view: ViewReader,
     metrics: Arc<Metrics>,
     pending: Arc<Mutex<Pending>>,
     wake: Arc<Notify>,
@@ -147,14 +154,11 @@ impl Runner {
 
     /// The JSON lines for `batch`, read from the view as it is now.
     fn input(&self, batch: &Pending) -> std::io::Result<Vec<u8>> {
-        let view = self
-            .view
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let view = self.view.read();
         let mut out = Vec::new();
         match batch.all {
-            true => print_changes(&view, &everything(&view), &mut out)?,
-            false => print_changes(&view, &batch.changes, &mut out)?,
+            true => write_change_lines(&view, &everything(&view), &mut out)?,
+            false => write_change_lines(&view, &batch.changes, &mut out)?,
         }
         Ok(out)
     }

@@ -1,37 +1,11 @@
-//! `nodus proxy …`: the service proxy's ruleset for people and tests.
+//! `nodus proxy render` and `nodus cleanup`: the service proxy's ruleset for people and
+//! tests, and removing what nodus programmed.
 
-use crate::ClusterArgs;
+use crate::agent::feed::complete_view;
+use crate::cli::ClusterArgs;
 use crate::config::Config;
-use crate::run::load_config;
-use crate::view_cmd::synced_view;
-use nodus_proxy::plan::{EndpointKeys, LocalDns, Planner, ProxyConfig, TableScope, render};
+use nodus_proxy::plan::{EndpointKeys, Planner, render};
 use std::io::Write;
-
-/// The proxy's settings from the configuration file. With the proxy off and the mesh's
-/// egress masquerade on, nodus's table carries that masquerade alone: another proxy
-/// serves Services.
-pub fn proxy_config(config: &Config) -> ProxyConfig {
-    let dns = &config.dns;
-    let local_dns = dns
-        .cluster_dns_service()
-        .filter(|_| dns.enabled && dns.serve_cluster_dns_ip)
-        .map(|(namespace, name)| LocalDns {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
-            port: dns.listen.first().map_or(53, |addr| addr.port()),
-        });
-    let scope = match config.proxy.enabled || !config.egress_masquerade() {
-        true => TableScope::Services,
-        false => TableScope::EgressOnly,
-    };
-    ProxyConfig {
-        scope,
-        cluster_cidrs: config.cluster_cidrs.clone(),
-        egress_masquerade: config.egress_masquerade(),
-        local_dns,
-        ..ProxyConfig::default()
-    }
-}
 
 /// Prints the ruleset nodus would program on this node, in `nft -f` syntax.
 pub async fn render_ruleset(cluster: ClusterArgs) -> anyhow::Result<()> {
@@ -39,10 +13,10 @@ pub async fn render_ruleset(cluster: ClusterArgs) -> anyhow::Result<()> {
         !cluster.node_name.is_empty(),
         "the ruleset is planned for one node: pass --node-name or set NODE_NAME"
     );
-    let config = load_config(&cluster)?;
-    let feed = synced_view(&cluster).await?;
+    let config = Config::load_or_default(cluster.config.as_deref())?;
+    let feed = complete_view(&cluster).await?;
     let view = feed.read();
-    let planner = Planner::new(&view, &proxy_config(&config));
+    let planner = Planner::new(&view, &config.proxy_settings());
     let text = render(
         &planner.skeleton(),
         planner.services(&mut EndpointKeys::new()),

@@ -9,6 +9,8 @@
 //! what a killed sandbox left in the same directory. Nothing touches the root namespace's
 //! network.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use anyhow::{Context, bail};
 use clap::Args;
 use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
@@ -26,7 +28,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The example cluster, built in so that the sandbox runs from any directory.
-const EXAMPLE_CLUSTER: &str = include_str!("../deploy/examples/cluster.yaml");
+const EXAMPLE_CLUSTER: &str = include_str!("../../deploy/examples/cluster.yaml");
 /// The underlay the example's Node addresses live on.
 const UNDERLAY_V4: [u8; 3] = [172, 30, 0];
 const UNDERLAY_V6: [u16; 4] = [0xfd00, 0x172, 0x30, 0];
@@ -341,7 +343,8 @@ struct Interrupted(&'static str);
 
 impl Stop {
     fn install(rt: &tokio::runtime::Runtime) -> anyhow::Result<Stop> {
-        let mut signals = rt.block_on(async { crate::run::ShutdownSignals::install() })?;
+        let mut signals =
+            rt.block_on(async { crate::agent::signals::ShutdownSignals::install() })?;
         let (caught, stop) = tokio::sync::watch::channel(None);
         rt.spawn(async move {
             let signal = signals.recv().await;

@@ -10,6 +10,8 @@
 //! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]`
 //! (needs `dnsperf` and `nsd` from Debian).
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use anyhow::{Context, bail};
 use nodus_testbed::bench::{BenchCluster, free_port};
 use nodus_testbed::scale::{self, Shape, proc_memory};

@@ -9,6 +9,8 @@
 //!
 //! `cargo bench --bench proxy -- [--services 1000,10000] [--changes 200]`
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use anyhow::{Context, bail};
 use nodus_proxy::apply::Proxy;
 use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, render};

@@ -321,10 +321,7 @@ fn three_nodes(
     subnet: u8,
     backends: [&str; 3],
 ) -> (Cluster, Underlay, Vec<MeshNode>, PathBuf) {
-    assert!(
-        netns::is_root(),
-        "the mesh test needs root (network namespaces)"
-    );
+    netns::require_root();
     let underlay =
         Underlay::new([10, subnet, 0], [0xfd00, u16::from(subnet), 0, 0]).expect("underlay");
     let objects: Vec<_> = (1..=3)
@@ -658,10 +655,7 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
 
 #[test]
 fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
-    assert!(
-        netns::is_root(),
-        "the mesh test needs root (network namespaces)"
-    );
+    netns::require_root();
     let underlay = Underlay::new([10, 202, 0], [0xfd00, 0x202, 0, 0]).expect("underlay");
     let cluster = Cluster::new("mesh-rbac", "");
     cluster.apply(node_object("node-1", 1, &underlay));

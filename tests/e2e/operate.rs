@@ -1,5 +1,7 @@
 //! Operating nodus: `nodus status`, `--on-change` backends, and SIGTERM.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use crate::support::{Cluster, EXAMPLE, NODUS, free_port, get, wait_for, wait_ready};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
@@ -231,7 +233,7 @@ fn a_failing_or_hanging_program_is_logged_and_never_stalls_the_agent() {
         "#!/bin/sh\ncat >/dev/null\n[ -e \"$0.ran\" ] || { touch \"$0.ran\"; exit 3; }\nexec sleep 30\n",
     )
     .expect("script");
-    std::process::Command::new("chmod")
+    Command::new("chmod")
         .args(["+x", &script.to_string_lossy()])
         .status()
         .expect("chmod");

@@ -331,7 +331,7 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
             Instant::now() < deadline,
             "the UDP flow stayed on its old endpoint: {answer:?}"
         );
-        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::thread::sleep(Duration::from_millis(300));
     }
 
     // Egress (the mesh is on in the sandbox): a pod reaches an address outside the
@@ -369,6 +369,6 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
             Instant::now() < deadline,
             "the flushed table was not repaired"
         );
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        std::thread::sleep(Duration::from_millis(500));
     }
 }

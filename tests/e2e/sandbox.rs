@@ -1,5 +1,7 @@
 //! `nodus sandbox`: the README's first command, brought up, queried and torn down for real.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use crate::support::{NODUS, Sandbox, collect_lines, line_reader, spawn_sandbox, wait_for};
 use nodus_testbed::netns;
 use serde_json::Value;

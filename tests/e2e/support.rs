@@ -1,6 +1,8 @@
 //! A cluster for one test: a stand-in API server on an ephemeral port, its kubeconfig, and
 //! the nodus processes started against it, all stopped when the test ends.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
@@ -300,10 +302,7 @@ pub struct Sandbox {
 /// group of its own (as a shell's job is, so that a test can signal the group as Ctrl-C
 /// does).
 pub fn spawn_sandbox(dir: &Path, load: Option<&str>, extra: &[&OsStr]) -> Child {
-    assert!(
-        nodus_testbed::netns::is_root(),
-        "the sandbox needs root (network namespaces)"
-    );
+    nodus_testbed::netns::require_root();
     let mut command = Command::new(NODUS);
     command
         .args(["sandbox", "--api-port", &free_port().to_string()])

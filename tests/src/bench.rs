@@ -1,6 +1,8 @@
 //! What the benchmarks share: a generated cluster served by the API-server stand-in, and a
 //! real `nodus run` process against it.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use crate::apiserver::{self, ApiServerConfig, ServerHandle, Store};
 use crate::netns::Netns;
 use crate::probe::http_get;
@@ -81,7 +83,7 @@ impl BenchCluster {
     }
 
     /// Also serves the API on `addr` inside `ns`; returns a kubeconfig for that address.
-    pub fn listen_in(&self, ns: &crate::netns::Netns, addr: SocketAddr) -> anyhow::Result<PathBuf> {
+    pub fn listen_in(&self, ns: &Netns, addr: SocketAddr) -> anyhow::Result<PathBuf> {
         self.server
             .as_ref()
             .context("the server is stopped")?

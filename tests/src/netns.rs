@@ -7,6 +7,8 @@
 //! namespace is deleted, and every process started in it killed, when its handle drops,
 //! including while a failing test unwinds.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use anyhow::{Context, bail};
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
@@ -138,6 +140,12 @@ pub fn run(program: &str, args: &[&str]) -> anyhow::Result<String> {
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() == 0 }
+}
+
+/// Fails the calling test unless it runs as root: a kernel test that skipped itself
+/// would pass without testing anything.
+pub fn require_root() {
+    assert!(is_root(), "kernel tests need root (network namespaces)");
 }
 
 /// A named network namespace, deleted on drop.
@@ -518,7 +526,7 @@ mod tests {
 
     #[test]
     fn namespaces_are_removed_even_when_a_test_panics() {
-        assert!(is_root(), "kernel tests need root");
+        require_root();
         let mut name = String::new();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             let underlay = Underlay::new([10, 199, 0], [0xfd00, 0x199, 0, 0]).expect("underlay");

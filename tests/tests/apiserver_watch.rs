@@ -569,8 +569,8 @@ async fn bulk_load_pages_and_watch() {
     within("the initial list of 10,000 slices", async {
         loop {
             match stream.next().await {
-                Some(Ok(watcher::Event::InitApply(_))) => count += 1,
-                Some(Ok(watcher::Event::InitDone)) => break,
+                Some(Ok(Event::InitApply(_))) => count += 1,
+                Some(Ok(Event::InitDone)) => break,
                 Some(_) => {}
                 None => panic!("watcher ended"),
             }
@@ -589,7 +589,7 @@ async fn bulk_load_pages_and_watch() {
         .expect("delete");
     within("the delete event", async {
         loop {
-            if let Some(Ok(watcher::Event::Delete(s))) = stream.next().await {
+            if let Some(Ok(Event::Delete(s))) = stream.next().await {
                 assert_eq!(s.name_any(), "svc3-abcde");
                 break;
             }

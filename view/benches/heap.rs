@@ -5,6 +5,8 @@
 //! prints the bytes the view keeps live. Fails if the 10,000 × 10 × 100 view exceeds its
 //! 8 MiB budget: that is a size, not a timing, so it is checked wherever this runs.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
 use std::alloc::{GlobalAlloc, Layout, System};

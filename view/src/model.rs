@@ -496,7 +496,7 @@ mod tests {
 
     #[test]
     fn endpoints_stay_small() {
-        assert_eq!(std::mem::size_of::<Endpoint<Ipv4Addr>>(), 16);
-        assert_eq!(std::mem::size_of::<Endpoint<Ipv6Addr>>(), 28);
+        assert_eq!(size_of::<Endpoint<Ipv4Addr>>(), 16);
+        assert_eq!(size_of::<Endpoint<Ipv6Addr>>(), 28);
     }
 }

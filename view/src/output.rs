@@ -10,7 +10,7 @@ use crate::model::{
     TrafficDistribution, TrafficPolicy,
 };
 use crate::resolve::{self, NodeContext, PortEndpoints};
-use crate::view::{Counts, ServiceView, View};
+use crate::view::{ChangeSet, Counts, ServiceName, ServiceView, View};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -221,5 +221,77 @@ pub fn resolve_node(strings: &Interner, name: &str, node: &Node) -> ResolvedNode
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+    }
+}
+
+/// One line of `nodus view --watch` (and of `--on-change`'s stdin): a service or node
+/// by name, with its resolved form, or `"object": null` once it is gone.
+#[derive(Debug, Serialize)]
+pub struct ChangeLine<'a> {
+    pub kind: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub object: Option<ChangedObject>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum ChangedObject {
+    Service(ResolvedService),
+    Node(ResolvedNode),
+}
+
+/// Writes what `changes` names as JSON lines (services first), each resolved as `view`
+/// has it now: `nodus view --watch`'s format, which `--on-change` programs read too.
+pub fn write_change_lines(
+    view: &View,
+    changes: &ChangeSet,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    for line in change_lines(view, changes) {
+        serde_json::to_writer(&mut *out, &line)?;
+        out.write_all(b"\n")?;
+    }
+    out.flush()
+}
+
+fn change_lines<'a>(
+    view: &'a View,
+    changes: &'a ChangeSet,
+) -> impl Iterator<Item = ChangeLine<'a>> + 'a {
+    let node = view.node_context();
+    let services = changes.services.iter().map(move |name| ChangeLine {
+        kind: "Service",
+        namespace: &name.namespace,
+        name: &name.name,
+        object: view
+            .service(&name.namespace, &name.name)
+            .map(|s| ChangedObject::Service(resolve_service(view.strings(), &node, &s))),
+    });
+    let nodes = changes.nodes.iter().map(move |name| ChangeLine {
+        kind: "Node",
+        namespace: "",
+        name,
+        object: view
+            .node(name)
+            .map(|n| ChangedObject::Node(resolve_node(view.strings(), name, n))),
+    });
+    services.chain(nodes)
+}
+
+/// A change set naming every service and node of the view: what a consumer that just
+/// started (or whose node's labels changed) must see.
+pub fn everything(view: &View) -> ChangeSet {
+    ChangeSet {
+        services: view
+            .services()
+            .map(|s| ServiceName {
+                namespace: s.namespace.to_string(),
+                name: s.name.to_string(),
+            })
+            .collect(),
+        nodes: view.nodes().map(|(name, _)| name.to_string()).collect(),
+        ..ChangeSet::default()
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! This is kube-proxy's `endpointslicecache` and `topology.go` logic, written once as pure
 //! functions over the model so that the proxy, DNS and external backends agree. Each rule
-//! cites its item in the semantics checklist (`research/kube-proxy.md`, section 1).
+//! cites its item in the semantics checklist (`proxy/CHECKLIST.md`).
 
 use crate::intern::Sym;
 use crate::model::{EndpointRef, Family, ServicePort, Slice};

@@ -67,7 +67,7 @@ pub struct ChangeSet {
     pub services: BTreeSet<ServiceName>,
     pub nodes: BTreeSet<String>,
     /// This node's own labels or addresses changed: zone-dependent results may all differ
-    /// (checklist K.18), so subsystems resync fully.
+    /// (checklist B.18), so subsystems resync fully.
     pub this_node: bool,
 }
 

@@ -45,7 +45,7 @@ impl<'de> Deserialize<'de> for Labels {
         struct LabelsVisitor;
         impl<'de> Visitor<'de> for LabelsVisitor {
             type Value = Labels;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a map of labels")
             }
             fn visit_unit<E>(self) -> Result<Labels, E> {
@@ -85,7 +85,7 @@ impl<'de> Deserialize<'de> for Annotations {
         struct AnnotationsVisitor;
         impl<'de> Visitor<'de> for AnnotationsVisitor {
             type Value = Annotations;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("a map of annotations")
             }
             fn visit_unit<E>(self) -> Result<Annotations, E> {

@@ -7,11 +7,10 @@
 
 use hickory_server::proto::op::Message;
 use libfuzzer_sys::fuzz_target;
-use nodus_dns::server::ClusterDns;
+use nodus_dns::handler::ClusterDns;
 use nodus_dns::{PodRecords, Zone, fast};
-use nodus_view::{Update, View, wire};
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, LazyLock, RwLock};
+use nodus_view::{Update, View, ViewWriter, wire};
+use std::sync::LazyLock;
 
 static HANDLER: LazyLock<ClusterDns> = LazyLock::new(|| {
     let mut view = View::new("node-1");
@@ -40,9 +39,9 @@ static HANDLER: LazyLock<ClusterDns> = LazyLock::new(|| {
     }
     view.apply(updates);
     let zone = Zone::new("cluster.local", 5, PodRecords::Insecure).expect("static zone");
-    let handler = ClusterDns::new(Arc::new(RwLock::new(view)), zone, None);
-    handler.synced().store(true, Relaxed);
-    handler
+    let view = ViewWriter::new(view);
+    view.mark_complete();
+    ClusterDns::new(view.reader(), zone, None)
 });
 
 static RUNTIME: LazyLock<tokio::runtime::Runtime> = LazyLock::new(|| {

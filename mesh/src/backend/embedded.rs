@@ -28,6 +28,8 @@
 //! creation still has its default action and ends the process outright, before the
 //! signalfds could read it.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use super::uapi::UapiDevice;
 use crate::Error;
 use defguard_wireguard_rs::{Userspace, WGApi, WireguardInterfaceApi};

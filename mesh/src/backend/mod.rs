@@ -49,7 +49,7 @@ pub struct DeviceState {
 pub enum Device {
     Kernel(kernel::KernelDevice),
     WireguardGo(uapi::UapiDevice),
-    Embedded(embedded::EmbeddedDevice),
+    Embedded(EmbeddedDevice),
 }
 
 impl Device {

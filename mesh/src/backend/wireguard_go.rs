@@ -6,6 +6,8 @@
 //! SIGTERM and SIGINT handling is untouched. The daemon creates its TUN link down; the
 //! agent sets it up with the MTU.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use super::uapi::UapiDevice;
 use crate::Error;
 use std::path::{Path, PathBuf};

@@ -163,7 +163,7 @@ impl Proxy {
     /// Heap bytes of the per-service records (footprints plus the map's table), an
     /// estimate for the memory budget.
     pub fn record_bytes(&self) -> usize {
-        let table = self.applied.capacity() * (std::mem::size_of::<(u64, Applied)>() + 1);
+        let table = self.applied.capacity() * (size_of::<(u64, Applied)>() + 1);
         table
             + self
                 .applied

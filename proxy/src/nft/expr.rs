@@ -11,7 +11,7 @@ use std::time::Duration;
 use super::attr::Attr;
 use super::set::SetRef;
 use super::sys;
-use super::types::{Tuple, Value, Verdict, padded_len};
+use super::types::{Tuple, Value, Verdict, millis, padded_len};
 
 /// A data register, counted in 32-bit slots (`NFT_REG32_00` + n), or the verdict
 /// register.
@@ -682,10 +682,6 @@ fn value_data(kind: u16, bytes: &[u8]) -> Attr {
 
 fn len_u32(bytes: &[u8]) -> u32 {
     u32::try_from(bytes.len()).unwrap_or(u32::MAX)
-}
-
-pub(crate) fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A packet field that rules match on or build keys from.

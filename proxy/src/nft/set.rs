@@ -11,9 +11,8 @@ use std::fmt;
 use std::time::Duration;
 
 use super::attr::Attr;
-use super::expr::millis;
 use super::sys;
-use super::types::{DataType, Fields, Tuple, Verdict};
+use super::types::{DataType, Fields, Tuple, Verdict, millis};
 
 /// How a rule or an element message names a set: by name, plus the batch-local id for a
 /// set created in the same batch (anonymous sets get their name from the kernel, so the

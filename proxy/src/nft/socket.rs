@@ -7,6 +7,8 @@
 //! answered after them, which tells us when we have seen every reply, and gives the
 //! generation the commit produced.
 
+#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
+
 use std::io;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -545,7 +547,7 @@ fn setsockopt_int(fd: libc::c_int, option: libc::c_int, value: libc::c_int) -> i
             libc::SOL_SOCKET,
             option,
             (&value as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
     if rc == 0 {
@@ -567,7 +569,7 @@ fn set_receive_timeout(socket: &netlink_sys::Socket, timeout: Duration) -> Resul
             libc::SOL_SOCKET,
             libc::SO_RCVTIMEO,
             (&value as *const libc::timeval).cast(),
-            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            size_of::<libc::timeval>() as libc::socklen_t,
         )
     };
     if rc == 0 {

@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::net::{Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
 
 use super::attr::Attr;
 use super::sys;
@@ -137,6 +138,11 @@ impl fmt::Display for Fields {
 }
 
 /// Rounds a length up to whole 32-bit registers.
+/// A timeout as netlink carries it.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
 pub(crate) fn padded_len(len: usize) -> usize {
     len.div_ceil(4) * 4
 }

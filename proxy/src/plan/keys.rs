@@ -22,21 +22,7 @@ use std::collections::HashMap;
 
 use nodus_view::model::Family;
 
-use super::objects::SharedSet;
-
-/// Endpoint maps per IP family.
-pub const SHARDS: u8 = 128;
-
-/// A block of keys one chain took in one endpoint map.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KeyBlock {
-    pub map: SharedSet,
-    pub offset: u32,
-    /// log2 of the block's size.
-    pub class: u8,
-    /// The FNV-1a hash of the chain's name: a block goes back to its own chain.
-    pub chain: u32,
-}
+use super::objects::{KeyBlock, SHARDS, SharedSet};
 
 /// The keys of one endpoint map.
 #[derive(Debug, Default)]

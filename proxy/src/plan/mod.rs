@@ -10,8 +10,9 @@
 //! programs the difference with [`PlanBatch::update_service`]; a cold start streams
 //! them through [`cold_start`]. [`render`] writes the same plans as `nft -f` text.
 //!
-//! The ruleset follows kube-proxy's nftables mode (research note §2); the README names
-//! every chain and lists the checklist items not covered yet.
+//! The ruleset follows kube-proxy's nftables mode (its `pkg/proxy/nftables/README.md`); the
+//! README names every chain, and `CHECKLIST.md` the behaviours with the tests that prove
+//! them.
 
 mod config;
 mod keys;
@@ -28,10 +29,11 @@ mod skeleton;
 mod tests;
 
 pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig, TableScope};
-pub use keys::{EndpointKeys, KeyBlock, KeyLease, SHARDS};
+pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
-    ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
+    ChainPlan, ElementPlan, KeyBlock, SHARDS, ServicePlan, SetPlan, SharedKind, SharedSet,
+    Skeleton, UdpFlows,
 };
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};

@@ -7,7 +7,6 @@ use std::net::IpAddr;
 
 use nodus_view::model::Family;
 
-use super::keys::KeyBlock;
 use super::rule::RulePlan;
 use crate::nft::{Chain, DataType, Element, Fields, Set};
 
@@ -51,8 +50,8 @@ pub enum SharedKind {
     /// for hairpin masquerade (D.27).
     Hairpin,
     /// `integer : addr . port`: the endpoints of dispatch chains, in key blocks (see
-    /// `keys.rs`); one of [`super::keys::SHARDS`] maps per family, created when a chain
-    /// first needs it.
+    /// `keys.rs`); one of [`SHARDS`] maps per family, created when a chain first needs
+    /// it.
     Endpoints,
 }
 
@@ -80,6 +79,20 @@ impl SharedKind {
             SharedKind::Endpoints => "endpoints",
         }
     }
+}
+
+/// Endpoint maps per IP family (why several: `keys.rs`).
+pub const SHARDS: u8 = 128;
+
+/// A block of keys one chain took in one endpoint map (allocated in `keys.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyBlock {
+    pub map: SharedSet,
+    pub offset: u32,
+    /// log2 of the block's size.
+    pub class: u8,
+    /// The FNV-1a hash of the chain's name: a block goes back to its own chain.
+    pub chain: u32,
 }
 
 /// One shared set or map: its kind in one family (and its shard, for endpoint maps).
@@ -123,7 +136,7 @@ impl SharedSet {
         Family::ALL
             .into_iter()
             .map(|family| SharedSet::endpoints(family, shard))
-            .find(|set| shard < super::keys::SHARDS && set.name() == name)
+            .find(|set| shard < SHARDS && set.name() == name)
     }
 
     /// The set's definition, without elements.

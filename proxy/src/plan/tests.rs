@@ -1,5 +1,5 @@
 //! Planning rules, each test named for the checklist item it covers
-//! (`research/kube-proxy.md` §1). Views are built from wire JSON, as the watch delivers it.
+//! (`proxy/CHECKLIST.md`). Views are built from wire JSON, as the watch delivers it.
 
 use serde_json::{Value as Json, json};
 
@@ -168,7 +168,7 @@ fn endpoint_map(plan: &ServicePlan, chain: &str) -> Vec<String> {
 
 /// The DNAT of `chain` to its `endpoints`, in the first block of its endpoint map.
 fn dnat_from(chain: &str, family: Family, endpoints: usize) -> String {
-    let map = SharedSet::endpoints(family, super::keys::shard_of(chain)).name();
+    let map = SharedSet::endpoints(family, keys::shard_of(chain)).name();
     let h = if family == Family::V4 { "ip" } else { "ip6" };
     format!("meta l4proto tcp dnat {h} addr . port to numgen random mod {endpoints} map @{map}")
 }

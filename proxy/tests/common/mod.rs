@@ -12,14 +12,6 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const NODE: &str = "node-a";
 
 /// Kernel tests fail, rather than pass silently, without the root they need.
-pub fn skip_unless_root() -> bool {
-    assert!(
-        netns::is_root(),
-        "kernel tests need root (network namespaces)"
-    );
-    false
-}
-
 pub fn list_table(ns: &Netns) -> String {
     ns.exec("nft", &["list", "table", "inet", "nodus"])
         .expect("nft list table inet nodus")

@@ -1,0 +1,275 @@
+//! The request handler: what answers a request, whichever listener it came from.
+//!
+//! hickory-server parses requests, frames TCP, limits sizes and truncates; this module
+//! turns a request into a lookup ([`crate::lookup`]) or a forwarded question
+//! ([`crate::forward`]), and that into a response. [`ClusterDns::respond`] decides the
+//! reply, and one send encodes it. UDP datagrams the fast path ([`crate::fast`]) does not
+//! take come here through [`ClusterDns::answer_datagram`], which runs them as
+//! hickory-server's own UDP loop would. The listeners that call it (`server`, `udp`) come
+//! after it: nothing here knows them.
+
+use crate::forward::{Forwarder, Resolution};
+use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
+use crate::metrics::DnsMetrics;
+use hickory_server::net::NetError;
+use hickory_server::net::runtime::{Time, TokioTime};
+use hickory_server::net::xfer::Protocol;
+use hickory_server::proto::op::Query;
+use hickory_server::proto::op::{
+    Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode,
+};
+use hickory_server::proto::rr::{RData, Record, RecordType};
+use hickory_server::proto::serialize::binary::{
+    BinDecodable, BinDecoder, BinEncodable, BinEncoder,
+};
+use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
+use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
+use nodus_view::ViewReader;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Answers the cluster zone from the view, and forwards the rest. Clones share everything.
+#[derive(Clone)]
+pub struct ClusterDns {
+    /// Until the view is complete, a name it lacks may only be missing from it: misses
+    /// get SERVFAIL (which resolvers retry) rather than an NXDOMAIN they would cache, as
+    /// CoreDNS does before it syncs.
+    pub(crate) view: ViewReader,
+    pub(crate) zone: Arc<Zone>,
+    forwarder: Option<Arc<Forwarder>>,
+    pub(crate) metrics: Arc<DnsMetrics>,
+}
+
+/// What a request gets, decided before anything is encoded or sent.
+enum Reply {
+    /// A response code without records: a request we do not answer, a miss before the
+    /// view is complete, or a name to forward without upstreams.
+    Code(ResponseCode),
+    /// An authoritative answer from the cluster zone (AA).
+    Zone(Answer),
+    /// What forwarding got (RA).
+    Forwarded(Resolution),
+}
+
+impl ClusterDns {
+    pub fn new(view: ViewReader, zone: Zone, forwarder: Option<Arc<Forwarder>>) -> ClusterDns {
+        ClusterDns {
+            metrics: Arc::new(DnsMetrics::new(forwarder.clone())),
+            view,
+            zone: Arc::new(zone),
+            forwarder,
+        }
+    }
+
+    pub fn zone(&self) -> &Zone {
+        &self.zone
+    }
+
+    pub fn view(&self) -> &ViewReader {
+        &self.view
+    }
+
+    /// The full path for one UDP datagram, as hickory-server's UDP loop runs it: no reply to
+    /// a packet without a header nor to a response, FORMERR to one that does not parse, and
+    /// otherwise the handler's answer within the payload size the requester can take
+    /// (truncated, with TC, when it does not fit).
+    pub async fn answer_datagram(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
+        let header = Header::read(&mut BinDecoder::new(&packet)).ok()?;
+        let Ok(request) = Request::from_bytes(packet, src, Protocol::Udp) else {
+            let mut metadata = Metadata::response_from_request(&header.metadata);
+            metadata.response_code = ResponseCode::FormErr;
+            self.metrics
+                .answered(None, ResponseCode::FormErr, Duration::ZERO);
+            return encode_header(metadata);
+        };
+        if request.metadata.message_type == MessageType::Response {
+            return None;
+        }
+        let reply = Capture::default();
+        self.handle_request::<_, TokioTime>(&request, reply.clone())
+            .await;
+        reply.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+
+    /// The reply to `request`: FORMERR without a single question, NOTIMP for other opcodes,
+    /// then the zone's answer, or the upstreams' for a name outside it.
+    async fn respond(&self, request: &Request) -> Reply {
+        let info = match request.request_info() {
+            Err(_) => return Reply::Code(ResponseCode::FormErr),
+            Ok(_) if request.metadata.op_code != OpCode::Query => {
+                return Reply::Code(ResponseCode::NotImp);
+            }
+            Ok(info) => info,
+        };
+        let query = info.query.original();
+        let outcome = {
+            lookup(
+                &self.view.read(),
+                &self.zone,
+                query.name(),
+                query.query_type(),
+            )
+        };
+        match outcome {
+            Outcome::Authoritative(answer)
+                if !self.view.is_complete()
+                    && (answer.rcode == ResponseCode::NXDomain || answer.answers.is_empty()) =>
+            {
+                Reply::Code(ResponseCode::ServFail)
+            }
+            Outcome::Authoritative(mut answer) => {
+                self.chase_outside(&mut answer, query).await;
+                Reply::Zone(answer)
+            }
+            Outcome::NotOurs => match &self.forwarder {
+                // Without upstreams, refuse, as a non-recursive server does.
+                None => Reply::Code(ResponseCode::Refused),
+                Some(forwarder) => Reply::Forwarded(forwarder.resolve(query).await),
+            },
+        }
+    }
+
+    /// An ExternalName's CNAME to a name outside the zone: stub resolvers do not follow
+    /// it, so the target's records are fetched upstream and appended (spec rule 14).
+    async fn chase_outside(&self, answer: &mut Answer, query: &Query) {
+        if query.query_type() == RecordType::CNAME {
+            return;
+        }
+        let (Some(forwarder), Some(last)) = (&self.forwarder, answer.answers.last()) else {
+            return;
+        };
+        let RData::CNAME(target) = &last.data else {
+            return;
+        };
+        if self.zone.origin().zone_of(&target.0.to_lowercase()) {
+            return;
+        }
+        let mut chased = Query::query(target.0.clone(), query.query_type());
+        chased.set_query_class(query.query_class());
+        // Over the forwarding cap, or without an answer, the CNAME stands alone.
+        if let Resolution::Answered(upstream) = forwarder.resolve(&chased).await {
+            answer.rcode = upstream.rcode;
+            answer.answers.extend(upstream.answers);
+        }
+    }
+}
+
+/// Encodes `reply` as the response to `request` and sends it: the only send.
+async fn send<R: ResponseHandler>(
+    request: &Request,
+    reply: &Reply,
+    mut response_handle: R,
+) -> Result<ResponseInfo, NetError> {
+    // Our OPT advertises what we accept, never more than the client does.
+    let edns = request.edns.as_ref().map(|theirs| {
+        let mut ours = Edns::new();
+        ours.set_max_payload(theirs.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+        ours
+    });
+    let builder = MessageResponseBuilder::new(&request.queries, edns.as_ref());
+    let mut metadata = Metadata::response_from_request(&request.metadata);
+    metadata.authoritative = matches!(reply, Reply::Zone(_));
+    metadata.recursion_available = matches!(reply, Reply::Forwarded(_));
+    let none: &[Record] = &[];
+    let (rcode, answers, authority, additionals) = match reply {
+        Reply::Code(code) => (*code, none, none, none),
+        Reply::Zone(answer) => (
+            answer.rcode,
+            &answer.answers[..],
+            &answer.authority[..],
+            &answer.additionals[..],
+        ),
+        Reply::Forwarded(Resolution::Answered(upstream)) => (
+            upstream.rcode,
+            &upstream.answers[..],
+            &upstream.authorities[..],
+            &upstream.additionals[..],
+        ),
+        Reply::Forwarded(Resolution::Failed) => (ResponseCode::ServFail, none, none, none),
+        Reply::Forwarded(Resolution::Refused) => (ResponseCode::Refused, none, none, none),
+    };
+    metadata.response_code = rcode;
+    response_handle
+        .send_response(builder.build(metadata, answers, authority, none, additionals))
+        .await
+}
+
+#[async_trait::async_trait]
+impl RequestHandler for ClusterDns {
+    async fn handle_request<R: ResponseHandler, T: Time>(
+        &self,
+        request: &Request,
+        response_handle: R,
+    ) -> ResponseInfo {
+        let started = Instant::now();
+        let reply = self.respond(request).await;
+        let info = send(request, &reply, response_handle)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::debug!(%error, "sending a DNS response");
+                let mut failed = Metadata::response_from_request(&request.metadata);
+                failed.response_code = ResponseCode::ServFail;
+                ResponseInfo::from(Header {
+                    metadata: failed,
+                    counts: HeaderCounts::default(),
+                })
+            });
+        let qtype = request.request_info().ok().map(|i| i.query.query_type());
+        self.metrics
+            .answered(qtype, info.response_code, started.elapsed());
+        info
+    }
+}
+
+fn encode_header(metadata: Metadata) -> Option<Vec<u8>> {
+    let mut bytes = Vec::with_capacity(12);
+    let header = Header {
+        metadata,
+        counts: HeaderCounts::default(),
+    };
+    header.emit(&mut BinEncoder::new(&mut bytes)).ok()?;
+    Some(bytes)
+}
+
+/// Keeps the encoded response for [`ClusterDns::answer_datagram`], sized as hickory-server
+/// sizes a UDP response: the OPT's payload, or 512 bytes without EDNS.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Option<Vec<u8>>>>);
+
+#[async_trait::async_trait]
+impl ResponseHandler for Capture {
+    async fn send_response<'a>(
+        &mut self,
+        response: MessageResponse<
+            '_,
+            'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+            impl Iterator<Item = &'a Record> + Send + 'a,
+        >,
+    ) -> Result<ResponseInfo, NetError> {
+        let max = response.edns().map_or(512, Edns::max_payload);
+        let id = response.metadata().id;
+        let mut bytes = Vec::with_capacity(512);
+        let mut encoder = BinEncoder::new(&mut bytes);
+        encoder.set_max_size(max);
+        let info = match response.destructive_emit(&mut encoder) {
+            Ok(info) => info,
+            Err(error) => {
+                // What hickory-server sends when a response cannot be encoded.
+                tracing::debug!(%error, "encoding a DNS response");
+                let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
+                metadata.response_code = ResponseCode::ServFail;
+                bytes = encode_header(metadata).unwrap_or_default();
+                ResponseInfo::from(Header {
+                    metadata,
+                    counts: HeaderCounts::default(),
+                })
+            }
+        };
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+        Ok(info)
+    }
+}

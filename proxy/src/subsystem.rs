@@ -1,0 +1,97 @@
+//! The proxy inside `nodus run`: nodus's nftables table kept in step with the view (the
+//! service proxy, or with only the mesh on, its egress masquerade alone). A full sync
+//! first, then one transaction per batch, and a periodic check that repairs outside
+//! changes; the health-check node ports follow the services.
+
+use crate::apply::Proxy;
+use crate::health::HealthChecks;
+use crate::metrics::ProxyMetrics;
+use nodus_view::{Applied, Subsystem, View, ViewReader};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the loop checks that nobody changed the table (and retries a failed sync):
+/// the run loop ticks at this period.
+pub const CHECK_PERIOD: Duration = Duration::from_secs(10);
+
+pub struct ProxySubsystem {
+    proxy: Proxy,
+    /// Health-check node ports, served only by the service proxy.
+    health: Option<HealthChecks>,
+    /// The last sync failed, or none happened yet: the next step is a full sync.
+    needs_full: bool,
+    last_check: Instant,
+    /// Commits may block for seconds (a full sync of a large cluster): on a
+    /// multi-threaded runtime the other worker serves DNS and HTTP meanwhile.
+    blocking: bool,
+    pub metrics: Arc<ProxyMetrics>,
+}
+
+impl ProxySubsystem {
+    /// `health` binds health-check node ports on that address (the service proxy);
+    /// `None` for the egress masquerade alone, whose few messages commit at once.
+    pub fn new(proxy: Proxy, view: ViewReader, health: Option<IpAddr>) -> ProxySubsystem {
+        ProxySubsystem {
+            proxy,
+            blocking: health.is_some(),
+            health: health.map(|bind| HealthChecks::new(view, bind)),
+            needs_full: true,
+            last_check: Instant::now(),
+            metrics: Arc::default(),
+        }
+    }
+
+    /// Brings the kernel in step with `view`.
+    fn step(&mut self, view: &View, applied: &Applied) {
+        let result = if self.needs_full {
+            self.proxy.full_sync(view).map(Some)
+        } else if !applied.changes.is_empty() {
+            self.proxy.sync(view, &applied.changes).map(Some)
+        } else if self.last_check.elapsed() >= CHECK_PERIOD / 2 {
+            // Half the tick period: a tick a few milliseconds early must not skip a check.
+            self.last_check = Instant::now();
+            self.proxy.check(view)
+        } else {
+            Ok(None)
+        };
+        match result {
+            Ok(Some(report)) => {
+                self.needs_full = false;
+                self.metrics
+                    .synced(&report, self.proxy.programmed_services());
+                for refused in &report.refused {
+                    tracing::warn!(service = %format!("{}/{}", refused.service.namespace, refused.service.name), reason = %refused.reason, "the kernel refused a service");
+                }
+                tracing::debug!(?report, "proxy synced");
+            }
+            Ok(None) => {}
+            Err(error) => {
+                self.needs_full = true;
+                self.metrics.sync_failed(&error);
+                tracing::error!(error = %error, "proxy sync failed; a full sync follows");
+            }
+        }
+    }
+}
+
+impl Subsystem for ProxySubsystem {
+    fn name(&self) -> &'static str {
+        "proxy"
+    }
+
+    fn after_batch(&mut self, view: &View, applied: &Applied) {
+        match self.blocking {
+            true => tokio::task::block_in_place(|| self.step(view, applied)),
+            false => self.step(view, applied),
+        }
+        if let Some(health) = &mut self.health {
+            health.update(view, (!applied.initial_sync).then_some(&applied.changes));
+        }
+    }
+
+    /// Programmed: a node whose rules are failing to sync is not ready.
+    fn is_ready(&self) -> bool {
+        !self.needs_full
+    }
+}

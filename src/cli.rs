@@ -1,0 +1,131 @@
+//! The command line: every subcommand and its flags.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "nodus", version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Watch the cluster and keep this node's dataplane in step (the default).
+    Run(RunArgs),
+    /// Print the resolved node view as JSON once the initial lists are in, or stream changes.
+    View(ViewArgs),
+    /// Ask a running nodus (at --http-addr, else the configuration's) what each subsystem
+    /// is doing, and print one screen.
+    Status(StatusArgs),
+    /// Validate a configuration file and exit.
+    CheckConfig {
+        /// The YAML file to check.
+        file: PathBuf,
+    },
+    /// The service proxy's ruleset.
+    #[command(subcommand)]
+    Proxy(ProxyCommand),
+    /// Remove what nodus programmed on this host: the `inet nodus` nftables table, the
+    /// WireGuard device (with its routes) and the CNI conflist. The key file stays.
+    Cleanup {
+        /// Do not ask for confirmation. `--config` names the device and the conflist
+        /// (the defaults otherwise).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
+    #[cfg(feature = "sandbox")]
+    Sandbox(crate::cmd::sandbox::SandboxArgs),
+    /// A tiny TCP and UDP echo server answering with its name (the sandbox's pods).
+    #[cfg(feature = "sandbox")]
+    #[command(hide = true)]
+    Echo(crate::cmd::sandbox::EchoArgs),
+}
+
+#[derive(Subcommand)]
+pub enum ProxyCommand {
+    /// Print the ruleset planned for this node in `nft -f` syntax.
+    Render(ClusterArgs),
+}
+
+/// hickory-server logs every malformed packet at info, and the embedded WireGuard device
+/// every peer it adds or removes (thousands at a cold start).
+pub const DEFAULT_LOG_FILTER: &str = "info,hickory_server=warn,defguard_boringtun=warn";
+
+/// How to reach the cluster and which node this is.
+#[derive(Args, Clone, Debug, Default)]
+pub struct ClusterArgs {
+    /// kubeconfig file; without it nodus uses $KUBECONFIG, else the in-cluster account,
+    /// else ~/.kube/config.
+    #[arg(long, global = true)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The name of the Node nodus runs on.
+    #[arg(long, env = "NODE_NAME", global = true, default_value = "")]
+    pub node_name: String,
+    /// Configuration file (YAML); flags override it.
+    #[arg(long, global = true)]
+    pub config: Option<PathBuf>,
+    /// Log filter, e.g. `info` or `nodus=debug,kube=warn`.
+    #[arg(
+        long,
+        env = "NODUS_LOG",
+        global = true,
+        default_value = DEFAULT_LOG_FILTER
+    )]
+    pub log_level: String,
+    /// Log lines for people (`text`) or for a log pipeline (`json`, one object a line).
+    #[arg(
+        long,
+        env = "NODUS_LOG_FORMAT",
+        global = true,
+        value_enum,
+        default_value_t
+    )]
+    pub log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq)]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Args, Clone, Debug, Default)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Address for /healthz, /readyz, /metrics and /status [default: 127.0.0.1:10256].
+    #[arg(long)]
+    pub http_addr: Option<SocketAddr>,
+    /// Run PROGRAM after every batch of changes, with the changed services and nodes as
+    /// JSON lines (`nodus view --watch`'s format) on its stdin.
+    #[arg(long, value_name = "PROGRAM")]
+    pub on_change: Option<PathBuf>,
+    /// Seconds a --on-change run may take before it is killed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10)]
+    pub on_change_timeout: u64,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// The agent's HTTP address [default: the configuration's `http_addr`].
+    #[arg(long)]
+    pub http_addr: Option<SocketAddr>,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ViewArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Keep running and print one JSON line per changed service or node.
+    #[arg(long)]
+    pub watch: bool,
+}

@@ -1,0 +1,7 @@
+//! The subcommands other than `nodus run`: each a short program over the agent's pieces.
+
+pub mod proxy;
+#[cfg(feature = "sandbox")]
+pub mod sandbox;
+pub mod status;
+pub mod view;
