@@ -12,7 +12,7 @@ mod cmd;
 mod config;
 
 use clap::Parser;
-use cli::{Cli, ClusterArgs, Command, DEFAULT_LOG_FILTER, LogFormat, ProxyCommand, RunArgs};
+use cli::{Cli, ClusterArgs, Command, LogFormat, ProxyCommand, RunArgs};
 use config::Config;
 
 #[cfg(feature = "jemalloc")]
@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
         #[cfg(feature = "sandbox")]
         Some(Command::Sandbox(args)) => {
             init_logging(&ClusterArgs {
-                log_level: DEFAULT_LOG_FILTER.into(),
+                log_level: cli::DEFAULT_LOG_FILTER.into(),
                 ..ClusterArgs::default()
             });
             cmd::sandbox::sandbox(args)
