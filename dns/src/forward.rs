@@ -49,7 +49,7 @@ pub fn upstreams_from_resolv_conf(
     Ok(parse_resolv_conf(&text, exclude))
 }
 
-fn parse_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<SocketAddr> {
+pub(crate) fn parse_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<SocketAddr> {
     // A wildcard listener (`0.0.0.0:53`) is reached through loopback; any other upstream
     // is someone else's server.
     let is_ours = |ip: IpAddr| {

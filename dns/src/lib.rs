@@ -9,6 +9,7 @@
 pub mod fast;
 pub mod forward;
 pub mod handler;
+pub mod listen;
 pub mod lookup;
 pub mod metrics;
 pub mod server;

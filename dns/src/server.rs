@@ -1,28 +1,42 @@
 //! The DNS server's listeners: hickory-server's TCP listener and our UDP listener
-//! ([`crate::udp`]) on every address, both answering through one [`ClusterDns`]
-//! ([`crate::handler`]).
+//! ([`crate::udp`]) on every address ([`crate::listen`]), both answering through one
+//! [`ClusterDns`] ([`crate::handler`]).
 
 use crate::forward::Forwarder;
 use crate::handler::ClusterDns;
+use crate::listen::{self, Listen};
 use crate::lookup::Zone;
 use crate::metrics::DnsMetrics;
 use crate::udp::UdpListener;
 use hickory_server::Server;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// An idle TCP connection is closed after this long.
 const TCP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How often a followed wildcard looks at the host's addresses again.
+const FOLLOW_PERIOD: Duration = Duration::from_secs(2);
+
+/// Both transports on one address.
+struct Listener {
+    _udp: UdpListener,
+    _tcp: Server<ClusterDns>,
+}
+
+type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
+
 /// A running DNS server: it serves until dropped.
 pub struct DnsServer {
-    _tcp: Server<ClusterDns>,
-    _udp: Vec<UdpListener>,
+    listeners: Listeners,
+    /// Binds and drops listeners as the host's addresses change, for a followed wildcard.
+    follower: Option<tokio::task::JoinHandle<()>>,
     pub metrics: Arc<DnsMetrics>,
     handler: ClusterDns,
-    /// The bound addresses (a port 0 in the configuration is resolved here).
+    /// The addresses bound at start (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
 }
 
@@ -31,6 +45,26 @@ impl DnsServer {
     pub fn handler(&self) -> &ClusterDns {
         &self.handler
     }
+
+    /// The addresses listened on now.
+    pub fn listening(&self) -> Vec<SocketAddr> {
+        lock(&self.listeners).keys().copied().collect()
+    }
+}
+
+impl Drop for DnsServer {
+    fn drop(&mut self) {
+        if let Some(follower) = &self.follower {
+            follower.abort();
+        }
+    }
+}
+
+fn lock(listeners: &Listeners) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr, Listener>> {
+    // Only listeners: a panic while holding it leaves nothing half done.
+    listeners
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// DNS reads the view at query time: a batch needs nothing from it, and it is ready
@@ -57,17 +91,28 @@ pub async fn serve(
 /// Binds UDP and TCP on one address. Port 0 lets the kernel pick the UDP port and TCP takes
 /// the same one, which another process may already hold for TCP: then a fresh port is
 /// tried, a few times.
-async fn bind_pair(
+async fn bind(
     addr: SocketAddr,
     udp_threads: usize,
     handler: &ClusterDns,
-) -> std::io::Result<(UdpListener, tokio::net::TcpListener)> {
+) -> std::io::Result<(SocketAddr, Listener)> {
     const EPHEMERAL_ATTEMPTS: usize = 8;
     let mut attempt = 1;
     loop {
         let udp = UdpListener::bind(addr, udp_threads, handler.clone())?;
         match tokio::net::TcpListener::bind(udp.local_addr()).await {
-            Ok(tcp) => return Ok((udp, tcp)),
+            Ok(tcp) => {
+                let mut server = Server::new(handler.clone());
+                server.register_listener(tcp, TCP_TIMEOUT, 64);
+                let bound = udp.local_addr();
+                return Ok((
+                    bound,
+                    Listener {
+                        _udp: udp,
+                        _tcp: server,
+                    },
+                ));
+            }
             Err(e)
                 if addr.port() == 0
                     && e.kind() == std::io::ErrorKind::AddrInUse
@@ -88,22 +133,124 @@ pub async fn serve_with_threads(
     listen: &[SocketAddr],
     udp_threads: usize,
 ) -> std::io::Result<DnsServer> {
+    let plan = listen::plan(listen);
+    serve_planned(view, zone, forwarder, &plan, udp_threads).await
+}
+
+/// Serves `plan` ([`listen::plan`]): a fixed address that cannot be bound is an error; a
+/// followed wildcard binds what it can of the host's addresses now, and follows them.
+pub async fn serve_planned(
+    view: ViewReader,
+    zone: Zone,
+    forwarder: Option<Arc<Forwarder>>,
+    plan: &[Listen],
+    udp_threads: usize,
+) -> std::io::Result<DnsServer> {
     let handler = ClusterDns::new(view, zone, forwarder);
-    let mut server = Server::new(handler.clone());
-    let mut udp = Vec::new();
-    let mut bound = Vec::new();
-    for addr in listen {
-        let (listener, tcp) = bind_pair(*addr, udp_threads, &handler).await?;
-        let addr = listener.local_addr();
-        server.register_listener(tcp, TCP_TIMEOUT, 64);
-        udp.push(listener);
-        bound.push(addr);
+    let mut bound = BTreeMap::new();
+    for listen in plan {
+        if let Listen::Fixed(addr) = listen {
+            let (addr, listener) = bind(*addr, udp_threads, &handler).await?;
+            bound.insert(addr, listener);
+        }
     }
+    let followed: Vec<Listen> = plan
+        .iter()
+        .filter(|l| matches!(l, Listen::EachAddress(_)))
+        .copied()
+        .collect();
+    for listen in &followed {
+        if let Listen::EachAddress(wildcard) = listen {
+            tracing::warn!(%wildcard, "another server holds an address of this port; listening on each address of this host instead, and following them");
+        }
+    }
+    let listeners: Listeners = Arc::new(Mutex::new(bound));
+    let mut unbindable = BTreeSet::new();
+    if !followed.is_empty() {
+        follow_once(
+            &followed,
+            &listeners,
+            &handler,
+            udp_threads,
+            &mut unbindable,
+        )
+        .await?;
+    }
+    let addrs = lock(&listeners).keys().copied().collect();
+    let follower = (!followed.is_empty()).then(|| {
+        let (listeners, handler) = (listeners.clone(), handler.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(FOLLOW_PERIOD).await;
+                let result = follow_once(
+                    &followed,
+                    &listeners,
+                    &handler,
+                    udp_threads,
+                    &mut unbindable,
+                );
+                if let Err(error) = result.await {
+                    tracing::warn!(%error, "reading this host's addresses failed");
+                }
+            }
+        })
+    });
     Ok(DnsServer {
-        _tcp: server,
-        _udp: udp,
+        listeners,
+        follower,
         metrics: handler.metrics.clone(),
         handler,
-        addrs: bound,
+        addrs,
     })
+}
+
+/// Brings the listeners of the followed wildcards in line with the host's addresses now.
+/// An address that cannot be bound (another server's, or one still tentative) is logged
+/// once and tried again each time.
+async fn follow_once(
+    followed: &[Listen],
+    listeners: &Listeners,
+    handler: &ClusterDns,
+    udp_threads: usize,
+    unbindable: &mut BTreeSet<SocketAddr>,
+) -> std::io::Result<()> {
+    let wanted = listen::addresses(followed, &listen::host_addresses()?);
+    let is_followed = |addr: &SocketAddr| {
+        followed.iter().any(|listen| {
+            matches!(listen, Listen::EachAddress(wildcard)
+                if wildcard.port() == addr.port() && wildcard.is_ipv4() == addr.is_ipv4())
+        })
+    };
+    let new: Vec<SocketAddr> = {
+        let mut current = lock(listeners);
+        let gone: Vec<SocketAddr> = current
+            .keys()
+            .filter(|addr| is_followed(addr) && !wanted.contains(addr))
+            .copied()
+            .collect();
+        for addr in gone {
+            current.remove(&addr);
+            tracing::info!(%addr, "the address went; not listening on it");
+        }
+        wanted
+            .iter()
+            .filter(|addr| !current.contains_key(addr))
+            .copied()
+            .collect()
+    };
+    for addr in new {
+        match bind(addr, udp_threads, handler).await {
+            Ok((addr, listener)) => {
+                unbindable.remove(&addr);
+                lock(listeners).insert(addr, listener);
+                tracing::info!(%addr, "DNS listening on a new address");
+            }
+            Err(error) => {
+                if unbindable.insert(addr) {
+                    tracing::info!(%addr, %error, "not listening on this address");
+                }
+            }
+        }
+    }
+    Ok(())
 }

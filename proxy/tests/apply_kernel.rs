@@ -15,7 +15,7 @@ use nodus_testbed::netns::{self, Netns};
 mod common;
 use common::*;
 use nodus_view::{ChangeSet, Kind, ServiceName, Update, View};
-use serde_json::json;
+use serde_json::{Value as Json, json};
 
 fn open_proxy(ns: &Netns) -> Proxy {
     ns.enter(|| Proxy::new(ProxyConfig::default()).expect("proxy"))
@@ -483,4 +483,43 @@ fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
         1,
         "{targets:#?}"
     );
+}
+
+/// This node's object changes all the time in ways the ruleset ignores (nodus's own
+/// WireGuard key annotation, heartbeats, conditions): a partial sync, not a full one. Its
+/// zone is a fact the ruleset depends on (topology, B.18): a full sync.
+#[test]
+fn an_annotation_on_this_node_causes_no_full_sync_but_a_new_zone_does() {
+    netns::require_root();
+    let ns = Netns::new("apan").expect("namespace");
+    let mut proxy = open_proxy(&ns);
+    let mut view = node_view(&TWO_ENDPOINTS);
+    proxy.full_sync(&view).expect("full sync");
+    let this_node = |annotations: Json, labels: Json| {
+        Update::Node(
+            serde_json::from_value(json!({
+                "metadata": {"name": NODE, "annotations": annotations, "labels": labels},
+                "spec": {"podCIDRs": ["10.244.1.0/24", "fd00:244:1::/64"]},
+                "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"},
+                                         {"type": "InternalIP", "address": "fd00::1"}]}
+            }))
+            .expect("this node"),
+        )
+    };
+    let annotated = view.apply([this_node(
+        json!({"nodus.dev/public-key": "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno="}),
+        json!({}),
+    )]);
+    assert!(annotated.changes.this_node, "the view saw this node change");
+    let report = proxy.sync(&view, &annotated.changes).expect("sync");
+    assert_eq!(report.kind, SyncKind::Partial, "{report:?}");
+    assert_eq!(report.fell_back, None);
+    assert_eq!(report.transactions, 0, "nothing to program: {report:?}");
+
+    let moved = view.apply([this_node(
+        json!({"nodus.dev/public-key": "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno="}),
+        json!({"topology.kubernetes.io/zone": "zone-b"}),
+    )]);
+    let report = proxy.sync(&view, &moved.changes).expect("sync");
+    assert_eq!(report.kind, SyncKind::Full, "{report:?}");
 }

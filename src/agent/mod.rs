@@ -23,12 +23,14 @@ use futures::Stream;
 use metrics::Metrics;
 use nodus_dns::Zone;
 use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
+use nodus_dns::listen::{self, Listen};
 use nodus_dns::server::DnsServer;
 use nodus_mesh::follow::MeshSubsystem;
 use nodus_proxy::apply::Proxy;
 use nodus_proxy::subsystem::{CHECK_PERIOD, ProxySubsystem};
 use nodus_view::{Subsystem, View, ViewReader};
 use on_change::OnChange;
+use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -44,11 +46,12 @@ fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
     })
 }
 
-/// The forwarder for names outside the zone, from `dns.resolv_conf`. Without a usable
-/// upstream nodus still serves the zone, and refuses the rest.
-fn forwarder(config: &Config) -> Option<Arc<Forwarder>> {
+/// The forwarder for names outside the zone, from `dns.resolv_conf`, leaving out the
+/// nameservers that are nodus itself (`own`). Without a usable upstream nodus still
+/// serves the zone, and refuses the rest.
+fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
     let dns = &config.dns;
-    match upstreams_from_resolv_conf(&dns.resolv_conf, &dns.listen) {
+    match upstreams_from_resolv_conf(&dns.resolv_conf, own) {
         Ok(upstreams) if !upstreams.is_empty() => {
             tracing::info!(?upstreams, "forwarding names outside the cluster zone");
             Some(Arc::new(Forwarder::new(ForwardConfig {
@@ -79,15 +82,18 @@ async fn start_dns(config: &Config, view: ViewReader) -> anyhow::Result<DnsServe
         config.dns.pod_records.into(),
     )
     .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?;
-    let server = nodus_dns::server::serve_with_threads(
-        view,
-        zone,
-        forwarder(config),
-        &config.dns.listen,
-        config.dns.udp_threads,
-    )
-    .await
-    .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
+    // A wildcard that another resolver on the node keeps from binding becomes each of the
+    // host's addresses, and that resolver stays an upstream.
+    let plan = listen::plan(&config.dns.listen);
+    let host = match plan.iter().any(|l| matches!(l, Listen::EachAddress(_))) {
+        true => listen::host_addresses().context("reading this host's addresses")?,
+        false => Vec::new(),
+    };
+    let forwarder = forwarder(config, &listen::own_addresses(&plan, &host));
+    let server =
+        nodus_dns::server::serve_planned(view, zone, forwarder, &plan, config.dns.udp_threads)
+            .await
+            .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
     Ok(server)
 }

@@ -1,10 +1,15 @@
 //! DNS answers follow the API: a service created, scaled and deleted shows up in `dig`
 //! within one batch.
 
-use crate::support::{Cluster, EXAMPLE, get, metric, wait_for, wait_ready};
+use crate::support::{Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready};
+use nodus_testbed::netns::Netns;
+use nodus_testbed::probe::http_get;
 use serde_json::json;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
 
 fn dig(dns: SocketAddr, name: &str, qtype: &str) -> (String, Vec<String>) {
     let output = Command::new("dig")
@@ -105,4 +110,157 @@ fn answers_follow_create_scale_and_delete() {
             "{series}:\n{body}"
         );
     }
+}
+
+/// A stand-in for the node's own resolver (systemd-resolved's stub): UDP and TCP on
+/// 127.0.0.53:53 inside `ns`, answering every UDP question with one A record,
+/// 192.0.2.53, and counting the questions. Stops when dropped.
+struct OtherResolver {
+    questions: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+    _tcp: std::net::TcpListener,
+}
+
+impl OtherResolver {
+    fn start(ns: &Netns) -> OtherResolver {
+        let addr = SocketAddr::from(([127, 0, 0, 53], 53));
+        let (udp, tcp) = ns
+            .enter(|| {
+                (
+                    UdpSocket::bind(addr).expect("udp 127.0.0.53:53"),
+                    std::net::TcpListener::bind(addr).expect("tcp 127.0.0.53:53"),
+                )
+            })
+            .expect("entering the namespace");
+        udp.set_read_timeout(Some(Duration::from_millis(100)))
+            .expect("timeout");
+        let questions = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (counted, stopped) = (questions.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !stopped.load(Relaxed) {
+                let Ok((n, from)) = udp.recv_from(&mut buf) else {
+                    continue;
+                };
+                if n < 12 {
+                    continue;
+                }
+                counted.fetch_add(1, Relaxed);
+                // The question echoed, QR and RA set, one answer pointing at its name.
+                let mut reply = buf[..n].to_vec();
+                reply[2] |= 0x80;
+                reply[3] = 0x80;
+                reply[6..8].copy_from_slice(&[0, 1]);
+                reply[8..12].copy_from_slice(&[0, 0, 0, 0]);
+                // An EDNS OPT record of the question, if any, is dropped with ARCOUNT 0:
+                // cut the message after the question.
+                let question_end =
+                    12 + reply[12..].iter().position(|b| *b == 0).unwrap_or(0) + 1 + 4;
+                reply.truncate(question_end.min(reply.len()));
+                reply
+                    .extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 53]);
+                let _ = udp.send_to(&reply, from);
+            }
+        });
+        OtherResolver {
+            questions,
+            stop,
+            _tcp: tcp,
+        }
+    }
+}
+
+impl Drop for OtherResolver {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+    }
+}
+
+/// `dig +short` from inside `ns`.
+fn dig_in(ns: &Netns, server: &str, name: &str) -> String {
+    ns.exec(
+        "dig",
+        &[
+            &format!("@{server}"),
+            "+short",
+            "+tries=1",
+            "+time=2",
+            name,
+            "A",
+        ],
+    )
+    .map(|out| out.trim().to_string())
+    .unwrap_or_default()
+}
+
+/// `deploy/`'s listen (`0.0.0.0:53`) on a node whose own resolver holds 127.0.0.53:53, as
+/// systemd-resolved does on Ubuntu: Linux refuses the wildcard beside it, so nodus listens
+/// on each address of the node instead, replies from the address asked, picks up an
+/// address added later, and forwards outside names to that resolver (it is not nodus).
+#[test]
+fn starts_beside_a_resolver_on_127_0_0_53_and_forwards_to_it() {
+    let mut cluster = Cluster::new("beside", EXAMPLE);
+    let ns = Netns::new("rslv").expect("netns");
+    ns.ip(&["addr", "add", "10.9.0.1/32", "dev", "lo"])
+        .expect("a node address");
+    let resolver = OtherResolver::start(&ns);
+    let kubeconfig = cluster.listen_in(&ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
+    let resolv_conf = cluster.dir.join("resolv.conf");
+    std::fs::write(&resolv_conf, "nameserver 127.0.0.53\noptions edns0\n").expect("resolv.conf");
+    let config = cluster.dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "dns:\n  listen: [\"0.0.0.0:53\"]\n  resolv_conf: {}\n",
+            resolv_conf.display()
+        ),
+    )
+    .expect("config");
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let mut cmd = ns.command(NODUS);
+    cmd.args([
+        "run",
+        "--node-name",
+        "node-1",
+        "--http-addr",
+        &http.to_string(),
+    ])
+    .arg("--kubeconfig")
+    .arg(&kubeconfig)
+    .arg("--config")
+    .arg(&config)
+    .env("NODUS_LOG", "info");
+    cluster.spawn(cmd);
+    wait_for("readiness inside the namespace", || {
+        ns.enter(|| http_get(http, "/readyz", Duration::from_secs(2)))
+            .ok()
+            .and_then(Result::ok)
+            .filter(|(code, _)| *code == 200)
+    });
+    for server in ["127.0.0.1", "10.9.0.1"] {
+        assert_eq!(
+            dig_in(&ns, server, "web.default.svc.cluster.local"),
+            "10.96.0.20",
+            "asked at {server}"
+        );
+    }
+    assert_eq!(
+        resolver.questions.load(Relaxed),
+        0,
+        "cluster names stay here"
+    );
+    assert_eq!(dig_in(&ns, "10.9.0.1", "www.example.org"), "192.0.2.53");
+    assert!(
+        resolver.questions.load(Relaxed) >= 1,
+        "forwarded to 127.0.0.53"
+    );
+    // The resolver itself still answers on its own address.
+    assert_eq!(dig_in(&ns, "127.0.0.53", "anything.example"), "192.0.2.53");
+
+    ns.ip(&["addr", "add", "10.9.0.2/32", "dev", "lo"])
+        .expect("a new address");
+    wait_for("DNS on the address added after start", || {
+        (dig_in(&ns, "10.9.0.2", "web.default.svc.cluster.local") == "10.96.0.20").then_some(())
+    });
 }

@@ -213,16 +213,16 @@ impl Proxy {
         Ok(report)
     }
 
-    /// Applies the services of `changes`; falls back to a full sync when this node or
-    /// the skeleton's inputs changed, after an earlier failure, or when the kernel
-    /// refuses the transaction.
+    /// Applies the services of `changes`; falls back to a full sync when the node facts
+    /// the ruleset depends on changed (this node's zone, addresses or pod CIDRs: not its
+    /// annotations, conditions or heartbeats), after an earlier failure, or when the
+    /// kernel refuses the transaction.
     pub fn sync(&mut self, view: &View, changes: &ChangeSet) -> Result<SyncReport, Error> {
         let planner = Planner::new(view, &self.config);
         let start = Instant::now();
         let mut report = SyncReport::new(SyncKind::Partial);
         if let Some(facts) = &self.facts
             && !self.needs_full_sync
-            && !changes.this_node
             && facts.differs_only_in_destinations(planner.facts())
         {
             // A Node joined or left: only the skeleton's egress ranges change.
@@ -235,8 +235,8 @@ impl Proxy {
         }
         let reason = if self.needs_full_sync {
             Some("the previous sync failed or none ran yet".to_string())
-        } else if changes.this_node || self.facts.as_ref() != Some(planner.facts()) {
-            Some("this node or the proxy's node facts changed".to_string())
+        } else if self.facts.as_ref() != Some(planner.facts()) {
+            Some("the node facts the ruleset depends on changed".to_string())
         } else {
             None
         };
