@@ -3,7 +3,7 @@
 //! first, then one transaction per batch, and a periodic check that repairs outside
 //! changes; the health-check node ports follow the services.
 
-use crate::apply::Proxy;
+use crate::apply::{Error, Proxy, SyncReport};
 use crate::health::HealthChecks;
 use crate::metrics::ProxyMetrics;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
@@ -42,19 +42,26 @@ impl ProxySubsystem {
         }
     }
 
-    /// Brings the kernel in step with `view`.
+    /// Brings the kernel in step with `view`, and every half check period (also while
+    /// changes keep coming) checks that nobody changed the table.
     fn step(&mut self, view: &View, applied: &Applied) {
-        let result = if self.needs_full {
+        let synced = if self.needs_full {
             self.proxy.full_sync(view).map(Some)
         } else if !applied.changes.is_empty() {
             self.proxy.sync(view, &applied.changes).map(Some)
-        } else if self.last_check.elapsed() >= CHECK_PERIOD / 2 {
-            // Half the tick period: a tick a few milliseconds early must not skip a check.
-            self.last_check = Instant::now();
-            self.proxy.check(view)
         } else {
             Ok(None)
         };
+        self.record(synced);
+        // Half the tick period: a tick a few milliseconds early must not skip a check.
+        if !self.needs_full && self.last_check.elapsed() >= CHECK_PERIOD / 2 {
+            self.last_check = Instant::now();
+            let checked = self.proxy.check(view);
+            self.record(checked);
+        }
+    }
+
+    fn record(&mut self, result: Result<Option<SyncReport>, Error>) {
         match result {
             Ok(Some(report)) => {
                 self.needs_full = false;

@@ -523,3 +523,46 @@ fn an_annotation_on_this_node_causes_no_full_sync_but_a_new_zone_does() {
     let report = proxy.sync(&view, &moved.changes).expect("sync");
     assert_eq!(report.kind, SyncKind::Full, "{report:?}");
 }
+
+/// Another program's commits to its own table (firewalld, Docker, a policy engine) cost
+/// no full sync: the check reads our table back and finds it intact. An `nft flush` of
+/// our table is repaired, also when our own partial syncs committed after it (their
+/// generations no longer follow ours directly).
+#[test]
+fn another_programs_commit_costs_no_repair_but_a_flush_amid_churn_is_repaired() {
+    netns::require_root();
+    let ns = Netns::new("apoc").expect("namespace");
+    let mut proxy = open_proxy(&ns);
+    let view = node_view(&TWO_ENDPOINTS);
+    proxy.full_sync(&view).expect("full sync");
+    assert!(proxy.check(&view).expect("check").is_none());
+
+    ns.exec("nft", &["add", "table", "inet", "other"])
+        .expect("another table");
+    ns.exec("nft", &["add", "chain", "inet", "other", "input"])
+        .expect("another chain");
+    assert!(
+        proxy.check(&view).expect("check").is_none(),
+        "another program's commits are not ours to repair"
+    );
+    assert!(proxy.check(&view).expect("check").is_none());
+
+    ns.exec("nft", &["flush", "table", "inet", "nodus"])
+        .expect("nft flush");
+    let churned = node_view(&TWO_ENDPOINTS[..1]);
+    let report = proxy
+        .sync(&churned, &changed(&["web"]))
+        .expect("partial sync");
+    assert_eq!(report.kind, SyncKind::Partial, "{report:?}");
+    let repair = proxy
+        .check(&churned)
+        .expect("check")
+        .expect("the flush is found and repaired");
+    assert_eq!(repair.kind, SyncKind::Full);
+    let listing = list_table(&ns);
+    assert!(
+        listing.contains("10.96.0.10 . tcp . 80 : goto service-"),
+        "{listing}"
+    );
+    assert!(proxy.check(&churned).expect("check").is_none());
+}

@@ -19,14 +19,14 @@ use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
 use nodus_view::{ChangeSet, ServiceName, View};
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, FlowFilter, Socket, Table};
 use crate::plan::{
-    EndpointKeys, KeyBlock, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, TABLE,
-    UdpFlows, stale_udp_flows,
+    EndpointKeys, KeyBlock, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton,
+    TABLE, UdpFlows, stale_udp_flows,
 };
 
 /// Messages per transaction of a full sync. Every commit that adds a `goto` re-validates
@@ -122,6 +122,19 @@ struct Applied {
     udp_flows: Box<[UdpFlows]>,
     /// The key blocks of its endpoints, reused when it is planned again.
     blocks: Box<[KeyBlock]>,
+    /// Its chains in the table, for telling whether someone deleted one.
+    chains: u32,
+}
+
+/// What our table must hold whatever the services: checked when another program
+/// committed, to tell a commit to its own tables (which costs us nothing) from one that
+/// touched ours.
+#[derive(Debug, Default)]
+struct Expected {
+    /// The skeleton's chains.
+    skeleton_chains: usize,
+    /// A skeleton chain with rules, and how many: `nft flush table` empties it.
+    canary: Option<(String, usize)>,
 }
 
 /// The applier of the service proxy for one network namespace.
@@ -136,6 +149,10 @@ pub struct Proxy {
     facts: Option<NodeFacts>,
     /// The ruleset generation after our last commit.
     generation: Option<u32>,
+    /// Another program committed since our table was last known intact: a commit of
+    /// ours did not follow our previous one directly.
+    outside_commits: bool,
+    expected: Expected,
     /// Set after a failure: the kernel may not hold what `applied` says.
     needs_full_sync: bool,
 }
@@ -151,6 +168,8 @@ impl Proxy {
             keys: EndpointKeys::new(),
             facts: None,
             generation: None,
+            outside_commits: false,
+            expected: Expected::default(),
             needs_full_sync: true,
         })
     }
@@ -201,6 +220,9 @@ impl Proxy {
         report.duration = start.elapsed();
         outcome?;
         self.facts = Some(planner.facts().clone());
+        self.expected = Expected::of(&planner.skeleton());
+        // Every object of ours was written again: whatever others did before is gone.
+        self.outside_commits = false;
         self.needs_full_sync = false;
         info!(
             services = report.added,
@@ -232,6 +254,7 @@ impl Proxy {
                 return self.fall_back(view, failure.to_string());
             }
             self.facts = Some(planner.facts().clone());
+            self.expected = Expected::of(&planner.skeleton());
         }
         let reason = if self.needs_full_sync {
             Some("the previous sync failed or none ran yet".to_string())
@@ -289,7 +312,7 @@ impl Proxy {
             let batch = batch.into_batch();
             report.transactions += 1;
             match self.socket.commit(&batch) {
-                Ok(generation) => self.generation = Some(generation),
+                Ok(generation) => self.committed(generation),
                 Err(failure) => {
                     if let nft::Error::Refused { message, .. } = &failure {
                         error!(refused = %message, error = %failure, "partial proxy sync refused");
@@ -328,26 +351,78 @@ impl Proxy {
         Ok(report)
     }
 
-    /// Detects outside changes: when the ruleset generation moved since our last commit
-    /// (someone ran `nft flush table inet nodus`, or changed any other table), the table
-    /// is rebuilt with a full sync, whose report is returned. Cheap when nothing changed:
-    /// one netlink round trip.
+    /// Detects outside changes to our table, and repairs them with a full sync, whose
+    /// report is returned. When nobody else committed since our last commit, that is one
+    /// netlink round trip. When someone did (another program's commit to its own table,
+    /// every few seconds on a node with firewalld or Docker; or an `nft flush` of ours),
+    /// our table is read back cheaply: it must exist, hold as many chains as we made, and
+    /// a skeleton chain its rules; only then is it rebuilt.
     pub fn check(&mut self, view: &View) -> Result<Option<SyncReport>, Error> {
         let current = self
             .socket
             .generation()
             .map_err(Error::netlink("reading the ruleset generation"))?;
-        if !self.needs_full_sync && self.generation == Some(current) {
-            return Ok(None);
+        if !self.needs_full_sync {
+            if self.generation == Some(current) && !self.outside_commits {
+                return Ok(None);
+            }
+            match self.table_intact() {
+                Ok(true) => {
+                    debug!(
+                        current,
+                        "another program committed to nf_tables; our table is intact"
+                    );
+                    self.generation = Some(current);
+                    self.outside_commits = false;
+                    return Ok(None);
+                }
+                Ok(false) => {}
+                Err(error) => warn!(%error, "cannot read our table back; repairing it"),
+            }
         }
         warn!(
             expected = ?self.generation,
             current,
-            "the nf_tables ruleset changed outside the proxy; repairing"
+            "our nf_tables table changed outside the proxy; repairing"
         );
         let mut report = self.full_sync(view)?;
-        report.fell_back = Some("the ruleset changed outside the proxy".into());
+        report.fell_back = Some("the table changed outside the proxy".into());
         Ok(Some(report))
+    }
+
+    /// Whether our table holds what it must: it exists, with the chains we made (a
+    /// deleted one is missing), and its canary chain with its rules (a flush empties it).
+    fn table_intact(&mut self) -> Result<bool, Error> {
+        let table = Table::inet(TABLE);
+        if !self
+            .socket
+            .table_exists(&table)
+            .map_err(Error::netlink("looking up our table"))?
+        {
+            return Ok(false);
+        }
+        let chains = self.expected.skeleton_chains
+            + self
+                .applied
+                .values()
+                .map(|applied| applied.chains as usize)
+                .sum::<usize>();
+        if self
+            .socket
+            .count_chains(&table)
+            .map_err(Error::netlink("counting our chains"))?
+            != chains
+        {
+            return Ok(false);
+        }
+        match &self.expected.canary {
+            Some((chain, rules)) => Ok(self
+                .socket
+                .count_rules(&table, chain)
+                .map_err(Error::netlink("counting the rules of a skeleton chain"))?
+                == *rules),
+            None => Ok(true),
+        }
     }
 
     /// I.53: deletes the conntrack entries that would keep UDP flows on an endpoint that
@@ -365,8 +440,20 @@ impl Proxy {
     fn commit(&mut self, batch: &Batch, report: &mut SyncReport) -> Result<(), nft::Error> {
         report.transactions += 1;
         let generation = self.socket.commit(batch)?;
-        self.generation = Some(generation);
+        self.committed(generation);
         Ok(())
+    }
+
+    /// Records the generation of a commit of ours. One that does not follow our previous
+    /// commit directly means another program committed in between: the next
+    /// [`Proxy::check`] looks at our table, even while our own commits keep coming.
+    fn committed(&mut self, generation: u32) {
+        if let Some(last) = self.generation
+            && generation != last.wrapping_add(1)
+        {
+            self.outside_commits = true;
+        }
+        self.generation = Some(generation);
     }
 }
 
@@ -395,6 +482,20 @@ fn applied(digest: u64, plan: &ServicePlan) -> Applied {
         footprint: Footprint::of(plan),
         udp_flows: plan.udp_flows.clone().into_boxed_slice(),
         blocks: plan.blocks.clone().into_boxed_slice(),
+        chains: u32::try_from(plan.chains.len()).unwrap_or(u32::MAX),
+    }
+}
+
+impl Expected {
+    fn of(skeleton: &Skeleton) -> Expected {
+        Expected {
+            skeleton_chains: skeleton.chains.len(),
+            canary: skeleton
+                .chains
+                .iter()
+                .find(|chain| !chain.rules.is_empty())
+                .map(|chain| (chain.name().to_string(), chain.rules.len())),
+        }
     }
 }
 

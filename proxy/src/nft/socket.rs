@@ -269,6 +269,46 @@ impl Socket {
         )
     }
 
+    /// The number of chains of `table`, counted as the dump arrives (nothing is stored).
+    pub fn count_chains(&mut self, table: &Table) -> Result<usize> {
+        let mut count = 0;
+        self.list_chains(table, |_| {
+            count += 1;
+            false
+        })?;
+        Ok(count)
+    }
+
+    /// The number of rules of `chain` in `table`, from a dump the kernel filters by chain.
+    pub fn count_rules(&mut self, table: &Table, chain: &str) -> Result<usize> {
+        let attrs = [
+            Attr::string(sys::NFTA_RULE_TABLE, &table.name),
+            Attr::string(sys::NFTA_RULE_CHAIN, chain),
+        ];
+        let request = format!("list rules of {chain}");
+        let mut count = 0;
+        self.query_each(
+            sys::NFT_MSG_GETRULE,
+            table,
+            NLM_F_DUMP,
+            &attrs,
+            &request,
+            |reply| {
+                let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
+                let in_chain = attr::find(body, sys::NFTA_RULE_CHAIN)
+                    .is_some_and(|name| name.split(|&b| b == 0).next() == Some(chain.as_bytes()));
+                if names_table(body, table) && in_chain {
+                    count += 1;
+                }
+            },
+        )?
+        .map_err(|errno| Error::Request {
+            request: request.clone(),
+            errno,
+        })?;
+        Ok(count)
+    }
+
     /// The names of the named sets and maps of `table` that `keep` accepts; anonymous
     /// sets (`__set0`, `__map3`) are listed too, as the kernel names them.
     pub fn list_sets(
@@ -299,6 +339,11 @@ impl Socket {
         let mut names = Vec::new();
         let outcome = self.query_each(message, table, NLM_F_DUMP, attrs, request, |reply| {
             let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
+            // The kernel filters a chain dump by family only: every other table's chains
+            // of the family come too (firewalld's `inet firewalld`, say).
+            if !names_table(body, table) {
+                return;
+            }
             if let Some(name) = attr::find(body, name_attr) {
                 let name = name.split(|&b| b == 0).next().unwrap_or_default();
                 let name = String::from_utf8_lossy(name);
@@ -661,6 +706,13 @@ fn parse_error(reply: &Reply, request: &str) -> Result<ErrorReply> {
         position += len.max(4).div_ceil(4) * 4;
     }
     Ok(error)
+}
+
+/// Whether a chain, set or rule message (their table attribute is the first, 1) belongs
+/// to `table`.
+fn names_table(body: &[u8], table: &Table) -> bool {
+    attr::find(body, sys::NFTA_CHAIN_TABLE)
+        .is_some_and(|name| name.split(|&b| b == 0).next() == Some(table.name.as_bytes()))
 }
 
 fn parse_generation(reply: &Reply) -> Result<u32> {

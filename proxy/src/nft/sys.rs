@@ -44,6 +44,7 @@ pub const NFT_MSG_NEWCHAIN: u8 = 3;
 pub const NFT_MSG_GETCHAIN: u8 = 4;
 pub const NFT_MSG_DELCHAIN: u8 = 5;
 pub const NFT_MSG_NEWRULE: u8 = 6;
+pub const NFT_MSG_GETRULE: u8 = 7;
 pub const NFT_MSG_DELRULE: u8 = 8;
 pub const NFT_MSG_NEWSET: u8 = 9;
 pub const NFT_MSG_GETSET: u8 = 10;
