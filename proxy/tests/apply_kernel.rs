@@ -507,7 +507,7 @@ fn an_annotation_on_this_node_causes_no_full_sync_but_a_new_zone_does() {
         )
     };
     let annotated = view.apply([this_node(
-        json!({"nodus.dev/public-key": "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno="}),
+        json!({"nodus.dev/wireguard-public-key": "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno="}),
         json!({}),
     )]);
     assert!(annotated.changes.this_node, "the view saw this node change");
@@ -517,7 +517,7 @@ fn an_annotation_on_this_node_causes_no_full_sync_but_a_new_zone_does() {
     assert_eq!(report.transactions, 0, "nothing to program: {report:?}");
 
     let moved = view.apply([this_node(
-        json!({"nodus.dev/public-key": "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno="}),
+        json!({"nodus.dev/wireguard-public-key": "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno="}),
         json!({"topology.kubernetes.io/zone": "zone-b"}),
     )]);
     let report = proxy.sync(&view, &moved.changes).expect("sync");

@@ -7,7 +7,8 @@
 //! agent runs in a network namespace of its own with the service proxy on, so the churn
 //! is programmed into the kernel too; then, one at a time, EndpointSlice changes and new
 //! services are timed from the API write until the agent reports the nf_tables commit
-//! (its transaction counter, or its count of programmed services, moves). It prints
+//! (its transaction counter, or its count of programmed services, moves), and an
+//! annotation on the agent's own Node is counted in full syncs. It prints
 //! figures; it asserts nothing.
 //!
 //! `cargo bench --bench scale -- [--shape 1000x10x100]… [--churn 1000] [--nodus PATH]
@@ -95,6 +96,9 @@ struct Row {
     /// With the proxy: API write → kernel, p50 and p99, for endpoint changes and new
     /// services.
     proxy: Option<[(Duration, Duration); 2]>,
+    /// With the proxy: an annotation on the agent's own Node (as nodus's WireGuard key
+    /// is), then the full syncs it caused and the memory after it, peak included.
+    annotated: Option<(f64, ProcMemory)>,
 }
 
 fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
@@ -152,6 +156,10 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
         true => Some(proxy_latencies(&cluster, &agent, &shape)?),
         false => None,
     };
+    let annotated = match opts.proxy {
+        true => Some(annotate_own_node(&cluster, &agent, opts.settle)?),
+        false => None,
+    };
     Ok(Row {
         shape,
         ready,
@@ -160,7 +168,38 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
         churn_apply,
         churned,
         proxy,
+        annotated,
     })
+}
+
+/// Puts a `nodus.dev/wireguard-public-key` annotation on the agent's own Node, waits until the view
+/// has it and `settle` more, and returns the full proxy syncs that followed and the
+/// agent's memory.
+fn annotate_own_node(
+    cluster: &BenchCluster,
+    agent: &Agent,
+    settle: Duration,
+) -> anyhow::Result<(f64, ProcMemory)> {
+    let full_syncs = "nodus_proxy_full_sync_duration_seconds_count";
+    let applied = "nodus_view_apply_duration_seconds_count";
+    let (syncs_before, batches_before) = (agent.metric(full_syncs)?, agent.metric(applied)?);
+    let mut node = scale::node(0);
+    node["metadata"]["annotations"]["nodus.dev/wireguard-public-key"] =
+        "nHhJ7Xb0zWIvzHMM2iqMYMaqfR4gPHSZXvSlPLDbAno=".into();
+    cluster.store.apply_value(node)?;
+    let start = Instant::now();
+    while agent.metric(applied)? <= batches_before {
+        if start.elapsed() > Duration::from_secs(30) {
+            bail!("the annotated Node was not applied within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // A full sync at 10,000 services takes seconds: give one time to run and finish.
+    std::thread::sleep(settle.max(Duration::from_secs(5)));
+    Ok((
+        agent.metric(full_syncs)? - syncs_before,
+        proc_memory(agent.pid())?,
+    ))
 }
 
 /// Endpoint changes and new services timed one at a time from the API write until the
@@ -270,6 +309,15 @@ fn main() -> anyhow::Result<()> {
                 ms(change.1),
                 ms(new_service.0),
                 ms(new_service.1)
+            );
+        }
+        if let Some((full_syncs, memory)) = &row.annotated {
+            println!(
+                "{:<14} own Node annotated: {full_syncs} full proxy syncs; RSS {} anon {} peak {} MiB",
+                "",
+                mib(memory.rss_kib),
+                mib(memory.anon_kib),
+                mib(memory.peak_rss_kib)
             );
         }
     }
