@@ -73,6 +73,10 @@ pub struct DnsConfig {
     pub enabled: bool,
     /// UDP and TCP addresses to answer on.
     pub listen: Vec<SocketAddr>,
+    /// Clients allowed besides loopback, every Node's addresses and pod CIDRs (those the
+    /// view holds) and `cluster_cidrs`; everyone else gets REFUSED.
+    #[serde(deserialize_with = "cidrs")]
+    pub allow: Vec<Cidr>,
     /// TTL of cluster records, and the SOA minimum (how long misses are cached).
     pub ttl: u32,
     /// `<a-b-c-d>.<ns>.pod.<zone>` records: `disabled` or `insecure` (as in CoreDNS).
@@ -127,6 +131,7 @@ impl Default for DnsConfig {
         DnsConfig {
             enabled: true,
             listen: vec!["127.0.0.1:53".parse().expect("valid default address")],
+            allow: Vec::new(),
             ttl: 5,
             pod_records: PodRecordsConfig::Disabled,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),

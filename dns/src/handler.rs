@@ -8,6 +8,7 @@
 //! hickory-server's own UDP loop would. The listeners that call it (`server`, `udp`) come
 //! after it: nothing here knows them.
 
+use crate::allow::AllowList;
 use crate::forward::{Forwarder, Resolution};
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
 use crate::metrics::DnsMetrics;
@@ -24,9 +25,10 @@ use hickory_server::proto::serialize::binary::{
 };
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
-use nodus_view::ViewReader;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use nodus_view::model::Cidr;
+use nodus_view::{View, ViewReader};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// Answers the cluster zone from the view, and forwards the rest. Clones share everything.
@@ -36,6 +38,11 @@ pub struct ClusterDns {
     /// get SERVFAIL (which resolvers retry) rather than an NXDOMAIN they would cache, as
     /// CoreDNS does before it syncs.
     pub(crate) view: ViewReader,
+    /// Who may ask ([`crate::allow`]), rebuilt when Nodes or this host's addresses change.
+    pub(crate) allow: Arc<RwLock<Arc<AllowList>>>,
+    /// What it is built from besides the view: prefixes allowed whatever the view holds,
+    /// and this host's addresses.
+    allow_inputs: Arc<Mutex<(Vec<Cidr>, Vec<IpAddr>)>>,
     pub(crate) zone: Arc<Zone>,
     forwarder: Option<Arc<Forwarder>>,
     pub(crate) metrics: Arc<DnsMetrics>,
@@ -56,6 +63,8 @@ impl ClusterDns {
     pub fn new(view: ViewReader, zone: Zone, forwarder: Option<Arc<Forwarder>>) -> ClusterDns {
         ClusterDns {
             metrics: Arc::new(DnsMetrics::new(forwarder.clone())),
+            allow: Arc::new(RwLock::new(Arc::new(AllowList::new(&[])))),
+            allow_inputs: Arc::default(),
             view,
             zone: Arc::new(zone),
             forwarder,
@@ -68,6 +77,57 @@ impl ClusterDns {
 
     pub fn view(&self) -> &ViewReader {
         &self.view
+    }
+
+    /// The clients allowed now.
+    pub fn allow_list(&self) -> Arc<AllowList> {
+        self.allow
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Rebuilds who may ask from `view` (the handler's own), with `prefixes` or this
+    /// host's addresses replaced when given.
+    pub(crate) fn rebuild_allow_list(
+        &self,
+        view: &View,
+        prefixes: Option<Vec<Cidr>>,
+        host: Option<Vec<IpAddr>>,
+    ) {
+        let mut inputs = self
+            .allow_inputs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(prefixes) = prefixes {
+            inputs.0 = prefixes;
+        }
+        if let Some(host) = host {
+            inputs.1 = host;
+        }
+        let allow = AllowList::from_view(view, &inputs.0, &inputs.1);
+        *self
+            .allow
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(allow);
+    }
+
+    /// This host's addresses as the allow-list has them.
+    pub(crate) fn allowed_host(&self) -> Vec<IpAddr> {
+        self.allow_inputs
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .1
+            .clone()
+    }
+
+    /// What a client outside the allow-list gets: REFUSED, or SERVFAIL (which resolvers
+    /// retry) while the view, and so the list of Nodes, is not complete.
+    pub(crate) fn not_allowed(&self) -> ResponseCode {
+        match self.view.is_complete() {
+            true => ResponseCode::Refused,
+            false => ResponseCode::ServFail,
+        }
     }
 
     /// The full path for one UDP datagram, as hickory-server's UDP loop runs it: no reply to
@@ -95,6 +155,9 @@ impl ClusterDns {
     /// The reply to `request`: FORMERR without a single question, NOTIMP for other opcodes,
     /// then the zone's answer, or the upstreams' for a name outside it.
     async fn respond(&self, request: &Request) -> Reply {
+        if !self.allow_list().contains(request.src().ip()) {
+            return Reply::Code(self.not_allowed());
+        }
         let info = match request.request_info() {
             Err(_) => return Reply::Code(ResponseCode::FormErr),
             Ok(_) if request.metadata.op_code != OpCode::Query => {

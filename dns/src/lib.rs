@@ -6,6 +6,7 @@
 //! TCP through hickory-server and on UDP through [`udp`], whose fast path ([`fast`]) answers
 //! the common questions from the packet bytes and leaves the rest to the handler.
 
+pub mod allow;
 pub mod fast;
 pub mod forward;
 pub mod handler;

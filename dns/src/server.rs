@@ -9,6 +9,7 @@ use crate::lookup::Zone;
 use crate::metrics::DnsMetrics;
 use crate::udp::UdpListener;
 use hickory_server::Server;
+use nodus_view::model::Cidr;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -32,8 +33,9 @@ type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
 /// A running DNS server: it serves until dropped.
 pub struct DnsServer {
     listeners: Listeners,
-    /// Binds and drops listeners as the host's addresses change, for a followed wildcard.
-    follower: Option<tokio::task::JoinHandle<()>>,
+    /// Follows the host's addresses: the listeners of a followed wildcard, and the
+    /// allow-list.
+    follower: tokio::task::JoinHandle<()>,
     pub metrics: Arc<DnsMetrics>,
     handler: ClusterDns,
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
@@ -50,13 +52,20 @@ impl DnsServer {
     pub fn listening(&self) -> Vec<SocketAddr> {
         lock(&self.listeners).keys().copied().collect()
     }
+
+    /// Lets clients from `prefixes` ask too (the cluster CIDRs, `dns.allow`), besides
+    /// loopback, this host's addresses and the Nodes' addresses and pod CIDRs, which
+    /// follow the view.
+    pub fn allow(&mut self, prefixes: Vec<Cidr>) {
+        let view = self.handler.view().clone();
+        self.handler
+            .rebuild_allow_list(&view.read(), Some(prefixes), None);
+    }
 }
 
 impl Drop for DnsServer {
     fn drop(&mut self) {
-        if let Some(follower) = &self.follower {
-            follower.abort();
-        }
+        self.follower.abort();
     }
 }
 
@@ -67,14 +76,18 @@ fn lock(listeners: &Listeners) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr,
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// DNS reads the view at query time: a batch needs nothing from it, and it is ready
-/// once bound (misses are SERVFAIL until the view is complete).
+/// DNS reads the view at query time; a batch that changed Nodes changes who may ask. It is
+/// ready once bound (misses are SERVFAIL until the view is complete).
 impl Subsystem for DnsServer {
     fn name(&self) -> &'static str {
         "dns"
     }
 
-    fn after_batch(&mut self, _view: &View, _applied: &Applied) {}
+    fn after_batch(&mut self, view: &View, applied: &Applied) {
+        if applied.initial_sync || !applied.changes.nodes.is_empty() {
+            self.handler.rebuild_allow_list(view, None, None);
+        }
+    }
 }
 
 /// Binds UDP and TCP on every address and serves until the returned server is dropped,
@@ -177,24 +190,31 @@ pub async fn serve_planned(
         .await?;
     }
     let addrs = lock(&listeners).keys().copied().collect();
-    let follower = (!followed.is_empty()).then(|| {
+    follow_host(&handler)?;
+    let follower = {
         let (listeners, handler) = (listeners.clone(), handler.clone());
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(FOLLOW_PERIOD).await;
-                let result = follow_once(
-                    &followed,
-                    &listeners,
-                    &handler,
-                    udp_threads,
-                    &mut unbindable,
-                );
+                let result = async {
+                    if !followed.is_empty() {
+                        follow_once(
+                            &followed,
+                            &listeners,
+                            &handler,
+                            udp_threads,
+                            &mut unbindable,
+                        )
+                        .await?;
+                    }
+                    follow_host(&handler)
+                };
                 if let Err(error) = result.await {
                     tracing::warn!(%error, "reading this host's addresses failed");
                 }
             }
         })
-    });
+    };
     Ok(DnsServer {
         listeners,
         follower,
@@ -202,6 +222,16 @@ pub async fn serve_planned(
         handler,
         addrs,
     })
+}
+
+/// Lets this host's addresses ask (local clients use them as sources), as they are now.
+fn follow_host(handler: &ClusterDns) -> std::io::Result<()> {
+    let host = listen::host_addresses()?;
+    if host != handler.allowed_host() {
+        let view = handler.view().clone();
+        handler.rebuild_allow_list(&view.read(), None, Some(host));
+    }
+    Ok(())
 }
 
 /// Brings the listeners of the followed wildcards in line with the host's addresses now.

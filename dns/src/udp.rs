@@ -306,6 +306,7 @@ fn fast_loop(
         let mut replies = 0;
         {
             let view = handler.view.is_complete().then(|| handler.view.read());
+            let allow = handler.allow_list();
             for i in 0..received {
                 let header = &batch.receive[i];
                 let Some(src) = socket_addr(&batch.sources[i], header.msg_hdr.msg_namelen)
@@ -319,8 +320,10 @@ fn fast_loop(
                 let len = header.msg_len as usize;
                 let packet = &batch.received[i * RECEIVE_BUFFER..i * RECEIVE_BUFFER + len];
                 let out = &mut batch.replies[replies * SEND_BUFFER..(replies + 1) * SEND_BUFFER];
+                // A client outside the allow-list goes to the full path, which refuses it.
                 match view
                     .as_ref()
+                    .filter(|_| allow.contains(src.ip()))
                     .and_then(|view| fast::answer(view, &handler.zone, packet, out))
                 {
                     Some(reply) => {

@@ -90,10 +90,18 @@ async fn start_dns(config: &Config, view: ViewReader) -> anyhow::Result<DnsServe
         false => Vec::new(),
     };
     let forwarder = forwarder(config, &listen::own_addresses(&plan, &host));
-    let server =
+    let mut server =
         nodus_dns::server::serve_planned(view, zone, forwarder, &plan, config.dns.udp_threads)
             .await
             .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
+    server.allow(
+        config
+            .cluster_cidrs
+            .iter()
+            .chain(&config.dns.allow)
+            .copied()
+            .collect(),
+    );
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
     Ok(server)
 }

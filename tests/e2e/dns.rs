@@ -2,7 +2,7 @@
 //! within one batch.
 
 use crate::support::{Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready};
-use nodus_testbed::netns::Netns;
+use nodus_testbed::netns::{self, Netns};
 use nodus_testbed::probe::http_get;
 use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -194,6 +194,43 @@ fn dig_in(ns: &Netns, server: &str, name: &str) -> String {
     .unwrap_or_default()
 }
 
+/// `dig` from inside `ns`, from address `source`: the status and the answers' data.
+fn dig_from(
+    ns: &Netns,
+    source: &str,
+    server: &str,
+    name: &str,
+    extra: &[&str],
+) -> (String, String) {
+    let server = format!("@{server}");
+    let mut args = vec![
+        "-b",
+        source,
+        &server,
+        "+tries=1",
+        "+time=2",
+        "+noall",
+        "+answer",
+        "+comments",
+    ];
+    args.extend_from_slice(extra);
+    args.extend([name, "A"]);
+    let text = ns.exec("dig", &args).unwrap_or_default();
+    let status = text
+        .split("status: ")
+        .nth(1)
+        .and_then(|s| s.split(',').next())
+        .unwrap_or("")
+        .to_string();
+    let data = text
+        .lines()
+        .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .collect::<Vec<_>>()
+        .join(" ");
+    (status, data)
+}
+
 /// `deploy/`'s listen (`0.0.0.0:53`) on a node whose own resolver holds 127.0.0.53:53, as
 /// systemd-resolved does on Ubuntu: Linux refuses the wildcard beside it, so nodus listens
 /// on each address of the node instead, replies from the address asked, picks up an
@@ -263,4 +300,97 @@ fn starts_beside_a_resolver_on_127_0_0_53_and_forwards_to_it() {
     wait_for("DNS on the address added after start", || {
         (dig_in(&ns, "10.9.0.2", "web.default.svc.cluster.local") == "10.96.0.20").then_some(())
     });
+}
+
+/// Not an open resolver: a client outside the cluster (not loopback, not this host, no
+/// Node's address or pod CIDR) gets REFUSED over UDP and TCP, for cluster names and
+/// outside names alike, and nothing is forwarded for it; a pod of this node gets answers
+/// and forwarding.
+#[test]
+fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
+    let mut cluster = Cluster::new("allow", EXAMPLE);
+    let node = Netns::new("alwn").expect("node netns");
+    let client = Netns::new("alwc").expect("client netns");
+    netns::veth(&node, "eth1", &client, "eth0").expect("veth");
+    node.ip(&["addr", "add", "10.77.0.1/24", "dev", "eth1"])
+        .expect("node address");
+    node.ip(&["route", "add", "10.244.1.50/32", "dev", "eth1"])
+        .expect("route to the pod address");
+    client
+        .ip(&["addr", "add", "10.77.0.2/24", "dev", "eth0"])
+        .expect("outsider address");
+    client
+        .ip(&["addr", "add", "10.244.1.50/32", "dev", "eth0"])
+        .expect("pod address");
+    client
+        .ip(&["route", "add", "default", "via", "10.77.0.1"])
+        .expect("default route");
+    let resolver = OtherResolver::start(&node);
+    let kubeconfig = cluster.listen_in(&node, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
+    let resolv_conf = cluster.dir.join("resolv.conf");
+    std::fs::write(&resolv_conf, "nameserver 127.0.0.53\n").expect("resolv.conf");
+    let config = cluster.dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "dns:\n  listen: [\"10.77.0.1:53\", \"127.0.0.1:53\"]\n  resolv_conf: {}\n",
+            resolv_conf.display()
+        ),
+    )
+    .expect("config");
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let mut cmd = node.command(NODUS);
+    cmd.args([
+        "run",
+        "--node-name",
+        "node-1",
+        "--http-addr",
+        &http.to_string(),
+    ])
+    .arg("--kubeconfig")
+    .arg(&kubeconfig)
+    .arg("--config")
+    .arg(&config)
+    .env("NODUS_LOG", "info");
+    cluster.spawn(cmd);
+    wait_for("readiness inside the namespace", || {
+        node.enter(|| http_get(http, "/readyz", Duration::from_secs(2)))
+            .ok()
+            .and_then(Result::ok)
+            .filter(|(code, _)| *code == 200)
+    });
+
+    for transport in [&[][..], &["+tcp"][..]] {
+        for name in ["web.default.svc.cluster.local", "www.example.org"] {
+            assert_eq!(
+                dig_from(&client, "10.77.0.2", "10.77.0.1", name, transport),
+                ("REFUSED".to_string(), String::new()),
+                "{name} {transport:?} from outside the cluster"
+            );
+        }
+    }
+    assert_eq!(
+        resolver.questions.load(Relaxed),
+        0,
+        "nothing forwarded for an outsider"
+    );
+    let pod =
+        |name, transport: &[&str]| dig_from(&client, "10.244.1.50", "10.77.0.1", name, transport);
+    for transport in [&[][..], &["+tcp"][..]] {
+        assert_eq!(
+            pod("web.default.svc.cluster.local", transport),
+            ("NOERROR".to_string(), "10.96.0.20".to_string()),
+            "{transport:?} from a pod"
+        );
+    }
+    assert_eq!(
+        pod("www.example.org", &[]),
+        ("NOERROR".to_string(), "192.0.2.53".to_string())
+    );
+    assert!(resolver.questions.load(Relaxed) >= 1);
+    assert_eq!(
+        dig_in(&node, "127.0.0.1", "web.default.svc.cluster.local"),
+        "10.96.0.20",
+        "the node itself, on loopback"
+    );
 }

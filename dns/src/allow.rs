@@ -1,0 +1,196 @@
+//! Who may ask: the cluster's DNS answers the cluster's clients, not the world. A node
+//! with a public address must not be an open resolver (forwarding anyone's questions,
+//! and telling anyone the cluster's names).
+//!
+//! By default a client may ask from loopback, from this host's own addresses, from any
+//! address of any Node (every node itself, and the hostNetwork pods on it), from any
+//! Node's pod CIDR, and from the configured cluster CIDRs and `dns.allow` prefixes. Everyone else gets REFUSED, and
+//! nothing is forwarded for them. The list is rebuilt from the view when Nodes change,
+//! and looked up with a binary search over merged ranges.
+
+use nodus_view::View;
+use nodus_view::model::Cidr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The clients DNS answers: merged, sorted ranges of addresses, IPv4 as IPv4-mapped IPv6.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllowList {
+    ranges: Vec<(u128, u128)>,
+}
+
+impl AllowList {
+    /// Loopback and `prefixes`.
+    pub fn new(prefixes: &[Cidr]) -> AllowList {
+        AllowList::of(prefixes.iter().copied().chain(loopback()))
+    }
+
+    /// Loopback, `prefixes`, the `host`'s own addresses, and every address and pod CIDR
+    /// of every Node in `view`.
+    pub fn from_view(view: &View, prefixes: &[Cidr], host: &[IpAddr]) -> AllowList {
+        let nodes = view.nodes().flat_map(|(_, node)| {
+            let addresses = node.addresses.iter().map(|a| Cidr {
+                addr: a.address,
+                prefix: if a.address.is_ipv4() { 32 } else { 128 },
+            });
+            addresses.chain(node.pod_cidrs.iter().copied())
+        });
+        let host = host.iter().map(|ip| Cidr {
+            addr: *ip,
+            prefix: if ip.is_ipv4() { 32 } else { 128 },
+        });
+        AllowList::of(
+            prefixes
+                .iter()
+                .copied()
+                .chain(loopback())
+                .chain(host)
+                .chain(nodes),
+        )
+    }
+
+    fn of(prefixes: impl Iterator<Item = Cidr>) -> AllowList {
+        let mut ranges: Vec<(u128, u128)> = prefixes.map(range).collect();
+        ranges.sort_unstable();
+        let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
+        for (start, end) in ranges {
+            match merged.last_mut() {
+                Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        merged.shrink_to_fit();
+        AllowList { ranges: merged }
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = as_u128(ip);
+        let after = self.ranges.partition_point(|(start, _)| *start <= ip);
+        after > 0 && self.ranges[after - 1].1 >= ip
+    }
+}
+
+fn loopback() -> [Cidr; 2] {
+    [
+        Cidr {
+            addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
+            prefix: 8,
+        },
+        Cidr {
+            addr: IpAddr::V6(Ipv6Addr::LOCALHOST),
+            prefix: 128,
+        },
+    ]
+}
+
+fn as_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            // A v4 client on a dual-stack socket arrives as ::ffff:a.b.c.d: the same.
+            Some(v4) => u128::from(v4.to_ipv6_mapped()),
+            None => u128::from(v6),
+        },
+    }
+}
+
+/// The first and last address of `cidr`.
+fn range(cidr: Cidr) -> (u128, u128) {
+    let bits = match cidr.addr {
+        IpAddr::V4(_) => 96 + u32::from(cidr.prefix.min(32)),
+        IpAddr::V6(_) => u32::from(cidr.prefix.min(128)),
+    };
+    let host = u128::MAX.checked_shr(bits).unwrap_or(0);
+    let start = as_u128(cidr.addr) & !host;
+    (start, start | host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidr(text: &str) -> Cidr {
+        text.parse().expect("cidr")
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("ip")
+    }
+
+    #[test]
+    fn prefixes_and_loopback_are_allowed_and_nothing_else() {
+        let allow = AllowList::new(&[cidr("10.244.0.0/16"), cidr("fd00:244::/48")]);
+        for inside in [
+            "10.244.0.0",
+            "10.244.255.255",
+            "127.0.0.53",
+            "::1",
+            "fd00:244::5",
+        ] {
+            assert!(allow.contains(ip(inside)), "{inside}");
+        }
+        for outside in [
+            "10.243.255.255",
+            "10.245.0.0",
+            "203.0.113.7",
+            "fd00:245::1",
+            "::2",
+        ] {
+            assert!(!allow.contains(ip(outside)), "{outside}");
+        }
+    }
+
+    #[test]
+    fn a_v4_client_on_a_dual_stack_socket_is_its_v4_address() {
+        let allow = AllowList::new(&[cidr("10.244.0.0/16")]);
+        assert!(allow.contains(ip("::ffff:10.244.1.5")));
+        assert!(!allow.contains(ip("::ffff:192.0.2.1")));
+    }
+
+    #[test]
+    fn overlapping_and_adjacent_ranges_merge() {
+        let allow = AllowList::new(&[
+            cidr("10.0.0.0/25"),
+            cidr("10.0.0.128/25"),
+            cidr("10.0.0.0/24"),
+            cidr("10.0.1.7/32"),
+        ]);
+        let loopback = AllowList::new(&[]).ranges.len();
+        assert_eq!(allow.ranges.len(), loopback + 2, "{allow:?}");
+        assert!(allow.contains(ip("10.0.0.200")));
+        assert!(!allow.contains(ip("10.0.1.6")));
+        assert!(allow.contains(ip("10.0.1.7")));
+    }
+
+    #[test]
+    fn everyone_can_be_let_in() {
+        let allow = AllowList::new(&[cidr("0.0.0.0/0"), cidr("::/0")]);
+        assert!(allow.contains(ip("203.0.113.7")));
+        assert!(allow.contains(ip("2001:db8::1")));
+    }
+
+    #[test]
+    fn every_nodes_addresses_and_pod_cidrs_are_allowed() {
+        let mut view = View::new("node-1");
+        let node = |name: &str, address: &str, pods: &str| {
+            nodus_view::Update::Node(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name},
+                    "spec": {"podCIDRs": [pods]},
+                    "status": {"addresses": [{"type": "InternalIP", "address": address}]}
+                }))
+                .expect("node"),
+            )
+        };
+        view.apply([
+            node("node-1", "172.30.0.11", "10.244.1.0/24"),
+            node("node-2", "172.30.0.12", "10.244.2.0/24"),
+        ]);
+        let allow = AllowList::from_view(&view, &[], &[ip("192.0.2.9")]);
+        for inside in ["172.30.0.12", "10.244.2.77", "127.0.0.1", "192.0.2.9"] {
+            assert!(allow.contains(ip(inside)), "{inside}");
+        }
+        for outside in ["172.30.0.13", "10.244.3.1"] {
+            assert!(!allow.contains(ip(outside)), "{outside}");
+        }
+    }
+}
