@@ -6,103 +6,72 @@
 //! address of any Node (every node itself, and the hostNetwork pods on it), from any
 //! Node's pod CIDR, and from the configured cluster CIDRs and `dns.allow` prefixes. Everyone else gets REFUSED, and
 //! nothing is forwarded for them. The list is rebuilt from the view when Nodes change,
-//! and looked up with a binary search over merged ranges.
+//! and looked up with a binary search over merged ranges ([`nodus_view::ranges`]).
 
 use nodus_view::View;
-use nodus_view::model::Cidr;
+use nodus_view::model::{Cidr, Family};
+use nodus_view::ranges::merged_ranges;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// The clients DNS answers: merged, sorted ranges of addresses, IPv4 as IPv4-mapped IPv6.
+/// The clients DNS answers: per family, sorted and merged inclusive ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AllowList {
-    ranges: Vec<(u128, u128)>,
+    v4: Vec<(IpAddr, IpAddr)>,
+    v6: Vec<(IpAddr, IpAddr)>,
 }
 
 impl AllowList {
     /// Loopback and `prefixes`.
     pub fn new(prefixes: &[Cidr]) -> AllowList {
-        AllowList::of(prefixes.iter().copied().chain(loopback()))
+        AllowList::of(prefixes, &[])
     }
 
     /// Loopback, `prefixes`, the `host`'s own addresses, and every address and pod CIDR
     /// of every Node in `view`.
     pub fn from_view(view: &View, prefixes: &[Cidr], host: &[IpAddr]) -> AllowList {
-        let nodes = view.nodes().flat_map(|(_, node)| {
-            let addresses = node.addresses.iter().map(|a| Cidr {
-                addr: a.address,
-                prefix: if a.address.is_ipv4() { 32 } else { 128 },
-            });
-            addresses.chain(node.pod_cidrs.iter().copied())
-        });
-        let host = host.iter().map(|ip| Cidr {
-            addr: *ip,
-            prefix: if ip.is_ipv4() { 32 } else { 128 },
-        });
-        AllowList::of(
-            prefixes
-                .iter()
-                .copied()
-                .chain(loopback())
-                .chain(host)
-                .chain(nodes),
-        )
+        let mut cidrs = prefixes.to_vec();
+        let mut addresses = host.to_vec();
+        for (_, node) in view.nodes() {
+            cidrs.extend(node.pod_cidrs.iter().copied());
+            addresses.extend(node.addresses.iter().map(|a| a.address));
+        }
+        AllowList::of(&cidrs, &addresses)
     }
 
-    fn of(prefixes: impl Iterator<Item = Cidr>) -> AllowList {
-        let mut ranges: Vec<(u128, u128)> = prefixes.map(range).collect();
-        ranges.sort_unstable();
-        let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
-        for (start, end) in ranges {
-            match merged.last_mut() {
-                Some(last) if start <= last.1.saturating_add(1) => last.1 = last.1.max(end),
-                _ => merged.push((start, end)),
-            }
+    fn of(cidrs: &[Cidr], addresses: &[IpAddr]) -> AllowList {
+        let mut cidrs = cidrs.to_vec();
+        cidrs.extend(LOOPBACK);
+        AllowList {
+            v4: merged_ranges(&cidrs, addresses, Family::V4),
+            v6: merged_ranges(&cidrs, addresses, Family::V6),
         }
-        merged.shrink_to_fit();
-        AllowList { ranges: merged }
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = as_u128(ip);
-        let after = self.ranges.partition_point(|(start, _)| *start <= ip);
-        after > 0 && self.ranges[after - 1].1 >= ip
+        // A v4 client on a dual-stack socket arrives as ::ffff:a.b.c.d: the same client.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            IpAddr::V4(_) => ip,
+        };
+        let ranges = match ip {
+            IpAddr::V4(_) => &self.v4,
+            IpAddr::V6(_) => &self.v6,
+        };
+        let after = ranges.partition_point(|(start, _)| *start <= ip);
+        after > 0 && ranges[after - 1].1 >= ip
     }
 }
 
-fn loopback() -> [Cidr; 2] {
-    [
-        Cidr {
-            addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
-            prefix: 8,
-        },
-        Cidr {
-            addr: IpAddr::V6(Ipv6Addr::LOCALHOST),
-            prefix: 128,
-        },
-    ]
-}
-
-fn as_u128(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            // A v4 client on a dual-stack socket arrives as ::ffff:a.b.c.d: the same.
-            Some(v4) => u128::from(v4.to_ipv6_mapped()),
-            None => u128::from(v6),
-        },
-    }
-}
-
-/// The first and last address of `cidr`.
-fn range(cidr: Cidr) -> (u128, u128) {
-    let bits = match cidr.addr {
-        IpAddr::V4(_) => 96 + u32::from(cidr.prefix.min(32)),
-        IpAddr::V6(_) => u32::from(cidr.prefix.min(128)),
-    };
-    let host = u128::MAX.checked_shr(bits).unwrap_or(0);
-    let start = as_u128(cidr.addr) & !host;
-    (start, start | host)
-}
+const LOOPBACK: [Cidr; 2] = [
+    Cidr {
+        addr: IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
+        prefix: 8,
+    },
+    Cidr {
+        addr: IpAddr::V6(Ipv6Addr::LOCALHOST),
+        prefix: 128,
+    },
+];
 
 #[cfg(test)]
 mod tests {
@@ -154,8 +123,7 @@ mod tests {
             cidr("10.0.0.0/24"),
             cidr("10.0.1.7/32"),
         ]);
-        let loopback = AllowList::new(&[]).ranges.len();
-        assert_eq!(allow.ranges.len(), loopback + 2, "{allow:?}");
+        assert_eq!(allow.v4.len(), 3, "with 127.0.0.0/8: {allow:?}");
         assert!(allow.contains(ip("10.0.0.200")));
         assert!(!allow.contains(ip("10.0.1.6")));
         assert!(allow.contains(ip("10.0.1.7")));

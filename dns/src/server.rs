@@ -178,43 +178,23 @@ pub async fn serve_planned(
         }
     }
     let listeners: Listeners = Arc::new(Mutex::new(bound));
-    let mut unbindable = BTreeSet::new();
-    if !followed.is_empty() {
-        follow_once(
-            &followed,
-            &listeners,
-            &handler,
-            udp_threads,
-            &mut unbindable,
-        )
-        .await?;
-    }
-    let addrs = lock(&listeners).keys().copied().collect();
-    follow_host(&handler)?;
-    let follower = {
-        let (listeners, handler) = (listeners.clone(), handler.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(FOLLOW_PERIOD).await;
-                let result = async {
-                    if !followed.is_empty() {
-                        follow_once(
-                            &followed,
-                            &listeners,
-                            &handler,
-                            udp_threads,
-                            &mut unbindable,
-                        )
-                        .await?;
-                    }
-                    follow_host(&handler)
-                };
-                if let Err(error) = result.await {
-                    tracing::warn!(%error, "reading this host's addresses failed");
-                }
-            }
-        })
+    let mut following = Following {
+        followed,
+        listeners: listeners.clone(),
+        handler: handler.clone(),
+        udp_threads,
+        unbindable: BTreeSet::new(),
     };
+    following.step().await?;
+    let addrs = lock(&listeners).keys().copied().collect();
+    let follower = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(FOLLOW_PERIOD).await;
+            if let Err(error) = following.step().await {
+                tracing::warn!(%error, "reading this host's addresses failed");
+            }
+        }
+    });
     Ok(DnsServer {
         listeners,
         follower,
@@ -224,63 +204,71 @@ pub async fn serve_planned(
     })
 }
 
-/// Lets this host's addresses ask (local clients use them as sources), as they are now.
-fn follow_host(handler: &ClusterDns) -> std::io::Result<()> {
-    let host = listen::host_addresses()?;
-    if host != handler.allowed_host() {
-        let view = handler.view().clone();
-        handler.rebuild_allow_list(&view.read(), None, Some(host));
-    }
-    Ok(())
+/// What follows the host's addresses: the listeners of the followed wildcards, and the
+/// host's addresses in the allow-list (local clients use them as sources).
+struct Following {
+    followed: Vec<Listen>,
+    listeners: Listeners,
+    handler: ClusterDns,
+    udp_threads: usize,
+    /// Addresses that could not be bound (another server's, or one still tentative):
+    /// logged once, tried again each step.
+    unbindable: BTreeSet<SocketAddr>,
 }
 
-/// Brings the listeners of the followed wildcards in line with the host's addresses now.
-/// An address that cannot be bound (another server's, or one still tentative) is logged
-/// once and tried again each time.
-async fn follow_once(
-    followed: &[Listen],
-    listeners: &Listeners,
-    handler: &ClusterDns,
-    udp_threads: usize,
-    unbindable: &mut BTreeSet<SocketAddr>,
-) -> std::io::Result<()> {
-    let wanted = listen::addresses(followed, &listen::host_addresses()?);
-    let is_followed = |addr: &SocketAddr| {
-        followed.iter().any(|listen| {
-            matches!(listen, Listen::EachAddress(wildcard)
-                if wildcard.port() == addr.port() && wildcard.is_ipv4() == addr.is_ipv4())
-        })
-    };
-    let new: Vec<SocketAddr> = {
-        let mut current = lock(listeners);
-        let gone: Vec<SocketAddr> = current
-            .keys()
-            .filter(|addr| is_followed(addr) && !wanted.contains(addr))
-            .copied()
-            .collect();
-        for addr in gone {
-            current.remove(&addr);
-            tracing::info!(%addr, "the address went; not listening on it");
+impl Following {
+    async fn step(&mut self) -> std::io::Result<()> {
+        let host = listen::host_addresses()?;
+        if !self.followed.is_empty() {
+            self.follow_listeners(&host).await;
         }
-        wanted
-            .iter()
-            .filter(|addr| !current.contains_key(addr))
-            .copied()
-            .collect()
-    };
-    for addr in new {
-        match bind(addr, udp_threads, handler).await {
-            Ok((addr, listener)) => {
-                unbindable.remove(&addr);
-                lock(listeners).insert(addr, listener);
-                tracing::info!(%addr, "DNS listening on a new address");
+        if host != self.handler.allowed_host() {
+            let view = self.handler.view().clone();
+            self.handler
+                .rebuild_allow_list(&view.read(), None, Some(host));
+        }
+        Ok(())
+    }
+
+    /// Brings the listeners of the followed wildcards in line with `host`.
+    async fn follow_listeners(&mut self, host: &[std::net::IpAddr]) {
+        let wanted = listen::addresses(&self.followed, host);
+        let is_followed = |addr: &SocketAddr| {
+            self.followed.iter().any(|listen| {
+                matches!(listen, Listen::EachAddress(wildcard)
+                    if wildcard.port() == addr.port() && wildcard.is_ipv4() == addr.is_ipv4())
+            })
+        };
+        let new: Vec<SocketAddr> = {
+            let mut current = lock(&self.listeners);
+            let gone: Vec<SocketAddr> = current
+                .keys()
+                .filter(|addr| is_followed(addr) && !wanted.contains(addr))
+                .copied()
+                .collect();
+            for addr in gone {
+                current.remove(&addr);
+                tracing::info!(%addr, "the address went; not listening on it");
             }
-            Err(error) => {
-                if unbindable.insert(addr) {
-                    tracing::info!(%addr, %error, "not listening on this address");
+            wanted
+                .iter()
+                .filter(|addr| !current.contains_key(addr))
+                .copied()
+                .collect()
+        };
+        for addr in new {
+            match bind(addr, self.udp_threads, &self.handler).await {
+                Ok((addr, listener)) => {
+                    self.unbindable.remove(&addr);
+                    lock(&self.listeners).insert(addr, listener);
+                    tracing::info!(%addr, "DNS listening on a new address");
+                }
+                Err(error) => {
+                    if self.unbindable.insert(addr) {
+                        tracing::info!(%addr, %error, "not listening on this address");
+                    }
                 }
             }
         }
     }
-    Ok(())
 }

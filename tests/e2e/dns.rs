@@ -231,25 +231,17 @@ fn dig_from(
     (status, data)
 }
 
-/// `deploy/`'s listen (`0.0.0.0:53`) on a node whose own resolver holds 127.0.0.53:53, as
-/// systemd-resolved does on Ubuntu: Linux refuses the wildcard beside it, so nodus listens
-/// on each address of the node instead, replies from the address asked, picks up an
-/// address added later, and forwards outside names to that resolver (it is not nodus).
-#[test]
-fn starts_beside_a_resolver_on_127_0_0_53_and_forwards_to_it() {
-    let mut cluster = Cluster::new("beside", EXAMPLE);
-    let ns = Netns::new("rslv").expect("netns");
-    ns.ip(&["addr", "add", "10.9.0.1/32", "dev", "lo"])
-        .expect("a node address");
-    let resolver = OtherResolver::start(&ns);
-    let kubeconfig = cluster.listen_in(&ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
+/// `nodus run` as node-1 inside `ns`, DNS on `listen` (YAML) forwarding to the
+/// [`OtherResolver`] on 127.0.0.53, and waits until it is ready.
+fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) {
+    let kubeconfig = cluster.listen_in(ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
     let resolv_conf = cluster.dir.join("resolv.conf");
-    std::fs::write(&resolv_conf, "nameserver 127.0.0.53\noptions edns0\n").expect("resolv.conf");
+    std::fs::write(&resolv_conf, "nameserver 127.0.0.53\n").expect("resolv.conf");
     let config = cluster.dir.join("config.yaml");
     std::fs::write(
         &config,
         format!(
-            "dns:\n  listen: [\"0.0.0.0:53\"]\n  resolv_conf: {}\n",
+            "dns:\n  listen: {listen}\n  resolv_conf: {}\n",
             resolv_conf.display()
         ),
     )
@@ -275,6 +267,20 @@ fn starts_beside_a_resolver_on_127_0_0_53_and_forwards_to_it() {
             .and_then(Result::ok)
             .filter(|(code, _)| *code == 200)
     });
+}
+
+/// `deploy/`'s listen (`0.0.0.0:53`) on a node whose own resolver holds 127.0.0.53:53, as
+/// systemd-resolved does on Ubuntu: Linux refuses the wildcard beside it, so nodus listens
+/// on each address of the node instead, replies from the address asked, picks up an
+/// address added later, and forwards outside names to that resolver (it is not nodus).
+#[test]
+fn starts_beside_a_resolver_on_127_0_0_53_and_forwards_to_it() {
+    let mut cluster = Cluster::new("beside", EXAMPLE);
+    let ns = Netns::new("rslv").expect("netns");
+    ns.ip(&["addr", "add", "10.9.0.1/32", "dev", "lo"])
+        .expect("a node address");
+    let resolver = OtherResolver::start(&ns);
+    run_node_1_with_dns(&mut cluster, &ns, "[\"0.0.0.0:53\"]");
     for server in ["127.0.0.1", "10.9.0.1"] {
         assert_eq!(
             dig_in(&ns, server, "web.default.svc.cluster.local"),
@@ -326,39 +332,7 @@ fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
         .ip(&["route", "add", "default", "via", "10.77.0.1"])
         .expect("default route");
     let resolver = OtherResolver::start(&node);
-    let kubeconfig = cluster.listen_in(&node, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
-    let resolv_conf = cluster.dir.join("resolv.conf");
-    std::fs::write(&resolv_conf, "nameserver 127.0.0.53\n").expect("resolv.conf");
-    let config = cluster.dir.join("config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "dns:\n  listen: [\"10.77.0.1:53\", \"127.0.0.1:53\"]\n  resolv_conf: {}\n",
-            resolv_conf.display()
-        ),
-    )
-    .expect("config");
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-    let mut cmd = node.command(NODUS);
-    cmd.args([
-        "run",
-        "--node-name",
-        "node-1",
-        "--http-addr",
-        &http.to_string(),
-    ])
-    .arg("--kubeconfig")
-    .arg(&kubeconfig)
-    .arg("--config")
-    .arg(&config)
-    .env("NODUS_LOG", "info");
-    cluster.spawn(cmd);
-    wait_for("readiness inside the namespace", || {
-        node.enter(|| http_get(http, "/readyz", Duration::from_secs(2)))
-            .ok()
-            .and_then(Result::ok)
-            .filter(|(code, _)| *code == 200)
-    });
+    run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\", \"127.0.0.1:53\"]");
 
     for transport in [&[][..], &["+tcp"][..]] {
         for name in ["web.default.svc.cluster.local", "www.example.org"] {

@@ -13,6 +13,7 @@ pub mod decode;
 pub mod intern;
 pub mod model;
 pub mod output;
+pub mod ranges;
 pub mod resolve;
 mod reverse;
 pub mod shared;

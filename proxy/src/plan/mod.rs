@@ -19,7 +19,6 @@ mod keys;
 mod names;
 mod objects;
 mod program;
-mod ranges;
 mod render;
 mod rule;
 mod service;

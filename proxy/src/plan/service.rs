@@ -19,10 +19,10 @@ use super::names::PortIdentity;
 use super::objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, UdpFlows,
 };
-use super::ranges::merged_ranges;
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
 use crate::nft::{Element, FlowFilter, Set, SetFlags, Tuple, Value, Verdict};
+use nodus_view::ranges::merged_ranges;
 
 /// Entries an affinity set may hold; the kernel wants a bound on sets the packet path
 /// fills.

@@ -7,9 +7,9 @@ use nodus_view::model::{Cidr, Family};
 
 use super::config::{NodeFacts, TableScope};
 use super::objects::{ChainPlan, SetPlan, SharedKind, SharedSet, Skeleton, family_suffix};
-use super::ranges::merged_ranges;
 use super::rule::{Addr, LookupKey, RulePlan, Stmt, address_type, ip_value};
 use crate::nft::{Chain, ChainType, Element, Hook, Set, SetFlags, Verdict, priority};
+use nodus_view::ranges::merged_ranges;
 
 pub const SERVICES: &str = "services";
 pub const MASQUERADING: &str = "masquerading";

@@ -1,10 +1,10 @@
-//! Address ranges for interval sets. The kernel refuses overlapping intervals in one set,
-//! and CIDRs from users (source ranges, cluster CIDRs) may overlap or repeat, so they are
-//! merged first.
+//! Address ranges: CIDRs and addresses merged into sorted, disjoint intervals. The proxy's
+//! interval sets need them (the kernel refuses overlapping intervals in one set, and CIDRs
+//! from users may overlap or repeat), and DNS's allow-list is looked up in them.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use nodus_view::model::{Cidr, Family};
+use crate::model::{Cidr, Family};
 
 /// The inclusive ranges covered by `cidrs` and `addresses` of `family`, sorted, with
 /// overlapping and adjacent ranges merged.
