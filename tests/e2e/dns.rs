@@ -1,9 +1,10 @@
 //! DNS answers follow the API: a service created, scaled and deleted shows up in `dig`
 //! within one batch.
 
-use crate::support::{Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready};
+use crate::support::{
+    Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready, wait_ready_in,
+};
 use nodus_testbed::netns::{self, Netns};
-use nodus_testbed::probe::http_get;
 use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::process::Command;
@@ -26,7 +27,11 @@ fn dig(dns: SocketAddr, name: &str, qtype: &str) -> (String, Vec<String>) {
         .args([name, qtype])
         .output()
         .expect("dig is installed (dnsutils)");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    status_and_data(&String::from_utf8_lossy(&output.stdout))
+}
+
+/// What `dig +noall +answer +comments` printed: the status and each answer's data, sorted.
+fn status_and_data(text: &str) -> (String, Vec<String>) {
     let status = text
         .split("status: ")
         .nth(1)
@@ -215,20 +220,8 @@ fn dig_from(
     ];
     args.extend_from_slice(extra);
     args.extend([name, "A"]);
-    let text = ns.exec("dig", &args).unwrap_or_default();
-    let status = text
-        .split("status: ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .unwrap_or("")
-        .to_string();
-    let data = text
-        .lines()
-        .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .collect::<Vec<_>>()
-        .join(" ");
-    (status, data)
+    let (status, data) = status_and_data(&ns.exec("dig", &args).unwrap_or_default());
+    (status, data.join(" "))
 }
 
 /// `nodus run` as node-1 inside `ns`, DNS on `listen` (YAML) forwarding to the
@@ -261,12 +254,7 @@ fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) {
     .arg(&config)
     .env("NODUS_LOG", "info");
     cluster.spawn(cmd);
-    wait_for("readiness inside the namespace", || {
-        ns.enter(|| http_get(http, "/readyz", Duration::from_secs(2)))
-            .ok()
-            .and_then(Result::ok)
-            .filter(|(code, _)| *code == 200)
-    });
+    wait_ready_in(ns, http);
 }
 
 /// `deploy/`'s listen (`0.0.0.0:53`) on a node whose own resolver holds 127.0.0.53:53, as

@@ -2,9 +2,10 @@
 
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
-use crate::support::{Cluster, EXAMPLE, NODUS, free_port, get, wait_for, wait_ready};
+use crate::support::{
+    Cluster, EXAMPLE, NODUS, free_port, get, wait_for, wait_ready, wait_ready_in,
+};
 use nodus_testbed::netns::Netns;
-use nodus_testbed::probe::http_get;
 use serde_json::{Value, json};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -314,12 +315,7 @@ fn with_only_the_daemonsets_capabilities_it_programs_and_answers_and_sigterm_lea
     .arg("--config")
     .arg(&config);
     let pid = cluster.spawn(cmd).id();
-    wait_for("readiness inside the namespace", || {
-        ns.enter(|| http_get(http, "/readyz", Duration::from_secs(2)))
-            .ok()
-            .and_then(Result::ok)
-            .filter(|(code, _)| *code == 200)
-    });
+    wait_ready_in(&ns, http);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     assert!(
         status.contains("CapEff:\t0000000000001400"),

@@ -127,6 +127,7 @@ impl Drop for SandboxLeftovers {
     fn drop(&mut self) {
         let _ = netns::remove_scope(&self.scope);
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(self.dir.with_extension("stderr"));
     }
 }
 

@@ -210,6 +210,17 @@ pub fn wait_ready(http: SocketAddr) {
     });
 }
 
+/// [`wait_ready`] for an agent inside `ns`, whose HTTP address is on the namespace's
+/// loopback.
+pub fn wait_ready_in(ns: &Netns, http: SocketAddr) {
+    wait_for("readiness inside the namespace", || {
+        ns.enter(|| http_get(http, "/readyz", Duration::from_secs(2)))
+            .ok()
+            .and_then(Result::ok)
+            .filter(|(code, _)| *code == 200)
+    });
+}
+
 pub fn wait_metric(http: SocketAddr, series: &str, expected: f64) {
     wait_for(&format!("{series} == {expected}"), || {
         get(http, "/metrics")
@@ -318,7 +329,7 @@ pub fn spawn_sandbox(dir: &Path, load: Option<&str>, extra: &[&OsStr]) -> Child 
         .process_group(0)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.with_extension("stderr")).expect("stderr file"))
         .spawn()
         .expect("sandbox starts")
 }
@@ -344,12 +355,32 @@ impl Sandbox {
         let rx = line_reader(child.stdout.take().expect("stdout"));
         let mut printed = Vec::new();
         while !printed.iter().any(|l: &String| l.starts_with("Ctrl-C")) {
-            match rx.recv_timeout(WAIT * 2) {
+            // Start-up prints nothing until the nodes are up (about 0.5 s here alone, longer
+            // beside the other sandboxes of the suite; its own waits give up after 60 s).
+            match rx.recv_timeout(WAIT * 5) {
                 Ok(line) => printed.push(line),
                 Err(_) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    panic!("the sandbox did not come up:\n{}", printed.join("\n"));
+                    let stderr = std::fs::read_to_string(dir.with_extension("stderr"));
+                    let logs: Vec<String> = ["node-1", "node-2", "node-3"]
+                        .iter()
+                        .map(|node| {
+                            let log = std::fs::read_to_string(dir.join(format!("{node}.log")))
+                                .unwrap_or_default();
+                            let tail: Vec<&str> = log.lines().rev().take(15).collect();
+                            format!(
+                                "--- {node}.log (last lines, newest first):\n{}",
+                                tail.join("\n")
+                            )
+                        })
+                        .collect();
+                    panic!(
+                        "the sandbox did not come up:\n{}\n--- stderr:\n{}\n{}",
+                        printed.join("\n"),
+                        stderr.unwrap_or_default(),
+                        logs.join("\n")
+                    );
                 }
             }
         }
@@ -418,6 +449,7 @@ impl Drop for Sandbox {
         if self.owns_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
             let _ = std::fs::remove_file(self.dir.with_extension("yaml"));
+            let _ = std::fs::remove_file(self.dir.with_extension("stderr"));
         }
     }
 }
