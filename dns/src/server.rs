@@ -32,7 +32,8 @@ type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
 
 /// A running DNS server: it serves until dropped.
 pub struct DnsServer {
-    listeners: Listeners,
+    /// Held: every listener serves until the server drops.
+    _listeners: Listeners,
     /// Follows the host's addresses: the listeners of a followed wildcard, and the
     /// allow-list.
     follower: tokio::task::JoinHandle<()>,
@@ -46,11 +47,6 @@ impl DnsServer {
     /// The handler behind both paths, for tests that compare them.
     pub fn handler(&self) -> &ClusterDns {
         &self.handler
-    }
-
-    /// The addresses listened on now.
-    pub fn listening(&self) -> Vec<SocketAddr> {
-        lock(&self.listeners).keys().copied().collect()
     }
 
     /// Lets clients from `prefixes` ask too (the cluster CIDRs, `dns.allow`), besides
@@ -196,7 +192,7 @@ pub async fn serve_planned(
         }
     });
     Ok(DnsServer {
-        listeners,
+        _listeners: listeners,
         follower,
         metrics: handler.metrics.clone(),
         handler,

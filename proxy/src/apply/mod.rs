@@ -248,13 +248,14 @@ impl Proxy {
             && facts.differs_only_in_destinations(planner.facts())
         {
             // A Node joined or left: only the skeleton's egress ranges change.
+            let skeleton = planner.skeleton();
             let mut batch = PlanBatch::new();
-            batch.refresh_skeleton(&planner.skeleton());
+            batch.refresh_skeleton(&skeleton);
             if let Err(failure) = self.commit(&batch.into_batch(), &mut report) {
                 return self.fall_back(view, failure.to_string());
             }
             self.facts = Some(planner.facts().clone());
-            self.expected = Expected::of(&planner.skeleton());
+            self.expected = Expected::of(&skeleton);
         }
         let reason = if self.needs_full_sync {
             Some("the previous sync failed or none ran yet".to_string())
