@@ -8,6 +8,11 @@
 //! answered there by the full path, [`ClusterDns::answer_datagram`]; its reply goes out on
 //! the same socket without blocking the runtime.
 //!
+//! Every reply leaves from the address its query was sent to: the destination comes with
+//! each datagram (`IP_PKTINFO`, `IPV6_PKTINFO`) and goes back as the reply's source, so that
+//! a wildcard socket answers correctly for an address held on `lo` or a dummy interface,
+//! where routing would pick another source and the client would drop the reply.
+//!
 //! Why a thread rather than a task: the runtime is current-thread without the proxy, and
 //! shares its workers with the watch and the proxy with it; a blocking socket read in
 //! batches answers more queries per CPU than one readiness wake-up per datagram.
@@ -58,6 +63,7 @@ impl UdpListener {
                 _ => bind_reuse_port(addr)?,
             };
             socket.set_read_timeout(Some(WAKE_UP))?;
+            receive_destinations(&socket, addr)?;
             // Port 0 picks a port once; the other sockets share it.
             addr = socket.local_addr()?;
             sockets.push(Arc::new(socket));
@@ -136,7 +142,8 @@ fn bind_reuse_port(addr: SocketAddr) -> io::Result<UdpSocket> {
     }
 }
 
-type Datagram = (Vec<u8>, SocketAddr);
+/// A query for the full path: the packet, its source and the address it was sent to.
+type Datagram = (Vec<u8>, SocketAddr, Option<Local>);
 
 /// Answers the datagrams the fast path left, each in its own task (forwarding waits on
 /// upstreams), and sends the replies without blocking.
@@ -145,32 +152,151 @@ async fn full_path_loop(
     socket: Arc<UdpSocket>,
     handler: ClusterDns,
 ) {
-    while let Some((packet, src)) = queue.recv().await {
+    while let Some((packet, src, local)) = queue.recv().await {
         let (socket, handler) = (socket.clone(), handler.clone());
         tokio::spawn(async move {
             if let Some(reply) = handler.answer_datagram(packet, src).await {
-                send_now(&socket, &reply, src);
+                send_now(&socket, &reply, src, local);
             }
         });
     }
 }
 
-/// One datagram, never blocking: a full socket buffer drops it, as the network may.
-fn send_now(socket: &UdpSocket, packet: &[u8], to: SocketAddr) {
-    let (name, len) = sockaddr_of(to);
-    // SAFETY: the buffer and the address are valid for the lengths given.
-    let sent = unsafe {
-        libc::sendto(
-            socket.as_raw_fd(),
-            packet.as_ptr().cast(),
-            packet.len(),
-            libc::MSG_DONTWAIT,
-            (&raw const name).cast(),
-            len,
-        )
+/// One datagram from `local`, never blocking: a full socket buffer drops it, as the
+/// network may.
+fn send_now(socket: &UdpSocket, packet: &[u8], to: SocketAddr, local: Option<Local>) {
+    let (mut name, name_len) = sockaddr_of(to);
+    let mut iov = libc::iovec {
+        iov_base: packet.as_ptr().cast_mut().cast(),
+        iov_len: packet.len(),
     };
+    let mut control = Control::default();
+    // SAFETY: all-zero is a valid msghdr; every pointer set below outlives the call.
+    let mut header: libc::msghdr = unsafe { zeroed() };
+    header.msg_name = (&raw mut name).cast();
+    header.msg_namelen = name_len;
+    header.msg_iov = &raw mut iov;
+    header.msg_iovlen = 1;
+    set_source(&mut header, &mut control, local);
+    // SAFETY: the header points at buffers valid for the lengths given; sendmsg only reads.
+    let sent = unsafe { libc::sendmsg(socket.as_raw_fd(), &raw const header, libc::MSG_DONTWAIT) };
     if sent < 0 {
         tracing::debug!(error = %io::Error::last_os_error(), %to, "sending a DNS reply");
+    }
+}
+
+/// The address a datagram was sent to, and the interface it came in on (a link-local
+/// address needs it to be used as a source).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Local {
+    ip: IpAddr,
+    interface: u32,
+}
+
+/// Room for one `IP_PKTINFO` or `IPV6_PKTINFO` control message, aligned for `cmsghdr`.
+#[derive(Clone, Copy, Default)]
+struct Control([u64; 8]);
+
+/// Asks the kernel to say, with each datagram, which address it was sent to.
+fn receive_destinations(socket: &UdpSocket, addr: SocketAddr) -> io::Result<()> {
+    let (level, option) = match addr {
+        SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_PKTINFO),
+        SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO),
+    };
+    let on: libc::c_int = 1;
+    // SAFETY: setsockopt with an int option on a socket this listener owns.
+    let set = unsafe {
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            level,
+            option,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    match set {
+        0 => Ok(()),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
+
+/// The destination of a received datagram, from its control messages.
+fn destination_of(header: &libc::msghdr) -> Option<Local> {
+    // SAFETY: the kernel filled `msg_control` up to `msg_controllen`; the CMSG macros walk
+    // it within those bounds, and each message is read according to its level and type.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(header);
+        while !cmsg.is_null() {
+            let data = libc::CMSG_DATA(cmsg);
+            match ((*cmsg).cmsg_level, (*cmsg).cmsg_type) {
+                (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                    let info = data.cast::<libc::in_pktinfo>().read_unaligned();
+                    return Some(Local {
+                        ip: IpAddr::V4(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr))),
+                        interface: info.ipi_ifindex as u32,
+                    });
+                }
+                (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                    let info = data.cast::<libc::in6_pktinfo>().read_unaligned();
+                    return Some(Local {
+                        ip: IpAddr::V6(Ipv6Addr::from(info.ipi6_addr.s6_addr)),
+                        interface: info.ipi6_ifindex,
+                    });
+                }
+                _ => {}
+            }
+            cmsg = libc::CMSG_NXTHDR(header, cmsg);
+        }
+    }
+    None
+}
+
+/// Makes `header` send from `local` (nothing when unknown: routing picks the source).
+fn set_source(header: &mut libc::msghdr, control: &mut Control, local: Option<Local>) {
+    let Some(local) = local else {
+        header.msg_control = std::ptr::null_mut();
+        header.msg_controllen = 0;
+        return;
+    };
+    let (level, kind, len) = match local.ip {
+        IpAddr::V4(_) => (
+            libc::IPPROTO_IP,
+            libc::IP_PKTINFO,
+            size_of::<libc::in_pktinfo>(),
+        ),
+        IpAddr::V6(_) => (
+            libc::IPPROTO_IPV6,
+            libc::IPV6_PKTINFO,
+            size_of::<libc::in6_pktinfo>(),
+        ),
+    };
+    header.msg_control = control.0.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE and CMSG_LEN are pure arithmetic; `Control` has room for either
+    // message (64 bytes against at most 40), aligned for cmsghdr, so the header and data
+    // written through CMSG_FIRSTHDR and CMSG_DATA stay inside it.
+    unsafe {
+        header.msg_controllen = libc::CMSG_SPACE(len as u32) as usize;
+        let cmsg = libc::CMSG_FIRSTHDR(header);
+        (*cmsg).cmsg_level = level;
+        (*cmsg).cmsg_type = kind;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(len as u32) as usize;
+        let data = libc::CMSG_DATA(cmsg);
+        match local.ip {
+            IpAddr::V4(ip) => {
+                // The interface stays 0: routing picks it, and `ipi_spec_dst` the source.
+                let mut info: libc::in_pktinfo = zeroed();
+                info.ipi_spec_dst.s_addr = u32::from(ip).to_be();
+                data.cast::<libc::in_pktinfo>().write_unaligned(info);
+            }
+            IpAddr::V6(ip) => {
+                let mut info: libc::in6_pktinfo = zeroed();
+                info.ipi6_addr.s6_addr = ip.octets();
+                if ip.segments()[0] & 0xffc0 == 0xfe80 {
+                    info.ipi6_ifindex = local.interface;
+                }
+                data.cast::<libc::in6_pktinfo>().write_unaligned(info);
+            }
+        }
     }
 }
 
@@ -182,6 +308,8 @@ struct Batch {
     destinations: Box<[libc::sockaddr_storage; BATCH]>,
     receive_iov: Box<[libc::iovec; BATCH]>,
     send_iov: Box<[libc::iovec; BATCH]>,
+    receive_control: Box<[Control; BATCH]>,
+    send_control: Box<[Control; BATCH]>,
     receive: Box<[libc::mmsghdr; BATCH]>,
     send: Box<[libc::mmsghdr; BATCH]>,
 }
@@ -195,6 +323,8 @@ impl Batch {
             destinations: zeroed_box(),
             receive_iov: zeroed_box(),
             send_iov: zeroed_box(),
+            receive_control: Box::new([Control::default(); BATCH]),
+            send_control: Box::new([Control::default(); BATCH]),
             receive: zeroed_box(),
             send: zeroed_box(),
         };
@@ -211,6 +341,7 @@ impl Batch {
             receive.msg_name = (&raw mut batch.sources[i]).cast();
             receive.msg_iov = &raw mut batch.receive_iov[i];
             receive.msg_iovlen = 1;
+            receive.msg_control = batch.receive_control[i].0.as_mut_ptr().cast();
             let send = &mut batch.send[i].msg_hdr;
             send.msg_name = (&raw mut batch.destinations[i]).cast();
             send.msg_iov = &raw mut batch.send_iov[i];
@@ -224,6 +355,7 @@ impl Batch {
         for message in self.receive.iter_mut() {
             message.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as u32;
             message.msg_hdr.msg_flags = 0;
+            message.msg_hdr.msg_controllen = size_of::<Control>();
         }
         // SAFETY: every header points into buffers this batch owns, with their lengths.
         let n = unsafe {
@@ -330,12 +462,18 @@ fn fast_loop(
                         batch.send_iov[replies].iov_len = reply.len;
                         batch.destinations[replies] = batch.sources[i];
                         batch.send[replies].msg_hdr.msg_namelen = header.msg_hdr.msg_namelen;
+                        set_source(
+                            &mut batch.send[replies].msg_hdr,
+                            &mut batch.send_control[replies],
+                            destination_of(&header.msg_hdr),
+                        );
                         answered[replies] = reply;
                         replies += 1;
                     }
                     None => {
                         // A full queue drops the datagram; the client asks again.
-                        let _ = full_path.try_send((packet.to_vec(), src));
+                        let local = destination_of(&header.msg_hdr);
+                        let _ = full_path.try_send((packet.to_vec(), src, local));
                     }
                 }
             }

@@ -843,7 +843,13 @@ pub fn sandbox(args: SandboxArgs) -> anyhow::Result<()> {
     // From here on a signal tears down what was built instead of ending the process.
     let stop = Stop::install(&rt)?;
     netns::claim_scope(&dir.scope)?;
-    match serve(&args, &dir, docs, &rt, stop.clone()) {
+    let served = serve(&args, &dir, docs, &rt, stop.clone());
+    // Each step removes what it built, but a signal can end a program between its effect
+    // and its report (`ip netns add` killed once the namespace exists): sweep the scope.
+    if let Err(error) = netns::remove_scope(&dir.scope) {
+        eprintln!("warning: removing what is left of the sandbox: {error:#}");
+    }
+    match served {
         Err(error) if error.downcast_ref::<Interrupted>().is_some() => Ok(()),
         // A step may fail because the signal ended one of its programs first (Ctrl-C
         // reaches the whole process group).

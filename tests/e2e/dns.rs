@@ -296,15 +296,11 @@ fn starts_beside_a_resolver_on_127_0_0_53_and_forwards_to_it() {
     });
 }
 
-/// Not an open resolver: a client outside the cluster (not loopback, not this host, no
-/// Node's address or pod CIDR) gets REFUSED over UDP and TCP, for cluster names and
-/// outside names alike, and nothing is forwarded for it; a pod of this node gets answers
-/// and forwarding.
-#[test]
-fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
-    let mut cluster = Cluster::new("allow", EXAMPLE);
-    let node = Netns::new("alwn").expect("node netns");
-    let client = Netns::new("alwc").expect("client netns");
+/// A node (10.77.0.1 on its side of a veth) and a client behind it that has two addresses:
+/// 10.77.0.2, outside the cluster, and 10.244.1.50, in node-1's pod CIDR.
+fn node_and_client(tag: &str) -> (Netns, Netns) {
+    let node = Netns::new(&format!("{tag}n")).expect("node netns");
+    let client = Netns::new(&format!("{tag}c")).expect("client netns");
     netns::veth(&node, "eth1", &client, "eth0").expect("veth");
     node.ip(&["addr", "add", "10.77.0.1/24", "dev", "eth1"])
         .expect("node address");
@@ -319,6 +315,64 @@ fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
     client
         .ip(&["route", "add", "default", "via", "10.77.0.1"])
         .expect("default route");
+    (node, client)
+}
+
+/// `deploy/`'s wildcard listen, bound: a pod asking an address the node holds on `lo`
+/// (NodeLocal DNSCache's 169.254.20.10, say) gets its reply from that address, over the fast
+/// path and the full path, although routing would send it from the node's veth address (and
+/// `dig` would drop it as a reply from an unexpected source).
+#[test]
+fn replies_leave_from_the_address_asked_also_one_held_on_lo() {
+    let mut cluster = Cluster::new("source", EXAMPLE);
+    let (node, pod) = node_and_client("src");
+    node.ip(&["addr", "add", "169.254.20.10/32", "dev", "lo"])
+        .expect("an address on lo");
+    run_node_1_with_dns(&mut cluster, &node, "[\"0.0.0.0:53\"]");
+    for server in ["169.254.20.10", "10.77.0.1"] {
+        assert_eq!(
+            dig_from(
+                &pod,
+                "10.244.1.50",
+                server,
+                "web.default.svc.cluster.local",
+                &[]
+            ),
+            ("NOERROR".to_string(), "10.96.0.20".to_string()),
+            "the fast path, asked at {server}"
+        );
+    }
+    // A reverse name is answered by the full path.
+    let reverse = pod
+        .exec(
+            "dig",
+            &[
+                "-b",
+                "10.244.1.50",
+                "@169.254.20.10",
+                "+tries=1",
+                "+time=2",
+                "+short",
+                "-x",
+                "10.96.0.20",
+            ],
+        )
+        .unwrap_or_default();
+    assert_eq!(
+        reverse.trim(),
+        "web.default.svc.cluster.local.",
+        "the full path, asked at an address on lo"
+    );
+}
+
+/// Not an open resolver: a client outside the cluster (not loopback, not this host, no
+/// Node's address or pod CIDR) gets REFUSED over UDP and TCP, for cluster names and
+/// outside names alike, and nothing is forwarded for it; a pod of this node gets answers
+/// and forwarding.
+#[test]
+fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
+    let mut cluster = Cluster::new("allow", EXAMPLE);
+    let (node, client) = node_and_client("alw");
     let resolver = OtherResolver::start(&node);
     run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\", \"127.0.0.1:53\"]");
 

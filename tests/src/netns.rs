@@ -157,7 +157,12 @@ pub struct Netns {
 impl Netns {
     pub fn new(tag: &str) -> anyhow::Result<Netns> {
         let name = unique_name(tag);
-        run("ip", &["netns", "add", &name])?;
+        if let Err(error) = run("ip", &["netns", "add", &name]) {
+            // A signal may end `ip` after the namespace exists (Ctrl-C reaches the whole
+            // process group): nothing else would remove it.
+            let _ = run("ip", &["netns", "del", &name]);
+            return Err(error);
+        }
         let ns = Netns {
             name,
             children: Mutex::new(Vec::new()),
