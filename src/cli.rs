@@ -110,6 +110,9 @@ pub struct RunArgs {
     /// Seconds a --on-change run may take before it is killed.
     #[arg(long, value_name = "SECONDS", default_value_t = 10)]
     pub on_change_timeout: u64,
+    /// Accept a plain http:// API server (test beds): by default only https:// is used.
+    #[arg(long, env = "NODUS_ALLOW_HTTP_API")]
+    pub allow_http_api: bool,
 }
 
 #[derive(Args, Clone, Debug)]

@@ -23,8 +23,10 @@ pub struct Config {
     /// The API server's URL, overriding kubeconfig and in-cluster discovery: the proxy
     /// cannot depend on the `kubernetes` Service that it programs itself.
     pub api_server: Option<String>,
-    /// Where `/healthz`, `/readyz` and `/metrics` are served.
+    /// Where `/healthz`, `/readyz`, `/metrics` and `/status` are served.
     pub http_addr: SocketAddr,
+    /// Whether `/status` (with its error texts) answers clients other than loopback.
+    pub status_from_anywhere: bool,
     /// Objects per list page while (re)listing: smaller pages lower peak memory.
     pub watch_page_size: u32,
     pub proxy: ProxyConfig,
@@ -39,6 +41,7 @@ impl Default for Config {
             cluster_cidrs: Vec::new(),
             api_server: None,
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
+            status_from_anywhere: false,
             watch_page_size: 100,
             proxy: ProxyConfig::default(),
             dns: DnsConfig::default(),

@@ -55,9 +55,11 @@ impl fmt::Display for Key {
     }
 }
 
+/// Never the key itself: a `Key` may be the private one, and a `{:?}` in a log line or an
+/// error must not carry it. Public keys print with `Display`.
 impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Key({self})")
+        f.write_str("Key(…)")
     }
 }
 
@@ -117,11 +119,13 @@ impl KeyPair {
                     Error::device(format!("key file {shown}"), "not a base64 WireGuard key")
                 })?;
                 tighten_mode(path)?;
+                tighten_directory(path)?;
                 Ok(KeyPair::from_private(key))
             }
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
                 let pair = KeyPair::generate()?;
                 write_new(path, &pair.private)?;
+                tighten_directory(path)?;
                 tracing::info!(path = %shown, public_key = %pair.public, "generated the WireGuard key");
                 Ok(pair)
             }
@@ -141,6 +145,36 @@ fn tighten_mode(path: &Path) -> Result<(), Error> {
         tracing::warn!(path = %path.display(), mode = format!("{:o}", mode & 0o777), "key file readable by others; setting 0600");
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
             .map_err(Error::io(context()))?;
+    }
+    Ok(())
+}
+
+/// The key's directory, when it holds nothing but the key (as `/var/lib/nodus`, which the
+/// kubelet creates 0755 for the DaemonSet's hostPath), is made 0700: no other user learns
+/// even when the key changed. A directory shared with other files is left as it is, with a
+/// warning: its mode is not nodus's to change.
+fn tighten_directory(key: &Path) -> Result<(), Error> {
+    let Some(dir) = key.parent().filter(|d| !d.as_os_str().is_empty()) else {
+        return Ok(());
+    };
+    let context = || format!("checking the mode of {}", dir.display());
+    let mode = std::fs::metadata(dir)
+        .map_err(Error::io(context()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let temporary = key.with_extension("tmp");
+    let only_the_key = std::fs::read_dir(dir)
+        .map_err(Error::io(context()))?
+        .filter_map(Result::ok)
+        .all(|entry| entry.path() == key || entry.path() == temporary);
+    if only_the_key {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(Error::io(format!("setting the mode of {}", dir.display())))?;
+    } else {
+        tracing::warn!(dir = %dir.display(), mode = format!("{:o}", mode & 0o777), "the WireGuard key's directory holds other files and others can list it; give the key a directory of its own");
     }
     Ok(())
 }
@@ -215,6 +249,19 @@ mod tests {
         KeyPair::load_or_create(&path).expect("read");
         let file_mode = std::fs::metadata(&path).expect("file").permissions().mode();
         assert_eq!(file_mode & 0o777, 0o600);
+        // A directory the kubelet made for the key (0755) becomes private; one shared with
+        // other files keeps its mode.
+        let key_dir = path.parent().expect("dir");
+        std::fs::set_permissions(key_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        KeyPair::load_or_create(&path).expect("read");
+        let mode = |p: &Path| std::fs::metadata(p).expect("mode").permissions().mode() & 0o777;
+        assert_eq!(mode(key_dir), 0o700);
+        std::fs::set_permissions(key_dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::write(key_dir.join("other"), "").expect("another file");
+        KeyPair::load_or_create(&path).expect("read");
+        assert_eq!(mode(key_dir), 0o755);
+        assert_eq!(format!("{:?}", first.private()), "Key(…)");
+        assert!(!format!("{first:?}").contains(&first.private().to_base64()));
         std::fs::write(&path, "garbage").expect("write");
         assert!(KeyPair::load_or_create(&path).is_err());
         let _ = std::fs::remove_dir_all(&dir);

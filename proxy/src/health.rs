@@ -6,12 +6,11 @@
 //! the count of local ready endpoints, or **503** when there is none (endpoints that are
 //! only terminating count as none, so the load balancer drains the node). The body is
 //! kube-proxy's JSON, and `X-Load-Balancing-Endpoint-Weight` carries the count. A port that
-//! cannot be bound is logged and skipped; proxying goes on.
+//! cannot be bound is logged and skipped; proxying goes on. The servers are
+//! [`nodus_http`]'s, with its caps and timeouts, on both families for a wildcard address.
 
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Response, StatusCode, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper::{Response, StatusCode};
+use nodus_http::{Body, Limits};
 use nodus_view::model::{ServiceType, TrafficPolicy};
 use nodus_view::{ChangeSet, ServiceName, View, ViewReader};
 use std::collections::{HashMap, HashSet};
@@ -45,7 +44,7 @@ pub fn local_ready_endpoints(view: &View, namespace: &str, name: &str) -> usize 
     local.len()
 }
 
-fn respond(view: &ViewReader, service: &ServiceName) -> Response<Full<Bytes>> {
+fn respond(view: &ViewReader, service: &ServiceName) -> Response<Body> {
     let count = local_ready_endpoints(&view.read(), &service.namespace, &service.name);
     let body = serde_json::json!({
         "service": {"namespace": service.namespace, "name": service.name},
@@ -53,25 +52,31 @@ fn respond(view: &ViewReader, service: &ServiceName) -> Response<Full<Bytes>> {
         "serviceProxyHealthy": true,
     })
     .to_string();
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = match count {
+    let status = match count {
         0 => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::OK,
     };
-    let headers = response.headers_mut();
-    headers.insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static("application/json"),
-    );
+    let mut response = nodus_http::respond(status, "application/json", body);
     if let Ok(weight) = count.to_string().parse() {
-        headers.insert("X-Load-Balancing-Endpoint-Weight", weight);
+        response
+            .headers_mut()
+            .insert("X-Load-Balancing-Endpoint-Weight", weight);
     }
     response
 }
 
 struct Served {
     service: ServiceName,
-    task: JoinHandle<()>,
+    /// One server per family bound.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
 }
 
 /// The health-check servers, opened and closed as services come and go.
@@ -79,14 +84,6 @@ pub struct HealthChecks {
     view: ViewReader,
     bind: IpAddr,
     served: HashMap<u16, Served>,
-}
-
-impl Drop for HealthChecks {
-    fn drop(&mut self) {
-        for served in self.served.values() {
-            served.task.abort();
-        }
-    }
 }
 
 impl HealthChecks {
@@ -138,17 +135,15 @@ impl HealthChecks {
                 .map(|(p, _)| *p)
                 .collect();
             for p in stale {
-                if let Some(old) = self.served.remove(&p) {
-                    old.task.abort();
-                }
+                self.served.remove(&p);
             }
             let Some(port) = port else { continue };
             if self.served.contains_key(&port) {
                 continue;
             }
             match self.listen(port, &service) {
-                Ok(task) => {
-                    self.served.insert(port, Served { service, task });
+                Ok(tasks) => {
+                    self.served.insert(port, Served { service, tasks });
                 }
                 Err(error) => tracing::warn!(
                     port,
@@ -160,25 +155,16 @@ impl HealthChecks {
         }
     }
 
-    fn listen(&self, port: u16, service: &ServiceName) -> std::io::Result<JoinHandle<()>> {
-        let listener = std::net::TcpListener::bind(SocketAddr::new(self.bind, port))?;
-        listener.set_nonblocking(true)?;
-        let listener = tokio::net::TcpListener::from_std(listener)?;
-        let view = self.view.clone();
-        let service = service.clone();
-        Ok(tokio::spawn(async move {
-            while let Ok((stream, _)) = listener.accept().await {
-                let (view, service) = (view.clone(), service.clone());
-                tokio::spawn(async move {
-                    let handler = service_fn(move |_request| {
-                        let response = respond(&view, &service);
-                        async move { Ok::<_, std::convert::Infallible>(response) }
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), handler)
-                        .await;
-                });
-            }
-        }))
+    fn listen(&self, port: u16, service: &ServiceName) -> std::io::Result<Vec<JoinHandle<()>>> {
+        let listeners = nodus_http::bind(SocketAddr::new(self.bind, port))?;
+        Ok(listeners
+            .into_iter()
+            .map(|listener| {
+                let (view, service) = (self.view.clone(), service.clone());
+                nodus_http::serve(listener, Limits::default(), move |_request, _client| {
+                    respond(&view, &service)
+                })
+            })
+            .collect())
     }
 }

@@ -121,8 +121,13 @@ pub async fn follow_cluster(
     cluster: &ClusterArgs,
 ) -> anyhow::Result<(Feed, impl Stream<Item = WatchItem> + use<>)> {
     let config = Config::load_or_default(cluster.config.as_deref())?;
-    let client =
-        watch::connect(cluster.kubeconfig.as_deref(), config.api_server.as_deref()).await?;
+    // Printing the view programs nothing: a plain http:// server is the user's choice.
+    let client = watch::connect(
+        cluster.kubeconfig.as_deref(),
+        config.api_server.as_deref(),
+        watch::PlainHttp::Allowed,
+    )
+    .await?;
     let set = WatchSet {
         page_size: config.watch_page_size,
         all_nodes: true,

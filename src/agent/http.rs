@@ -1,43 +1,38 @@
-//! The agent's HTTP endpoints: `/healthz`, `/readyz`, `/metrics` and `/status`.
+//! The agent's HTTP endpoints: `/healthz`, `/readyz`, `/metrics` and `/status`, served
+//! with [`nodus_http`]'s caps and timeouts. `/status` holds error texts (paths, addresses,
+//! the API's messages), so it answers loopback only unless the configuration opens it.
 
 use crate::agent::metrics::Metrics;
 use anyhow::Context;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode, body::Incoming, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Request, Response, StatusCode, body::Incoming};
+use nodus_http::{Body, Limits, respond};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use tokio::net::TcpListener;
 
-fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    if let Ok(value) = content_type.parse() {
-        response
-            .headers_mut()
-            .insert(hyper::header::CONTENT_TYPE, value);
-    }
-    response
-}
-
-fn route(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
+fn route(
+    metrics: &Metrics,
+    status_from_anywhere: bool,
+    req: &Request<Incoming>,
+    client: SocketAddr,
+) -> Response<Body> {
     const TEXT: &str = "text/plain; charset=utf-8";
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return respond(
-            StatusCode::METHOD_NOT_ALLOWED,
-            TEXT,
-            "method not allowed\n".into(),
-        );
+        return respond(StatusCode::METHOD_NOT_ALLOWED, TEXT, "method not allowed\n");
     }
     match req.uri().path() {
-        "/healthz" | "/livez" => respond(StatusCode::OK, TEXT, "ok\n".into()),
-        "/readyz" if metrics.ready.load(Relaxed) => respond(StatusCode::OK, TEXT, "ok\n".into()),
+        "/healthz" | "/livez" => respond(StatusCode::OK, TEXT, "ok\n"),
+        "/readyz" if metrics.ready.load(Relaxed) => respond(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => respond(
             StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
-            "initial view not applied yet\n".into(),
+            "initial view not applied yet\n",
+        ),
+        "/status" if !status_from_anywhere && !client.ip().to_canonical().is_loopback() => respond(
+            StatusCode::FORBIDDEN,
+            TEXT,
+            "/status answers loopback only (run `nodus status` on the node, or set \
+                 status_from_anywhere: true)\n",
         ),
         "/status" => respond(
             StatusCode::OK,
@@ -49,36 +44,25 @@ fn route(metrics: &Metrics, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             "text/plain; version=0.0.4; charset=utf-8",
             metrics.render(),
         ),
-        _ => respond(StatusCode::NOT_FOUND, TEXT, "not found\n".into()),
+        _ => respond(StatusCode::NOT_FOUND, TEXT, "not found\n"),
     }
 }
 
-/// Binds `addr` now (so a busy port fails start-up) and serves in the background.
-pub async fn serve(addr: SocketAddr, metrics: Arc<Metrics>) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding the HTTP address {addr}"))?;
-    let bound = listener.local_addr()?;
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = match listener.accept().await {
-                Ok(conn) => conn,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting an HTTP connection");
-                    continue;
-                }
-            };
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let response = route(&metrics, &req);
-                    async move { Ok::<_, std::convert::Infallible>(response) }
-                });
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
-            });
-        }
-    });
+/// Binds `addr` now (so a busy port fails start-up; the IPv4 wildcard is bound for IPv6
+/// too) and serves in the background; returns the first address bound.
+pub async fn serve(
+    addr: SocketAddr,
+    status_from_anywhere: bool,
+    metrics: Arc<Metrics>,
+) -> anyhow::Result<SocketAddr> {
+    let listeners =
+        nodus_http::bind(addr).with_context(|| format!("binding the HTTP address {addr}"))?;
+    let bound = listeners[0].local_addr()?;
+    for listener in listeners {
+        let metrics = metrics.clone();
+        nodus_http::serve(listener, Limits::default(), move |req, client| {
+            route(&metrics, status_from_anywhere, req, client)
+        });
+    }
     Ok(bound)
 }

@@ -157,10 +157,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = watch::connect(
         args.cluster.kubeconfig.as_deref(),
         config.api_server.as_deref(),
+        match args.allow_http_api {
+            true => watch::PlainHttp::Allowed,
+            false => watch::PlainHttp::Refused,
+        },
     )
     .await?;
     let metrics = Arc::new(Metrics::default());
-    let http_addr = http::serve(config.http_addr, metrics.clone()).await?;
+    let http_addr = http::serve(
+        config.http_addr,
+        config.status_from_anywhere,
+        metrics.clone(),
+    )
+    .await?;
     tracing::info!(node = %node_name, %http_addr, "nodus starting");
 
     let set = WatchSet {

@@ -112,11 +112,22 @@ impl<T: WireKind> Resource for Lean<T> {
     }
 }
 
+/// Whether a plain `http://` API server is accepted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlainHttp {
+    /// The agent: its credentials and everything it programs would cross the network
+    /// unprotected, so that anyone on the path could redirect the node's traffic.
+    Refused,
+    /// Told so (`--allow-http-api`, for test beds), or a command that only prints.
+    Allowed,
+}
+
 /// How nodus finds the API server: `--kubeconfig`, else in-cluster, else `$KUBECONFIG`
 /// (or `~/.kube/config`); `api_server` replaces the URL found.
 pub async fn connect(
     kubeconfig: Option<&Path>,
     api_server: Option<&str>,
+    plain_http: PlainHttp,
 ) -> anyhow::Result<Client> {
     use anyhow::Context;
     use kube::config::{Config, KubeConfigOptions, Kubeconfig};
@@ -140,6 +151,15 @@ pub async fn connect(
     };
     if let Some(url) = api_server {
         config.cluster_url = url.parse().with_context(|| format!("api_server {url:?}"))?;
+    }
+    if config.cluster_url.scheme_str() == Some("http") && plain_http == PlainHttp::Refused {
+        anyhow::bail!(
+            "the API server {} is plain http://: the node's credentials and the cluster's \
+             state would cross the network unprotected; use https://, or pass \
+             --allow-http-api (NODUS_ALLOW_HTTP_API=true) where that is intended, as in a \
+             test bed",
+            config.cluster_url
+        );
     }
     Client::try_from(config).context("building the API client")
 }

@@ -752,7 +752,13 @@ impl Agent {
             .open(&log)
             .with_context(|| format!("opening {}", log.display()))?;
         let mut cmd = node.ns.command(&binary.to_string_lossy());
-        cmd.args(&args).stdout(file.try_clone()?).stderr(file);
+        // The sandbox's API stand-in speaks plain HTTP, on the underlay only. An
+        // environment variable rather than the flag: `restart NODE BINARY` may start an
+        // older nodus that has no such flag.
+        cmd.args(&args)
+            .env("NODUS_ALLOW_HTTP_API", "true")
+            .stdout(file.try_clone()?)
+            .stderr(file);
         let pid = node.ns.spawn(cmd)?;
         Ok(Agent { pid, args, log })
     }

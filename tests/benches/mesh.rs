@@ -171,6 +171,7 @@ fn run(opts: &Options, peers: usize) -> anyhow::Result<Row> {
         .arg(&config)
         .args(["--http-addr", &HTTP.to_string()])
         .env("NODUS_LOG", "info")
+        .env("NODUS_ALLOW_HTTP_API", "true")
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?);
     let started = Instant::now();

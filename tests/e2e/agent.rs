@@ -40,6 +40,24 @@ fn run_refuses_to_start_without_a_node_name() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--node-name"));
 }
 
+/// The stand-in speaks plain HTTP: without being told, the agent does not send its
+/// credentials over it, and says why.
+#[test]
+fn run_refuses_a_plain_http_api_server_unless_allowed() {
+    let cluster = Cluster::new("plain-http", EXAMPLE);
+    let output = cluster
+        .nodus(&["run", "--node-name", "node-1"])
+        .env_remove("NODUS_ALLOW_HTTP_API")
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("plain http://") && stderr.contains("--allow-http-api"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn an_invalid_object_is_skipped_counted_and_never_poisons_the_view() {
     let mut cluster = Cluster::new("invalid", EXAMPLE);

@@ -5,6 +5,7 @@ use crate::support::{
     Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready, wait_ready_in,
 };
 use nodus_testbed::netns::{self, Netns};
+use nodus_testbed::probe::http_get;
 use serde_json::json;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::process::Command;
@@ -225,8 +226,9 @@ fn dig_from(
 }
 
 /// `nodus run` as node-1 inside `ns`, DNS on `listen` (YAML) forwarding to the
-/// [`OtherResolver`] on 127.0.0.53, and waits until it is ready.
-fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) {
+/// [`OtherResolver`] on 127.0.0.53, HTTP on every address; waits until it is ready and
+/// returns the HTTP port.
+fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) -> u16 {
     let kubeconfig = cluster.listen_in(ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
     let resolv_conf = cluster.dir.join("resolv.conf");
     std::fs::write(&resolv_conf, "nameserver 127.0.0.53\n").expect("resolv.conf");
@@ -239,22 +241,24 @@ fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) {
         ),
     )
     .expect("config");
-    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let port = free_port();
     let mut cmd = ns.command(NODUS);
     cmd.args([
         "run",
         "--node-name",
         "node-1",
         "--http-addr",
-        &http.to_string(),
+        &SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)).to_string(),
     ])
     .arg("--kubeconfig")
     .arg(&kubeconfig)
     .arg("--config")
     .arg(&config)
-    .env("NODUS_LOG", "info");
+    .env("NODUS_LOG", "info")
+    .env("NODUS_ALLOW_HTTP_API", "true");
     cluster.spawn(cmd);
-    wait_ready_in(ns, http);
+    wait_ready_in(ns, SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
+    port
 }
 
 /// `deploy/`'s listen (`0.0.0.0:53`) on a node whose own resolver holds 127.0.0.53:53, as
@@ -374,7 +378,7 @@ fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
     let mut cluster = Cluster::new("allow", EXAMPLE);
     let (node, client) = node_and_client("alw");
     let resolver = OtherResolver::start(&node);
-    run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\", \"127.0.0.1:53\"]");
+    let http = run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\", \"127.0.0.1:53\"]");
 
     for transport in [&[][..], &["+tcp"][..]] {
         for name in ["web.default.svc.cluster.local", "www.example.org"] {
@@ -409,4 +413,17 @@ fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
         "10.96.0.20",
         "the node itself, on loopback"
     );
+
+    // The HTTP server: metrics for a scraper anywhere, /status (error texts) on loopback.
+    let get_in = |ns: &Netns, ip: Ipv4Addr, path: &str| {
+        ns.enter(|| http_get(SocketAddr::from((ip, http)), path, Duration::from_secs(5)))
+            .expect("entering the namespace")
+            .expect("the agent answers")
+    };
+    let node_address = Ipv4Addr::new(10, 77, 0, 1);
+    assert_eq!(get_in(&client, node_address, "/metrics").0, 200);
+    let (code, body) = get_in(&client, node_address, "/status");
+    assert_eq!(code, 403, "{body}");
+    assert!(!body.contains("node-1"), "{body}");
+    assert_eq!(get_in(&node, Ipv4Addr::LOCALHOST, "/status").0, 200);
 }

@@ -107,6 +107,7 @@ impl MeshNode {
             .arg(&self.config)
             .args(["--http-addr", &self.http.to_string()])
             .env("NODUS_LOG", "info")
+            .env("NODUS_ALLOW_HTTP_API", "true")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -66,6 +66,7 @@ impl Cluster {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .env("NODUS_LOG", "info")
+            .env("NODUS_ALLOW_HTTP_API", "true")
             .stdin(Stdio::null());
         cmd
     }

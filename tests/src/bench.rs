@@ -134,6 +134,7 @@ impl BenchCluster {
             .arg("--config")
             .arg(&config_path)
             .env("NODUS_LOG", "warn")
+            .env("NODUS_ALLOW_HTTP_API", "true")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()
