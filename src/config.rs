@@ -17,7 +17,8 @@ pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:10256";
 pub struct Config {
     /// The DNS zone of the cluster.
     pub cluster_domain: String,
-    /// Pod address ranges of the whole cluster; empty means "from the Nodes' pod CIDRs".
+    /// Pod address ranges of the whole cluster; empty means "from the Nodes' pod CIDRs",
+    /// which the mesh does not accept.
     #[serde(deserialize_with = "cidrs")]
     pub cluster_cidrs: Vec<Cidr>,
     /// The API server's URL, overriding kubeconfig and in-cluster discovery: the proxy
@@ -216,7 +217,7 @@ pub enum EndpointFamily {
 }
 
 impl MeshConfig {
-    pub fn settings(&self) -> nodus_mesh::MeshSettings {
+    pub fn settings(&self, cluster_cidrs: &[Cidr]) -> nodus_mesh::MeshSettings {
         use nodus_mesh::backend::BackendKind;
         use nodus_view::model::Family;
         nodus_mesh::MeshSettings {
@@ -237,6 +238,7 @@ impl MeshConfig {
             mtu: self.mtu,
             mtu_overhead: self.mtu_overhead,
             cni_conflist: self.cni_conflist.clone(),
+            cluster_cidrs: cluster_cidrs.to_vec(),
         }
     }
 }
@@ -387,6 +389,12 @@ impl Config {
             "dns.udp_threads: {} is not between 1 and 64",
             self.dns.udp_threads
         );
+        anyhow::ensure!(
+            !self.mesh.enabled || !self.cluster_cidrs.is_empty(),
+            "mesh.enabled needs cluster_cidrs, the cluster's pod ranges (kubeadm's \
+             networking.podSubnet, k3s's --cluster-cidr): a peer's pod CIDRs are routed only \
+             inside them, so that no Node can claim another range"
+        );
         if let Some(url) = &self.api_server {
             anyhow::ensure!(
                 url.starts_with("https://") || url.starts_with("http://"),
@@ -434,8 +442,12 @@ mod tests {
         let table = |yaml: &str| Config::parse(yaml).expect("valid").programs_table();
         assert!(!table(""));
         assert!(table("proxy:\n  enabled: true\n"));
-        assert!(table("mesh:\n  enabled: true\n"));
-        assert!(!table("mesh:\n  enabled: true\n  masquerade: false\n"));
+        assert!(table(
+            "cluster_cidrs: [10.0.0.0/8]\nmesh:\n  enabled: true\n"
+        ));
+        assert!(!table(
+            "cluster_cidrs: [10.0.0.0/8]\nmesh:\n  enabled: true\n  masquerade: false\n"
+        ));
         assert!(!table("mesh:\n  masquerade: true\n"));
     }
 
@@ -459,6 +471,11 @@ mod tests {
         assert!(text.ends_with("`mesh` at line 1"), "{text}");
 
         let err = Config::parse("mesh:\n  enabled: true\n  key_dir: /x\n").expect_err("unknown");
+        let without_ranges = Config::parse("mesh:\n  enabled: true\n").expect_err("no ranges");
+        assert!(
+            format!("{without_ranges:#}").contains("mesh.enabled needs cluster_cidrs"),
+            "{without_ranges:#}"
+        );
         let text = format!("{err:#}");
         assert!(text.contains("mesh: unknown field `key_dir`"), "{text}");
         assert!(text.contains("line 3"), "{text}");

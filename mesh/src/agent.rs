@@ -36,6 +36,8 @@ pub struct MeshSettings {
     pub mtu: Option<u32>,
     pub mtu_overhead: u32,
     pub cni_conflist: PathBuf,
+    /// The cluster's pod ranges; every peer's pod CIDRs must lie inside them.
+    pub cluster_cidrs: Vec<Cidr>,
 }
 
 /// What one sync changed.
@@ -126,6 +128,7 @@ impl Mesh {
         PlanSettings {
             listen_port: self.settings.listen_port,
             endpoint_family: self.settings.endpoint_family,
+            cluster_cidrs: self.settings.cluster_cidrs.clone(),
         }
     }
 

@@ -85,7 +85,7 @@ async fn follow(
         let settings = mesh.plan_settings();
         let (desired, wanted, node, missing) = {
             let view = view.read();
-            let desired = plan::desired(&view, settings, mesh.public_key());
+            let desired = plan::desired(&view, &settings, mesh.public_key());
             let wanted = own_annotations(
                 mesh.public_key(),
                 settings.listen_port,
@@ -96,7 +96,15 @@ async fn follow(
         };
         if desired.skipped != last_skipped {
             for (node, reason) in &desired.skipped {
-                tracing::info!(node = %node, reason, "node left out of the mesh");
+                match *reason {
+                    // A node that has just joined publishes these a moment later.
+                    plan::NO_KEY | plan::NO_POD_CIDRS => {
+                        tracing::info!(node = %node, reason, "node left out of the mesh")
+                    }
+                    _ => {
+                        tracing::warn!(node = %node, reason, "node left out of the mesh: what it claims is refused")
+                    }
+                }
             }
             last_skipped = desired.skipped.clone();
         }

@@ -7,18 +7,19 @@ use nodus_view::model::{Cidr, Family, Node};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-/// The annotations every node publishes on its own Node object.
-pub const ANNOTATION_PUBLIC_KEY: &str = "nodus.dev/wireguard-public-key";
-pub const ANNOTATION_PORT: &str = "nodus.dev/wireguard-port";
-pub const ANNOTATION_ENDPOINT: &str = "nodus.dev/wireguard-endpoint";
+/// The annotations every node publishes on its own Node object (the view keeps these).
+pub use nodus_view::wire::{ANNOTATION_ENDPOINT, ANNOTATION_PORT, ANNOTATION_PUBLIC_KEY};
 
 /// What planning needs besides the view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanSettings {
     /// Our UDP port, and a peer's when it publishes none.
     pub listen_port: u16,
     /// The node address family endpoints use when a node has both.
     pub endpoint_family: Family,
+    /// The cluster's pod ranges: a peer's pod CIDRs must lie inside them, or the peer is
+    /// left out. Without them nothing is routed: any Node could claim any range.
+    pub cluster_cidrs: Vec<Cidr>,
 }
 
 /// A peer as the device holds it.
@@ -55,7 +56,7 @@ pub struct Desired {
 }
 
 /// The desired state from the view; `own_key` keeps a node that shares our key out.
-pub fn desired(view: &View, settings: PlanSettings, own_key: &Key) -> Desired {
+pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
     let mut plan = Desired::default();
     let own_name = view.node_name();
     if let Some(own) = view.this_node() {
@@ -67,9 +68,11 @@ pub fn desired(view: &View, settings: PlanSettings, own_key: &Key) -> Desired {
     if let Some(own) = view.this_node() {
         claimed.extend(host_prefixes(own));
     }
-    // Sorted by name, so that which of two conflicting nodes wins does not depend on order.
+    // Oldest first (then by name), so that of two nodes claiming one range the older keeps
+    // it on every node: a Node made later, by whoever holds node credentials, cannot take
+    // over a range in use.
     let mut nodes: Vec<(&str, &Node)> = view.nodes().filter(|(n, _)| *n != own_name).collect();
-    nodes.sort_unstable_by_key(|(name, _)| *name);
+    nodes.sort_unstable_by_key(|(name, node)| (node.created, *name));
     for (name, node) in nodes {
         match peer_of(node, settings, own_key, &plan.peers, &claimed) {
             Ok((key, peer)) => {
@@ -85,23 +88,33 @@ pub fn desired(view: &View, settings: PlanSettings, own_key: &Key) -> Desired {
     plan
 }
 
+/// Why a node is left out while it joins: nothing is wrong with it.
+pub const NO_KEY: &str = "no WireGuard key published";
+pub const NO_POD_CIDRS: &str = "no pod CIDRs";
+
 fn peer_of(
     node: &Node,
-    settings: PlanSettings,
+    settings: &PlanSettings,
     own_key: &Key,
     peers: &BTreeMap<Key, Peer>,
     claimed: &BTreeSet<Cidr>,
 ) -> Result<(Key, Peer), &'static str> {
-    let text = node
-        .annotation(ANNOTATION_PUBLIC_KEY)
-        .ok_or("no WireGuard key published")?;
+    let text = node.annotation(ANNOTATION_PUBLIC_KEY).ok_or(NO_KEY)?;
     let key = Key::from_base64(text).ok_or("the published key is not a WireGuard key")?;
     if key == *own_key || peers.contains_key(&key) {
         return Err("its key is another node's");
     }
     let mut allowed_ips: Vec<Cidr> = node.pod_cidrs.iter().map(|c| network(*c)).collect();
     if allowed_ips.is_empty() {
-        return Err("no pod CIDRs");
+        return Err(NO_POD_CIDRS);
+    }
+    if !allowed_ips.iter().all(|c| {
+        settings
+            .cluster_cidrs
+            .iter()
+            .any(|cluster| cluster.contains_cidr(c))
+    }) {
+        return Err("its pod CIDRs are not inside cluster_cidrs");
     }
     allowed_ips.extend(host_prefixes(node));
     if allowed_ips.iter().any(|c| overlaps_any(claimed, *c)) {
@@ -290,10 +303,13 @@ mod tests {
     use nodus_view::Update;
     use nodus_view::wire;
 
-    const SETTINGS: PlanSettings = PlanSettings {
-        listen_port: 51820,
-        endpoint_family: Family::V4,
-    };
+    fn settings() -> PlanSettings {
+        PlanSettings {
+            listen_port: 51820,
+            endpoint_family: Family::V4,
+            cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:10:244::/56")],
+        }
+    }
 
     fn key(n: u8) -> Key {
         Key([n; 32])
@@ -356,7 +372,7 @@ mod tests {
             ),
             node("n3", &["10.244.3.0/24"], &["192.168.1.3"], None, None),
         ]);
-        let plan = desired(&view, SETTINGS, &key(1));
+        let plan = desired(&view, &settings(), &key(1));
         assert_eq!(plan.peers.len(), 1);
         let peer = &plan.peers[&key(2)];
         assert_eq!(
@@ -389,9 +405,9 @@ mod tests {
 
         let v6 = desired(
             &view,
-            PlanSettings {
+            &PlanSettings {
                 endpoint_family: Family::V6,
-                ..SETTINGS
+                ..settings()
             },
             &key(1),
         );
@@ -448,11 +464,119 @@ mod tests {
                 None,
             ),
         ]);
-        let plan = desired(&view, SETTINGS, &key(1));
+        let plan = desired(&view, &settings(), &key(1));
         assert_eq!(plan.peers.keys().collect::<Vec<_>>(), vec![&key(2)]);
         assert_eq!(&*plan.peer_nodes[&key(2)], "n2");
         let skipped: Vec<&str> = plan.skipped.iter().map(|(n, _)| &**n).collect();
         assert_eq!(skipped, vec!["n3", "n4", "n5", "n6", "n7"]);
+    }
+
+    /// `node(…)` made at `created` (RFC 3339), as the API server stamps it.
+    fn created_at(update: Update, created: &str) -> Update {
+        let Update::Node(mut node) = update else {
+            unreachable!("node() makes nodes")
+        };
+        let json = serde_json::json!({"metadata": {"name": node.metadata.name, "creationTimestamp": created}});
+        node.metadata.creation_timestamp = serde_json::from_value::<wire::Node>(json)
+            .expect("node")
+            .metadata
+            .creation_timestamp;
+        Update::Node(node)
+    }
+
+    #[test]
+    fn of_two_nodes_claiming_one_range_the_older_keeps_it_whatever_the_names() {
+        let nodes = |older: &str, newer: &str| {
+            view(vec![
+                node(
+                    "n1",
+                    &["10.244.1.0/24"],
+                    &["192.168.1.1"],
+                    Some(key(1)),
+                    None,
+                ),
+                created_at(
+                    node(
+                        older,
+                        &["10.244.2.0/24"],
+                        &["192.168.1.2"],
+                        Some(key(2)),
+                        None,
+                    ),
+                    "2024-01-01T00:00:00Z",
+                ),
+                // The newer claims a range around the older's.
+                created_at(
+                    node(
+                        newer,
+                        &["10.244.0.0/22"],
+                        &["192.168.1.3"],
+                        Some(key(3)),
+                        None,
+                    ),
+                    "2024-06-01T00:00:00Z",
+                ),
+            ])
+        };
+        for (older, newer) in [("a-old", "z-new"), ("z-old", "a-new")] {
+            let plan = desired(&nodes(older, newer), &settings(), &key(1));
+            assert_eq!(plan.peers.keys().collect::<Vec<_>>(), vec![&key(2)]);
+            assert_eq!(&*plan.peer_nodes[&key(2)], older);
+            assert_eq!(plan.routes, BTreeSet::from([cidr("10.244.2.0/24")]));
+            assert_eq!(plan.skipped.len(), 1);
+            assert_eq!(&*plan.skipped[0].0, newer);
+        }
+    }
+
+    #[test]
+    fn a_pod_cidr_outside_the_clusters_ranges_is_never_routed() {
+        for claimed in ["8.0.0.0/7", "0.0.0.0/0", "10.244.0.0/15", "192.168.1.0/24"] {
+            let view = view(vec![
+                node(
+                    "n1",
+                    &["10.244.1.0/24"],
+                    &["192.168.1.1"],
+                    Some(key(1)),
+                    None,
+                ),
+                node("rogue", &[claimed], &["192.168.1.9"], Some(key(9)), None),
+                node(
+                    "n2",
+                    &["10.244.2.0/24", "fd00:10:244:2::/64"],
+                    &["192.168.1.2"],
+                    Some(key(2)),
+                    None,
+                ),
+            ]);
+            let plan = desired(&view, &settings(), &key(1));
+            assert_eq!(
+                plan.peers.keys().collect::<Vec<_>>(),
+                vec![&key(2)],
+                "{claimed}"
+            );
+            assert_eq!(
+                plan.skipped,
+                vec![("rogue".into(), "its pod CIDRs are not inside cluster_cidrs")],
+                "{claimed}"
+            );
+            assert!(
+                plan.routes
+                    .iter()
+                    .all(|r| !r.contains(IpAddr::from([8, 8, 8, 8])))
+            );
+        }
+        let no_ranges = PlanSettings {
+            cluster_cidrs: Vec::new(),
+            ..settings()
+        };
+        let view = view(vec![node(
+            "n2",
+            &["10.244.2.0/24"],
+            &["192.168.1.2"],
+            Some(key(2)),
+            None,
+        )]);
+        assert!(desired(&view, &no_ranges, &key(1)).peers.is_empty());
     }
 
     #[test]

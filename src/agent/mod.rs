@@ -121,7 +121,7 @@ async fn start_mesh(
 ) -> anyhow::Result<MeshSubsystem> {
     let mesh_metrics = Arc::new(nodus_mesh::metrics::MeshMetrics::default());
     let _ = metrics.mesh.set(mesh_metrics.clone());
-    let mesh = nodus_mesh::Mesh::start(config.mesh.settings(), mesh_metrics)
+    let mesh = nodus_mesh::Mesh::start(config.mesh.settings(&config.cluster_cidrs), mesh_metrics)
         .await
         .context("starting the WireGuard mesh")?;
     Ok(MeshSubsystem::spawn(mesh, view, client))

@@ -156,7 +156,7 @@ fn run(opts: &Options, peers: usize) -> anyhow::Result<Row> {
     std::fs::write(
         &config,
         format!(
-            "dns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: {}\n  interface: {interface}\n  \
+            "cluster_cidrs: [10.0.0.0/8]\ndns:\n  enabled: false\nmesh:\n  enabled: true\n  backend: {}\n  interface: {interface}\n  \
              key_file: {}\n  cni_conflist: {}\n",
             opts.backend,
             dir.join("key").display(),

@@ -136,6 +136,41 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
                    "namespace": account["metadata"]["namespace"]})
         );
 
+        // The admission policy: nodus's own account, its own Node, the annotations the
+        // mesh publishes (the ones the code names).
+        let policy = find(&objects, "ValidatingAdmissionPolicy");
+        let policy_binding = find(&objects, "ValidatingAdmissionPolicyBinding");
+        assert_eq!(
+            policy_binding["spec"]["policyName"],
+            policy["metadata"]["name"]
+        );
+        assert_eq!(policy_binding["spec"]["validationActions"], json!(["Deny"]));
+        assert_eq!(
+            policy["spec"]["matchConditions"][0]["expression"],
+            format!(
+                "request.userInfo.username == 'system:serviceaccount:{}:{}'",
+                account["metadata"]["namespace"]
+                    .as_str()
+                    .expect("namespace"),
+                account["metadata"]["name"].as_str().expect("name")
+            ),
+            "{context}"
+        );
+        let published = policy["spec"]["variables"]
+            .as_array()
+            .expect("variables")
+            .iter()
+            .find(|v| v["name"] == "published")
+            .expect("the published annotations")["expression"]
+            .to_string();
+        for key in [
+            nodus_mesh::plan::ANNOTATION_PUBLIC_KEY,
+            nodus_mesh::plan::ANNOTATION_PORT,
+            nodus_mesh::plan::ANNOTATION_ENDPOINT,
+        ] {
+            assert!(published.contains(&format!("'{key}'")), "{published}");
+        }
+
         let daemonset = find(&objects, "DaemonSet");
         let pod = &daemonset["spec"]["template"]["spec"];
         assert_eq!(pod["serviceAccountName"], account["metadata"]["name"]);

@@ -64,7 +64,8 @@ impl MeshNode {
         std::fs::write(
             &config,
             format!(
-                "dns:\n  enabled: false\nmesh:\n  enabled: true\n{mesh}  \
+                "cluster_cidrs: [10.244.0.0/16, \"fd00:10:244::/56\"]\n\
+                 dns:\n  enabled: false\nmesh:\n  enabled: true\n{mesh}  \
                  interface: {interface}\n  key_file: {}\n  cni_conflist: {}\n",
                 dir.join("key/wireguard.key").display(),
                 dir.join("net.d/10-nodus.conflist").display()
@@ -685,4 +686,61 @@ fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
     };
     assert_eq!(mode(&node.dir.join("key/wireguard.key")), 0o600);
     assert_eq!(mode(&node.dir.join("key")), 0o700);
+}
+
+/// Nodes that lie: one claims a range around two real nodes' pod CIDRs, one a range outside
+/// the cluster's (8.0.0.0/7, half the Internet), each with a valid key. Both are newer than
+/// the real nodes. No node installs a route or a peer for them, and pods keep talking.
+#[test]
+fn a_rogue_node_claiming_others_ranges_changes_no_route_and_traffic_flows() {
+    let (cluster, underlay, nodes, _kubeconfig) = three_nodes(
+        "mesh-rogue",
+        207,
+        [WIREGUARD_GO, WIREGUARD_GO, WIREGUARD_GO],
+    );
+    let pods: Vec<Pod> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
+        .collect();
+    pod_1_reaches_pods_2_and_3(&pods);
+    let routes: Vec<String> = nodes.iter().map(MeshNode::routes).collect();
+
+    // The API server stamps creation times to the second: the rogues come a second later.
+    std::thread::sleep(Duration::from_millis(1100));
+    for (name, i, claimed) in [
+        (
+            "a-rogue-around",
+            8,
+            json!(["10.244.2.0/23", "fd00:10:244::/56"]),
+        ),
+        ("a-rogue-outside", 9, json!(["8.0.0.0/7"])),
+    ] {
+        let key = nodus_mesh::key::KeyPair::generate().expect("key");
+        let mut object = node_object(name, i, &underlay);
+        object["spec"] = json!({"podCIDRs": claimed});
+        object["metadata"]["annotations"] = json!({ANNOTATION_PUBLIC_KEY: key.public.to_base64()});
+        cluster.apply(object);
+    }
+    for node in &nodes {
+        wait_for(&format!("{} to refuse both rogues", node.node.name), || {
+            let log = std::fs::read_to_string(node.log(0)).ok()?;
+            let refused = log
+                .lines()
+                .filter(|l| l.contains("what it claims is refused"))
+                .filter(|l| l.contains("a-rogue-around") || l.contains("a-rogue-outside"))
+                .count();
+            (refused >= 2).then_some(())
+        });
+    }
+    for (node, before) in nodes.iter().zip(&routes) {
+        assert_eq!(&node.routes(), before, "{}", node.node.name);
+        assert_eq!(
+            node.metric("nodus_mesh_peers"),
+            Some(2.0),
+            "{}",
+            node.node.name
+        );
+    }
+    pod_1_reaches_pods_2_and_3(&pods);
 }

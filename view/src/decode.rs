@@ -442,6 +442,7 @@ fn check_node(wire: &wire::Node) -> Result<Node, String> {
         pod_cidrs,
         zone: Sym::EMPTY,
         annotations: annotations.into(),
+        created: wire.metadata.creation_timestamp.unwrap_or(i64::MAX),
     })
 }
 

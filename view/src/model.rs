@@ -69,6 +69,11 @@ impl Cidr {
         Family::of(self.addr)
     }
 
+    /// Whether `other` lies wholly inside this range.
+    pub fn contains_cidr(&self, other: &Cidr) -> bool {
+        self.prefix <= other.prefix && self.contains(other.addr)
+    }
+
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(net), IpAddr::V4(ip)) => {
@@ -447,8 +452,13 @@ pub struct Node {
     pub addresses: Box<[NodeAddress]>,
     pub pod_cidrs: Box<[Cidr]>,
     pub zone: Sym,
-    /// The `nodus.dev/` annotations, sorted by key.
+    /// The annotations nodus reads ([`crate::wire::ANNOTATION_PUBLIC_KEY`] and the
+    /// others), sorted by key.
     pub annotations: Box<[(Box<str>, Box<str>)]>,
+    /// When the Node object was created, in seconds since the epoch; `i64::MAX` when it
+    /// has no creation time, so that it is never the older of two. Of two Nodes that claim
+    /// one pod range, the older keeps it, the same on every node.
+    pub created: i64,
 }
 
 impl Node {

@@ -13,8 +13,16 @@ pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-/// Annotations under this prefix belong to nodus (the mesh publishes its keys there).
-pub const ANNOTATION_PREFIX: &str = "nodus.dev/";
+/// The annotations nodus reads, all the mesh's: each node publishes its WireGuard key,
+/// port and endpoint on its own Node. No other annotation is kept.
+pub const ANNOTATION_PUBLIC_KEY: &str = "nodus.dev/wireguard-public-key";
+pub const ANNOTATION_PORT: &str = "nodus.dev/wireguard-port";
+pub const ANNOTATION_ENDPOINT: &str = "nodus.dev/wireguard-endpoint";
+const ANNOTATIONS_KEPT: [&str; 3] = [ANNOTATION_PUBLIC_KEY, ANNOTATION_PORT, ANNOTATION_ENDPOINT];
+/// The longest value kept of those annotations: a key is 44 bytes, an endpoint at most 53
+/// (`[v6%zone]:port`). A longer one is dropped as if absent, so that no Node's author can
+/// make every agent of the cluster hold more.
+pub const ANNOTATION_VALUE_MAX: usize = 64;
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -29,6 +37,68 @@ pub struct Meta {
     pub labels: Labels,
     #[serde(default)]
     pub annotations: Annotations,
+    /// `creationTimestamp`, in seconds since the epoch: which of two Nodes is older.
+    #[serde(default, deserialize_with = "unix_seconds", skip_serializing)]
+    pub creation_timestamp: Option<i64>,
+}
+
+/// An RFC 3339 time as the API server writes it (`2024-05-01T12:00:00Z`, also with a
+/// fraction or an offset), in seconds since the epoch; anything else reads as absent.
+fn unix_seconds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    let text = Option::<std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+    Ok(text.as_deref().and_then(parse_rfc3339))
+}
+
+pub(crate) fn parse_rfc3339(text: &str) -> Option<i64> {
+    let number = |range: std::ops::Range<usize>| -> Option<i64> {
+        let digits = text.get(range)?;
+        digits
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+            .then(|| digits.parse().ok())?
+    };
+    let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
+    let (hour, minute, second) = (number(11..13)?, number(14..16)?, number(17..19)?);
+    let separators = text.as_bytes();
+    if separators.get(4) != Some(&b'-')
+        || separators.get(7) != Some(&b'-')
+        || !matches!(separators.get(10), Some(b'T' | b't'))
+        || separators.get(13) != Some(&b':')
+        || separators.get(16) != Some(&b':')
+        || !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+    {
+        return None;
+    }
+    let mut rest = &text[19..];
+    if let Some(fraction) = rest.strip_prefix('.') {
+        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        rest = &fraction[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            let hours: i64 = rest.get(1..3)?.parse().ok()?;
+            let minutes: i64 = rest.get(4..6)?.parse().ok()?;
+            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
+                return None;
+            }
+            sign * (hours * 3600 + minutes * 60)
+        }
+    };
+    // Days from the civil date (Howard Hinnant's algorithm), 1970-01-01 being day 0.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let year_of_era = y - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    let days = era * 146_097 + day_of_era - 719_468;
+    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
 }
 
 /// The labels nodus acts on; every other label is skipped while parsing.
@@ -76,7 +146,8 @@ impl<'de> Deserialize<'de> for Labels {
     }
 }
 
-/// Only the `nodus.dev/` annotations; the rest (often large) is skipped while parsing.
+/// Only the annotations nodus reads, of bounded length; the rest (often large) is skipped
+/// while parsing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Annotations(pub Vec<(String, String)>);
 
@@ -94,8 +165,11 @@ impl<'de> Deserialize<'de> for Annotations {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Annotations, A::Error> {
                 let mut kept = Vec::new();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if key.starts_with(ANNOTATION_PREFIX) {
-                        kept.push((key.into_owned(), map.next_value()?));
+                    if ANNOTATIONS_KEPT.contains(&&*key) {
+                        let value: std::borrow::Cow<'de, str> = map.next_value()?;
+                        if value.len() <= ANNOTATION_VALUE_MAX {
+                            kept.push((key.into_owned(), value.into_owned()));
+                        }
                     } else {
                         map.next_value::<IgnoredAny>()?;
                     }
@@ -302,12 +376,15 @@ mod tests {
                 "labels": {"app": "web", "kubernetes.io/service-name": "web",
                            "service.kubernetes.io/headless": ""},
                 "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{…}",
-                                "nodus.dev/wireguard-public-key": "abc"},
+                                "nodus.dev/wireguard-public-key": "abc",
+                                "nodus.dev/anything-else": "x",
+                                "nodus.dev/wireguard-endpoint": "LONG"},
                 "managedFields": [{"manager": "kubectl"}]
             },
             "addressType": "IPv4", "endpoints": null, "ports": null
         }"#;
-        let slice: EndpointSlice = serde_json::from_str(json).expect("valid slice");
+        let json = json.replace("LONG", &"9".repeat(ANNOTATION_VALUE_MAX + 1));
+        let slice: EndpointSlice = serde_json::from_str(&json).expect("valid slice");
         assert_eq!(slice.metadata.labels.service_name.as_deref(), Some("web"));
         assert!(slice.metadata.labels.headless);
         assert_eq!(
@@ -318,5 +395,35 @@ mod tests {
             )]
         );
         assert!(slice.endpoints.is_empty());
+    }
+
+    #[test]
+    fn creation_timestamps_read_as_seconds_since_the_epoch() {
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(parse_rfc3339("2024-02-29T12:34:56Z"), Some(1_709_210_096));
+        assert_eq!(
+            parse_rfc3339("2024-02-29T12:34:56.789Z"),
+            Some(1_709_210_096)
+        );
+        assert_eq!(
+            parse_rfc3339("2024-02-29T14:34:56+02:00"),
+            Some(1_709_210_096)
+        );
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), Some(-1));
+        for bad in [
+            "",
+            "2024-02-29",
+            "2024-13-01T00:00:00Z",
+            "2024-02-29T12:34:56",
+            "2024-02-29 12:34:56Z",
+            "2024-02-29T12:34:56+0200",
+        ] {
+            assert_eq!(parse_rfc3339(bad), None, "{bad}");
+        }
+        let node: Node = serde_json::from_str(
+            r#"{"metadata": {"name": "n", "creationTimestamp": "2024-02-29T12:34:56Z"}}"#,
+        )
+        .expect("node");
+        assert_eq!(node.metadata.creation_timestamp, Some(1_709_210_096));
     }
 }
