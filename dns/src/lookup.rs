@@ -472,7 +472,23 @@ fn published(view: &View, svc: &ServiceView<'_>, service: &Service) -> Vec<Publi
 
 /// Answers one question about the cluster zone. `qname` keeps the client's case; owner
 /// names in the answer use it, so that 0x20-randomising resolvers accept the reply.
+///
+/// `ANY` is answered minimally (RFC 8482): one RRset of the name, never every type it
+/// has, so that an `ANY` is no larger than the largest single question and gains nothing
+/// as an amplifier.
 pub fn lookup(view: &View, zone: &Zone, qname: &Name, qtype: RecordType) -> Outcome {
+    match lookup_every_type(view, zone, qname, qtype) {
+        Outcome::Authoritative(mut answer) if qtype == RecordType::ANY => {
+            if let Some(first) = answer.answers.first().map(Record::record_type) {
+                answer.answers.retain(|r| r.record_type() == first);
+            }
+            Outcome::Authoritative(answer)
+        }
+        outcome => outcome,
+    }
+}
+
+fn lookup_every_type(view: &View, zone: &Zone, qname: &Name, qtype: RecordType) -> Outcome {
     let lower = qname.to_lowercase();
     if let Some(ip) = reverse_address(&lower) {
         return reverse(view, zone, qname, qtype, ip);
