@@ -302,7 +302,8 @@ fn cluster_ip_service<'a>(
         RecordType::SRV => {
             return Some(service_srv(view, service, namespace, name, PortQuery::ANY));
         }
-        RecordType::ANY => None,
+        // One RRset for ANY (RFC 8482, see [`lookup`]): the first cluster IP's family.
+        RecordType::ANY => service.cluster_ips.first().map(|ip| Family::of(*ip)),
         _ => match family_of_query(qtype) {
             Some(family) => Some(family),
             None => return Some(Common::NoData),
