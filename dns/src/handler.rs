@@ -1,6 +1,6 @@
 //! The request handler: what answers a request, whichever listener it came from.
 //!
-//! hickory-server parses requests, frames TCP, limits sizes and truncates; this module
+//! hickory-server parses requests, limits sizes and truncates; this module
 //! turns a request into a lookup ([`crate::lookup`]) or a forwarded question
 //! ([`crate::forward`]), and that into a response. [`ClusterDns::respond`] decides the
 //! reply, and one send encodes it. UDP datagrams the fast path ([`crate::fast`]) does not
@@ -25,6 +25,7 @@ use hickory_server::proto::serialize::binary::{
 };
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
+use nodus_limits::ConnectionCaps;
 use nodus_view::model::Cidr;
 use nodus_view::{View, ViewReader};
 use std::net::{IpAddr, SocketAddr};
@@ -46,6 +47,8 @@ pub struct ClusterDns {
     pub(crate) zone: Arc<Zone>,
     forwarder: Option<Arc<Forwarder>>,
     pub(crate) metrics: Arc<DnsMetrics>,
+    /// DNS over TCP on every address, in all and per client ([`crate::tcp`]).
+    pub(crate) tcp_caps: ConnectionCaps,
 }
 
 /// What a request gets, decided before anything is encoded or sent.
@@ -68,6 +71,7 @@ impl ClusterDns {
             view,
             zone: Arc::new(zone),
             forwarder,
+            tcp_caps: ConnectionCaps::new(crate::tcp::CONNECTIONS, crate::tcp::PER_CLIENT),
         }
     }
 
@@ -135,8 +139,19 @@ impl ClusterDns {
     /// otherwise the handler's answer within the payload size the requester can take
     /// (truncated, with TC, when it does not fit).
     pub async fn answer_datagram(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
+        self.answer_message(packet, src, Protocol::Udp).await
+    }
+
+    /// One message of `protocol`, as [`ClusterDns::answer_datagram`] answers a datagram;
+    /// over TCP the answer is never truncated (up to 65,535 bytes).
+    pub(crate) async fn answer_message(
+        &self,
+        packet: Vec<u8>,
+        src: SocketAddr,
+        protocol: Protocol,
+    ) -> Option<Vec<u8>> {
         let header = Header::read(&mut BinDecoder::new(&packet)).ok()?;
-        let Ok(request) = Request::from_bytes(packet, src, Protocol::Udp) else {
+        let Ok(request) = Request::from_bytes(packet, src, protocol) else {
             let mut metadata = Metadata::response_from_request(&header.metadata);
             metadata.response_code = ResponseCode::FormErr;
             self.metrics
@@ -146,10 +161,13 @@ impl ClusterDns {
         if request.metadata.message_type == MessageType::Response {
             return None;
         }
-        let reply = Capture::default();
+        let reply = Capture {
+            stream: protocol == Protocol::Tcp,
+            ..Capture::default()
+        };
         self.handle_request::<_, TokioTime>(&request, reply.clone())
             .await;
-        reply.0.lock().unwrap_or_else(|p| p.into_inner()).take()
+        reply.reply.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// The reply to `request`: FORMERR without a single question, NOTIMP for other opcodes,
@@ -295,10 +313,13 @@ fn encode_header(metadata: Metadata) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// Keeps the encoded response for [`ClusterDns::answer_datagram`], sized as hickory-server
-/// sizes a UDP response: the OPT's payload, or 512 bytes without EDNS.
+/// Keeps the encoded response for [`ClusterDns::answer_message`], sized as hickory-server
+/// sizes a UDP response (the OPT's payload, or 512 bytes without EDNS), or a TCP one.
 #[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Option<Vec<u8>>>>);
+struct Capture {
+    reply: Arc<Mutex<Option<Vec<u8>>>>,
+    stream: bool,
+}
 
 #[async_trait::async_trait]
 impl ResponseHandler for Capture {
@@ -313,7 +334,10 @@ impl ResponseHandler for Capture {
             impl Iterator<Item = &'a Record> + Send + 'a,
         >,
     ) -> Result<ResponseInfo, NetError> {
-        let max = response.edns().map_or(512, Edns::max_payload);
+        let max = match self.stream {
+            true => u16::MAX,
+            false => response.edns().map_or(512, Edns::max_payload),
+        };
         let id = response.metadata().id;
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
@@ -332,7 +356,7 @@ impl ResponseHandler for Capture {
                 })
             }
         };
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
+        *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
         Ok(info)
     }
 }

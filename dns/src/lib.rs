@@ -3,8 +3,8 @@
 //! [`lookup`] is the protocol: a question in, records out, computed from the view at query
 //! time. [`forward`] sends every other name upstream, with a cache. [`handler`] answers a
 //! request with both, as hickory-server's request handler. [`server`] puts the handler on
-//! TCP through hickory-server and on UDP through [`udp`], whose fast path ([`fast`]) answers
-//! the common questions from the packet bytes and leaves the rest to the handler.
+//! TCP through [`tcp`] and on UDP through [`udp`], whose fast path ([`fast`]) answers the
+//! common questions from the packet bytes and leaves the rest to the handler.
 
 pub mod allow;
 pub mod fast;
@@ -14,6 +14,7 @@ pub mod listen;
 pub mod lookup;
 pub mod metrics;
 pub mod server;
+pub mod tcp;
 mod udp;
 
 pub use lookup::{PodRecords, Zone};

@@ -1,14 +1,14 @@
-//! The DNS server's listeners: hickory-server's TCP listener and our UDP listener
-//! ([`crate::udp`]) on every address ([`crate::listen`]), both answering through one
-//! [`ClusterDns`] ([`crate::handler`]).
+//! The DNS server's listeners: UDP ([`crate::udp`]) and TCP ([`crate::tcp`]) on every
+//! address ([`crate::listen`]), both answering through one [`ClusterDns`]
+//! ([`crate::handler`]).
 
 use crate::forward::Forwarder;
 use crate::handler::ClusterDns;
 use crate::listen::{self, Listen};
 use crate::lookup::Zone;
 use crate::metrics::DnsMetrics;
+use crate::tcp::TcpListener;
 use crate::udp::UdpListener;
-use hickory_server::Server;
 use nodus_view::model::Cidr;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::{BTreeMap, BTreeSet};
@@ -16,16 +16,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// An idle TCP connection is closed after this long.
-const TCP_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// How often a followed wildcard looks at the host's addresses again.
 const FOLLOW_PERIOD: Duration = Duration::from_secs(2);
 
 /// Both transports on one address.
 struct Listener {
     _udp: UdpListener,
-    _tcp: Server<ClusterDns>,
+    _tcp: TcpListener,
 }
 
 type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
@@ -111,8 +108,7 @@ async fn bind(
         let udp = UdpListener::bind(addr, udp_threads, handler.clone())?;
         match tokio::net::TcpListener::bind(udp.local_addr()).await {
             Ok(tcp) => {
-                let mut server = Server::new(handler.clone());
-                server.register_listener(tcp, TCP_TIMEOUT, 64);
+                let server = TcpListener::serve(tcp, handler.clone());
                 let bound = udp.local_addr();
                 return Ok((
                     bound,

@@ -509,3 +509,58 @@ fn metrics_count_both_paths() {
         assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
     }
 }
+
+/// A TCP connection to `dns` from `source` (a loopback address), with half a message sent:
+/// a client that holds the connection and never finishes.
+fn held_connection(dns: &Dns, source: [u8; 4]) -> std::net::TcpStream {
+    use socket2::{Domain, Socket, Type};
+    use std::io::Write;
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    socket
+        .bind(&SocketAddr::from((source, 0)).into())
+        .expect("bind the source");
+    socket.connect(&dns.addr.into()).expect("connect");
+    let mut stream: std::net::TcpStream = socket.into();
+    stream.write_all(&[0]).expect("half a length");
+    stream
+}
+
+/// Whether the server closed `stream` within `wait`.
+fn closed(stream: &mut std::net::TcpStream, wait: std::time::Duration) -> bool {
+    use std::io::Read;
+    stream.set_read_timeout(Some(wait)).expect("timeout");
+    let mut buffer = [0; 64];
+    match stream.read(&mut buffer) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+    }
+}
+
+/// RFC 7766 §6.2: one client holds at most its share of TCP connections (over it, a
+/// connection is closed as soon as it is accepted), and another client still gets answers
+/// over TCP; a connection that stops sending is closed once idle.
+#[test]
+fn tcp_connections_are_capped_per_client_and_idle_ones_closed() {
+    use nodus_dns::tcp::{IDLE, PER_CLIENT};
+    use std::time::Duration;
+    let dns = start(PodRecords::Disabled);
+    let mut held: Vec<std::net::TcpStream> = (0..PER_CLIENT + 4)
+        .map(|_| held_connection(&dns, [127, 0, 0, 2]))
+        .collect();
+    let r = dig(&dns, &["+tcp", "web.default.svc.cluster.local", "A"]);
+    assert_eq!(r.status, "NOERROR", "{}", r.raw);
+    assert_eq!(r.data(), ["A 10.96.0.20"]);
+    let over: Vec<bool> = held[PER_CLIENT..]
+        .iter_mut()
+        .map(|s| closed(s, Duration::from_secs(5)))
+        .collect();
+    assert!(over.iter().all(|c| *c), "over the share: {over:?}");
+    let share: Vec<bool> = held[..PER_CLIENT]
+        .iter_mut()
+        .map(|s| closed(s, Duration::from_millis(200)))
+        .collect();
+    assert!(share.iter().all(|c| !*c), "within the share: {share:?}");
+    // Idle (half a length sent, then nothing): closed after IDLE.
+    assert!(closed(&mut held[0], IDLE + Duration::from_secs(10)));
+}

@@ -13,10 +13,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use std::collections::HashMap;
+use nodus_limits::ConnectionCaps;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -86,7 +85,7 @@ pub fn serve<F>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle
 where
     F: Fn(&Request<Incoming>, SocketAddr) -> Response<Body> + Clone + Send + Sync + 'static,
 {
-    let open = Arc::new(Mutex::new(Open::default()));
+    let caps = ConnectionCaps::new(limits.connections, limits.per_client);
     tokio::spawn(async move {
         loop {
             let (stream, client) = match listener.accept().await {
@@ -98,7 +97,8 @@ where
                 }
             };
             // Dropping the stream closes it: over a cap, the client learns at once.
-            let Some(slot) = Open::take(&open, client.ip(), &limits) else {
+            let Some(slot) = caps.take(client.ip()) else {
+                tracing::debug!(%client, "HTTP connection over the cap closed");
                 continue;
             };
             let handler = handler.clone();
@@ -116,49 +116,6 @@ where
             });
         }
     })
-}
-
-/// The open connections, in all and per client address.
-#[derive(Default)]
-struct Open {
-    total: usize,
-    per_client: HashMap<IpAddr, usize>,
-}
-
-impl Open {
-    fn take(open: &Arc<Mutex<Open>>, client: IpAddr, limits: &Limits) -> Option<Slot> {
-        let mut guard = open.lock().unwrap_or_else(|e| e.into_inner());
-        let from_client = guard.per_client.get(&client).copied().unwrap_or(0);
-        if guard.total >= limits.connections || from_client >= limits.per_client {
-            tracing::debug!(%client, "HTTP connection over the cap closed");
-            return None;
-        }
-        guard.total += 1;
-        guard.per_client.insert(client, from_client + 1);
-        Some(Slot {
-            open: open.clone(),
-            client,
-        })
-    }
-}
-
-/// One open connection's place under the caps, given back when dropped.
-struct Slot {
-    open: Arc<Mutex<Open>>,
-    client: IpAddr,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut guard = self.open.lock().unwrap_or_else(|e| e.into_inner());
-        guard.total -= 1;
-        if let Some(count) = guard.per_client.get_mut(&self.client) {
-            *count -= 1;
-            if *count == 0 {
-                guard.per_client.remove(&self.client);
-            }
-        }
-    }
 }
 
 /// A response with `status`, a content type and `body`.

@@ -122,7 +122,11 @@ fn any_is_answered_with_one_rrset_only() {
         ["dual.default.svc.cluster.local. 5 IN A 10.96.0.40"]
     );
     let v6_only = Cluster::new().ask("dual.default.svc.cluster.local", RecordType::AAAA);
-    assert_eq!(v6_only.answers.len(), 1, "AAAA still answers the other family");
+    assert_eq!(
+        v6_only.answers.len(),
+        1,
+        "AAAA still answers the other family"
+    );
 }
 
 #[test]
