@@ -96,6 +96,10 @@ pub struct DnsConfig {
     pub forward_max_concurrent: usize,
     /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
     pub udp_threads: usize,
+    /// UDP responses per second to one client prefix (/24, /56); 0 turns limiting off.
+    pub rate_limit: u32,
+    /// Every `rate_limit_slip`-th response over the limit is sent truncated; 0 drops all.
+    pub rate_limit_slip: u32,
     /// The proxy sends the cluster DNS Service's ClusterIP:53 to this node's listener.
     pub serve_cluster_dns_ip: bool,
     /// That Service, `namespace/name`.
@@ -145,6 +149,8 @@ impl Default for DnsConfig {
             // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
             forward_max_concurrent: 1000,
             udp_threads: 1,
+            rate_limit: nodus_dns::rate::RateLimitSettings::default().responses_per_second,
+            rate_limit_slip: nodus_dns::rate::RateLimitSettings::default().slip,
             serve_cluster_dns_ip: false,
             cluster_dns_service: "kube-system/kube-dns".into(),
         }

@@ -239,6 +239,29 @@ impl Writer<'_> {
 }
 
 /// Answers `packet` into `out` if the fast path can; `None` leaves it to the full path.
+/// A truncated reply to the query in `packet` (its header and question, QR and TC set, no
+/// records) written into `out`: what a client over the rate limit gets instead of the answer
+/// ([`crate::rate`]), so that it asks again over TCP. `None` for anything but a query with
+/// one question this parser reads.
+pub fn truncated(packet: &[u8], out: &mut [u8]) -> Option<Reply> {
+    let header = packet.get(..HEADER)?;
+    if header[2] & 0x80 != 0 || read_u16(header, 4)? != 1 {
+        return None;
+    }
+    let question = read_question(packet)?;
+    let reply = out.get_mut(..question.end)?;
+    reply.copy_from_slice(&packet[..question.end]);
+    // QR and TC; the opcode and RD as asked; no RA, NOERROR; one question, no records.
+    reply[2] = (reply[2] & 0x79) | 0x82;
+    reply[3] = 0;
+    reply[6..12].fill(0);
+    Some(Reply {
+        len: question.end,
+        qtype: RecordType::from(question.qtype),
+        rcode: ResponseCode::NoError,
+    })
+}
+
 pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option<Reply> {
     let header = packet.get(..HEADER)?;
     let (flags, codes) = (header[2], header[3]);

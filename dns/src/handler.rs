@@ -12,6 +12,7 @@ use crate::allow::AllowList;
 use crate::forward::{Forwarder, Resolution};
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
 use crate::metrics::DnsMetrics;
+use crate::rate::{RateLimit, RateLimitSettings};
 use hickory_server::net::NetError;
 use hickory_server::net::runtime::{Time, TokioTime};
 use hickory_server::net::xfer::Protocol;
@@ -49,6 +50,8 @@ pub struct ClusterDns {
     pub(crate) metrics: Arc<DnsMetrics>,
     /// DNS over TCP on every address, in all and per client ([`crate::tcp`]).
     pub(crate) tcp_caps: ConnectionCaps,
+    /// UDP responses per client prefix ([`crate::rate`]).
+    pub(crate) rate: Arc<RateLimit>,
 }
 
 /// What a request gets, decided before anything is encoded or sent.
@@ -72,7 +75,14 @@ impl ClusterDns {
             zone: Arc::new(zone),
             forwarder,
             tcp_caps: ConnectionCaps::new(crate::tcp::CONNECTIONS, crate::tcp::PER_CLIENT),
+            rate: Arc::new(RateLimit::new(RateLimitSettings::default())),
         }
+    }
+
+    /// The same, with `settings` for UDP responses instead of the defaults.
+    pub fn with_rate_limit(mut self, settings: RateLimitSettings) -> ClusterDns {
+        self.rate = Arc::new(RateLimit::new(settings));
+        self
     }
 
     pub fn zone(&self) -> &Zone {

@@ -13,6 +13,7 @@ pub mod handler;
 pub mod listen;
 pub mod lookup;
 pub mod metrics;
+pub mod rate;
 pub mod server;
 pub mod tcp;
 mod udp;

@@ -25,6 +25,8 @@ pub struct DnsMetrics {
     responses: [AtomicU64; RCODES.len()],
     latency: Histogram<{ LATENCY_BUCKETS.len() }>,
     forwarder: Option<Arc<Forwarder>>,
+    /// Responses over the rate limit ([`crate::rate`]): dropped, and sent truncated.
+    rate_limited: [AtomicU64; 2],
 }
 
 /// Indexes into [`QTYPES`]; a match, not a search, because every query counts.
@@ -63,6 +65,7 @@ impl DnsMetrics {
             responses: Default::default(),
             latency: Histogram::new(LATENCY_BUCKETS),
             forwarder,
+            rate_limited: Default::default(),
         }
     }
 
@@ -83,6 +86,11 @@ impl DnsMetrics {
     /// `count` requests answered together in `took`, from receipt to the send.
     pub fn observed(&self, took: Duration, count: u64) {
         self.latency.observe_many(took, count);
+    }
+
+    /// One response over the rate limit: dropped, or sent truncated (`slipped`).
+    pub fn rate_limited(&self, slipped: bool) {
+        self.rate_limited[usize::from(slipped)].fetch_add(1, Relaxed);
     }
 
     pub fn render(&self, out: &mut String) {
@@ -111,6 +119,20 @@ impl DnsMetrics {
                 out,
                 "nodus_dns_responses_total",
                 &format!("rcode=\"{rcode}\""),
+                count.load(Relaxed),
+            );
+        }
+        family(
+            out,
+            "nodus_dns_rate_limited_total",
+            "counter",
+            "UDP responses over a client prefix's rate: dropped, or sent truncated (slip).",
+        );
+        for (action, count) in ["drop", "slip"].iter().zip(&self.rate_limited) {
+            sample(
+                out,
+                "nodus_dns_rate_limited_total",
+                &format!("action=\"{action}\""),
                 count.load(Relaxed),
             );
         }

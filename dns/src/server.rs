@@ -139,19 +139,17 @@ pub async fn serve_with_threads(
     udp_threads: usize,
 ) -> std::io::Result<DnsServer> {
     let plan = listen::plan(listen);
-    serve_planned(view, zone, forwarder, &plan, udp_threads).await
+    let handler = ClusterDns::new(view, zone, forwarder);
+    serve_planned(handler, &plan, udp_threads).await
 }
 
 /// Serves `plan` ([`listen::plan`]): a fixed address that cannot be bound is an error; a
 /// followed wildcard binds what it can of the host's addresses now, and follows them.
 pub async fn serve_planned(
-    view: ViewReader,
-    zone: Zone,
-    forwarder: Option<Arc<Forwarder>>,
+    handler: ClusterDns,
     plan: &[Listen],
     udp_threads: usize,
 ) -> std::io::Result<DnsServer> {
-    let handler = ClusterDns::new(view, zone, forwarder);
     let mut bound = BTreeMap::new();
     for listen in plan {
         if let Listen::Fixed(addr) = listen {

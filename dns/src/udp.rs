@@ -22,6 +22,7 @@
 use crate::fast;
 use crate::handler::ClusterDns;
 use crate::lookup::MAX_UDP_PAYLOAD;
+use crate::rate::Verdict;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -452,12 +453,26 @@ fn fast_loop(
                 let len = header.msg_len as usize;
                 let packet = &batch.received[i * RECEIVE_BUFFER..i * RECEIVE_BUFFER + len];
                 let out = &mut batch.replies[replies * SEND_BUFFER..(replies + 1) * SEND_BUFFER];
-                // A client outside the allow-list goes to the full path, which refuses it.
-                match view
-                    .as_ref()
-                    .filter(|_| allow.contains(src.ip()))
-                    .and_then(|view| fast::answer(view, &handler.zone, packet, out))
-                {
+                let verdict = handler.rate.check(src.ip(), started);
+                let reply = match verdict {
+                    Verdict::Drop => {
+                        handler.metrics.rate_limited(false);
+                        continue;
+                    }
+                    Verdict::Slip => {
+                        handler.metrics.rate_limited(true);
+                        let Some(reply) = fast::truncated(packet, out) else {
+                            continue;
+                        };
+                        Some(reply)
+                    }
+                    // A client outside the allow-list goes to the full path, which refuses it.
+                    Verdict::Send => view
+                        .as_ref()
+                        .filter(|_| allow.contains(src.ip()))
+                        .and_then(|view| fast::answer(view, &handler.zone, packet, out)),
+                };
+                match reply {
                     Some(reply) => {
                         batch.send_iov[replies].iov_len = reply.len;
                         batch.destinations[replies] = batch.sources[i];

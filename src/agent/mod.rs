@@ -90,10 +90,15 @@ async fn start_dns(config: &Config, view: ViewReader) -> anyhow::Result<DnsServe
         false => Vec::new(),
     };
     let forwarder = forwarder(config, &listen::own_addresses(&plan, &host));
-    let mut server =
-        nodus_dns::server::serve_planned(view, zone, forwarder, &plan, config.dns.udp_threads)
-            .await
-            .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
+    let handler = nodus_dns::handler::ClusterDns::new(view, zone, forwarder).with_rate_limit(
+        nodus_dns::rate::RateLimitSettings {
+            responses_per_second: config.dns.rate_limit,
+            slip: config.dns.rate_limit_slip,
+        },
+    );
+    let mut server = nodus_dns::server::serve_planned(handler, &plan, config.dns.udp_threads)
+        .await
+        .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
     server.allow(
         config
             .cluster_cidrs

@@ -229,6 +229,11 @@ fn dig_from(
 /// [`OtherResolver`] on 127.0.0.53, HTTP on every address; waits until it is ready and
 /// returns the HTTP port.
 fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) -> u16 {
+    run_node_1_with_dns_config(cluster, ns, listen, "")
+}
+
+/// [`run_node_1_with_dns`] with more lines of the `dns:` section.
+fn run_node_1_with_dns_config(cluster: &mut Cluster, ns: &Netns, listen: &str, dns: &str) -> u16 {
     let kubeconfig = cluster.listen_in(ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
     let resolv_conf = cluster.dir.join("resolv.conf");
     std::fs::write(&resolv_conf, "nameserver 127.0.0.53\n").expect("resolv.conf");
@@ -236,7 +241,7 @@ fn run_node_1_with_dns(cluster: &mut Cluster, ns: &Netns, listen: &str) -> u16 {
     std::fs::write(
         &config,
         format!(
-            "dns:\n  listen: {listen}\n  resolv_conf: {}\n",
+            "dns:\n  listen: {listen}\n  resolv_conf: {}\n{dns}",
             resolv_conf.display()
         ),
     )
@@ -426,4 +431,89 @@ fn clients_outside_the_cluster_are_refused_and_nothing_is_forwarded_for_them() {
     assert_eq!(code, 403, "{body}");
     assert!(!body.contains("node-1"), "{body}");
     assert_eq!(get_in(&node, Ipv4Addr::LOCALHOST, "/status").0, 200);
+}
+
+/// A UDP query for `name` (type A, RD set) with id `id`.
+fn query(id: u16, name: &str) -> Vec<u8> {
+    let mut packet = id.to_be_bytes().to_vec();
+    packet.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in name.split('.').filter(|l| !l.is_empty()) {
+        packet.push(label.len() as u8);
+        packet.extend_from_slice(label.as_bytes());
+    }
+    packet.extend_from_slice(&[0, 0, 1, 0, 1]);
+    packet
+}
+
+/// Response-rate limiting with real packets: a pod-range client that floods one node gets
+/// its rate in answers, then every second reply truncated (TC, no records) and the rest
+/// dropped; over TCP it is still answered, as a real resolver retrying after TC would be.
+#[test]
+fn a_flood_from_one_prefix_is_rate_limited_with_truncated_slips_and_tcp_still_answers() {
+    let mut cluster = Cluster::new("rrl", EXAMPLE);
+    let (node, client) = node_and_client("rrl");
+    let http = run_node_1_with_dns_config(
+        &mut cluster,
+        &node,
+        "[\"10.77.0.1:53\"]",
+        "  rate_limit: 20\n  rate_limit_slip: 2\n",
+    );
+    const SENT: u16 = 200;
+    let (answers, truncated) = client
+        .enter(|| {
+            let socket = UdpSocket::bind("10.244.1.50:0").expect("bind the pod address");
+            socket
+                .set_read_timeout(Some(Duration::from_millis(500)))
+                .expect("timeout");
+            for id in 0..SENT {
+                socket
+                    .send_to(&query(id, "web.default.svc.cluster.local"), "10.77.0.1:53")
+                    .expect("send");
+            }
+            let (mut answers, mut truncated) = (0usize, 0usize);
+            let mut buffer = [0u8; 512];
+            while let Ok(len) = socket.recv(&mut buffer) {
+                let answer_count = u16::from_be_bytes([buffer[6], buffer[7]]);
+                match (buffer[2] & 0x02 != 0, answer_count) {
+                    (true, 0) if len > 12 => truncated += 1,
+                    (false, 1) => answers += 1,
+                    other => panic!("an unexpected reply: {other:?}"),
+                }
+            }
+            (answers, truncated)
+        })
+        .expect("entering the client");
+    // The burst is the rate (20); a few more tokens come back while the flood is sent.
+    assert!(
+        (20..usize::from(SENT) / 2).contains(&answers),
+        "{answers} answered of {SENT}"
+    );
+    assert!(
+        truncated >= usize::from(SENT) / 4,
+        "{truncated} truncated of {SENT}"
+    );
+    assert!(answers + truncated < usize::from(SENT), "some are dropped");
+    assert_eq!(
+        dig_from(
+            &client,
+            "10.244.1.50",
+            "10.77.0.1",
+            "web.default.svc.cluster.local",
+            &["+tcp"]
+        ),
+        ("NOERROR".to_string(), "10.96.0.20".to_string()),
+        "over TCP"
+    );
+    let (_, metrics) = node
+        .enter(|| {
+            http_get(
+                SocketAddr::from((Ipv4Addr::LOCALHOST, http)),
+                "/metrics",
+                Duration::from_secs(5),
+            )
+        })
+        .expect("entering the node")
+        .expect("metrics");
+    let slipped = metric(&metrics, "nodus_dns_rate_limited_total{action=\"slip\"}").unwrap_or(0.0);
+    assert_eq!(slipped as usize, truncated, "{metrics}");
 }

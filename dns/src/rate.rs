@@ -1,0 +1,204 @@
+//! Response-rate limiting per client prefix, as BIND's and NSD's RRL do it: a UDP client's
+//! source can be forged, so a flood of queries "from" a victim would make DNS a reflector.
+//! Each prefix (/24 for IPv4, /56 for IPv6: a node's pods, or one site) has a token bucket
+//! of [`RateLimitSettings::responses_per_second`]; over it, responses are dropped, and every
+//! [`RateLimitSettings::slip`]-th one is sent truncated instead (TC, no records), so that a
+//! real client asks again over TCP, whose source cannot be forged, and is never cut off.
+//!
+//! Loopback is not limited: it cannot be forged from outside the host. TCP is not limited.
+//! The table holds at most [`MAX_PREFIXES`]; idle buckets are forgotten first.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Prefixes tracked at once; beyond, once idle ones are gone, a new prefix is not limited
+/// (the allow-list already bounds who may ask).
+pub const MAX_PREFIXES: usize = 16_384;
+
+/// What the limit allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimitSettings {
+    /// Responses per second to one prefix, and the burst allowed; 0 turns limiting off.
+    pub responses_per_second: u32,
+    /// Every `slip`-th response over the limit goes out truncated; 0 drops them all.
+    pub slip: u32,
+}
+
+impl Default for RateLimitSettings {
+    /// High enough for every pod of a busy node behind one /24 (a request through a
+    /// search path costs up to 5 queries), low enough to bound what a forged flood gets.
+    fn default() -> RateLimitSettings {
+        RateLimitSettings {
+            responses_per_second: 10_000,
+            slip: 2,
+        }
+    }
+}
+
+/// What to do with one response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    Send,
+    /// Send it truncated: header and question, TC set, no records.
+    Slip,
+    Drop,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Bucket {
+    tokens: f64,
+    refilled: Instant,
+    over: u32,
+}
+
+/// The limiter; shared by every listener.
+#[derive(Debug)]
+pub struct RateLimit {
+    settings: RateLimitSettings,
+    buckets: Mutex<HashMap<u128, Bucket>>,
+}
+
+impl RateLimit {
+    pub fn new(settings: RateLimitSettings) -> RateLimit {
+        RateLimit {
+            settings,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The verdict for one response to `client` at `now`.
+    pub fn check(&self, client: IpAddr, now: Instant) -> Verdict {
+        let rate = self.settings.responses_per_second;
+        if rate == 0 || client.to_canonical().is_loopback() {
+            return Verdict::Send;
+        }
+        let rate = f64::from(rate);
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        let prefix = prefix_of(client);
+        if !buckets.contains_key(&prefix) && buckets.len() >= MAX_PREFIXES {
+            // A bucket refilled to the brim is idle: forget those.
+            buckets.retain(|_, b| {
+                b.tokens + now.saturating_duration_since(b.refilled).as_secs_f64() * rate < rate
+            });
+            if buckets.len() >= MAX_PREFIXES {
+                return Verdict::Send;
+            }
+        }
+        let bucket = buckets.entry(prefix).or_insert(Bucket {
+            tokens: rate,
+            refilled: now,
+            over: 0,
+        });
+        let elapsed = now.saturating_duration_since(bucket.refilled).as_secs_f64();
+        bucket.tokens = (bucket.tokens + elapsed * rate).min(rate);
+        bucket.refilled = now;
+        if bucket.tokens >= 1.0 {
+            bucket.tokens -= 1.0;
+            bucket.over = 0;
+            return Verdict::Send;
+        }
+        bucket.over = bucket.over.wrapping_add(1);
+        match self.settings.slip {
+            0 => Verdict::Drop,
+            slip if bucket.over.is_multiple_of(slip) => Verdict::Slip,
+            _ => Verdict::Drop,
+        }
+    }
+}
+
+/// The client's /24 or /56, with the family in the top bit so that the two never meet.
+fn prefix_of(client: IpAddr) -> u128 {
+    match client.to_canonical() {
+        IpAddr::V4(v4) => (1 << 127) | u128::from(u32::from(v4) >> 8),
+        IpAddr::V6(v6) => u128::from(v6) >> 72,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn limit(responses_per_second: u32, slip: u32) -> RateLimit {
+        RateLimit::new(RateLimitSettings {
+            responses_per_second,
+            slip,
+        })
+    }
+
+    #[test]
+    fn a_prefix_gets_its_rate_then_every_second_response_slips() {
+        let limit = limit(10, 2);
+        let now = Instant::now();
+        let client: IpAddr = "10.244.1.7".parse().expect("ip");
+        let neighbour: IpAddr = "10.244.1.200".parse().expect("ip");
+        let verdicts: Vec<Verdict> = (0..14)
+            .map(|i| limit.check(if i % 2 == 0 { client } else { neighbour }, now))
+            .collect();
+        assert!(
+            verdicts[..10].iter().all(|v| *v == Verdict::Send),
+            "{verdicts:?}"
+        );
+        assert_eq!(
+            verdicts[10..],
+            [Verdict::Drop, Verdict::Slip, Verdict::Drop, Verdict::Slip],
+            "one /24 shares a bucket"
+        );
+        // Another prefix has its own.
+        assert_eq!(
+            limit.check("10.244.2.7".parse().expect("ip"), now),
+            Verdict::Send
+        );
+        // Tokens come back with time: 10 a second.
+        let later = now + Duration::from_millis(300);
+        let sent = (0..10)
+            .filter(|_| limit.check(client, later) == Verdict::Send)
+            .count();
+        assert_eq!(sent, 3);
+    }
+
+    #[test]
+    fn loopback_and_a_zero_rate_are_never_limited() {
+        let now = Instant::now();
+        let tight = limit(1, 0);
+        for _ in 0..100 {
+            assert_eq!(
+                tight.check("127.0.0.1".parse().expect("ip"), now),
+                Verdict::Send
+            );
+            assert_eq!(tight.check("::1".parse().expect("ip"), now), Verdict::Send);
+        }
+        assert_eq!(
+            tight.check("10.0.0.1".parse().expect("ip"), now),
+            Verdict::Send
+        );
+        assert_eq!(
+            tight.check("10.0.0.1".parse().expect("ip"), now),
+            Verdict::Drop
+        );
+        let off = limit(0, 2);
+        assert!((0..100).all(|_| off.check("10.0.0.1".parse().expect("ip"), now) == Verdict::Send));
+    }
+
+    #[test]
+    fn the_table_is_bounded_and_forgets_idle_prefixes_first() {
+        let limit = limit(5, 2);
+        let now = Instant::now();
+        for i in 0..MAX_PREFIXES as u32 {
+            limit.check(IpAddr::from((0x0a00_0000 + (i << 8)).to_be_bytes()), now);
+        }
+        let stranger = IpAddr::from([11, 0, 0, 1]);
+        // Full, none idle yet: a new prefix is not tracked (and not limited).
+        assert!((0..20).all(|_| limit.check(stranger, now) == Verdict::Send));
+        // A second later every bucket is full again: idle, forgotten, and the stranger
+        // gets a bucket of its own.
+        let later = now + Duration::from_secs(1);
+        let sent = (0..20)
+            .filter(|_| limit.check(stranger, later) == Verdict::Send)
+            .count();
+        assert_eq!(sent, 5);
+        assert!(limit.buckets.lock().expect("lock").len() < MAX_PREFIXES);
+    }
+}
