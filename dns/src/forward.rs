@@ -9,6 +9,13 @@
 //! for the SOA's minimum (RFC 2308); the cache is capped in entries and in the wire size of
 //! the cached answers. At most `max_concurrent` questions are upstream at once; past that a
 //! question is refused, as CoreDNS's forward plugin answers past its `max_concurrent`.
+//!
+//! An upstream can still lead back to nodus (a node resolver that forwards to the cluster
+//! DNS, a NodeLocal-style cache): every miss would then circle until it times out. At start,
+//! as CoreDNS's `loop` plugin does, each upstream is asked a random name only this process
+//! knows ([`Forwarder::probe_for_loops`]); if that name arrives at our own server
+//! ([`Forwarder::is_loop_probe`]), the upstream is left out from then on, with one error in
+//! the log that names it.
 
 use hickory_proto::op::{Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
@@ -16,7 +23,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -26,6 +33,9 @@ const MAX_POSITIVE_TTL: u32 = 3600;
 const MAX_NEGATIVE_TTL: u32 = 1800;
 /// Room for the largest UDP answer an upstream may send.
 const UDP_BUFFER: usize = 4096;
+/// How long a loop probe's name is watched for after it was sent: a loop may take a few
+/// hops through caches that wait for their own upstreams.
+const LOOP_PROBE_WINDOW: Duration = Duration::from_secs(10);
 
 /// How the forwarder is set up.
 #[derive(Clone, Debug)]
@@ -123,6 +133,12 @@ pub struct Forwarder {
     /// Questions upstream now.
     in_flight: AtomicUsize,
     pub stats: ForwardStats,
+    /// Per upstream (in `config.upstreams`' order): it sent a loop probe back to us.
+    looping: Box<[AtomicBool]>,
+    /// The loop probes being watched for, each with its upstream's index.
+    probes: Mutex<Vec<(Name, usize)>>,
+    /// Whether any probe is watched for: the check on every forwarded name is one load.
+    probing: AtomicBool,
 }
 
 /// One question upstream, counted in `in_flight` until dropped.
@@ -237,11 +253,71 @@ enum UpstreamError {
 impl Forwarder {
     pub fn new(config: ForwardConfig) -> Forwarder {
         Forwarder {
+            looping: config
+                .upstreams
+                .iter()
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             config,
             cache: Mutex::new(Cache::default()),
             in_flight: AtomicUsize::new(0),
             stats: ForwardStats::default(),
+            probes: Mutex::new(Vec::new()),
+            probing: AtomicBool::new(false),
         }
+    }
+
+    /// Upstreams found to send our questions back to us.
+    pub fn looping_upstreams(&self) -> Vec<SocketAddr> {
+        self.config
+            .upstreams
+            .iter()
+            .zip(&self.looping)
+            .filter(|(_, looping)| looping.load(Relaxed))
+            .map(|(upstream, _)| *upstream)
+            .collect()
+    }
+
+    /// Asks every upstream a random name of its own and watches for those names for
+    /// [`LOOP_PROBE_WINDOW`]; run once the server listens. The answers do not matter.
+    pub async fn probe_for_loops(&self) {
+        let probes: Vec<(Name, usize)> = (0..self.config.upstreams.len())
+            .filter_map(|i| Some((loop_probe_name()?, i)))
+            .collect();
+        *self.probes.lock().unwrap_or_else(|p| p.into_inner()) = probes.clone();
+        self.probing.store(true, Relaxed);
+        for (name, i) in &probes {
+            let probe = Query::query(name.clone(), RecordType::HINFO);
+            let _ = self.ask(self.config.upstreams[*i], probe).await;
+        }
+        tokio::time::sleep(LOOP_PROBE_WINDOW).await;
+        self.probing.store(false, Relaxed);
+        self.probes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
+    /// Whether `name`, asked of our server, is one of our loop probes come back: its
+    /// upstream is left out from now on (logged once), and the question is not forwarded.
+    pub fn is_loop_probe(&self, name: &Name) -> bool {
+        if !self.probing.load(Relaxed) {
+            return false;
+        }
+        let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        let lower = name.to_lowercase();
+        let Some(&(_, i)) = probes.iter().find(|(probe, _)| *probe == lower) else {
+            return false;
+        };
+        if !self.looping[i].swap(true, Relaxed) {
+            tracing::error!(
+                upstream = %self.config.upstreams[i],
+                "forwarding loop: this upstream sends the questions nodus forwards back to \
+                 nodus; it is left out. Point resolv.conf (dns.resolv_conf) at a resolver \
+                 that does not forward to the cluster DNS"
+            );
+        }
+        true
     }
 
     pub fn upstreams(&self) -> &[SocketAddr] {
@@ -276,8 +352,14 @@ impl Forwarder {
             return Resolution::Refused;
         };
         self.stats.forwarded.fetch_add(1, Relaxed);
-        for upstream in &self.config.upstreams {
-            match self.ask(*upstream, query).await {
+        let usable = self
+            .config
+            .upstreams
+            .iter()
+            .zip(&self.looping)
+            .filter(|(_, looping)| !looping.load(Relaxed));
+        for (upstream, _) in usable {
+            match self.ask(*upstream, query.clone()).await {
                 Ok((answer, wire_size)) => {
                     if let Some(ttl) = cache_ttl(&answer) {
                         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
@@ -314,12 +396,13 @@ impl Forwarder {
     async fn ask(
         &self,
         upstream: SocketAddr,
-        query: &Query,
+        query: Query,
     ) -> Result<(Forwarded, usize), UpstreamError> {
         let id: u16 = rand_id();
         let mut message = Message::new(id, MessageType::Query, OpCode::Query);
         message.metadata.recursion_desired = true;
         message.add_query(query.clone());
+        let query = &query;
         // Room for answers up to the flag-day size, so fewer of them fall back to TCP.
         let mut edns = hickory_proto::op::Edns::new();
         edns.set_max_payload(1232);
@@ -378,11 +461,21 @@ fn check(bytes: &[u8], id: u16, query: &Query) -> Result<Message, UpstreamError>
 /// A query id that an off-path attacker cannot guess cheaply, without a random crate: the
 /// hasher's per-process random keys over a counter.
 fn rand_id() -> u16 {
+    random_u64() as u16
+}
+
+fn random_u64() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     static STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let state = STATE.get_or_init(RandomState::new);
-    state.hash_one(COUNTER.fetch_add(1, Relaxed)) as u16
+    state.hash_one(COUNTER.fetch_add(1, Relaxed))
+}
+
+/// A name no one else asks: two random labels under the root, as CoreDNS's loop plugin
+/// makes them (an upstream that does not loop gets NXDOMAIN from the root).
+fn loop_probe_name() -> Option<Name> {
+    Name::from_ascii(format!("{:016x}.{:016x}.", random_u64(), random_u64())).ok()
 }
 
 async fn udp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {

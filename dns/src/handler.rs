@@ -85,6 +85,10 @@ impl ClusterDns {
         self
     }
 
+    pub(crate) fn forwarder(&self) -> Option<&Arc<Forwarder>> {
+        self.forwarder.as_ref()
+    }
+
     pub fn zone(&self) -> &Zone {
         &self.zone
     }
@@ -183,6 +187,16 @@ impl ClusterDns {
     /// The reply to `request`: FORMERR without a single question, NOTIMP for other opcodes,
     /// then the zone's answer, or the upstreams' for a name outside it.
     async fn respond(&self, request: &Request) -> Reply {
+        // Our own loop probe, come back through an upstream (whichever address it comes
+        // from, even before the allow-list knows this host): not forwarded again.
+        let loop_probe = |forwarder: &Arc<Forwarder>| {
+            request
+                .request_info()
+                .is_ok_and(|info| forwarder.is_loop_probe(info.query.name()))
+        };
+        if self.forwarder.as_ref().is_some_and(loop_probe) {
+            return Reply::Code(ResponseCode::Refused);
+        }
         if !self.allow_list().contains(request.src().ip()) {
             return Reply::Code(self.not_allowed());
         }

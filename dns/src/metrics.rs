@@ -171,6 +171,13 @@ impl DnsMetrics {
                 "Forwarded questions answered from the cache.",
                 stats.cache_hits.load(Relaxed),
             );
+            single(
+                out,
+                "nodus_dns_upstreams_looping",
+                "gauge",
+                "Upstreams left out because they sent our loop probe back to us.",
+                forwarder.looping_upstreams().len() as u64,
+            );
             let (entries, bytes) = forwarder.cache_size();
             single(
                 out,

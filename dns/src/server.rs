@@ -34,6 +34,8 @@ pub struct DnsServer {
     /// Follows the host's addresses: the listeners of a followed wildcard, and the
     /// allow-list.
     follower: tokio::task::JoinHandle<()>,
+    /// Asks the upstreams for our loop probes once the listeners are up.
+    loop_probe: Option<tokio::task::JoinHandle<()>>,
     pub metrics: Arc<DnsMetrics>,
     handler: ClusterDns,
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
@@ -59,6 +61,9 @@ impl DnsServer {
 impl Drop for DnsServer {
     fn drop(&mut self) {
         self.follower.abort();
+        if let Some(probe) = &self.loop_probe {
+            probe.abort();
+        }
     }
 }
 
@@ -185,9 +190,14 @@ pub async fn serve_planned(
             }
         }
     });
+    let loop_probe = handler
+        .forwarder()
+        .cloned()
+        .map(|forwarder| tokio::spawn(async move { forwarder.probe_for_loops().await }));
     Ok(DnsServer {
         _listeners: listeners,
         follower,
+        loop_probe,
         metrics: handler.metrics.clone(),
         handler,
         addrs,

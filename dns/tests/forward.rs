@@ -4,7 +4,7 @@
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, SOA};
-use hickory_proto::rr::{Name, RData, Record};
+use hickory_proto::rr::{Name, RData, Record, RecordType};
 use nodus_dns::forward::{ForwardConfig, Forwarder};
 use nodus_dns::server::{DnsServer, serve};
 use nodus_dns::{PodRecords, Zone};
@@ -12,7 +12,8 @@ use nodus_view::{View, ViewWriter};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -71,8 +72,13 @@ async fn upstream(seen: Seen) -> SocketAddr {
         }
     };
     let addr = udp.local_addr().expect("addr");
+    // nodus's loop probe at start (HINFO of a random name) is not a forwarded question.
     let count = move |seen: &Seen, query: &Message, transport: &str| {
-        if let Some(q) = query.queries.first() {
+        if let Some(q) = query
+            .queries
+            .first()
+            .filter(|q| q.query_type() != RecordType::HINFO)
+        {
             *seen
                 .lock()
                 .expect("lock")
@@ -130,10 +136,28 @@ struct Setup {
 /// nodus DNS with `dead` silent upstreams before the working one (or only dead ones),
 /// over a view with one ExternalName service pointing outside the zone.
 fn setup(dead: usize, with_live: bool) -> Setup {
-    setup_with(dead, with_live, true, 100)
+    setup_with(silent_upstreams(dead), with_live, true, 100)
 }
 
-fn setup_with(dead: usize, with_live: bool, synced: bool, max_concurrent: usize) -> Setup {
+/// Upstreams bound but never read: queries to them time out.
+fn silent_upstreams(count: usize) -> Vec<SocketAddr> {
+    (0..count)
+        .map(|_| {
+            let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+            let addr = silent.local_addr().expect("addr");
+            std::mem::forget(silent);
+            addr
+        })
+        .collect()
+}
+
+/// nodus DNS with the `leading` upstreams before the working one (or only those).
+fn setup_with(
+    leading: Vec<SocketAddr>,
+    with_live: bool,
+    synced: bool,
+    max_concurrent: usize,
+) -> Setup {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -141,13 +165,7 @@ fn setup_with(dead: usize, with_live: bool, synced: bool, max_concurrent: usize)
         .expect("runtime");
     let seen = Seen::default();
     let (server, forwarder) = rt.block_on(async {
-        let mut upstreams = Vec::new();
-        for _ in 0..dead {
-            // Bound but never read: queries to it time out.
-            let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-            upstreams.push(silent.local_addr().expect("addr"));
-            std::mem::forget(silent);
-        }
+        let mut upstreams = leading;
         if with_live {
             upstreams.push(upstream(seen.clone()).await);
         }
@@ -307,7 +325,7 @@ fn an_external_name_outside_the_zone_is_chased_upstream() {
 
 #[test]
 fn misses_are_servfail_until_the_view_is_complete() {
-    let s = setup_with(0, true, false, 100);
+    let s = setup_with(Vec::new(), true, false, 100);
     let miss = dig(s.dns, &["missing.default.svc.cluster.local", "A"]);
     assert!(miss.contains("status: SERVFAIL"), "{miss}");
     let hit = dig(s.dns, &["db.default.svc.cluster.local", "CNAME"]);
@@ -342,7 +360,7 @@ fn the_cache_keeps_classes_apart_and_counts_wire_bytes() {
 #[test]
 fn questions_over_max_concurrent_are_refused() {
     // One silent upstream: the first question waits for its timeout.
-    let s = setup_with(1, false, true, 1);
+    let s = setup_with(silent_upstreams(1), false, true, 1);
     let client = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
     let mut waiting = Message::new(7, MessageType::Query, hickory_proto::op::OpCode::Query);
     waiting.add_query(hickory_proto::op::Query::query(
@@ -366,4 +384,74 @@ fn questions_over_max_concurrent_are_refused() {
     std::thread::sleep(Duration::from_millis(400));
     let failed = dig(s.dns, &["other.example.org", "A"]);
     assert!(failed.contains("status: SERVFAIL"), "{failed}");
+}
+
+/// An upstream that leads back to nodus: it relays every UDP question to `target` (once
+/// set) and the answer back, as a node resolver forwarding to the cluster DNS would.
+fn relay(target: Arc<OnceLock<SocketAddr>>, relayed: Arc<AtomicUsize>) -> SocketAddr {
+    let socket = Arc::new(std::net::UdpSocket::bind("127.0.0.1:0").expect("bind"));
+    let addr = socket.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok((n, from)) = socket.recv_from(&mut buffer) {
+            relayed.fetch_add(1, Ordering::Relaxed);
+            let (packet, socket, target) = (buffer[..n].to_vec(), socket.clone(), target.clone());
+            std::thread::spawn(move || {
+                let deadline = std::time::Instant::now() + Duration::from_secs(5);
+                let target = loop {
+                    match target.get() {
+                        Some(target) => break *target,
+                        None if std::time::Instant::now() > deadline => return,
+                        None => std::thread::sleep(Duration::from_millis(10)),
+                    }
+                };
+                let out = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+                out.set_read_timeout(Some(Duration::from_secs(3)))
+                    .expect("timeout");
+                let mut reply = [0u8; 4096];
+                if out.send_to(&packet, target).is_ok()
+                    && let Ok(n) = out.recv(&mut reply)
+                {
+                    let _ = socket.send_to(&reply[..n], from);
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// CoreDNS's loop check: an upstream that sends our questions back to us is found by the
+/// probe at start and left out, so that names outside the zone go to the next upstream at
+/// once instead of circling until they time out.
+#[test]
+fn an_upstream_that_leads_back_here_is_found_at_start_and_left_out() {
+    let target = Arc::new(OnceLock::new());
+    let relayed = Arc::new(AtomicUsize::new(0));
+    let looping = relay(target.clone(), relayed.clone());
+    let s = setup_with(vec![looping], true, true, 100);
+    target.set(s.dns).expect("set once");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while s.forwarder.looping_upstreams().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(s.forwarder.looping_upstreams(), [looping]);
+    let before = relayed.load(Ordering::Relaxed);
+    let reply = dig(s.dns, &["www.example.org", "A"]);
+    assert!(reply.contains("status: NOERROR"), "{reply}");
+    assert_eq!(
+        seen(&s, "www.example.org. udp"),
+        1,
+        "the live upstream answered"
+    );
+    assert_eq!(
+        relayed.load(Ordering::Relaxed),
+        before,
+        "the loop is not asked again"
+    );
+    let mut metrics = String::new();
+    s._server.metrics.render(&mut metrics);
+    assert!(
+        metrics.contains("nodus_dns_upstreams_looping 1"),
+        "{metrics}"
+    );
 }

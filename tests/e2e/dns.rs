@@ -152,7 +152,12 @@ impl OtherResolver {
                 if n < 12 {
                     continue;
                 }
-                counted.fetch_add(1, Relaxed);
+                let question_end =
+                    12 + buf[12..n].iter().position(|b| *b == 0).unwrap_or(0) + 1 + 4;
+                // nodus's loop probe at start (HINFO) is not a forwarded question.
+                if buf.get(question_end - 4..question_end - 2) != Some(&[0, 13]) {
+                    counted.fetch_add(1, Relaxed);
+                }
                 // The question echoed, QR and RA set, one answer pointing at its name.
                 let mut reply = buf[..n].to_vec();
                 reply[2] |= 0x80;
@@ -161,8 +166,6 @@ impl OtherResolver {
                 reply[8..12].copy_from_slice(&[0, 0, 0, 0]);
                 // An EDNS OPT record of the question, if any, is dropped with ARCOUNT 0:
                 // cut the message after the question.
-                let question_end =
-                    12 + reply[12..].iter().position(|b| *b == 0).unwrap_or(0) + 1 + 4;
                 reply.truncate(question_end.min(reply.len()));
                 reply
                     .extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 192, 0, 2, 53]);
