@@ -152,7 +152,7 @@ impl Drop for InFlight<'_> {
 
 /// The TTL an answer is cached for: the smallest record TTL, or for a negative answer the
 /// SOA's minimum (bounded by the SOA's own TTL), as RFC 2308 says.
-fn cache_ttl(answer: &Forwarded) -> Option<u32> {
+pub fn cache_ttl(answer: &Forwarded) -> Option<u32> {
     // REFUSED, NOTIMP and the like say something about the upstream, not the name.
     if !matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) {
         return None;
@@ -241,7 +241,7 @@ impl Cache {
 
 /// Why one upstream gave no usable answer.
 #[derive(Debug, thiserror::Error)]
-enum UpstreamError {
+pub enum UpstreamError {
     #[error("timed out")]
     Timeout,
     #[error("{0}")]
@@ -413,30 +413,53 @@ impl Forwarder {
         let datagram = tokio::time::timeout(self.config.timeout, udp_exchange(upstream, &bytes))
             .await
             .map_err(|_| UpstreamError::Timeout)??;
-        let answer = check(&datagram, id, query)?;
-        let (answer, wire_size) = if answer.metadata.truncation {
-            let full = tokio::time::timeout(self.config.timeout, tcp_exchange(upstream, &bytes))
-                .await
-                .map_err(|_| UpstreamError::Timeout)??;
-            (check(&full, id, query)?, full.len())
-        } else {
-            (answer, datagram.len())
-        };
-        if answer.metadata.response_code == ResponseCode::ServFail {
-            return Err(UpstreamError::Malformed("SERVFAIL".into()));
+        match read_answer(&datagram, id, query)? {
+            Upstream::Truncated => {
+                let full =
+                    tokio::time::timeout(self.config.timeout, tcp_exchange(upstream, &bytes))
+                        .await
+                        .map_err(|_| UpstreamError::Timeout)??;
+                match read_answer(&full, id, query)? {
+                    Upstream::Answer(answer) => Ok((answer, full.len())),
+                    Upstream::Truncated => {
+                        Err(UpstreamError::Malformed("truncated over TCP".into()))
+                    }
+                }
+            }
+            Upstream::Answer(answer) => Ok((answer, datagram.len())),
         }
-        let forwarded = Forwarded {
-            rcode: answer.metadata.response_code,
-            answers: answer.answers,
-            authorities: answer.authorities,
-            additionals: answer
-                .additionals
-                .into_iter()
-                .filter(|r| r.record_type() != RecordType::OPT)
-                .collect(),
-        };
-        Ok((forwarded, wire_size))
     }
+}
+
+/// What an upstream's message says.
+#[derive(Debug)]
+pub enum Upstream {
+    Answer(Forwarded),
+    /// Truncated: ask again over TCP.
+    Truncated,
+}
+
+/// Reads an upstream's reply to our question `query` with id `id`: the answer to keep and
+/// cache, or that it was truncated. Anything else (not our question, a SERVFAIL, bytes
+/// that do not parse) is an error, and the next upstream is tried.
+pub fn read_answer(bytes: &[u8], id: u16, query: &Query) -> Result<Upstream, UpstreamError> {
+    let answer = check(bytes, id, query)?;
+    if answer.metadata.truncation {
+        return Ok(Upstream::Truncated);
+    }
+    if answer.metadata.response_code == ResponseCode::ServFail {
+        return Err(UpstreamError::Malformed("SERVFAIL".into()));
+    }
+    Ok(Upstream::Answer(Forwarded {
+        rcode: answer.metadata.response_code,
+        answers: answer.answers,
+        authorities: answer.authorities,
+        additionals: answer
+            .additionals
+            .into_iter()
+            .filter(|r| r.record_type() != RecordType::OPT)
+            .collect(),
+    }))
 }
 
 /// An answer is ours only if it echoes our id and our question: it is cached under that
