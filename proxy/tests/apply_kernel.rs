@@ -180,9 +180,10 @@ fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
     let mut second = open_proxy(&node);
     let report = second.full_sync(&view).expect("adopting full sync");
     assert_eq!(report.added, 5, "{report:?}");
-    // Nothing stale but the previous run's endpoint keys: adoption programs every
-    // endpoint block anew beside them, then deletes them (one per ready endpoint here).
-    assert_eq!(report.leftovers_removed, 4, "{report:?}");
+    // Every element is in place: each chain gets its key block back from its dispatch
+    // rule, so no element is sent and nothing is left over.
+    assert_eq!(report.leftovers_removed, 0, "{report:?}");
+    assert_eq!(report.elements, 0, "{report:?}");
     assert_eq!(
         round_trip(&mut established, b"two!").expect("echo after the restart"),
         *b"two!"
@@ -250,9 +251,9 @@ fn leftovers_of_a_previous_run_are_removed() {
     let mut second = open_proxy(&ns);
     let report = second.full_sync(&view).expect("second run");
     assert_eq!(report.added, 4, "{report:?}");
-    // The two elements of `empty`, the five endpoint keys of the first run (the second
-    // programs its endpoints at new keys beside them), and the old-layout map.
-    assert_eq!(report.leftovers_removed, 2 + 5 + 1, "{report:?}");
+    // The two elements of `empty`, web's endpoint key it no longer uses (it keeps its
+    // block), and the old-layout map.
+    assert_eq!(report.leftovers_removed, 2 + 1 + 1, "{report:?}");
     let listing = list_table(&ns);
     assert!(
         listing.contains(&format!("chain {web_chain} {{")),

@@ -7,10 +7,13 @@
 //!    and the chains those point at stay, so services keep working meanwhile. Only if
 //!    the kernel refuses that (a set or base chain defined differently by another
 //!    version) is the table recreated.
-//! 2. The shared maps' elements are read once into a snapshot of keys. Services are then
-//!    programmed in transactions of about [`FULL_SYNC_BATCH_MESSAGES`] messages, each
-//!    creating its chains before the elements that name them; an element already present
-//!    with other data is deleted and re-added within the same transaction.
+//! 2. The shared maps' elements are read once into a snapshot of keys, and the dispatch
+//!    rules' key blocks ([`crate::plan::EndpointKeys::adopt`]), so that each chain gets its
+//!    block back. Services are then programmed in transactions of about
+//!    [`FULL_SYNC_BATCH_MESSAGES`] messages, each creating its chains before the elements
+//!    that name them; an element already present with the same data is not sent again (an
+//!    adoption after a restart sends no endpoint element that is in place), and one with
+//!    other data is deleted and re-added within the same transaction.
 //! 3. What the previous run left and nobody claimed is removed: map elements first, then
 //!    chains are flushed, then chains and sets deleted, each step in its own bounded
 //!    transactions, so no map or rule ever points at a missing chain.
@@ -43,6 +46,21 @@ struct Slot {
     claimed: bool,
 }
 
+/// The endpoint map elements a previous run left: key and a hash of the verdict, sorted
+/// by key, and which of them this sync claimed. 17 bytes an element, against a `Slot`'s
+/// hundred: at 100,000 endpoints this is the sync's largest structure.
+#[derive(Debug, Default)]
+struct EndpointElements {
+    entries: Vec<(u32, u64)>,
+    claimed: Vec<bool>,
+}
+
+impl EndpointElements {
+    fn position(&self, key: u32) -> Option<usize> {
+        self.entries.binary_search_by_key(&key, |(k, _)| *k).ok()
+    }
+}
+
 /// A service in the transaction being built, kept until it commits so that it can be
 /// retried alone.
 struct Member {
@@ -60,9 +78,9 @@ pub(super) struct FullSync<'a, 'v> {
     /// The table was created by this sync: nothing to adopt or clean up.
     fresh: bool,
     slots: HashMap<(SharedSet, Vec<u8>), Slot>,
-    /// The keys a previous run left in the endpoint maps: avoided by this sync's blocks,
-    /// then deleted.
-    previous_endpoint_keys: Vec<(SharedSet, Vec<u32>)>,
+    /// What a previous run left in the endpoint maps: reused where the plan wants the same
+    /// key with the same verdict, avoided by new blocks, and deleted where unclaimed.
+    endpoint_elements: HashMap<SharedSet, EndpointElements>,
     /// Hashes of every chain and set this sync programs, by kind and name.
     wanted: HashSet<u64>,
     batch: PlanBatch,
@@ -82,7 +100,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             table: Table::inet(TABLE),
             fresh: false,
             slots: HashMap::new(),
-            previous_endpoint_keys: Vec::new(),
+            endpoint_elements: HashMap::new(),
             wanted: HashSet::new(),
             batch: PlanBatch::new(),
             members: Vec::new(),
@@ -91,17 +109,15 @@ impl<'a, 'v> FullSync<'a, 'v> {
 
     pub(super) fn run(mut self) -> Result<(), Error> {
         self.skeleton()?;
-        if !self.fresh {
-            self.snapshot()?;
-        }
-        self.proxy.applied.clear();
         // A fresh allocator: the table is about to be reprogrammed from scratch, and what a
         // previous run or a refused partial sync left is reserved instead (a block on the
-        // old allocator's free lists may still hold live keys after a refused commit).
+        // old allocator's free lists may still hold live keys after a refused commit), or
+        // adopted by the chain whose rule uses it.
         let mut keys = EndpointKeys::new();
-        for (map, previous) in &self.previous_endpoint_keys {
-            keys.reserve(*map, previous.clone());
+        if !self.fresh {
+            self.snapshot(&mut keys)?;
         }
+        self.proxy.applied.clear();
         let planner = self.planner;
         for plan in planner.services(&mut keys) {
             self.add(plan)?;
@@ -151,9 +167,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(())
     }
 
-    /// Reads the keys of the shared maps as a previous run left them. A table that
-    /// carried only the egress masquerade has none.
-    fn snapshot(&mut self) -> Result<(), Error> {
+    /// Reads the shared maps as a previous run left them, and the blocks its dispatch rules
+    /// use. A table that carried only the egress masquerade has none.
+    fn snapshot(&mut self, keys: &mut EndpointKeys) -> Result<(), Error> {
         let endpoint_maps = self
             .proxy
             .socket
@@ -161,24 +177,35 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 SharedSet::endpoints_from_name(name).is_some()
             })
             .map_err(Error::netlink("listing the endpoint maps"))?;
-        // Endpoint keys only need avoiding, then deleting: keys without data.
         for map in endpoint_maps
             .iter()
             .filter_map(|name| SharedSet::endpoints_from_name(name))
         {
-            let keys: Vec<u32> = self
+            let mut entries: Vec<(u32, u64)> = self
                 .proxy
                 .socket
                 .list_elements(&self.table, &map.name())
                 .map_err(Error::netlink("listing the endpoint maps"))?
                 .into_iter()
                 .filter_map(|element| match tuple_from_bytes(map, &element.key)?.0[..] {
-                    [Value::Integer32(key)] => Some(key),
+                    [Value::Integer32(key)] => Some((key, listed_verdict_hash(&element.data))),
                     _ => None,
                 })
                 .collect();
-            self.previous_endpoint_keys.push((map, keys));
+            entries.sort_unstable();
+            keys.reserve(map, entries.iter().map(|(key, _)| *key).collect());
+            let claimed = vec![false; entries.len()];
+            self.endpoint_elements
+                .insert(map, EndpointElements { entries, claimed });
         }
+        self.proxy
+            .socket
+            .each_dispatch(&self.table, |dispatch| {
+                if let Some(map) = SharedSet::endpoints_from_name(dispatch.map) {
+                    keys.adopt(dispatch.chain, map, dispatch.offset, dispatch.modulus);
+                }
+            })
+            .map_err(Error::netlink("listing the dispatch rules"))?;
         let skeleton_sets = Family::ALL
             .into_iter()
             .flat_map(|family| SharedKind::ALL.map(|kind| SharedSet::new(kind, family)));
@@ -203,9 +230,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
     /// Adds one service to the transaction being built, unless one of its keys belongs
     /// to a service programmed earlier in this sync.
     fn add(&mut self, plan: ServicePlan) -> Result<(), Error> {
-        // Endpoint keys are allocated for this sync, clear of every key the table holds:
-        // nobody else claims them and none exists yet, so they need no slot (and at
-        // 100,000 endpoints the slots would be most of the sync's memory).
+        // Endpoint keys are this sync's blocks: new ones clear of every key the table holds,
+        // or a chain's own block adopted from the table, which no other chain is given.
+        // They are checked against `endpoint_elements`, not slots.
         let keys: Vec<(usize, (SharedSet, Vec<u8>))> = plan
             .elements
             .iter()
@@ -236,13 +263,29 @@ impl<'a, 'v> FullSync<'a, 'v> {
             return Ok(());
         }
         let mut stale = Vec::new();
-        let mut missing: Vec<usize> = plan
-            .elements
-            .iter()
-            .enumerate()
-            .filter(|(_, element)| element.set.kind == SharedKind::Endpoints)
-            .map(|(index, _)| index)
-            .collect();
+        let mut missing = Vec::new();
+        for (index, element) in plan.elements.iter().enumerate() {
+            if element.set.kind != SharedKind::Endpoints {
+                continue;
+            }
+            let existing = match element.element.key.0[..] {
+                [Value::Integer32(key)] => self
+                    .endpoint_elements
+                    .get_mut(&element.set)
+                    .and_then(|listed| Some((listed.position(key)?, listed))),
+                _ => None,
+            };
+            match existing {
+                Some((at, listed)) => {
+                    listed.claimed[at] = true;
+                    if listed.entries[at].1 != planned_verdict_hash(&element.element.data) {
+                        stale.push(index);
+                        missing.push(index);
+                    }
+                }
+                None => missing.push(index),
+            }
+        }
         for (index, key) in keys {
             let slot = self.slots.entry(key).or_default();
             slot.claimed = true;
@@ -306,6 +349,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         {
                             slot.claimed = false;
                         }
+                        // Its endpoint elements in place go with its old chains.
+                        if let ([Value::Integer32(key)], Some(listed)) = (
+                            &element.element.key.0[..],
+                            self.endpoint_elements.get_mut(&element.set),
+                        ) && let Some(at) = listed.position(*key)
+                        {
+                            listed.claimed[at] = false;
+                        }
                     }
                     // Not its endpoint maps: other services use them.
                     for (object, name) in own_objects(&member.plan) {
@@ -352,13 +403,18 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 })
             })
             .collect();
-        let endpoint_keys: Vec<ElementPlan> = std::mem::take(&mut self.previous_endpoint_keys)
+        let endpoint_keys: Vec<ElementPlan> = std::mem::take(&mut self.endpoint_elements)
             .into_iter()
-            .flat_map(|(map, keys)| {
-                keys.into_iter().map(move |key| ElementPlan {
-                    set: map,
-                    element: Element::new(Value::Integer32(key)),
-                })
+            .flat_map(|(map, listed)| {
+                listed
+                    .entries
+                    .into_iter()
+                    .zip(listed.claimed)
+                    .filter(|(_, claimed)| !claimed)
+                    .map(move |((key, _), _)| ElementPlan {
+                        set: map,
+                        element: Element::new(Value::Integer32(key)),
+                    })
             })
             .collect();
         let wanted = &self.wanted;
@@ -460,6 +516,28 @@ fn name_hash(object: Object, name: &str) -> u64 {
     let mut hasher = DefaultHasher::new();
     object.hash(&mut hasher);
     name.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// An endpoint map element's verdict, hashed: what the table holds…
+fn listed_verdict_hash(data: &Option<ListedData>) -> u64 {
+    verdict_hash(match data {
+        Some(ListedData::Verdict(verdict)) => Some(verdict),
+        _ => None,
+    })
+}
+
+/// …and what the plan wants, hashed alike.
+fn planned_verdict_hash(data: &Option<ElementData>) -> u64 {
+    verdict_hash(match data {
+        Some(ElementData::Verdict(verdict)) => Some(verdict),
+        _ => None,
+    })
+}
+
+fn verdict_hash(verdict: Option<&nft::Verdict>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    verdict.hash(&mut hasher);
     hasher.finish()
 }
 

@@ -90,6 +90,8 @@ pub struct SyncReport {
     pub conntrack_deletions: usize,
     /// Committed transactions, refused ones included.
     pub transactions: usize,
+    /// Set and map elements those transactions added or deleted.
+    pub elements: usize,
     pub duration: Duration,
     /// Why a requested partial sync became a full one.
     pub fell_back: Option<String>,
@@ -107,6 +109,7 @@ impl SyncReport {
             refused: Vec::new(),
             conntrack_deletions: 0,
             transactions: 0,
+            elements: 0,
             duration: Duration::ZERO,
             fell_back: None,
         }
@@ -312,6 +315,7 @@ impl Proxy {
         if !batch.is_empty() {
             let batch = batch.into_batch();
             report.transactions += 1;
+            report.elements += batch.element_count();
             match self.socket.commit(&batch) {
                 Ok(generation) => self.committed(generation),
                 Err(failure) => {

@@ -106,6 +106,8 @@ pub struct Batch {
     buffer: Vec<u8>,
     entries: Vec<Entry>,
     next_set_id: u32,
+    /// Set elements added or deleted by the messages.
+    elements: usize,
 }
 
 impl Batch {
@@ -128,6 +130,7 @@ impl Batch {
             buffer,
             entries: Vec::new(),
             next_set_id: 1,
+            elements: 0,
         }
     }
 
@@ -142,6 +145,11 @@ impl Batch {
 
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Set elements the batch adds or deletes (flushes not counted).
+    pub fn element_count(&self) -> usize {
+        self.elements
     }
 
     /// `add table` (no error if it exists).
@@ -315,6 +323,7 @@ impl Batch {
 
     /// `delete element`: each must exist.
     pub fn delete_elements(&mut self, set: &SetRef, elements: &[Element]) -> &mut Self {
+        self.elements += elements.len();
         for chunk in chunk_by_size(elements, |element| element.key_attrs()) {
             let mut attrs = element_list_header(&self.table.name, set);
             attrs.push(Attr::nested(sys::NFTA_SET_ELEM_LIST_ELEMENTS, chunk.attrs));
@@ -336,6 +345,7 @@ impl Batch {
         verb: &'static str,
     ) -> &mut Self {
         let flags = NLM_F_CREATE | if exclusive { NLM_F_EXCL } else { 0 };
+        self.elements += elements.len();
         for chunk in chunk_by_size(elements, Element::attrs) {
             let mut attrs = element_list_header(&self.table.name, set);
             attrs.push(Attr::nested(sys::NFTA_SET_ELEM_LIST_ELEMENTS, chunk.attrs));

@@ -309,6 +309,71 @@ impl Socket {
         Ok(count)
     }
 
+    /// Calls `each` for every rule of `table` that picks a key with `numgen … mod N offset K`
+    /// and looks it up in a map: a dispatch to N endpoints at keys K…K+N−1. The dump is read
+    /// one datagram at a time and nothing is stored here, so that reading the dispatches of
+    /// 20,000 chains costs what `each` keeps.
+    pub fn each_dispatch(
+        &mut self,
+        table: &Table,
+        mut each: impl FnMut(Dispatch<'_>),
+    ) -> Result<()> {
+        let attrs = [Attr::string(sys::NFTA_RULE_TABLE, &table.name)];
+        let request = "list rules";
+        self.query_each(
+            sys::NFT_MSG_GETRULE,
+            table,
+            NLM_F_DUMP,
+            &attrs,
+            request,
+            |reply| {
+                let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
+                if !names_table(body, table) {
+                    return;
+                }
+                let (Some(chain), Some(expressions)) = (
+                    attr::find(body, sys::NFTA_RULE_CHAIN).and_then(nul_terminated),
+                    attr::find(body, sys::NFTA_RULE_EXPRESSIONS),
+                ) else {
+                    return;
+                };
+                let mut numgen = None;
+                for (kind, expression) in attr::parse(expressions) {
+                    if kind != sys::NFTA_LIST_ELEM {
+                        continue;
+                    }
+                    let name = attr::find(expression, sys::NFTA_EXPR_NAME).and_then(nul_terminated);
+                    let data = attr::find(expression, sys::NFTA_EXPR_DATA).unwrap_or_default();
+                    match name {
+                        Some("numgen") => {
+                            let number =
+                                |kind| attr::find(data, kind).filter(|v| v.len() >= 4).map(be_u32);
+                            numgen = number(sys::NFTA_NG_MODULUS)
+                                .map(|modulus| (modulus, number(sys::NFTA_NG_OFFSET).unwrap_or(0)));
+                        }
+                        Some("lookup") => {
+                            let map =
+                                attr::find(data, sys::NFTA_LOOKUP_SET).and_then(nul_terminated);
+                            if let (Some((modulus, offset)), Some(map)) = (numgen, map) {
+                                each(Dispatch {
+                                    chain,
+                                    map,
+                                    offset,
+                                    modulus,
+                                });
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            },
+        )?
+        .map_err(|errno| Error::Request {
+            request: request.into(),
+            errno,
+        })
+    }
+
     /// The names of the named sets and maps of `table` that `keep` accepts; anonymous
     /// sets (`__set0`, `__map3`) are listed too, as the kernel names them.
     pub fn list_sets(
@@ -710,6 +775,20 @@ fn parse_error(reply: &Reply, request: &str) -> Result<ErrorReply> {
 
 /// Whether a chain, set or rule message (their table attribute is the first, 1) belongs
 /// to `table`.
+/// A dispatch rule as [`Socket::each_dispatch`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dispatch<'r> {
+    pub chain: &'r str,
+    pub map: &'r str,
+    pub offset: u32,
+    pub modulus: u32,
+}
+
+/// A NUL-terminated string attribute.
+fn nul_terminated(bytes: &[u8]) -> Option<&str> {
+    std::str::from_utf8(bytes.split(|&b| b == 0).next()?).ok()
+}
+
 fn names_table(body: &[u8], table: &Table) -> bool {
     attr::find(body, sys::NFTA_CHAIN_TABLE)
         .is_some_and(|name| name.split(|&b| b == 0).next() == Some(table.name.as_bytes()))

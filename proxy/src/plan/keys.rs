@@ -16,7 +16,10 @@
 //! sync starts over with a fresh allocator that avoids every key the table already holds
 //! (a previous run's, or those of a partial sync the kernel refused), so the rules using
 //! them keep working until their service's turn comes; the keys it did not claim are
-//! removed at its end.
+//! removed at its end. Before it plans, it reads the blocks the table's dispatch rules use
+//! ([`EndpointKeys::adopt`]): a chain gets its own block back while its endpoints fit, so
+//! that an adoption after a restart finds its elements already in place and sends none of
+//! them again, and the kernel never holds two copies.
 
 use std::collections::HashMap;
 
@@ -31,14 +34,21 @@ struct KeySpace {
     next: u32,
     /// Released blocks by class.
     free: HashMap<u8, Vec<u32>>,
-    /// Keys present in the table before the current full sync, sorted.
+    /// Keys present in the table before the current full sync, and every key of an
+    /// adopted block; sorted unless `unsorted`.
     reserved: Vec<u32>,
+    unsorted: bool,
 }
 
 impl KeySpace {
     fn allocate(&mut self, class: u8) -> u32 {
         if let Some(offset) = self.free.get_mut(&class).and_then(Vec::pop) {
             return offset;
+        }
+        if self.unsorted {
+            self.reserved.sort_unstable();
+            self.reserved.dedup();
+            self.unsorted = false;
         }
         let size = 1u64 << class;
         let mut offset = u64::from(self.next);
@@ -71,6 +81,9 @@ impl KeySpace {
 #[derive(Debug, Default)]
 pub struct EndpointKeys {
     spaces: HashMap<SharedSet, KeySpace>,
+    /// Blocks the table's dispatch rules use, by chain (hashed) and map, found at the start
+    /// of a full sync; each goes back to its chain, until [`EndpointKeys::release_reserved`].
+    adopted: HashMap<(u32, SharedSet), KeyBlock>,
 }
 
 impl EndpointKeys {
@@ -88,11 +101,34 @@ impl EndpointKeys {
         space.reserved = keys;
     }
 
-    /// Forgets the reserved keys once the previous run's elements are gone.
+    /// Forgets the reserved keys once the previous run's elements are gone, and the
+    /// adopted blocks no chain took back.
     pub fn release_reserved(&mut self) {
         for space in self.spaces.values_mut() {
             space.reserved = Vec::new();
         }
+        self.adopted = HashMap::new();
+    }
+
+    /// Records that `chain` dispatches to keys `offset`…`offset + len − 1` of `map` in the
+    /// table: the chain gets that block back while its endpoints fit. Its keys must also be
+    /// [reserved](EndpointKeys::reserve), so that no other chain is given them.
+    pub fn adopt(&mut self, chain: &str, map: SharedSet, offset: u32, len: u32) {
+        let chain = fnv1a(chain);
+        let block = KeyBlock {
+            map,
+            offset,
+            class: class_of(len),
+            chain,
+        };
+        // The whole block, also the keys above `len` the chain may grow into.
+        let space = self.spaces.entry(map).or_default();
+        let end = u64::from(offset) + (1u64 << block.class);
+        space
+            .reserved
+            .extend((u64::from(offset)..end.min(1 << 32)).filter_map(|k| u32::try_from(k).ok()));
+        space.unsorted = true;
+        self.adopted.insert((chain, map), block);
     }
 
     /// Blocks for one service's plan, reusing `previous` (what the service held) where
@@ -127,7 +163,7 @@ impl KeyLease<'_> {
     pub fn take(&mut self, chain: &str, family: Family, len: u32) -> KeyBlock {
         let chain = fnv1a(chain);
         let map = SharedSet::endpoints(family, shard_of_hash(chain));
-        let class = u8::try_from(len.max(1).next_power_of_two().trailing_zeros()).unwrap_or(31);
+        let class = class_of(len);
         // The chain's own block, while it fits, even when larger than needed now: keys cost
         // nothing, and a service that scales down and up again keeps them.
         if let Some(index) = self
@@ -136,6 +172,15 @@ impl KeyLease<'_> {
             .position(|block| block.chain == chain && block.map == map && block.class >= class)
         {
             return self.previous.swap_remove(index);
+        }
+        // The block the table's rule uses (a full sync adopting a table), while it fits.
+        if let Some(block) = self
+            .keys
+            .adopted
+            .remove(&(chain, map))
+            .filter(|block| block.class >= class)
+        {
+            return block;
         }
         let offset = self.keys.spaces.entry(map).or_default().allocate(class);
         KeyBlock {
@@ -153,6 +198,11 @@ impl Drop for KeyLease<'_> {
             self.keys.release(block);
         }
     }
+}
+
+/// The size class (log2, rounded up) of a block of `len` keys.
+fn class_of(len: u32) -> u8 {
+    u8::try_from(len.max(1).next_power_of_two().trailing_zeros()).unwrap_or(31)
 }
 
 /// FNV-1a of a chain's name: it never changes between builds.
@@ -237,6 +287,36 @@ mod tests {
         keys.release_reserved();
         let c = keys.lease(&[]).take("service-b", Family::V6, 1);
         assert_eq!(c.offset, 18);
+    }
+
+    #[test]
+    fn an_adopted_block_goes_back_to_its_chain_while_it_fits() {
+        let mut keys = EndpointKeys::new();
+        let map = SharedSet::endpoints(Family::V4, shard_of("service-c"));
+        keys.reserve(map, (40..43).collect());
+        keys.adopt("service-c", map, 40, 3);
+        let mut lease = keys.lease(&[]);
+        let block = lease.take("service-c", Family::V4, 4);
+        assert_eq!(
+            (block.offset, block.class),
+            (40, 2),
+            "3 keys rounded up to 4 fit 4"
+        );
+        // Another chain never gets a key of the block, not even the fourth, unused now.
+        let others: Vec<u32> = (0..)
+            .map(|i| format!("service-e{i}"))
+            .filter(|name| shard_of(name) == map.shard)
+            .take(50)
+            .map(|name| lease.take(&name, Family::V4, 1).offset)
+            .collect();
+        assert!(others.iter().all(|k| !(40..44).contains(k)), "{others:?}");
+        assert!(others.contains(&39) && others.contains(&44), "{others:?}");
+        drop(lease);
+        let mut keys = EndpointKeys::new();
+        keys.reserve(map, (40..43).collect());
+        keys.adopt("service-c", map, 40, 3);
+        let grown = keys.lease(&[]).take("service-c", Family::V4, 5);
+        assert!(!(40..44).contains(&grown.offset), "{grown:?}");
     }
 
     #[test]
