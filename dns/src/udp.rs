@@ -8,10 +8,11 @@
 //! answered there by the full path, [`ClusterDns::answer_datagram`]; its reply goes out on
 //! the same socket without blocking the runtime.
 //!
-//! Every reply leaves from the address its query was sent to: the destination comes with
-//! each datagram (`IP_PKTINFO`, `IPV6_PKTINFO`) and goes back as the reply's source, so that
-//! a wildcard socket answers correctly for an address held on `lo` or a dummy interface,
-//! where routing would pick another source and the client would drop the reply.
+//! Every reply leaves from the address its query was sent to. A wildcard socket gets each
+//! datagram's destination (`IP_PKTINFO`, `IPV6_PKTINFO`) and sends it back as the reply's
+//! source, so that it answers correctly for an address held on `lo` or a dummy interface,
+//! where routing would pick another source and the client would drop the reply; a socket
+//! bound to one address needs nothing of the kind.
 //!
 //! Why a thread rather than a task: the runtime is current-thread without the proxy, and
 //! shares its workers with the watch and the proxy with it; a blocking socket read in
@@ -64,7 +65,10 @@ impl UdpListener {
                 _ => bind_reuse_port(addr)?,
             };
             socket.set_read_timeout(Some(WAKE_UP))?;
-            receive_destinations(&socket, addr)?;
+            // A socket bound to one address replies from it anyway.
+            if addr.ip().is_unspecified() {
+                receive_destinations(&socket, addr)?;
+            }
             // Port 0 picks a port once; the other sockets share it.
             addr = socket.local_addr()?;
             sockets.push(Arc::new(socket));
