@@ -14,10 +14,10 @@
 use anyhow::{Context, bail};
 use nodus_proxy::apply::Proxy;
 use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, render};
+use nodus_testbed::bench::KernelMemory;
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 fn update(object: serde_json::Value) -> anyhow::Result<Update> {
@@ -36,80 +36,6 @@ fn view_of(shape: &Shape) -> anyhow::Result<View> {
     let report = view.apply(updates);
     anyhow::ensure!(report.invalid.is_empty(), "{:?}", report.invalid);
     Ok(view)
-}
-
-/// Kernel memory charged to a memory cgroup of its own while the ruleset is programmed:
-/// what a pod's limit would pay for the table. Needs a cgroup v1 memory hierarchy with
-/// kmem accounting (this machine's); elsewhere the system's unreclaimable slab is used,
-/// which other activity on the machine disturbs.
-struct KernelMemory {
-    /// The cgroup the programming thread joins, when there is one.
-    cgroup: Option<PathBuf>,
-}
-
-impl KernelMemory {
-    fn new() -> KernelMemory {
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let cgroup = own
-            .lines()
-            .find_map(|line| line.split_once(":memory:"))
-            .map(|(_, path)| {
-                PathBuf::from(format!(
-                    "/sys/fs/cgroup/memory{}/nodus-proxy-bench-{}",
-                    path.trim_end_matches('/'),
-                    std::process::id()
-                ))
-            })
-            .filter(|dir| std::fs::create_dir_all(dir).is_ok())
-            .filter(|dir| dir.join("memory.kmem.usage_in_bytes").exists());
-        KernelMemory { cgroup }
-    }
-
-    fn method(&self) -> &'static str {
-        match self.cgroup {
-            Some(_) => "kernel memory charged to the programming thread's memory cgroup",
-            None => "system unreclaimable slab (noisy)",
-        }
-    }
-
-    /// Moves the calling thread into the cgroup; the bytes counted from now on.
-    fn join(&self) -> anyhow::Result<()> {
-        if let Some(dir) = &self.cgroup {
-            // SAFETY: gettid has no preconditions.
-            let tid = unsafe { libc::gettid() };
-            std::fs::write(dir.join("tasks"), tid.to_string())
-                .with_context(|| format!("joining {}", dir.display()))?;
-        }
-        Ok(())
-    }
-
-    fn bytes(&self) -> anyhow::Result<u64> {
-        match &self.cgroup {
-            Some(dir) => Ok(
-                std::fs::read_to_string(dir.join("memory.kmem.usage_in_bytes"))?
-                    .trim()
-                    .parse()?,
-            ),
-            None => {
-                let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-                meminfo
-                    .lines()
-                    .find_map(|l| l.strip_prefix("SUnreclaim:"))
-                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-                    .map(|kib| kib * 1024)
-                    .context("no SUnreclaim in /proc/meminfo")
-            }
-        }
-    }
-}
-
-impl Drop for KernelMemory {
-    fn drop(&mut self) {
-        // Charges left behind move to the parent; the directory goes once no task is in it.
-        if let Some(dir) = &self.cgroup {
-            let _ = std::fs::remove_dir(dir);
-        }
-    }
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -238,7 +164,7 @@ fn main() -> anyhow::Result<()> {
             other => bail!("unknown argument {other:?}"),
         }
     }
-    let kernel_memory = KernelMemory::new();
+    let kernel_memory = KernelMemory::new("proxy-bench");
     println!(
         "proxy bench: services × 10 endpoints, in a fresh network namespace; {changes} changes"
     );

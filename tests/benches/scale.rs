@@ -17,7 +17,7 @@
 use anyhow::{Context, bail};
 use nodus_testbed::bench::{Agent, BenchCluster, free_port};
 use nodus_testbed::netns::Netns;
-use nodus_testbed::scale::{self, ProcMemory, Shape, proc_memory};
+use nodus_testbed::scale::{self, ProcMemory, Shape, mib, proc_memory};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,24 +34,6 @@ struct Options {
     proxy: bool,
 }
 
-fn parse_shape(text: &str) -> anyhow::Result<Shape> {
-    let parts: Vec<usize> = text
-        .split('x')
-        .map(|p| {
-            p.parse()
-                .with_context(|| format!("shape {text:?}: expected SxExN"))
-        })
-        .collect::<Result<_, _>>()?;
-    let [services, endpoints_per_service, nodes] = parts[..] else {
-        bail!("shape {text:?}: expected SxExN");
-    };
-    Ok(Shape {
-        services,
-        endpoints_per_service,
-        nodes,
-    })
-}
-
 fn options() -> anyhow::Result<Options> {
     let mut opts = Options {
         shapes: Vec::new(),
@@ -66,7 +48,7 @@ fn options() -> anyhow::Result<Options> {
     while let Some(arg) = args.next() {
         let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
         match arg.as_str() {
-            "--shape" => opts.shapes.push(parse_shape(&value()?)?),
+            "--shape" => opts.shapes.push(Shape::parse(&value()?)?),
             "--churn" => opts.churn = value()?.parse()?,
             "--nodus" => opts.nodus = value()?.into(),
             "--settle-ms" => opts.settle = Duration::from_millis(value()?.parse()?),
@@ -80,7 +62,7 @@ fn options() -> anyhow::Result<Options> {
     if opts.shapes.is_empty() {
         opts.shapes = ["100x3x3", "1000x10x100", "10000x10x100"]
             .iter()
-            .map(|s| parse_shape(s))
+            .map(|s| Shape::parse(s))
             .collect::<Result<_, _>>()?;
     }
     Ok(opts)
@@ -251,10 +233,6 @@ fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
     (at(0.5), at(0.99))
 }
 
-fn mib(kib: u64) -> String {
-    format!("{:.1}", kib as f64 / 1024.0)
-}
-
 fn main() -> anyhow::Result<()> {
     let opts = options()?;
     println!(
@@ -285,10 +263,7 @@ fn main() -> anyhow::Result<()> {
         let row = run_shape(&opts, *shape)?;
         println!(
             "{:<14} {:>9.2} | {:>8} {:>8} {:>8} | {:>10.1} {:>10.1} | {:>8} {:>8} {:>8}",
-            format!(
-                "{}×{}×{}",
-                row.shape.services, row.shape.endpoints_per_service, row.shape.nodes
-            ),
+            row.shape.to_string(),
             row.ready.as_secs_f64(),
             mib(row.synced.rss_kib),
             mib(row.synced.anon_kib),

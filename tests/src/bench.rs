@@ -95,6 +95,14 @@ impl BenchCluster {
 
     /// Starts `nodus run` as node `node` with the configuration `config` (YAML). Each agent
     /// has its own configuration and log file, named after its HTTP port.
+    /// Ends every watch the stand-in serves; with the history compacted first, the agent's
+    /// next watch gets `410 Gone` and relists.
+    pub fn drop_watches(&self) {
+        if let Some(server) = &self.server {
+            server.drop_watches();
+        }
+    }
+
     pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
         self.start(Command::new(nodus), &self.kubeconfig, None, node, config)
     }
@@ -212,5 +220,89 @@ impl Drop for Agent {
         // SAFETY: signalling a child we own; at worst it has already exited.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+    }
+}
+
+/// Kernel memory charged to a memory cgroup of the bench's own while the ruleset is
+/// programmed: what a pod's limit would pay for the table. Needs a cgroup v1 memory hierarchy with
+/// kmem accounting (this machine's); elsewhere the system's unreclaimable slab is used,
+/// which other activity on the machine disturbs.
+pub struct KernelMemory {
+    /// The cgroup the programming thread joins, when there is one.
+    cgroup: Option<PathBuf>,
+}
+
+impl KernelMemory {
+    /// A cgroup named for `purpose` and this process, under the bench's own.
+    pub fn new(purpose: &str) -> KernelMemory {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let cgroup = own
+            .lines()
+            .find_map(|line| line.split_once(":memory:"))
+            .map(|(_, path)| {
+                PathBuf::from(format!(
+                    "/sys/fs/cgroup/memory{}/nodus-{purpose}-{}",
+                    path.trim_end_matches('/'),
+                    std::process::id()
+                ))
+            })
+            .filter(|dir| std::fs::create_dir_all(dir).is_ok())
+            .filter(|dir| dir.join("memory.kmem.usage_in_bytes").exists());
+        KernelMemory { cgroup }
+    }
+
+    pub fn method(&self) -> &'static str {
+        match self.cgroup {
+            Some(_) => "kernel memory charged to a memory cgroup of the bench's own",
+            None => "system unreclaimable slab (noisy)",
+        }
+    }
+
+    /// Moves the calling thread into the cgroup; the bytes counted from now on.
+    pub fn join(&self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.cgroup {
+            // SAFETY: gettid has no preconditions.
+            let tid = unsafe { libc::gettid() };
+            std::fs::write(dir.join("tasks"), tid.to_string())
+                .with_context(|| format!("joining {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    /// Moves process `pid` (and the children it starts later) into the cgroup.
+    pub fn add_process(&self, pid: u32) -> anyhow::Result<()> {
+        if let Some(dir) = &self.cgroup {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())
+                .with_context(|| format!("moving {pid} into {}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> anyhow::Result<u64> {
+        match &self.cgroup {
+            Some(dir) => Ok(
+                std::fs::read_to_string(dir.join("memory.kmem.usage_in_bytes"))?
+                    .trim()
+                    .parse()?,
+            ),
+            None => {
+                let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+                meminfo
+                    .lines()
+                    .find_map(|l| l.strip_prefix("SUnreclaim:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .map(|kib| kib * 1024)
+                    .context("no SUnreclaim in /proc/meminfo")
+            }
+        }
+    }
+}
+
+impl Drop for KernelMemory {
+    fn drop(&mut self) {
+        // Charges left behind move to the parent; the directory goes once no task is in it.
+        if let Some(dir) = &self.cgroup {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }

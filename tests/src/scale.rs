@@ -15,6 +15,43 @@ pub struct Shape {
     pub nodes: usize,
 }
 
+impl Shape {
+    /// `SxExN`, as the benches take it on their command lines.
+    pub fn parse(text: &str) -> anyhow::Result<Shape> {
+        use anyhow::Context;
+        let parts: Vec<usize> = text
+            .split('x')
+            .map(|p| {
+                p.parse()
+                    .with_context(|| format!("shape {text:?}: expected SxExN"))
+            })
+            .collect::<Result<_, _>>()?;
+        let [services, endpoints_per_service, nodes] = parts[..] else {
+            anyhow::bail!("shape {text:?}: expected SxExN");
+        };
+        Ok(Shape {
+            services,
+            endpoints_per_service,
+            nodes,
+        })
+    }
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}×{}×{}",
+            self.services, self.endpoints_per_service, self.nodes
+        )
+    }
+}
+
+/// KiB as MiB with one decimal, as the benches print memory.
+pub fn mib(kib: u64) -> String {
+    format!("{:.1}", kib as f64 / 1024.0)
+}
+
 pub const NAMESPACES: usize = 20;
 pub const ZONES: usize = 3;
 

@@ -1,0 +1,325 @@
+//! The footprint bench: what one node pays for nodus with all three subsystems on, through
+//! the events of a real node, not only at rest.
+//!
+//! For each shape (services × endpoints per service × nodes) it loads a generated cluster
+//! into the API-server stand-in, every Node with a WireGuard key, and runs `nodus run` in a
+//! network namespace of its own with the proxy, DNS (on loopback) and the mesh
+//! (`wireguard-go`) on, in a memory cgroup of the bench's own. Then, one phase after the
+//! other: the cold start; an annotation on an unrelated Node; 1,000 EndpointSlice updates;
+//! a `410 Gone` relist; commits of another program to a table of its own; a restart that
+//! adopts the table. Before each phase the agent's peak (VmHWM) is reset
+//! (`/proc/<pid>/clear_refs`), so each row's peak is that phase's. Per phase it prints the
+//! time the phase took, nodus's RSS, anonymous memory and peak, the kernel memory charged
+//! to the cgroup (the ruleset, the agent's sockets; it stays charged across the restart),
+//! the full proxy syncs the phase caused, and the WireGuard daemon's RSS. It prints
+//! figures; it asserts nothing.
+//!
+//! `cargo bench --bench footprint -- [--shape 1000x10x100]… [--nodus PATH]`
+
+use anyhow::{Context, bail};
+use nodus_mesh::key::KeyPair;
+use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
+use nodus_testbed::bench::{Agent, BenchCluster, KernelMemory, free_port};
+use nodus_testbed::netns::{self, Netns, unique_name};
+use nodus_testbed::scale::{self, ProcMemory, Shape, mib, proc_memory};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Endpoint updates in the churn phase.
+const CHURN: usize = 1000;
+/// After a phase's last change is applied, how long the agent gets to settle (a full sync
+/// it may have started, freed memory returned) before it is measured.
+const SETTLE: Duration = Duration::from_secs(3);
+
+struct Options {
+    shapes: Vec<Shape>,
+    nodus: PathBuf,
+}
+
+fn options() -> anyhow::Result<Options> {
+    let mut opts = Options {
+        shapes: Vec::new(),
+        nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--shape" => opts.shapes.push(Shape::parse(&value()?)?),
+            "--nodus" => opts.nodus = value()?.into(),
+            "--bench" => {}
+            other => bail!("unknown argument {other:?}"),
+        }
+    }
+    if opts.shapes.is_empty() {
+        opts.shapes = ["100x3x3", "1000x10x100", "10000x10x100", "50000x5x1000"]
+            .iter()
+            .map(|s| Shape::parse(s))
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(opts)
+}
+
+/// One measured phase.
+struct Phase {
+    name: &'static str,
+    took: Duration,
+    memory: ProcMemory,
+    kernel_bytes: u64,
+    full_syncs: f64,
+    wireguard_kib: u64,
+}
+
+/// The agent under measurement and what it runs beside.
+struct Node<'c> {
+    cluster: &'c BenchCluster,
+    ns: Arc<Netns>,
+    kernel: &'c KernelMemory,
+    nodus: PathBuf,
+    config: String,
+    /// `None` between a stop and the next start.
+    agent: Option<Agent>,
+}
+
+impl Node<'_> {
+    fn start(&mut self) -> anyhow::Result<Duration> {
+        let agent = self.cluster.start_agent_in(
+            self.ns.clone(),
+            &self.nodus,
+            &scale::node_name(0),
+            &self.config,
+        )?;
+        self.kernel.add_process(agent.pid())?;
+        let ready = agent.wait_ready(Duration::from_secs(900))?;
+        self.agent = Some(agent);
+        Ok(ready)
+    }
+
+    /// SIGTERM, as a rolling update sends it: the table stays for the next agent.
+    fn stop(&mut self) {
+        self.agent = None;
+    }
+
+    fn pid(&self) -> u32 {
+        self.agent.as_ref().map_or(0, Agent::pid)
+    }
+
+    fn metric(&self, series: &str) -> f64 {
+        self.agent
+            .as_ref()
+            .and_then(|agent| agent.metric(series).ok())
+            .unwrap_or(0.0)
+    }
+
+    /// The measurement after a phase that took `took`.
+    fn measure(
+        &self,
+        name: &'static str,
+        took: Duration,
+        full_syncs: f64,
+    ) -> anyhow::Result<Phase> {
+        Ok(Phase {
+            name,
+            took,
+            memory: proc_memory(self.pid())?,
+            kernel_bytes: self.kernel.bytes()?,
+            full_syncs,
+            wireguard_kib: self.wireguard_kib(),
+        })
+    }
+
+    /// Resets the agent's peak RSS, so that the next reading is this phase's.
+    fn reset_peak(&self) -> anyhow::Result<()> {
+        let path = format!("/proc/{}/clear_refs", self.pid());
+        std::fs::write(&path, "5").with_context(|| format!("writing {path}"))
+    }
+
+    /// Waits until `series` exceeds `before`.
+    fn wait_above(&self, series: &str, before: f64, what: &str) -> anyhow::Result<()> {
+        let start = Instant::now();
+        while self.metric(series) <= before {
+            if start.elapsed() > Duration::from_secs(600) {
+                bail!("{what}: {series} did not move within 10 minutes");
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        Ok(())
+    }
+
+    /// Runs `phase`, then measures.
+    fn phase(
+        &mut self,
+        name: &'static str,
+        phase: impl FnOnce(&mut Self) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Phase> {
+        const FULL_SYNCS: &str = "nodus_proxy_full_sync_duration_seconds_count";
+        self.reset_peak()?;
+        let syncs = self.metric(FULL_SYNCS);
+        let start = Instant::now();
+        phase(self)?;
+        let took = start.elapsed();
+        std::thread::sleep(SETTLE);
+        self.measure(name, took, self.metric(FULL_SYNCS) - syncs)
+    }
+
+    /// RSS of the other processes in the namespace: the `wireguard-go` daemon.
+    fn wireguard_kib(&self) -> u64 {
+        netns::run("ip", &["netns", "pids", self.ns.name()])
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|pid| pid.parse::<u32>().ok())
+            .filter(|pid| *pid != self.pid())
+            .filter_map(|pid| proc_memory(pid).ok())
+            .map(|memory| memory.rss_kib)
+            .sum()
+    }
+}
+
+/// The generated cluster, every Node with a WireGuard key of its own, as a meshed cluster
+/// has them.
+fn cluster(shape: &Shape) -> anyhow::Result<Vec<Value>> {
+    scale::cluster(shape)
+        .map(|mut object| {
+            if object["kind"] == "Node" {
+                let key = KeyPair::generate().context("a node key")?;
+                object["metadata"]["annotations"][ANNOTATION_PUBLIC_KEY] =
+                    key.public.to_base64().into();
+            }
+            Ok(object)
+        })
+        .collect()
+}
+
+fn run_shape(opts: &Options, shape: Shape, kernel: &KernelMemory) -> anyhow::Result<Vec<Phase>> {
+    let cluster = BenchCluster::new(CHURN + 20_000, cluster(&shape)?)?;
+    let interface = unique_name("wg");
+    let config = format!(
+        "cluster_cidrs: [10.0.0.0/8]\nproxy:\n  enabled: true\ndns:\n  listen: [\"127.0.0.1:{}\"]\n\
+         mesh:\n  enabled: true\n  backend: wireguard-go\n  interface: {interface}\n  \
+         key_file: {}\n  cni_conflist: {}\n",
+        free_port()?,
+        cluster.dir.join("key/wireguard.key").display(),
+        cluster.dir.join("10-nodus.conflist").display()
+    );
+    let mut node = Node {
+        cluster: &cluster,
+        ns: Arc::new(Netns::new("foot")?),
+        kernel,
+        nodus: opts.nodus.clone(),
+        config,
+        agent: None,
+    };
+    let mut phases = Vec::new();
+    const FULL_SYNCS: &str = "nodus_proxy_full_sync_duration_seconds_count";
+    // The cold start's peak is the process's own: nothing to reset.
+    let ready = node.start()?;
+    std::thread::sleep(SETTLE);
+    phases.push(node.measure("cold start", ready, node.metric(FULL_SYNCS))?);
+
+    const APPLIED: &str = "nodus_view_apply_duration_seconds_count";
+    phases.push(node.phase("another Node annotated", |node| {
+        let before = node.metric(APPLIED);
+        let mut other = scale::node(1);
+        other["metadata"]["annotations"]["example.com/last-heartbeat"] = "1".into();
+        node.cluster.store.apply_value(other)?;
+        node.wait_above(APPLIED, before, "the annotated Node")
+    })?);
+
+    const ENDPOINTS: &str = "nodus_view_objects{kind=\"endpoint\"}";
+    phases.push(node.phase("1,000 endpoint updates", |node| {
+        let before = node.metric(ENDPOINTS);
+        for k in 0..CHURN {
+            let i = k % shape.services;
+            node.cluster
+                .store
+                .apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
+        }
+        // A last update adds one endpoint: once it is counted, every update is in.
+        let marker = Shape {
+            endpoints_per_service: 1,
+            ..shape
+        };
+        node.cluster
+            .store
+            .apply_value(scale::slice(shape.services, &marker, 0))?;
+        node.wait_above(ENDPOINTS, before, "the churn")
+    })?);
+
+    const RESTARTS: &str = "nodus_watch_restarts_total{kind=\"endpointslice\"}";
+    phases.push(node.phase("410 Gone, relist", |node| {
+        let before = node.metric(RESTARTS);
+        let store = &node.cluster.store;
+        for i in 0..3 {
+            store.force_compaction();
+            store.apply_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": format!("compacted-{i}"), "namespace": "default"}}))?;
+        }
+        node.cluster.drop_watches();
+        node.wait_above(RESTARTS, before, "the relist")?;
+        // The relist is applied as one batch once every kind has listed again.
+        let applied = node.metric(APPLIED);
+        node.wait_above(APPLIED, applied, "the relisted view")
+    })?);
+
+    phases.push(node.phase("another program's nft commits", |node| {
+        for i in 0..20 {
+            let table = format!("bench-other-{i}");
+            node.ns.exec("nft", &["add", "table", "inet", &table])?;
+            node.ns
+                .exec("nft", &["add", "chain", "inet", &table, "input"])?;
+            node.ns.exec("nft", &["delete", "table", "inet", &table])?;
+        }
+        // Past the proxy's check period, so that a check has looked.
+        std::thread::sleep(Duration::from_secs(12));
+        Ok(())
+    })?);
+
+    node.stop();
+    let ready = node.start()?;
+    std::thread::sleep(SETTLE);
+    phases.push(node.measure("restart, table adopted", ready, node.metric(FULL_SYNCS))?);
+    Ok(phases)
+}
+
+fn main() -> anyhow::Result<()> {
+    let opts = options()?;
+    netns::require_root();
+    let kernel = KernelMemory::new("footprint-bench");
+    println!(
+        "nodus footprint bench: {} with the proxy, DNS and the mesh (wireguard-go) on; \
+         kernel: {}",
+        opts.nodus.display(),
+        kernel.method()
+    );
+    println!(
+        "{:<14} {:<32} {:>9} | {:>8} {:>8} {:>8} | {:>10} | {:>10} | {:>6}",
+        "shape S×E×N",
+        "phase",
+        "took s",
+        "RSS MiB",
+        "anon",
+        "peak",
+        "kernel MiB",
+        "wg-go MiB",
+        "full"
+    );
+    for shape in &opts.shapes {
+        for phase in run_shape(&opts, *shape, &kernel)? {
+            println!(
+                "{:<14} {:<32} {:>9.2} | {:>8} {:>8} {:>8} | {:>10.1} | {:>10} | {:>6}",
+                shape.to_string(),
+                phase.name,
+                phase.took.as_secs_f64(),
+                mib(phase.memory.rss_kib),
+                mib(phase.memory.anon_kib),
+                mib(phase.memory.peak_rss_kib),
+                phase.kernel_bytes as f64 / (1024.0 * 1024.0),
+                mib(phase.wireguard_kib),
+                phase.full_syncs
+            );
+        }
+    }
+    Ok(())
+}
