@@ -41,8 +41,9 @@ use crate::plan::{
 /// One key of a shared map during a full sync.
 #[derive(Debug, Default)]
 struct Slot {
-    /// What the table held before this sync, if anything.
-    existing: Option<Option<ListedData>>,
+    /// What the table held before this sync, if anything: its data, hashed (a verdict
+    /// names a chain; kept whole, 20,000 of them were a few MiB of the sync's peak).
+    existing: Option<u64>,
     claimed: bool,
 }
 
@@ -181,17 +182,18 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .iter()
             .filter_map(|name| SharedSet::endpoints_from_name(name))
         {
-            let mut entries: Vec<(u32, u64)> = self
-                .proxy
+            let mut entries: Vec<(u32, u64)> = Vec::new();
+            self.proxy
                 .socket
-                .list_elements(&self.table, &map.name())
-                .map_err(Error::netlink("listing the endpoint maps"))?
-                .into_iter()
-                .filter_map(|element| match tuple_from_bytes(map, &element.key)?.0[..] {
-                    [Value::Integer32(key)] => Some((key, listed_verdict_hash(&element.data))),
-                    _ => None,
+                .each_element(&self.table, &map.name(), |element| {
+                    if let Some([Value::Integer32(key)]) = tuple_from_bytes(map, &element.key)
+                        .as_ref()
+                        .map(|t| &t.0[..])
+                    {
+                        entries.push((*key, listed_data_hash(&element.data)));
+                    }
                 })
-                .collect();
+                .map_err(Error::netlink("listing the endpoint maps"))?;
             entries.sort_unstable();
             keys.reserve(map, entries.iter().map(|(key, _)| *key).collect());
             let claimed = vec![false; entries.len()];
@@ -210,18 +212,22 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .into_iter()
             .flat_map(|family| SharedKind::ALL.map(|kind| SharedSet::new(kind, family)));
         for set in skeleton_sets {
-            let elements = match self.proxy.socket.list_elements(&self.table, &set.name()) {
+            let slots = &mut self.slots;
+            let listed = self
+                .proxy
+                .socket
+                .each_element(&self.table, &set.name(), |element| {
+                    slots.insert(
+                        (set, element.key),
+                        Slot {
+                            existing: Some(listed_data_hash(&element.data)),
+                            claimed: false,
+                        },
+                    );
+                });
+            match listed {
                 Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => continue,
                 listed => listed.map_err(Error::netlink("listing the shared maps"))?,
-            };
-            for element in elements {
-                self.slots.insert(
-                    (set, element.key),
-                    Slot {
-                        existing: Some(element.data),
-                        claimed: false,
-                    },
-                );
             }
         }
         Ok(())
@@ -278,7 +284,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             match existing {
                 Some((at, listed)) => {
                     listed.claimed[at] = true;
-                    if listed.entries[at].1 != planned_verdict_hash(&element.element.data) {
+                    if listed.entries[at].1 != planned_data_hash(&element.element.data) {
                         stale.push(index);
                         missing.push(index);
                     }
@@ -289,8 +295,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
         for (index, key) in keys {
             let slot = self.slots.entry(key).or_default();
             slot.claimed = true;
-            match &slot.existing {
-                Some(data) if same_data(data, &plan.elements[index].element.data) => {}
+            match slot.existing {
+                Some(data) if data == planned_data_hash(&plan.elements[index].element.data) => {}
                 Some(_) => {
                     stale.push(index);
                     missing.push(index);
@@ -519,40 +525,26 @@ fn name_hash(object: Object, name: &str) -> u64 {
     hasher.finish()
 }
 
-/// An endpoint map element's verdict, hashed: what the table holds…
-fn listed_verdict_hash(data: &Option<ListedData>) -> u64 {
-    verdict_hash(match data {
-        Some(ListedData::Verdict(verdict)) => Some(verdict),
-        _ => None,
-    })
-}
-
-/// …and what the plan wants, hashed alike.
-fn planned_verdict_hash(data: &Option<ElementData>) -> u64 {
-    verdict_hash(match data {
-        Some(ElementData::Verdict(verdict)) => Some(verdict),
-        _ => None,
-    })
-}
-
-fn verdict_hash(verdict: Option<&nft::Verdict>) -> u64 {
+/// An element's data as the table holds it, hashed: a verdict, or a value's bytes…
+fn listed_data_hash(data: &Option<ListedData>) -> u64 {
     let mut hasher = DefaultHasher::new();
-    verdict.hash(&mut hasher);
+    match data {
+        None => 0u8.hash(&mut hasher),
+        Some(ListedData::Verdict(verdict)) => (1u8, verdict).hash(&mut hasher),
+        Some(ListedData::Value(bytes)) => (2u8, bytes).hash(&mut hasher),
+    }
     hasher.finish()
 }
 
-/// Whether listed element data is what the plan wants.
-fn same_data(listed: &Option<ListedData>, planned: &Option<ElementData>) -> bool {
-    match (listed, planned) {
-        (None, None) => true,
-        (Some(ListedData::Verdict(listed)), Some(ElementData::Verdict(planned))) => {
-            listed == planned
-        }
-        (Some(ListedData::Value(listed)), Some(ElementData::Value(planned))) => {
-            *listed == planned.to_bytes()
-        }
-        _ => false,
+/// …and as the plan wants it, hashed alike: equal data, equal hashes.
+fn planned_data_hash(data: &Option<ElementData>) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    match data {
+        None => 0u8.hash(&mut hasher),
+        Some(ElementData::Verdict(verdict)) => (1u8, verdict).hash(&mut hasher),
+        Some(ElementData::Value(value)) => (2u8, value.to_bytes()).hash(&mut hasher),
     }
+    hasher.finish()
 }
 
 /// A key of a shared map from the kernel's bytes, to delete it. Shared maps have

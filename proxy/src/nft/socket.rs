@@ -221,33 +221,50 @@ impl Socket {
 
     /// The elements of set or map `set` in `table`.
     pub fn list_elements(&mut self, table: &Table, set: &str) -> Result<Vec<ListedElement>> {
+        let mut elements = Vec::new();
+        self.each_element(table, set, |element| elements.push(element))?;
+        Ok(elements)
+    }
+
+    /// Calls `each` for every element of set or map `set` in `table`, as the dump arrives,
+    /// one datagram at a time: reading a map of 100,000 elements holds one datagram and
+    /// what `each` keeps, not the whole dump twice.
+    pub fn each_element(
+        &mut self,
+        table: &Table,
+        set: &str,
+        mut each: impl FnMut(ListedElement),
+    ) -> Result<()> {
         let attrs = [
             Attr::string(sys::NFTA_SET_ELEM_LIST_TABLE, &table.name),
             Attr::string(sys::NFTA_SET_ELEM_LIST_SET, set),
         ];
         let request = format!("list elements of {set}");
-        let messages = self
-            .query(sys::NFT_MSG_GETSETELEM, table, NLM_F_DUMP, &attrs, &request)?
-            .map_err(|errno| Error::Request {
-                request: request.clone(),
-                errno,
-            })?;
         // Parsed by hand: netlink-packet-netfilter 0.4 formats the whole buffer into an
         // error context for every attribute it parses, which is quadratic (12 s for 20k
         // elements).
-        let mut elements = Vec::new();
-        for reply in messages {
-            let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
-            let Some(list) = attr::find(body, sys::NFTA_SET_ELEM_LIST_ELEMENTS) else {
-                continue;
-            };
-            for (kind, element) in attr::parse(list) {
-                if kind == sys::NFTA_LIST_ELEM {
-                    elements.push(listed_element(element));
+        self.query_each(
+            sys::NFT_MSG_GETSETELEM,
+            table,
+            NLM_F_DUMP,
+            &attrs,
+            &request,
+            |reply| {
+                let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
+                let Some(list) = attr::find(body, sys::NFTA_SET_ELEM_LIST_ELEMENTS) else {
+                    return;
+                };
+                for (kind, element) in attr::parse(list) {
+                    if kind == sys::NFTA_LIST_ELEM {
+                        each(listed_element(element));
+                    }
                 }
-            }
-        }
-        Ok(elements)
+            },
+        )?
+        .map_err(|errno| Error::Request {
+            request: request.clone(),
+            errno,
+        })
     }
 
     /// The names of the chains of `table` that `keep` accepts. The dump is read one
