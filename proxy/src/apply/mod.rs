@@ -31,12 +31,15 @@ use crate::plan::{
 
 /// Messages per transaction of a full sync. Every commit that adds a `goto` re-validates
 /// the whole table (it walks the verdict maps), so fewer, larger commits load faster; but
-/// a transaction's messages and plans are held until it commits. Measured at 10,000
-/// services × 10 endpoints (release, median of three): 2,000 messages gave a 1.98 s cold
-/// start and a 23.5 MiB agent peak, 4,000 gave 1.74 s and 26.3 MiB, 8,000 1.42 s (one
-/// run) and 32.0 MiB. The kernel's commit lock (which stalls every other nf_tables writer,
-/// but packet processing only for set resizes) is held for a fraction of a second.
-pub const FULL_SYNC_BATCH_MESSAGES: usize = 4000;
+/// a transaction's messages and plans are held until it commits, and that is most of a
+/// full sync's peak. Measured at 10,000 services × 10 endpoints, release, with the proxy,
+/// DNS and the mesh on (`cargo bench --bench footprint`, then `--bench proxy` for the
+/// program time alone), one sitting: 4,000 messages gave a 27.2 MiB agent peak at the cold
+/// start and 30.8 MiB at a restart's adoption, programmed in 1,037 / 1,291 ms; 2,000 gave
+/// 24.0 / 28.1 MiB and 1,233 / 1,564 ms; 1,000 gives 23.0 / 26.5 MiB and 1,349 / 1,736 ms.
+/// The kernel's commit lock (which stalls every other nf_tables writer, but packet
+/// processing only for set resizes) is held for a fraction of a second.
+pub const FULL_SYNC_BATCH_MESSAGES: usize = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
