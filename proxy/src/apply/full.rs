@@ -10,7 +10,7 @@
 //! 2. The shared maps' elements are read once into a snapshot of keys, and the dispatch
 //!    rules' key blocks ([`crate::plan::EndpointKeys::adopt`]), so that each chain gets its
 //!    block back. Services are then programmed in transactions of about
-//!    [`FULL_SYNC_BATCH_MESSAGES`] messages, each creating its chains before the elements
+//!    [`super::full_sync_batch_messages`] messages, each creating its chains before the elements
 //!    that name them; an element already present with the same data is not sent again (an
 //!    adoption after a restart sends no endpoint element that is in place), and one with
 //!    other data is deleted and re-added within the same transaction.
@@ -31,7 +31,7 @@ use nodus_view::model::Family;
 use tracing::{error, warn};
 
 use super::{
-    Error, FULL_SYNC_BATCH_MESSAGES, Proxy, RefusedService, SyncReport, applied, service_key,
+    Error, Proxy, RefusedService, SyncReport, applied, full_sync_batch_messages, service_key,
 };
 use crate::nft::{self, DataType, Element, ElementData, Errno, ListedData, Table, Tuple, Value};
 use crate::plan::{
@@ -86,6 +86,8 @@ pub(super) struct FullSync<'a, 'v> {
     wanted: HashSet<u64>,
     batch: PlanBatch,
     members: Vec<Member>,
+    /// Messages per transaction ([`full_sync_batch_messages`]).
+    batch_messages: usize,
 }
 
 impl<'a, 'v> FullSync<'a, 'v> {
@@ -105,6 +107,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             wanted: HashSet::new(),
             batch: PlanBatch::new(),
             members: Vec::new(),
+            batch_messages: full_sync_batch_messages(planner.service_count()),
         }
     }
 
@@ -122,7 +125,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
         let planner = self.planner;
         for plan in planner.services(&mut keys) {
             self.add(plan)?;
-            if self.batch.len() >= FULL_SYNC_BATCH_MESSAGES {
+            if self.batch.len() >= self.batch_messages {
                 self.flush()?;
             }
         }
@@ -445,24 +448,24 @@ impl<'a, 'v> FullSync<'a, 'v> {
         // Dispatch elements before endpoint keys: a service of the previous run that is gone
         // stops being dispatched before its endpoints go.
         for chunk in elements
-            .chunks(FULL_SYNC_BATCH_MESSAGES * 8)
-            .chain(endpoint_keys.chunks(FULL_SYNC_BATCH_MESSAGES * 8))
+            .chunks(self.batch_messages * 8)
+            .chain(endpoint_keys.chunks(self.batch_messages * 8))
         {
             let mut batch = PlanBatch::new();
             batch.delete_leftover_elements(chunk);
             self.commit_cleanup(batch)?;
         }
-        for chunk in chains.chunks(FULL_SYNC_BATCH_MESSAGES) {
+        for chunk in chains.chunks(self.batch_messages) {
             let mut batch = PlanBatch::new();
             chunk.iter().for_each(|chain| batch.flush_chain(chain));
             self.commit_cleanup(batch)?;
         }
-        for chunk in chains.chunks(FULL_SYNC_BATCH_MESSAGES) {
+        for chunk in chains.chunks(self.batch_messages) {
             let mut batch = PlanBatch::new();
             chunk.iter().for_each(|chain| batch.delete_chain(chain));
             self.commit_cleanup(batch)?;
         }
-        for chunk in sets.chunks(FULL_SYNC_BATCH_MESSAGES) {
+        for chunk in sets.chunks(self.batch_messages) {
             let mut batch = PlanBatch::new();
             chunk.iter().for_each(|set| batch.delete_set(set));
             self.commit_cleanup(batch)?;

@@ -29,17 +29,24 @@ use crate::plan::{
     TABLE, UdpFlows, stale_udp_flows,
 };
 
-/// Messages per transaction of a full sync. Every commit that adds a `goto` re-validates
-/// the whole table (it walks the verdict maps), so fewer, larger commits load faster; but
-/// a transaction's messages and plans are held until it commits, and that is most of a
-/// full sync's peak. Measured at 10,000 services × 10 endpoints, release, with the proxy,
-/// DNS and the mesh on (`cargo bench --bench footprint`, then `--bench proxy` for the
-/// program time alone), one sitting: 4,000 messages gave a 27.2 MiB agent peak at the cold
+/// Messages per transaction of a full sync of `services` services: a tenth of them,
+/// between 1,000 and 8,000.
+///
+/// Every commit that adds a `goto` re-validates the whole table (it walks the verdict
+/// maps), so fewer, larger commits load faster, the more so the larger the table; but a
+/// transaction's messages and plans are held until it commits, and that is most of a full
+/// sync's peak. Measured with the proxy, DNS and the mesh on (`cargo bench --bench
+/// footprint`, and `--bench proxy` for the program time alone), release, one sitting. At
+/// 10,000 services × 10 endpoints, 4,000 messages gave a 27.2 MiB agent peak at the cold
 /// start and 30.8 MiB at a restart's adoption, programmed in 1,037 / 1,291 ms; 2,000 gave
-/// 24.0 / 28.1 MiB and 1,233 / 1,564 ms; 1,000 gives 23.0 / 26.5 MiB and 1,349 / 1,736 ms.
-/// The kernel's commit lock (which stalls every other nf_tables writer, but packet
-/// processing only for set resizes) is held for a fraction of a second.
-pub const FULL_SYNC_BATCH_MESSAGES: usize = 1000;
+/// 24.0 / 28.1 MiB and 1,233 / 1,564 ms; 1,000 23.0 / 26.5 MiB and 1,349 / 1,736 ms. At
+/// 50,000 × 5, 1,000 messages made the cold start 23.2 s against 11.5 s with 4,000, for a
+/// peak of 55.5 MiB against 61.7. The kernel's commit lock (which stalls every other
+/// nf_tables writer, but packet processing only for set resizes) is held for a fraction of
+/// a second.
+pub fn full_sync_batch_messages(services: usize) -> usize {
+    (services / 10).clamp(1_000, 8_000)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

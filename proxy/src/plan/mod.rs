@@ -95,6 +95,11 @@ impl<'v> Planner<'v> {
             .filter(|plan| !plan.is_empty())
     }
 
+    /// Services in the view, programmed or not.
+    pub fn service_count(&self) -> usize {
+        self.view.services().count()
+    }
+
     /// Whether the table carries Services at all ([`TableScope::EgressOnly`] does not).
     fn plans_services(&self) -> bool {
         self.facts.scope == TableScope::Services
