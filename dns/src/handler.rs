@@ -26,7 +26,6 @@ use hickory_server::proto::serialize::binary::{
 };
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
-use nodus_limits::ConnectionCaps;
 use nodus_view::model::Cidr;
 use nodus_view::{View, ViewReader};
 use std::net::{IpAddr, SocketAddr};
@@ -48,8 +47,6 @@ pub struct ClusterDns {
     pub(crate) zone: Arc<Zone>,
     forwarder: Option<Arc<Forwarder>>,
     pub(crate) metrics: Arc<DnsMetrics>,
-    /// DNS over TCP on every address, in all and per client ([`crate::tcp`]).
-    pub(crate) tcp_caps: ConnectionCaps,
     /// UDP responses per client prefix ([`crate::rate`]).
     pub(crate) rate: Arc<RateLimit>,
 }
@@ -74,7 +71,6 @@ impl ClusterDns {
             view,
             zone: Arc::new(zone),
             forwarder,
-            tcp_caps: ConnectionCaps::new(crate::tcp::CONNECTIONS, crate::tcp::PER_CLIENT),
             rate: Arc::new(RateLimit::new(RateLimitSettings::default())),
         }
     }

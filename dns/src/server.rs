@@ -7,8 +7,9 @@ use crate::handler::ClusterDns;
 use crate::listen::{self, Listen};
 use crate::lookup::Zone;
 use crate::metrics::DnsMetrics;
-use crate::tcp::TcpListener;
+use crate::tcp::{self, TcpListener};
 use crate::udp::UdpListener;
+use nodus_limits::ConnectionCaps;
 use nodus_view::model::Cidr;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::{BTreeMap, BTreeSet};
@@ -99,21 +100,31 @@ pub async fn serve(
     serve_with_threads(view, zone, forwarder, listen, 1).await
 }
 
+/// What every listener of one server shares: the handler, the UDP threads per address, and
+/// the caps on TCP connections, which hold across all its addresses.
+#[derive(Clone)]
+struct Shared {
+    handler: ClusterDns,
+    udp_threads: usize,
+    tcp_caps: ConnectionCaps,
+}
+
 /// Binds UDP and TCP on one address. Port 0 lets the kernel pick the UDP port and TCP takes
 /// the same one, which another process may already hold for TCP: then a fresh port is
 /// tried, a few times.
-async fn bind(
-    addr: SocketAddr,
-    udp_threads: usize,
-    handler: &ClusterDns,
-) -> std::io::Result<(SocketAddr, Listener)> {
+async fn bind(addr: SocketAddr, shared: &Shared) -> std::io::Result<(SocketAddr, Listener)> {
+    let Shared {
+        handler,
+        udp_threads,
+        tcp_caps,
+    } = shared;
     const EPHEMERAL_ATTEMPTS: usize = 8;
     let mut attempt = 1;
     loop {
-        let udp = UdpListener::bind(addr, udp_threads, handler.clone())?;
+        let udp = UdpListener::bind(addr, *udp_threads, handler.clone())?;
         match tokio::net::TcpListener::bind(udp.local_addr()).await {
             Ok(tcp) => {
-                let server = TcpListener::serve(tcp, handler.clone());
+                let server = TcpListener::serve(tcp, handler.clone(), tcp_caps.clone());
                 let bound = udp.local_addr();
                 return Ok((
                     bound,
@@ -155,10 +166,15 @@ pub async fn serve_planned(
     plan: &[Listen],
     udp_threads: usize,
 ) -> std::io::Result<DnsServer> {
+    let shared = Shared {
+        handler: handler.clone(),
+        udp_threads,
+        tcp_caps: ConnectionCaps::new(tcp::CONNECTIONS, tcp::PER_CLIENT),
+    };
     let mut bound = BTreeMap::new();
     for listen in plan {
         if let Listen::Fixed(addr) = listen {
-            let (addr, listener) = bind(*addr, udp_threads, &handler).await?;
+            let (addr, listener) = bind(*addr, &shared).await?;
             bound.insert(addr, listener);
         }
     }
@@ -176,8 +192,7 @@ pub async fn serve_planned(
     let mut following = Following {
         followed,
         listeners: listeners.clone(),
-        handler: handler.clone(),
-        udp_threads,
+        shared: shared.clone(),
         unbindable: BTreeSet::new(),
     };
     following.step().await?;
@@ -209,8 +224,7 @@ pub async fn serve_planned(
 struct Following {
     followed: Vec<Listen>,
     listeners: Listeners,
-    handler: ClusterDns,
-    udp_threads: usize,
+    shared: Shared,
     /// Addresses that could not be bound (another server's, or one still tentative):
     /// logged once, tried again each step.
     unbindable: BTreeSet<SocketAddr>,
@@ -222,9 +236,10 @@ impl Following {
         if !self.followed.is_empty() {
             self.follow_listeners(&host).await;
         }
-        if host != self.handler.allowed_host() {
-            let view = self.handler.view().clone();
-            self.handler
+        if host != self.shared.handler.allowed_host() {
+            let view = self.shared.handler.view().clone();
+            self.shared
+                .handler
                 .rebuild_allow_list(&view.read(), None, Some(host));
         }
         Ok(())
@@ -257,7 +272,7 @@ impl Following {
                 .collect()
         };
         for addr in new {
-            match bind(addr, self.udp_threads, &self.handler).await {
+            match bind(addr, &self.shared).await {
                 Ok((addr, listener)) => {
                     self.unbindable.remove(&addr);
                     lock(&self.listeners).insert(addr, listener);

@@ -7,7 +7,7 @@
 
 use crate::handler::ClusterDns;
 use hickory_server::net::xfer::Protocol;
-use nodus_limits::Slot;
+use nodus_limits::{ConnectionCaps, Slot};
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,15 +34,21 @@ impl Drop for TcpListener {
 }
 
 impl TcpListener {
-    /// Serves `listener` in the background; needs a tokio runtime.
-    pub fn serve(listener: tokio::net::TcpListener, handler: ClusterDns) -> TcpListener {
+    /// Serves `listener` in the background, its connections counted in `caps` (shared by
+    /// every address of the server, made with [`CONNECTIONS`] and [`PER_CLIENT`]); needs a
+    /// tokio runtime.
+    pub fn serve(
+        listener: tokio::net::TcpListener,
+        handler: ClusterDns,
+        caps: ConnectionCaps,
+    ) -> TcpListener {
         TcpListener {
-            task: tokio::spawn(accept(listener, handler)),
+            task: tokio::spawn(accept(listener, handler, caps)),
         }
     }
 }
 
-async fn accept(listener: tokio::net::TcpListener, handler: ClusterDns) {
+async fn accept(listener: tokio::net::TcpListener, handler: ClusterDns, caps: ConnectionCaps) {
     // Aborting this task drops the set, and with it every connection.
     let mut connections = JoinSet::new();
     loop {
@@ -56,7 +62,7 @@ async fn accept(listener: tokio::net::TcpListener, handler: ClusterDns) {
             }
         };
         while connections.try_join_next().is_some() {}
-        let Some(slot) = handler.tcp_caps.take(client.ip()) else {
+        let Some(slot) = caps.take(client.ip()) else {
             tracing::debug!(%client, "DNS connection over the cap closed");
             continue;
         };
