@@ -33,7 +33,9 @@ use tracing::{error, warn};
 use super::{
     Error, Proxy, RefusedService, SyncReport, applied, full_sync_batch_messages, service_key,
 };
-use crate::nft::{self, DataType, Element, ElementData, Errno, ListedData, Table, Tuple, Value};
+use crate::nft::{
+    self, DataType, Element, ElementData, Errno, ListedData, ListedElement, Table, Tuple, Value,
+};
 use crate::plan::{
     ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, TABLE,
 };
@@ -78,7 +80,9 @@ pub(super) struct FullSync<'a, 'v> {
     table: Table,
     /// The table was created by this sync: nothing to adopt or clean up.
     fresh: bool,
-    slots: HashMap<(SharedSet, Vec<u8>), Slot>,
+    /// By [`slot_id`] of set and key: the key itself is read again from the table for the
+    /// few leftovers to delete, rather than kept for every element.
+    slots: HashMap<u64, Slot>,
     /// What a previous run left in the endpoint maps: reused where the plan wants the same
     /// key with the same verdict, avoided by new blocks, and deleted where unclaimed.
     endpoint_elements: HashMap<SharedSet, EndpointElements>,
@@ -211,28 +215,17 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 }
             })
             .map_err(Error::netlink("listing the dispatch rules"))?;
-        let skeleton_sets = Family::ALL
-            .into_iter()
-            .flat_map(|family| SharedKind::ALL.map(|kind| SharedSet::new(kind, family)));
-        for set in skeleton_sets {
-            let slots = &mut self.slots;
-            let listed = self
-                .proxy
-                .socket
-                .each_element(&self.table, &set.name(), |element| {
-                    slots.insert(
-                        (set, element.key),
-                        Slot {
-                            existing: Some(listed_data_hash(&element.data)),
-                            claimed: false,
-                        },
-                    );
-                });
-            match listed {
-                Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => continue,
-                listed => listed.map_err(Error::netlink("listing the shared maps"))?,
-            }
-        }
+        let mut slots = std::mem::take(&mut self.slots);
+        self.each_shared_element(|set, element| {
+            slots.insert(
+                slot_id(set, &element.key),
+                Slot {
+                    existing: Some(listed_data_hash(&element.data)),
+                    claimed: false,
+                },
+            );
+        })?;
+        self.slots = slots;
         Ok(())
     }
 
@@ -242,12 +235,12 @@ impl<'a, 'v> FullSync<'a, 'v> {
         // Endpoint keys are this sync's blocks: new ones clear of every key the table holds,
         // or a chain's own block adopted from the table, which no other chain is given.
         // They are checked against `endpoint_elements`, not slots.
-        let keys: Vec<(usize, (SharedSet, Vec<u8>))> = plan
+        let keys: Vec<(usize, u64)> = plan
             .elements
             .iter()
             .enumerate()
             .filter(|(_, element)| element.set.kind != SharedKind::Endpoints)
-            .map(|(index, element)| (index, (element.set, element.element.key.to_bytes())))
+            .map(|(index, element)| (index, planned_slot_id(element)))
             .collect();
         if let Some(index) = keys.iter().find_map(|(index, key)| {
             self.slots
@@ -352,10 +345,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         "service refused by the kernel"
                     );
                     for element in &member.plan.elements {
-                        if let Some(slot) = self
-                            .slots
-                            .get_mut(&(element.set, element.element.key.to_bytes()))
-                        {
+                        if let Some(slot) = self.slots.get_mut(&planned_slot_id(element)) {
                             slot.claimed = false;
                         }
                         // Its endpoint elements in place go with its old chains.
@@ -398,20 +388,50 @@ impl<'a, 'v> FullSync<'a, 'v> {
         });
     }
 
+    /// Calls `each` for every element of the skeleton's shared sets and maps, as the dumps
+    /// arrive; a set the table lacks is skipped.
+    fn each_shared_element(
+        &mut self,
+        mut each: impl FnMut(SharedSet, ListedElement),
+    ) -> Result<(), Error> {
+        let skeleton_sets = Family::ALL
+            .into_iter()
+            .flat_map(|family| SharedKind::ALL.map(|kind| SharedSet::new(kind, family)));
+        for set in skeleton_sets {
+            let listed = self
+                .proxy
+                .socket
+                .each_element(&self.table, &set.name(), |element| each(set, element));
+            match listed {
+                Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => continue,
+                listed => listed.map_err(Error::netlink("listing the shared maps"))?,
+            }
+        }
+        Ok(())
+    }
+
     /// Removes the previous run's elements, chains and sets that this sync did not claim.
     fn remove_leftovers(&mut self) -> Result<(), Error> {
-        let elements: Vec<ElementPlan> = self
-            .slots
-            .drain()
-            .filter(|(_, slot)| !slot.claimed && slot.existing.is_some())
-            .filter_map(|((set, key), _)| {
-                let key = tuple_from_bytes(set, &key)?;
-                Some(ElementPlan {
-                    set,
-                    element: Element::new(key),
-                })
-            })
-            .collect();
+        // The unclaimed elements' keys, read back from the table.
+        let slots = std::mem::take(&mut self.slots);
+        let mut elements: Vec<ElementPlan> = Vec::new();
+        if slots
+            .values()
+            .any(|slot| !slot.claimed && slot.existing.is_some())
+        {
+            self.each_shared_element(|set, element| {
+                let unclaimed = slots
+                    .get(&slot_id(set, &element.key))
+                    .is_some_and(|slot| !slot.claimed && slot.existing.is_some());
+                if let Some(key) = tuple_from_bytes(set, &element.key).filter(|_| unclaimed) {
+                    elements.push(ElementPlan {
+                        set,
+                        element: Element::new(key),
+                    });
+                }
+            })?;
+        }
+        drop(slots);
         let endpoint_keys: Vec<ElementPlan> = std::mem::take(&mut self.endpoint_elements)
             .into_iter()
             .flat_map(|(map, listed)| {
@@ -526,6 +546,17 @@ fn name_hash(object: Object, name: &str) -> u64 {
     object.hash(&mut hasher);
     name.hash(&mut hasher);
     hasher.finish()
+}
+
+/// Which slot a shared set's key has: a hash of the set and the key's bytes.
+fn slot_id(set: SharedSet, key: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (set, key).hash(&mut hasher);
+    hasher.finish()
+}
+
+fn planned_slot_id(element: &ElementPlan) -> u64 {
+    slot_id(element.set, &element.element.key.to_bytes())
 }
 
 /// An element's data as the table holds it, hashed: a verdict, or a value's bytes…
