@@ -52,20 +52,8 @@ async fn accept(listener: tokio::net::TcpListener, handler: ClusterDns, caps: Co
     // Aborting this task drops the set, and with it every connection.
     let mut connections = JoinSet::new();
     loop {
-        let (stream, client) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // Out of descriptors, say: the port stays open and tries again.
-                tracing::warn!(%error, "accepting a DNS connection");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
+        let (stream, client, slot) = nodus_limits::accept(&listener, &caps, "DNS").await;
         while connections.try_join_next().is_some() {}
-        let Some(slot) = caps.take(client.ip()) else {
-            tracing::debug!(%client, "DNS connection over the cap closed");
-            continue;
-        };
         connections.spawn(serve_connection(stream, client, handler.clone(), slot));
     }
 }

@@ -79,8 +79,8 @@ fn listen(addr: SocketAddr, only_v6: bool) -> io::Result<TcpListener> {
     TcpListener::from_std(socket.into())
 }
 
-/// Serves `listener` with `handler` until the task is aborted. An accept error (too many
-/// open files, say) is logged and retried after a pause: the port never closes for it.
+/// Serves `listener` with `handler` until the task is aborted, its connections accepted by
+/// [`nodus_limits::accept`].
 pub fn serve<F>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle<()>
 where
     F: Fn(&Request<Incoming>, SocketAddr) -> Response<Body> + Clone + Send + Sync + 'static,
@@ -88,19 +88,7 @@ where
     let caps = ConnectionCaps::new(limits.connections, limits.per_client);
     tokio::spawn(async move {
         loop {
-            let (stream, client) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "accepting an HTTP connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            // Dropping the stream closes it: over a cap, the client learns at once.
-            let Some(slot) = caps.take(client.ip()) else {
-                tracing::debug!(%client, "HTTP connection over the cap closed");
-                continue;
-            };
+            let (stream, client, slot) = nodus_limits::accept(&listener, &caps, "HTTP").await;
             let handler = handler.clone();
             tokio::spawn(async move {
                 let service = service_fn(move |request: Request<Incoming>| {

@@ -3,10 +3,36 @@
 //! ports, DNS over TCP) takes a [`Slot`] for each connection it accepts and closes the
 //! connection at once when none is left, so that a slow or hostile client on the node's
 //! network holds at most its share and the kubelet's probe or a pod's query still gets in.
+//! [`accept`] is the accept loop every such listener runs.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+
+/// The next connection on `listener` that fits under `caps`, with its place. One over a
+/// cap is closed as it arrives, so its client learns at once. An accept error (out of
+/// descriptors, say) is logged and retried after a pause: the port never closes for it.
+/// `what` names the listener in the log.
+pub async fn accept(
+    listener: &TcpListener,
+    caps: &ConnectionCaps,
+    what: &str,
+) -> (TcpStream, SocketAddr, Slot) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, client)) => match caps.take(client.ip()) {
+                Some(slot) => return (stream, client, slot),
+                None => tracing::debug!(%client, "{what} connection over the cap closed"),
+            },
+            Err(error) => {
+                tracing::warn!(%error, "accepting a {what} connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
 
 /// Open connections, counted in all and per client address; clones share the counts.
 #[derive(Clone, Debug)]

@@ -313,7 +313,7 @@ impl Socket {
             |reply| {
                 let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
                 let in_chain = attr::find(body, sys::NFTA_RULE_CHAIN)
-                    .is_some_and(|name| name.split(|&b| b == 0).next() == Some(chain.as_bytes()));
+                    .is_some_and(|name| nul_terminated(name) == Some(chain));
                 if names_table(body, table) && in_chain {
                     count += 1;
                 }
@@ -808,7 +808,7 @@ fn nul_terminated(bytes: &[u8]) -> Option<&str> {
 
 fn names_table(body: &[u8], table: &Table) -> bool {
     attr::find(body, sys::NFTA_CHAIN_TABLE)
-        .is_some_and(|name| name.split(|&b| b == 0).next() == Some(table.name.as_bytes()))
+        .is_some_and(|name| nul_terminated(name) == Some(table.name.as_str()))
 }
 
 fn parse_generation(reply: &Reply) -> Result<u32> {
