@@ -51,6 +51,8 @@ struct Row {
     cold: Duration,
     restart: Duration,
     kernel_mib: f64,
+    /// The applier's records after the cold sync: what it keeps per service.
+    record_kib: f64,
     change: (Duration, Duration),
     new_service: (Duration, Duration),
     nft_file: Option<Duration>,
@@ -77,6 +79,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
             let bytes = kernel_memory.bytes()?.saturating_sub(before);
             Ok((proxy, cold, bytes as f64 / (1024.0 * 1024.0)))
         })??;
+    let record_kib = proxy.record_bytes() as f64 / 1024.0;
 
     let mut timed = |updates: Vec<Update>, view: &mut View| -> anyhow::Result<Duration> {
         let start = Instant::now();
@@ -102,8 +105,8 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
     add_times.sort();
     drop(proxy);
 
-    // A restart: a new applier adopts the table (every chain rewritten, every endpoint
-    // block moved to fresh keys beside the old ones, then the old keys deleted).
+    // A restart: a new applier adopts the table (it reads back the key blocks and
+    // elements in place and sends only what differs).
     let restart = ns.enter(|| -> anyhow::Result<Duration> {
         let mut proxy = Proxy::new(ProxyConfig::default())?;
         let start = Instant::now();
@@ -136,6 +139,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
         cold,
         restart,
         kernel_mib,
+        record_kib,
         change: (
             percentile(&change_times, 0.5),
             percentile(&change_times, 0.99),
@@ -170,11 +174,12 @@ fn main() -> anyhow::Result<()> {
     );
     println!("kernel MiB: {}", kernel_memory.method());
     println!(
-        "{:>9} | {:>10} | {:>10} | {:>9} | {:>21} | {:>21} | {:>14}",
+        "{:>9} | {:>10} | {:>10} | {:>9} | {:>11} | {:>21} | {:>21} | {:>14}",
         "services",
         "cold ms",
         "restart ms",
         "kernel MiB",
+        "records KiB",
         "endpoint change p50/p99",
         "new service p50/p99",
         "nft -f ms (×)"
@@ -189,11 +194,12 @@ fn main() -> anyhow::Result<()> {
             )
         });
         println!(
-            "{:>9} | {:>10.1} | {:>10.1} | {:>9.1} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
+            "{:>9} | {:>10.1} | {:>10.1} | {:>9.1} | {:>11.0} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
             row.services,
             ms(row.cold),
             ms(row.restart),
             row.kernel_mib,
+            row.record_kib,
             ms(row.change.0),
             ms(row.change.1),
             ms(row.new_service.0),

@@ -1,5 +1,7 @@
-//! The compact record of what one service put in the table: the names of its chains and
-//! sets and the keys of its shared-map elements, packed into one small byte string.
+//! The compact record of what one service put in the table: the digest of its plan, its
+//! key blocks, the names of its chains and sets and the keys of its shared-map elements,
+//! packed into one small byte string (the applier keeps one per service, so every field
+//! held outside it would cost a word or more in 10,000 map entries).
 //!
 //! An update needs to know what to flush, delete and replace, but holding every
 //! committed [`ServicePlan`] would hold the whole ruleset (rules, anonymous maps,
@@ -19,8 +21,8 @@ use nodus_view::model::Family;
 
 use crate::nft::{Chain, DataType, Element, ElementData, Set, Tuple, Value, Verdict};
 use crate::plan::{
-    ChainPlan, ElementPlan, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt, join_name,
-    split_name,
+    ChainPlan, ElementPlan, KeyBlock, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
+    join_name, split_name,
 };
 
 /// Roles whose names are `role-HASH-path` (see `plan::names`); the index is stored.
@@ -37,9 +39,25 @@ const TAG_ROLE_SHIFT: u32 = 1;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Footprint(pub(super) Box<[u8]>);
 
+/// Where the header's fields sit: the plan's digest, then its chain count, then its key
+/// blocks (a count and the blocks), then the names and elements.
+const DIGEST: std::ops::Range<usize> = 0..8;
+const CHAINS: std::ops::Range<usize> = 8..12;
+const BLOCKS: usize = 12;
+
 impl Footprint {
-    pub fn of(plan: &ServicePlan) -> Footprint {
+    /// The record of `plan`, whose [`ServicePlan::digest`] is `digest`.
+    pub fn of(plan: &ServicePlan, plan_digest: u64) -> Footprint {
         let mut bytes = Vec::new();
+        bytes.extend_from_slice(&plan_digest.to_ne_bytes());
+        write_count(&mut bytes, plan.chains.len());
+        write_count(&mut bytes, plan.blocks.len());
+        for block in &plan.blocks {
+            write_set(&mut bytes, block.map);
+            bytes.extend_from_slice(&block.offset.to_ne_bytes());
+            bytes.push(block.class);
+            bytes.extend_from_slice(&block.chain.to_ne_bytes());
+        }
         // Every entry carries a digest of its contents: a chain's rules, a set's elements.
         let mut names: Vec<(bool, u32, Option<u8>, &str)> = plan
             .chains
@@ -73,8 +91,37 @@ impl Footprint {
             bytes.extend_from_slice(&digest.to_ne_bytes());
             previous = text;
         }
-        write_count(&mut bytes, plan.elements.len());
-        for element in &plan.elements {
+        // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
+        // a run is stored as its set, first key and count, then one digest per element.
+        let (keyed, others): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
+            plan.elements.iter().partition(|e| run_key(e).is_some());
+        let mut runs: Vec<(SharedSet, u32, Vec<u32>)> = Vec::new();
+        for element in keyed {
+            let Some(key) = run_key(element) else {
+                continue;
+            };
+            let contents = data_digest(&element.element.data);
+            match runs.last_mut() {
+                Some((set, first, digests))
+                    if *set == element.set
+                        && u32::try_from(digests.len()).ok().map(|n| *first + n) == Some(key) =>
+                {
+                    digests.push(contents);
+                }
+                _ => runs.push((element.set, key, vec![contents])),
+            }
+        }
+        write_count(&mut bytes, runs.len());
+        for (set, first, digests) in &runs {
+            write_set(&mut bytes, *set);
+            bytes.extend_from_slice(&first.to_ne_bytes());
+            write_count(&mut bytes, digests.len());
+            for contents in digests {
+                bytes.extend_from_slice(&contents.to_ne_bytes());
+            }
+        }
+        write_count(&mut bytes, others.len());
+        for element in others {
             write_set(&mut bytes, element.set);
             bytes.extend_from_slice(&data_digest(&element.element.data).to_ne_bytes());
             write_tuple(&mut bytes, &element.element.key);
@@ -98,6 +145,25 @@ impl Footprint {
         self.0.is_empty()
     }
 
+    /// The digest of the plan it records; 0 for a corrupt record, which then matches no
+    /// plan and is read by [`Footprint::previous_plan`] (which rejects it).
+    pub fn digest(&self) -> u64 {
+        let mut reader = Reader(self.0.get(DIGEST).unwrap_or_default());
+        reader.u64().unwrap_or_default()
+    }
+
+    /// Its chains in the table.
+    pub fn chains(&self) -> usize {
+        let mut reader = Reader(self.0.get(CHAINS).unwrap_or_default());
+        reader.count().unwrap_or_default()
+    }
+
+    /// The key blocks its endpoints took, for the next plan to reuse (none when corrupt).
+    pub fn blocks(&self) -> Vec<KeyBlock> {
+        let mut reader = Reader(self.0.get(BLOCKS..).unwrap_or_default());
+        reader.blocks().unwrap_or_default()
+    }
+
     /// The previous plan as far as [`crate::plan::PlanBatch::update_service`] needs it to
     /// turn it into `new`: chains and sets by name, with rules that match no real chain
     /// so that every surviving chain is flushed and rewritten, and elements equal to
@@ -106,7 +172,8 @@ impl Footprint {
     /// footprint made by [`Footprint::of`].
     pub fn previous_plan(&self, new: &ServicePlan) -> Option<ServicePlan> {
         let mut plan = ServicePlan::empty(&new.namespace, &new.name);
-        let mut reader = Reader(&self.0);
+        let mut reader = Reader(self.0.get(BLOCKS..)?);
+        reader.blocks()?;
         let names = reader.count()?;
         let mut previous = String::new();
         for _ in 0..names {
@@ -158,15 +225,7 @@ impl Footprint {
             .iter()
             .map(|e| ((e.set, &e.element.key, &e.element.key_end), &e.element))
             .collect();
-        let elements = reader.count()?;
-        for _ in 0..elements {
-            let set = reader.set()?;
-            let digest = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
-            let key = reader.tuple()?;
-            let key_end = match reader.byte()? {
-                0 => None,
-                _ => Some(reader.tuple()?),
-            };
+        let mut previous_element = |set: SharedSet, key: Tuple, key_end: Option<Tuple>, digest| {
             let same = planned
                 .get(&(set, &key, &key_end))
                 .filter(|element| data_digest(&element.data) == digest);
@@ -178,8 +237,37 @@ impl Footprint {
                 },
             };
             plan.elements.push(ElementPlan { set, element });
+        };
+        let runs = reader.count()?;
+        for _ in 0..runs {
+            let set = reader.set()?;
+            let first = reader.u32()?;
+            let count = reader.u32()?;
+            for key in (0..count).map(|i| first.checked_add(i)) {
+                let digest = reader.u32()?;
+                previous_element(set, Tuple(vec![Value::Integer32(key?)]), None, digest);
+            }
+        }
+        let elements = reader.count()?;
+        for _ in 0..elements {
+            let set = reader.set()?;
+            let digest = reader.u32()?;
+            let key = reader.tuple()?;
+            let key_end = match reader.byte()? {
+                0 => None,
+                _ => Some(reader.tuple()?),
+            };
+            previous_element(set, key, key_end, digest);
         }
         Some(plan)
+    }
+}
+
+/// The key of an element stored in a run: a single 32-bit integer (an endpoint map's key).
+fn run_key(element: &ElementPlan) -> Option<u32> {
+    match (&element.element.key.0[..], &element.element.key_end) {
+        ([Value::Integer32(key)], None) => Some(*key),
+        _ => None,
     }
 }
 
@@ -293,7 +381,29 @@ impl<'a> Reader<'a> {
     }
 
     fn count(&mut self) -> Option<usize> {
-        usize::try_from(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)).ok()
+        usize::try_from(self.u32()?).ok()
+    }
+
+    fn u32(&mut self) -> Option<u32> {
+        Some(u32::from_ne_bytes(self.take(4)?.try_into().ok()?))
+    }
+
+    fn u64(&mut self) -> Option<u64> {
+        Some(u64::from_ne_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn blocks(&mut self) -> Option<Vec<KeyBlock>> {
+        let count = self.count()?;
+        let mut blocks = Vec::with_capacity(count.min(self.0.len()));
+        for _ in 0..count {
+            blocks.push(KeyBlock {
+                map: self.set()?,
+                offset: self.u32()?,
+                class: self.byte()?,
+                chain: self.u32()?,
+            });
+        }
+        Some(blocks)
     }
 
     fn set(&mut self) -> Option<SharedSet> {

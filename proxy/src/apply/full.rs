@@ -31,7 +31,7 @@ use nodus_view::model::Family;
 use tracing::{error, warn};
 
 use super::{
-    Error, Proxy, RefusedService, SyncReport, applied, full_sync_batch_messages, service_key,
+    Error, Proxy, Record, RefusedService, SyncReport, full_sync_batch_messages, service_key,
 };
 use crate::nft::{
     self, DataType, Element, ElementData, Errno, ListedData, ListedElement, Table, Tuple, Value,
@@ -370,9 +370,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
     }
 
     fn record(&mut self, plan: &ServicePlan) {
-        self.proxy.applied.insert(
+        self.proxy.record(
             service_key(&plan.namespace, &plan.name),
-            applied(plan.digest(), plan),
+            Some(Record::of(plan.digest(), plan)),
         );
         self.report.added += 1;
     }

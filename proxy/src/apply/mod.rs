@@ -25,8 +25,8 @@ pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, FlowFilter, Socket, Table};
 use crate::plan::{
-    EndpointKeys, KeyBlock, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton,
-    TABLE, UdpFlows, stale_udp_flows,
+    EndpointKeys, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton, TABLE,
+    UdpFlows, stale_udp_flows,
 };
 
 /// Messages per transaction of a full sync of `services` services: a tenth of them,
@@ -126,19 +126,6 @@ impl SyncReport {
     }
 }
 
-/// What was last committed for one service.
-#[derive(Debug)]
-struct Applied {
-    digest: u64,
-    footprint: Footprint,
-    /// Empty for services without UDP ports, which are most.
-    udp_flows: Box<[UdpFlows]>,
-    /// The key blocks of its endpoints, reused when it is planned again.
-    blocks: Box<[KeyBlock]>,
-    /// Its chains in the table, for telling whether someone deleted one.
-    chains: u32,
-}
-
 /// What our table must hold whatever the services: checked when another program
 /// committed, to tell a commit to its own tables (which costs us nothing) from one that
 /// touched ours.
@@ -154,8 +141,12 @@ struct Expected {
 pub struct Proxy {
     config: ProxyConfig,
     socket: Socket,
-    /// By [`service_key`]: a hash, so that the map holds no strings.
-    applied: HashMap<u64, Applied>,
+    /// What was last committed per service, by [`service_key`]: a hash, so that the map
+    /// holds no strings.
+    applied: HashMap<u64, Footprint>,
+    /// The UDP flows of the services in `applied` that have UDP ports (most have none),
+    /// for cleaning up conntrack entries when their endpoints go.
+    udp_flows: HashMap<u64, Box<[UdpFlows]>>,
     /// Where the endpoints of `applied` live in the endpoint maps.
     keys: EndpointKeys,
     /// The node facts of the last full sync; a change means a full sync.
@@ -178,6 +169,7 @@ impl Proxy {
             config,
             socket: Socket::open().map_err(Error::Open)?,
             applied: HashMap::new(),
+            udp_flows: HashMap::new(),
             keys: EndpointKeys::new(),
             facts: None,
             generation: None,
@@ -192,16 +184,43 @@ impl Proxy {
         self.applied.len()
     }
 
-    /// Heap bytes of the per-service records (footprints plus the map's table), an
-    /// estimate for the memory budget.
+    /// Heap bytes of the per-service records (footprints, UDP flows and the maps' tables),
+    /// an estimate for the memory budget (the proxy bench prints it).
     pub fn record_bytes(&self) -> usize {
-        let table = self.applied.capacity() * (size_of::<(u64, Applied)>() + 1);
-        table
-            + self
-                .applied
-                .values()
-                .map(|applied| applied.footprint.len())
-                .sum::<usize>()
+        let tables = self.applied.capacity() * (size_of::<(u64, Footprint)>() + 1)
+            + self.udp_flows.capacity() * (size_of::<(u64, Box<[UdpFlows]>)>() + 1);
+        let footprints: usize = self.applied.values().map(Footprint::len).sum();
+        let udp_flows: usize = self
+            .udp_flows
+            .values()
+            .flat_map(|flows| flows.iter())
+            .map(|flows| {
+                size_of::<UdpFlows>()
+                    + size_of::<(std::net::IpAddr, u16)>()
+                        * (flows.service_addresses.len() + flows.endpoints.len())
+            })
+            .sum();
+        tables + footprints + udp_flows
+    }
+
+    /// Keeps what was committed for the service `key` (`None`: it is gone).
+    fn record(&mut self, key: u64, record: Option<Record>) {
+        match record {
+            Some(Record {
+                footprint,
+                udp_flows,
+            }) => {
+                self.applied.insert(key, footprint);
+                match udp_flows.is_empty() {
+                    true => self.udp_flows.remove(&key),
+                    false => self.udp_flows.insert(key, udp_flows),
+                };
+            }
+            None => {
+                self.applied.remove(&key);
+                self.udp_flows.remove(&key);
+            }
+        }
     }
 
     /// Programs the whole view; see `full.rs` for adoption and cleanup of leftovers.
@@ -210,12 +229,7 @@ impl Proxy {
         let mut report = SyncReport::new(SyncKind::Full);
         self.needs_full_sync = true;
         let planner = Planner::new(view, &self.config);
-        let previous_udp: Vec<(u64, Box<[UdpFlows]>)> = self
-            .applied
-            .iter()
-            .filter(|(_, applied)| !applied.udp_flows.is_empty())
-            .map(|(key, applied)| (*key, applied.udp_flows.clone()))
-            .collect();
+        let previous_udp = std::mem::take(&mut self.udp_flows);
         let outcome = full::FullSync::new(self, &planner, &mut report).run();
         if outcome.is_ok() {
             // A full sync after a failure or a node change: the same cleanup as a partial
@@ -224,7 +238,7 @@ impl Proxy {
             let stale: Vec<FlowFilter> = previous_udp
                 .iter()
                 .flat_map(|(key, old)| {
-                    let new = self.applied.get(key).map_or(&[][..], |a| &a.udp_flows[..]);
+                    let new = self.udp_flows.get(key).map_or(&[][..], |flows| &flows[..]);
                     stale_udp_flows(old, new)
                 })
                 .collect();
@@ -282,7 +296,7 @@ impl Proxy {
         }
 
         let mut batch = PlanBatch::new();
-        let mut records: Vec<(u64, Option<Applied>)> = Vec::new();
+        let mut records: Vec<(u64, Option<Record>)> = Vec::new();
         for name in &changes.services {
             let key = service_key(&name.namespace, &name.name);
             let previous = self.applied.get(&key);
@@ -291,28 +305,28 @@ impl Proxy {
                 &name.name,
                 &mut self
                     .keys
-                    .lease(previous.map_or(&[][..], |applied| &applied.blocks[..])),
+                    .lease(&previous.map(Footprint::blocks).unwrap_or_default()),
             );
             let digest = (!plan.is_empty()).then(|| plan.digest());
             match (previous, digest) {
                 (None, None) => report.unchanged += 1,
-                (Some(previous), Some(digest)) if previous.digest == digest => {
+                (Some(previous), Some(digest)) if previous.digest() == digest => {
                     report.unchanged += 1;
                 }
                 (None, Some(digest)) => {
                     batch.add_service(&plan);
                     report.added += 1;
-                    records.push((key, Some(applied(digest, &plan))));
+                    records.push((key, Some(Record::of(digest, &plan))));
                 }
                 (Some(previous), digest) => {
-                    let Some(old) = previous.footprint.previous_plan(&plan) else {
+                    let Some(old) = previous.previous_plan(&plan) else {
                         return self.fall_back(view, format!("the record of {name:?} is corrupt"));
                     };
                     batch.update_service(&old, &plan);
                     match digest {
                         Some(digest) => {
                             report.updated += 1;
-                            records.push((key, Some(applied(digest, &plan))));
+                            records.push((key, Some(Record::of(digest, &plan))));
                         }
                         None => {
                             report.removed += 1;
@@ -343,17 +357,14 @@ impl Proxy {
         let stale: Vec<FlowFilter> = records
             .iter()
             .flat_map(|(key, record)| {
-                let old = self.applied.get(key).map_or(&[][..], |a| &a.udp_flows[..]);
-                let new = record.as_ref().map_or(&[][..], |a| &a.udp_flows[..]);
+                let old = self.udp_flows.get(key).map_or(&[][..], |flows| &flows[..]);
+                let new = record.as_ref().map_or(&[][..], |r| &r.udp_flows[..]);
                 stale_udp_flows(old, new)
             })
             .collect();
         self.delete_flows(&stale, &mut report);
         for (key, record) in records {
-            match record {
-                Some(record) => self.applied.insert(key, record),
-                None => self.applied.remove(&key),
-            };
+            self.record(key, record);
         }
         report.duration = start.elapsed();
         Ok(report)
@@ -417,11 +428,7 @@ impl Proxy {
             return Ok(false);
         }
         let chains = self.expected.skeleton_chains
-            + self
-                .applied
-                .values()
-                .map(|applied| applied.chains as usize)
-                .sum::<usize>();
+            + self.applied.values().map(Footprint::chains).sum::<usize>();
         if self
             .socket
             .count_chains(&table)
@@ -491,13 +498,18 @@ pub fn cleanup() -> Result<bool, Error> {
     Ok(true)
 }
 
-fn applied(digest: u64, plan: &ServicePlan) -> Applied {
-    Applied {
-        digest,
-        footprint: Footprint::of(plan),
-        udp_flows: plan.udp_flows.clone().into_boxed_slice(),
-        blocks: plan.blocks.clone().into_boxed_slice(),
-        chains: u32::try_from(plan.chains.len()).unwrap_or(u32::MAX),
+/// What a committed plan leaves in the applier's records.
+struct Record {
+    footprint: Footprint,
+    udp_flows: Box<[UdpFlows]>,
+}
+
+impl Record {
+    fn of(digest: u64, plan: &ServicePlan) -> Record {
+        Record {
+            footprint: Footprint::of(plan, digest),
+            udp_flows: plan.udp_flows.clone().into_boxed_slice(),
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use nodus_view::model::Family;
 use super::Footprint;
 use crate::nft::{Chain, DataType, Element, Set, Tuple, Value, Verdict};
 use crate::plan::{
-    ChainPlan, ElementPlan, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
+    ChainPlan, ElementPlan, KeyBlock, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
 };
 
 fn plan(endpoints: u8, data_chain: &str) -> ServicePlan {
@@ -45,7 +45,7 @@ fn plan(endpoints: u8, data_chain: &str) -> ServicePlan {
 #[test]
 fn footprint_restores_names_and_keys() {
     let old = plan(10, "service-a");
-    let footprint = Footprint::of(&old);
+    let footprint = Footprint::of(&old, old.digest());
     let previous = footprint
         .previous_plan(&ServicePlan::empty("default", "web"))
         .expect("readable");
@@ -59,13 +59,13 @@ fn footprint_restores_names_and_keys() {
     let expected: Vec<&Tuple> = old.elements.iter().map(|e| &e.element.key).collect();
     assert_eq!(keys, expected);
     // Compact: about 13 bytes per endpoint chain (with its digest), not the ~60 of a name.
-    assert!(footprint.len() < 270, "{} bytes", footprint.len());
+    assert!(footprint.len() < 290, "{} bytes", footprint.len());
 }
 
 #[test]
 fn unchanged_elements_are_left_alone_and_changed_ones_replaced() {
     let old = plan(2, "service-a");
-    let footprint = Footprint::of(&old);
+    let footprint = Footprint::of(&old, old.digest());
     // Same data: the rebuilt element equals the new one, so no delete or add.
     let same = footprint.previous_plan(&old).expect("readable");
     assert_eq!(same.elements, old.elements);
@@ -84,9 +84,72 @@ fn unchanged_elements_are_left_alone_and_changed_ones_replaced() {
     assert_eq!(previous.chains[1..], rewritten.chains[1..]);
 }
 
+/// `plan` with a key block of `endpoints` keys from `offset` in an endpoint map.
+fn dispatched(endpoints: u8, offset: u32) -> ServicePlan {
+    let mut plan = plan(0, "service-a");
+    let map = SharedSet::endpoints(Family::V4, 7);
+    plan.blocks.push(KeyBlock {
+        map,
+        offset,
+        class: 4,
+        chain: 0xfeed,
+    });
+    for i in 0..endpoints {
+        plan.elements.push(ElementPlan {
+            set: map,
+            element: Element::new(Value::Integer32(offset + u32::from(i))).with_value(Tuple(vec![
+                Value::Ipv4([10, 244, 1, i].into()),
+                Value::InetService(8080),
+            ])),
+        });
+    }
+    plan
+}
+
+#[test]
+fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
+    let old = dispatched(10, 32);
+    let footprint = Footprint::of(&old, 0xabcd_ef01_2345_6789);
+    assert_eq!(footprint.digest(), 0xabcd_ef01_2345_6789);
+    assert_eq!(footprint.chains(), old.chains.len());
+    assert_eq!(footprint.blocks(), old.blocks);
+    // Ten endpoint elements as one run: a digest each, not a set, key and digest each.
+    let without = Footprint::of(&dispatched(0, 32), 1).len();
+    assert!(
+        footprint.len() - without <= 10 * 4 + 16,
+        "{} bytes for ten endpoints",
+        footprint.len() - without
+    );
+    let same = footprint.previous_plan(&old).expect("readable");
+    let mut elements = same.elements.clone();
+    let mut expected = old.elements.clone();
+    elements.sort_by_key(|e| format!("{e:?}"));
+    expected.sort_by_key(|e| format!("{e:?}"));
+    assert_eq!(elements, expected);
+    // One endpoint moved: only its element is rebuilt key-only (deleted and re-added).
+    let mut moved = old.clone();
+    let endpoint = moved
+        .elements
+        .iter_mut()
+        .find(|e| e.element.key == Tuple(vec![Value::Integer32(35)]))
+        .expect("key 35");
+    endpoint.element = Element::new(Value::Integer32(35)).with_value(Tuple(vec![
+        Value::Ipv4([10, 244, 9, 9].into()),
+        Value::InetService(8080),
+    ]));
+    let previous = footprint.previous_plan(&moved).expect("readable");
+    let differing: Vec<&ElementPlan> = previous
+        .elements
+        .iter()
+        .filter(|e| !moved.elements.contains(e))
+        .collect();
+    assert_eq!(differing.len(), 1);
+    assert_eq!(differing[0].element, Element::new(Value::Integer32(35)));
+}
+
 #[test]
 fn a_truncated_record_is_rejected() {
-    let footprint = Footprint::of(&plan(3, "service-a"));
+    let footprint = Footprint::of(&dispatched(3, 8), 1);
     let bytes = &footprint.0[..footprint.0.len() - 3];
     let truncated = Footprint(bytes.to_vec().into_boxed_slice());
     assert!(
