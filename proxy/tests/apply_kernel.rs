@@ -567,3 +567,74 @@ fn another_programs_commit_costs_no_repair_but_a_flush_amid_churn_is_repaired() 
     );
     assert!(proxy.check(&churned).expect("check").is_none());
 }
+
+/// Two `externalTrafficPolicy: Local` NodePorts backed by one endpoint on this node want
+/// the same hairpin pairs (the endpoint, itself, the node's address): both are
+/// programmed, the endpoint reaches itself through either, and deleting one leaves the
+/// other's pairs in place. The client namespace is the endpoint here, so its connection
+/// to a ClusterIP comes back to it and works only if it is masqueraded.
+#[test]
+fn services_sharing_a_hairpin_endpoint_are_both_programmed_and_keep_their_pairs() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+        .expect("forwarding on the node");
+    echo(
+        client
+            .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
+            .expect("entering the client"),
+    );
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let local_nodeport = |name: &str, cluster_ip: &str, node_port: u16| {
+        service(
+            name,
+            http(json!({
+                "type": "NodePort", "clusterIP": cluster_ip, "externalTrafficPolicy": "Local",
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": node_port}]
+            })),
+            json!({}),
+        )
+    };
+    let applied = view.apply([
+        local_nodeport("pair-a", "10.96.0.40", 30140),
+        slice("pair-a", "IPv4", &[("10.0.0.2", NODE)], 8080),
+        local_nodeport("pair-b", "10.96.0.41", 30141),
+        slice("pair-b", "IPv4", &[("10.0.0.2", NODE)], 8080),
+    ]);
+    assert!(applied.invalid.is_empty());
+    let mut proxy = open_proxy(&node);
+    let report = proxy.full_sync(&view).expect("full sync");
+    assert!(report.refused.is_empty(), "{report:?}");
+    for address in ["10.96.0.40:80", "10.96.0.41:80"] {
+        let mut stream = connect(&client, address)
+            .unwrap_or_else(|error| panic!("hairpin through {address}: {error}"));
+        assert_eq!(round_trip(&mut stream, b"self").expect("echo"), *b"self");
+    }
+
+    // `pair-a` goes: its pairs are `pair-b`'s too, so they stay and `pair-b` hairpins.
+    let applied = view.apply([Update::Deleted {
+        kind: Kind::Service,
+        namespace: "default".into(),
+        name: "pair-a".into(),
+    }]);
+    let report = proxy.sync(&view, &applied.changes).expect("partial sync");
+    assert_eq!(report.removed, 1, "{report:?}");
+    let listing = list_table(&node);
+    assert!(
+        listing.contains("10.0.0.2 . 10.0.0.2 . 10.0.0.1"),
+        "{listing}"
+    );
+    assert!(!listing.contains("10.96.0.40"), "{listing}");
+    let mut stream = connect(&client, "10.96.0.41:80").expect("hairpin after the delete");
+    assert_eq!(round_trip(&mut stream, b"more").expect("echo"), *b"more");
+
+    // The last one goes: so do the pairs.
+    let applied = view.apply([Update::Deleted {
+        kind: Kind::Service,
+        namespace: "default".into(),
+        name: "pair-b".into(),
+    }]);
+    proxy.sync(&view, &applied.changes).expect("partial sync");
+    let listing = list_table(&node);
+    assert!(!listing.contains("10.0.0.2 . 10.0.0.2"), "{listing}");
+}

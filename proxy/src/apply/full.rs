@@ -19,7 +19,8 @@
 //!    transactions, so no map or rule ever points at a missing chain.
 //!
 //! A key claimed by two services (two Services with one ExternalIP:port) goes to the first
-//! in the view's order; the second is reported as refused. A transaction the kernel
+//! in the view's order; the second is reported as refused. Shared elements (hairpin
+//! pairs, which carry no data) are no conflict: every service that wants one claims it. A transaction the kernel
 //! refuses is retried service by service, so one bad service does not block the others.
 
 use std::collections::{HashMap, HashSet};
@@ -46,7 +47,14 @@ struct Slot {
     /// What the table held before this sync, if anything: its data, hashed (a verdict
     /// names a chain; kept whole, 20,000 of them were a few MiB of the sync's peak).
     existing: Option<u64>,
-    claimed: bool,
+    /// Services of this sync that want it: one, or several for a shared element.
+    claims: u32,
+}
+
+impl Slot {
+    fn claimed(&self) -> bool {
+        self.claims > 0
+    }
 }
 
 /// The endpoint map elements a previous run left: key and a hash of the verdict, sorted
@@ -126,6 +134,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             self.snapshot(&mut keys)?;
         }
         self.proxy.applied.clear();
+        self.proxy.shared.clear();
         let planner = self.planner;
         for plan in planner.services(&mut keys) {
             self.add(plan)?;
@@ -221,7 +230,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 slot_id(set, &element.key),
                 Slot {
                     existing: Some(listed_data_hash(&element.data)),
-                    claimed: false,
+                    claims: 0,
                 },
             );
         })?;
@@ -242,11 +251,11 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .filter(|(_, element)| element.set.kind != SharedKind::Endpoints)
             .map(|(index, element)| (index, planned_slot_id(element)))
             .collect();
+        // A shared element (a hairpin pair) may be wanted by several services.
         if let Some(index) = keys.iter().find_map(|(index, key)| {
-            self.slots
-                .get(key)
-                .is_some_and(|slot| slot.claimed)
-                .then_some(*index)
+            (!plan.elements[*index].set.kind.is_shared()
+                && self.slots.get(key).is_some_and(Slot::claimed))
+            .then_some(*index)
         }) {
             let element = &plan.elements[index];
             let reason = format!(
@@ -290,7 +299,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         for (index, key) in keys {
             let slot = self.slots.entry(key).or_default();
-            slot.claimed = true;
+            slot.claims += 1;
             match slot.existing {
                 Some(data) if data == planned_data_hash(&plan.elements[index].element.data) => {}
                 Some(_) => {
@@ -345,8 +354,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         "service refused by the kernel"
                     );
                     for element in &member.plan.elements {
-                        if let Some(slot) = self.slots.get_mut(&planned_slot_id(element)) {
-                            slot.claimed = false;
+                        if element.set.kind != SharedKind::Endpoints
+                            && let Some(slot) = self.slots.get_mut(&planned_slot_id(element))
+                        {
+                            slot.claims = slot.claims.saturating_sub(1);
                         }
                         // Its endpoint elements in place go with its old chains.
                         if let ([Value::Integer32(key)], Some(listed)) = (
@@ -370,6 +381,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
     }
 
     fn record(&mut self, plan: &ServicePlan) {
+        self.proxy.shared.claim(plan, 1);
         self.proxy.record(
             service_key(&plan.namespace, &plan.name),
             Some(Record::of(plan.digest(), plan)),
@@ -417,12 +429,12 @@ impl<'a, 'v> FullSync<'a, 'v> {
         let mut elements: Vec<ElementPlan> = Vec::new();
         if slots
             .values()
-            .any(|slot| !slot.claimed && slot.existing.is_some())
+            .any(|slot| !slot.claimed() && slot.existing.is_some())
         {
             self.each_shared_element(|set, element| {
                 let unclaimed = slots
                     .get(&slot_id(set, &element.key))
-                    .is_some_and(|slot| !slot.claimed && slot.existing.is_some());
+                    .is_some_and(|slot| !slot.claimed() && slot.existing.is_some());
                 if let Some(key) = tuple_from_bytes(set, &element.key).filter(|_| unclaimed) {
                     elements.push(ElementPlan {
                         set,
@@ -555,7 +567,7 @@ fn slot_id(set: SharedSet, key: &[u8]) -> u64 {
     hasher.finish()
 }
 
-fn planned_slot_id(element: &ElementPlan) -> u64 {
+pub(super) fn planned_slot_id(element: &ElementPlan) -> u64 {
     slot_id(element.set, &element.element.key.to_bytes())
 }
 

@@ -25,8 +25,8 @@ pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, FlowFilter, Socket, Table};
 use crate::plan::{
-    EndpointKeys, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton, TABLE,
-    UdpFlows, stale_udp_flows,
+    ElementPlan, EndpointKeys, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton,
+    TABLE, UdpFlows, stale_udp_flows,
 };
 
 /// Messages per transaction of a full sync of `services` services: a tenth of them,
@@ -147,6 +147,8 @@ pub struct Proxy {
     /// The UDP flows of the services in `applied` that have UDP ports (most have none),
     /// for cleaning up conntrack entries when their endpoints go.
     udp_flows: HashMap<u64, Box<[UdpFlows]>>,
+    /// Claims of the programmed services on shared elements.
+    shared: SharedClaims,
     /// Where the endpoints of `applied` live in the endpoint maps.
     keys: EndpointKeys,
     /// The node facts of the last full sync; a change means a full sync.
@@ -170,6 +172,7 @@ impl Proxy {
             socket: Socket::open().map_err(Error::Open)?,
             applied: HashMap::new(),
             udp_flows: HashMap::new(),
+            shared: SharedClaims::default(),
             keys: EndpointKeys::new(),
             facts: None,
             generation: None,
@@ -297,6 +300,8 @@ impl Proxy {
 
         let mut batch = PlanBatch::new();
         let mut records: Vec<(u64, Option<Record>)> = Vec::new();
+        // Claims on shared elements this transaction adds (+) and drops (-).
+        let mut claims = SharedClaims::default();
         for name in &changes.services {
             let key = service_key(&name.namespace, &name.name);
             let previous = self.applied.get(&key);
@@ -314,14 +319,23 @@ impl Proxy {
                     report.unchanged += 1;
                 }
                 (None, Some(digest)) => {
+                    claims.claim(&plan, 1);
                     batch.add_service(&plan);
                     report.added += 1;
                     records.push((key, Some(Record::of(digest, &plan))));
                 }
                 (Some(previous), digest) => {
-                    let Some(old) = previous.previous_plan(&plan) else {
+                    let Some(mut old) = previous.previous_plan(&plan) else {
                         return self.fall_back(view, format!("the record of {name:?} is corrupt"));
                     };
+                    claims.claim(&old, -1);
+                    claims.claim(&plan, 1);
+                    // What another service still wants stays in the table.
+                    old.elements.retain(|element| {
+                        !element.set.kind.is_shared()
+                            || plan.elements.contains(element)
+                            || self.shared.count(element) + claims.count(element) <= 0
+                    });
                     batch.update_service(&old, &plan);
                     match digest {
                         Some(digest) => {
@@ -366,6 +380,7 @@ impl Proxy {
         for (key, record) in records {
             self.record(key, record);
         }
+        self.shared.merge(claims);
         report.duration = start.elapsed();
         Ok(report)
     }
@@ -496,6 +511,44 @@ pub fn cleanup() -> Result<bool, Error> {
         .commit(&batch)
         .map_err(Error::netlink("deleting the nodus table"))?;
     Ok(true)
+}
+
+/// How many programmed services want each shared element (see
+/// [`SharedKind::is_shared`]), by [`full::planned_slot_id`]: a service that lets one go
+/// deletes it only when no other still wants it. A node's hairpin pairs are its local
+/// endpoints times their service addresses, so this stays small.
+#[derive(Debug, Default)]
+struct SharedClaims(HashMap<u64, i64>);
+
+impl SharedClaims {
+    /// Counts `plan`'s shared elements `by` more claims (negative: fewer).
+    fn claim(&mut self, plan: &ServicePlan, by: i64) {
+        for element in plan.elements.iter().filter(|e| e.set.kind.is_shared()) {
+            *self.0.entry(full::planned_slot_id(element)).or_default() += by;
+        }
+    }
+
+    fn count(&self, element: &ElementPlan) -> i64 {
+        self.0
+            .get(&full::planned_slot_id(element))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Adds a committed transaction's changes.
+    fn merge(&mut self, changes: SharedClaims) {
+        for (id, by) in changes.0 {
+            let count = self.0.entry(id).or_default();
+            *count += by;
+            if *count <= 0 {
+                self.0.remove(&id);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
 }
 
 /// What a committed plan leaves in the applier's records.

@@ -67,6 +67,14 @@ impl SharedKind {
         SharedKind::Hairpin,
     ];
 
+    /// Whether several services may want one element: hairpin pairs carry no data, and
+    /// one pod behind two Services (or a host-network endpoint behind two NodePorts)
+    /// gives both the same pair. The applier counts their claims rather than refusing the
+    /// second service or letting the first one's removal delete the other's.
+    pub fn is_shared(self) -> bool {
+        self == SharedKind::Hairpin
+    }
+
     fn base_name(self) -> &'static str {
         match self {
             SharedKind::ClusterIps => "cluster-ips",
