@@ -638,3 +638,44 @@ fn services_sharing_a_hairpin_endpoint_are_both_programmed_and_keep_their_pairs(
     let listing = list_table(&node);
     assert!(!listing.contains("10.0.0.2 . 10.0.0.2"), "{listing}");
 }
+
+/// The host (and host-network pods) reach an `externalTrafficPolicy: Local` ExternalIP
+/// whose endpoints are all on other nodes: the short-circuit for local sources sends it
+/// to a remote endpoint, and no check before DNAT drops it (kubernetes#131765). Traffic
+/// from outside to the same address is still dropped, as no endpoint is local.
+#[test]
+fn the_host_reaches_a_local_policy_external_ip_served_by_other_nodes() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    node.ip(&["route", "add", "192.0.2.0/24", "dev", "eth0"])
+        .expect("route to the external address");
+    echo(
+        client
+            .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
+            .expect("entering the client"),
+    );
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "remote",
+            http(
+                json!({"clusterIP": "10.96.0.50", "externalIPs": ["192.0.2.50"],
+                        "externalTrafficPolicy": "Local"}),
+            ),
+            json!({}),
+        ),
+        // The endpoint is the client namespace, on another node.
+        slice("remote", "IPv4", &[("10.0.0.2", "node-b")], 8080),
+    ]);
+    assert!(applied.invalid.is_empty());
+    let mut proxy = open_proxy(&node);
+    let report = proxy.full_sync(&view).expect("full sync");
+    assert!(report.refused.is_empty(), "{report:?}");
+    let mut stream = connect(&node, "192.0.2.50:80").expect("the host to the ExternalIP");
+    assert_eq!(round_trip(&mut stream, b"host").expect("echo"), *b"host");
+    let listing = list_table(&node);
+    assert!(
+        listing.contains("192.0.2.50 . tcp . 80 : drop"),
+        "external clients are still dropped here: {listing}"
+    );
+}

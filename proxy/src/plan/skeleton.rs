@@ -35,7 +35,7 @@ fn cluster_cidrs_set(family: Family) -> String {
     format!("cluster-cidrs-{}", family_suffix(family))
 }
 
-/// Filter chains run just before DNAT (`dstnat - 10`), except the check that must see
+/// Filter chains run just before DNAT (`dstnat - 10`), except the checks that must see
 /// the rewritten destination of host traffic (`dstnat + 10`).
 const FILTER_PRIORITY: i32 = priority::DSTNAT - 10;
 const FILTER_POST_DNAT_PRIORITY: i32 = priority::DSTNAT + 10;
@@ -201,17 +201,20 @@ fn service_chains(mark: u32) -> Vec<ChainPlan> {
             ChainType::Filter,
             Hook::Output,
             FILTER_PRIORITY,
-            vec![
-                new_then_jump(SERVICE_ENDPOINTS_CHECK),
-                new_then_jump(FIREWALL_CHECK),
-            ],
+            vec![new_then_jump(FIREWALL_CHECK)],
         ),
+        // After DNAT, as upstream since kubernetes#131765: the host reaches an eTP=Local
+        // external address with no endpoint here through its short-circuit to the cluster
+        // chain, which a check before DNAT would drop; what was not DNATed still matches.
         base(
             "filter-output-post-dnat",
             ChainType::Filter,
             Hook::Output,
             FILTER_POST_DNAT_PRIORITY,
-            vec![new_then_jump(CLUSTER_IPS_CHECK)],
+            vec![
+                new_then_jump(SERVICE_ENDPOINTS_CHECK),
+                new_then_jump(CLUSTER_IPS_CHECK),
+            ],
         ),
         base(
             "nat-prerouting",
