@@ -122,7 +122,7 @@ pub fn service(wire: &wire::Service, strings: &mut Interner) -> Result<Service, 
 struct CheckedService<'a> {
     service: Service,
     port_names: Vec<&'a str>,
-    proxy_name: &'a str,
+    proxy_name: Option<&'a str>,
 }
 
 impl CheckedService<'_> {
@@ -130,7 +130,10 @@ impl CheckedService<'_> {
         for (port, name) in self.service.ports.iter_mut().zip(self.port_names) {
             port.name = strings.intern(name);
         }
-        self.service.proxy_name = strings.intern(self.proxy_name);
+        if let Some(name) = self.proxy_name {
+            let extra = self.service.extra.get_or_insert_with(Default::default);
+            extra.proxy_name = Some(strings.intern(name));
+        }
         self.service
     }
 }
@@ -224,6 +227,8 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
         load_balancer_ingress,
         load_balancer_source_ranges,
         external_name,
+        // Interned with the other strings, once the service is valid.
+        proxy_name: None,
     };
 
     let service = Service {
@@ -246,18 +251,12 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
             "spec.healthCheckNodePort",
             spec.health_check_node_port,
         )?,
-        proxy_name: Sym::EMPTY,
         extra: (extra != ServiceExtra::default()).then(|| Box::new(extra)),
     };
     Ok(CheckedService {
         service,
         port_names,
-        proxy_name: wire
-            .metadata
-            .labels
-            .service_proxy_name
-            .as_deref()
-            .unwrap_or(""),
+        proxy_name: wire.metadata.labels.service_proxy_name.as_deref(),
     })
 }
 

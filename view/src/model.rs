@@ -169,8 +169,6 @@ pub struct Service {
     pub affinity_timeout: u32,
     /// 0 when the service has none.
     pub health_check_node_port: u16,
-    /// The `service.kubernetes.io/service-proxy-name` label: another proxy owns the service.
-    pub proxy_name: Sym,
     pub extra: Option<Box<ServiceExtra>>,
 }
 
@@ -181,6 +179,9 @@ pub struct ServiceExtra {
     pub load_balancer_ingress: Box<[LoadBalancerIngress]>,
     pub load_balancer_source_ranges: Box<[Cidr]>,
     pub external_name: Option<Box<str>>,
+    /// The `service.kubernetes.io/service-proxy-name` label, when present: another proxy
+    /// owns the service, even when the value is empty (upstream selects on the key alone).
+    pub proxy_name: Option<Sym>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -231,8 +232,20 @@ impl Service {
             .find(|ip| Family::of(*ip) == family)
     }
 
+    /// The `service.kubernetes.io/service-proxy-name` label, when present.
+    pub fn proxy_name(&self) -> Option<Sym> {
+        self.extra.as_ref().and_then(|extra| extra.proxy_name)
+    }
+
+    /// Another proxy owns the service: this one programs nothing for it (A.2).
+    pub fn owned_by_another_proxy(&self) -> bool {
+        self.proxy_name().is_some()
+    }
+
     pub(crate) fn release(&self, strings: &mut Interner) {
-        strings.release(self.proxy_name);
+        if let Some(name) = self.proxy_name() {
+            strings.release(name);
+        }
         for port in &self.ports {
             strings.release(port.name);
         }

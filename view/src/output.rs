@@ -150,8 +150,9 @@ fn spec(strings: &Interner, svc: &Service) -> ResolvedSpec {
         publish_not_ready_addresses: svc.publish_not_ready_addresses,
         session_affinity_timeout: svc.affinity_timeout,
         health_check_node_port: svc.health_check_node_port,
-        service_proxy_name: (!svc.proxy_name.is_empty())
-            .then(|| strings.resolve(svc.proxy_name).to_string()),
+        service_proxy_name: svc
+            .proxy_name()
+            .map(|name| strings.resolve(name).to_string()),
     }
 }
 
