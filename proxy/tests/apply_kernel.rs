@@ -719,3 +719,45 @@ fn a_service_for_another_proxy_is_left_alone_even_with_an_empty_label() {
     assert!(round_trip(&mut elsewhere, b"gone").is_err());
     assert!(!list_table(&node).contains("10.96.0.60"));
 }
+
+/// An IP reused by a new, ready pod on another node while the old pod, on this node, is
+/// stuck terminating: two slices list it, and the ready copy is the one served (the local,
+/// terminating one would leave the service without endpoints: refused).
+#[test]
+fn of_two_copies_of_an_endpoint_the_ready_one_is_served() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    echo(
+        node.enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
+            .expect("entering the node"),
+    );
+    let copy = |slice: &str, node_name: &str, ready: bool| {
+        Update::EndpointSlice(
+            serde_json::from_value(json!({
+                "metadata": {"name": slice, "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": "reused"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.1"], "nodeName": node_name,
+                               "conditions": {"ready": ready, "serving": ready,
+                                              "terminating": !ready}}],
+                "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
+            }))
+            .expect("test slice"),
+        )
+    };
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "reused",
+            http(json!({"clusterIP": "10.96.0.70"})),
+            json!({}),
+        ),
+        copy("reused-old", NODE, false),
+        copy("reused-new", "node-b", true),
+    ]);
+    assert!(applied.invalid.is_empty());
+    let mut proxy = open_proxy(&node);
+    proxy.full_sync(&view).expect("full sync");
+    let mut stream = connect(&client, "10.96.0.70:80").expect("the ready copy");
+    assert_eq!(round_trip(&mut stream, b"live").expect("echo"), *b"live");
+}

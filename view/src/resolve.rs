@@ -61,8 +61,8 @@ pub struct Candidate<'a> {
 }
 
 /// A.5, A.6, A.7, A.9: the union of the slices of `family`, with the slice port matched by
-/// name and protocol, de-duplicated by IP:port where the local copy wins. Sorted by IP and
-/// port so that every consumer sees the same order.
+/// name and protocol, de-duplicated by IP:port where the live copy wins (see below). Sorted
+/// by IP and port so that every consumer sees the same order.
 pub fn candidates<'a>(
     slices: &'a [Slice],
     family: Family,
@@ -84,9 +84,20 @@ pub fn candidates<'a>(
             local: !node.name.is_empty() && endpoint.node == node.name,
         }));
     }
-    out.sort_by(|a, b| {
-        (a.endpoint.addr, a.port, !a.local).cmp(&(b.endpoint.addr, b.port, !b.local))
-    });
+    // Of two copies of one IP:port (an IP reused by a new pod while the old one is stuck
+    // terminating), the live one wins, as upstream since kubernetes#135593: not
+    // terminating, then serving, then ready, then local.
+    let rank = |c: &Candidate<'_>| {
+        (
+            c.endpoint.addr,
+            c.port,
+            c.endpoint.is_terminating(),
+            !c.endpoint.is_serving(),
+            !c.endpoint.is_ready(),
+            !c.local,
+        )
+    };
+    out.sort_by_key(rank);
     out.dedup_by(|later, kept| {
         later.endpoint.addr == kept.endpoint.addr && later.port == kept.port
     });
