@@ -761,3 +761,44 @@ fn of_two_copies_of_an_endpoint_the_ready_one_is_served() {
     let mut stream = connect(&client, "10.96.0.70:80").expect("the ready copy");
     assert_eq!(round_trip(&mut stream, b"live").expect("echo"), *b"live");
 }
+
+/// One bad entry in a Service's lists costs that entry, not the Service: an unparsable
+/// ExternalIP is left out while the ClusterIP and the LB IP work, and a source range
+/// written with leading zeros (as API servers before 1.33 stored them) is read as decimal.
+#[test]
+fn a_bad_list_entry_leaves_the_rest_of_the_service_working() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    client
+        .ip(&["route", "add", "203.0.113.0/24", "via", "10.0.0.1"])
+        .expect("route to the LB IP");
+    echo(
+        node.enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
+            .expect("entering the node"),
+    );
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "sloppy",
+            http(json!({
+                "type": "LoadBalancer", "clusterIP": "10.96.0.80",
+                "externalIPs": ["192.0.2.80", "not-an-ip"],
+                "loadBalancerSourceRanges": ["010.000.000.000/8"],
+                "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30180}]
+            })),
+            json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.80"}]}}),
+        ),
+        slice("sloppy", "IPv4", &[("10.0.0.1", NODE)], 8080),
+    ]);
+    assert_eq!(applied.invalid.len(), 1, "reported: {:?}", applied.invalid);
+    assert!(applied.invalid[0].reason.contains("not-an-ip"));
+    let mut proxy = open_proxy(&node);
+    let report = proxy.full_sync(&view).expect("full sync");
+    assert!(report.refused.is_empty(), "{report:?}");
+    for address in ["10.96.0.80:80", "203.0.113.80:80"] {
+        let mut stream =
+            connect(&client, address).unwrap_or_else(|error| panic!("{address}: {error}"));
+        assert_eq!(round_trip(&mut stream, b"rest").expect("echo"), *b"rest");
+    }
+    assert!(list_table(&node).contains("192.0.2.80 . tcp . 80"));
+}

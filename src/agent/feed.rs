@@ -80,11 +80,9 @@ impl Feed {
             self.view.mark_complete();
         }
         for invalid in &report.invalid {
-            tracing::warn!(kind = invalid.kind, object = %invalid.object, reason = %invalid.reason, "skipping invalid object");
-            let error = format!(
-                "{} {} skipped: {}",
-                invalid.kind, invalid.object, invalid.reason
-            );
+            // The whole object, or (when the reason says so) only some of its entries.
+            tracing::warn!(kind = invalid.kind, object = %invalid.object, reason = %invalid.reason, "skipping invalid input");
+            let error = format!("{} {}: {}", invalid.kind, invalid.object, invalid.reason);
             self.metrics.status.view.error(error);
         }
         for kind in report.skipped {

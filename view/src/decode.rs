@@ -44,9 +44,20 @@ fn invalid(kind: &'static str, meta: &wire::Meta, reason: String) -> InvalidObje
 }
 
 fn parse_ip(field: &str, text: &str) -> Result<IpAddr, String> {
-    text.trim()
-        .parse()
-        .map_err(|_| format!("{field}: {text:?} is not an IP address"))
+    crate::model::parse_ip_sloppy(text.trim())
+        .ok_or_else(|| format!("{field}: {text:?} is not an IP address"))
+}
+
+/// Parses each of a list's entries, leaving out (and noting in `skipped`) those that do
+/// not parse: one bad entry costs that entry, not the object (as upstream).
+fn each_valid<T>(
+    entries: impl IntoIterator<Item = Result<T, String>>,
+    skipped: &mut Vec<String>,
+) -> Box<[T]> {
+    entries
+        .into_iter()
+        .filter_map(|entry| entry.map_err(|reason| skipped.push(reason)).ok())
+        .collect()
 }
 
 fn parse_protocol(field: &str, text: Option<&str>) -> Result<Protocol, String> {
@@ -102,8 +113,8 @@ fn parse_traffic_distribution(text: Option<&str>) -> TrafficDistribution {
     }
 }
 
-fn parse_ips(field: &str, texts: &[String]) -> Result<Box<[IpAddr]>, String> {
-    texts.iter().map(|t| parse_ip(field, t)).collect()
+fn parse_ips(field: &str, texts: &[String], skipped: &mut Vec<String>) -> Box<[IpAddr]> {
+    each_valid(texts.iter().map(|t| parse_ip(field, t)), skipped)
 }
 
 pub(crate) fn hash_name(name: &str) -> u64 {
@@ -112,10 +123,26 @@ pub(crate) fn hash_name(name: &str) -> u64 {
     hasher.finish()
 }
 
-pub fn service(wire: &wire::Service, strings: &mut Interner) -> Result<Service, InvalidObject> {
-    check_service(wire)
+///
+/// Entries of lists that do not parse (an external IP, a load-balancer IP, a source range)
+/// are left out and described in `skipped`; the rest of the service stands.
+pub fn service(
+    wire: &wire::Service,
+    strings: &mut Interner,
+    skipped: &mut Vec<String>,
+) -> Result<Service, InvalidObject> {
+    check_service(wire, skipped)
         .map(|checked| checked.intern(strings))
         .map_err(|reason| invalid("Service", &wire.metadata, reason))
+}
+
+/// What `skipped` entries of an otherwise valid object are reported as.
+pub fn partly_invalid(kind: &'static str, meta: &wire::Meta, skipped: &[String]) -> InvalidObject {
+    invalid(
+        kind,
+        meta,
+        format!("entries left out: {}", skipped.join("; ")),
+    )
 }
 
 /// A validated service whose strings are not interned yet.
@@ -138,7 +165,10 @@ impl CheckedService<'_> {
     }
 }
 
-fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
+fn check_service<'w>(
+    wire: &'w wire::Service,
+    skipped: &mut Vec<String>,
+) -> Result<CheckedService<'w>, String> {
     let spec = &wire.spec;
     let type_ = parse_service_type(spec.type_.as_deref())?;
     let mut ip_texts: Vec<&str> = spec.cluster_ips.iter().map(String::as_str).collect();
@@ -190,40 +220,40 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
         Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
     };
 
-    let load_balancer_ingress: Box<[LoadBalancerIngress]> = wire
-        .status
-        .load_balancer
-        .ingress
-        .iter()
-        .filter_map(|ing| {
-            ing.ip
-                .as_deref()
-                .filter(|ip| !ip.is_empty())
-                .map(|ip| (ip, ing))
-        })
-        .map(|(ip, ing)| {
-            Ok(LoadBalancerIngress {
-                ip: parse_ip("status.loadBalancer.ingress.ip", ip)?,
-                proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
+    let load_balancer_ingress = each_valid(
+        wire.status
+            .load_balancer
+            .ingress
+            .iter()
+            .filter_map(|ing| {
+                ing.ip
+                    .as_deref()
+                    .filter(|ip| !ip.is_empty())
+                    .map(|ip| (ip, ing))
             })
-        })
-        .collect::<Result<_, String>>()?;
-    let load_balancer_source_ranges: Box<[Cidr]> = spec
-        .load_balancer_source_ranges
-        .iter()
-        .map(|r| {
+            .map(|(ip, ing)| {
+                Ok(LoadBalancerIngress {
+                    ip: parse_ip("status.loadBalancer.ingress.ip", ip)?,
+                    proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
+                })
+            }),
+        skipped,
+    );
+    let load_balancer_source_ranges = each_valid(
+        spec.load_balancer_source_ranges.iter().map(|r| {
             r.trim()
                 .parse::<Cidr>()
                 .map_err(|e| format!("spec.loadBalancerSourceRanges: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
+        }),
+        skipped,
+    );
     let external_name = spec
         .external_name
         .as_deref()
         .filter(|n| type_ == ServiceType::ExternalName && !n.is_empty())
         .map(|n| n.trim_end_matches('.').into());
     let extra = ServiceExtra {
-        external_ips: parse_ips("spec.externalIPs", &spec.external_ips)?,
+        external_ips: parse_ips("spec.externalIPs", &spec.external_ips, skipped),
         load_balancer_ingress,
         load_balancer_source_ranges,
         external_name,
@@ -261,10 +291,12 @@ fn check_service(wire: &wire::Service) -> Result<CheckedService<'_>, String> {
 }
 
 /// Decodes a slice. `Ok(None)` means the slice carries nothing nodus uses (an `FQDN`
-/// slice), which is not an error.
+/// slice), which is not an error. An endpoint whose address does not parse is left out
+/// and described in `skipped`.
 pub fn slice(
     wire: &wire::EndpointSlice,
     strings: &mut Interner,
+    skipped: &mut Vec<String>,
 ) -> Result<Option<Slice>, InvalidObject> {
     let family = match wire.address_type.as_str() {
         "IPv4" => Family::V4,
@@ -278,7 +310,7 @@ pub fn slice(
             ));
         }
     };
-    let (ports, endpoints) = check_slice(wire, family)
+    let (ports, endpoints) = check_slice(wire, family, skipped)
         .map_err(|reason| invalid("EndpointSlice", &wire.metadata, reason))?;
 
     let keep_pod = wire.metadata.labels.headless;
@@ -320,7 +352,11 @@ type CheckedSlice<'a> = (
     Vec<(IpAddr, &'a wire::Endpoint)>,
 );
 
-fn check_slice(wire: &wire::EndpointSlice, family: Family) -> Result<CheckedSlice<'_>, String> {
+fn check_slice<'w>(
+    wire: &'w wire::EndpointSlice,
+    family: Family,
+    skipped: &mut Vec<String>,
+) -> Result<CheckedSlice<'w>, String> {
     let mut ports = Vec::with_capacity(wire.ports.len());
     for (i, p) in wire.ports.iter().enumerate() {
         let field = format!("ports[{i}]");
@@ -339,7 +375,12 @@ fn check_slice(wire: &wire::EndpointSlice, family: Family) -> Result<CheckedSlic
         let Some(first) = e.addresses.first() else {
             continue;
         };
-        let addr = parse_ip(&format!("endpoints[{i}].addresses[0]"), first)?;
+        let Some(addr) = parse_ip(&format!("endpoints[{i}].addresses[0]"), first)
+            .map_err(|reason| skipped.push(reason))
+            .ok()
+        else {
+            continue;
+        };
         // A wrong-family address is dropped, not fatal, as in kube-proxy.
         if Family::of(addr) == family {
             endpoints.push((addr, e));
@@ -461,7 +502,7 @@ mod tests {
         let mut strings = Interner::new();
         let wire =
             service_json(r#"{"clusterIP":"10.0.0.300","ports":[{"name":"http","port":80}]}"#);
-        let err = service(&wire, &mut strings).expect_err("bad ip");
+        let err = service(&wire, &mut strings, &mut Vec::new()).expect_err("bad ip");
         assert_eq!(err.object, "default/web");
         assert!(err.reason.contains("10.0.0.300"), "{err}");
         assert!(strings.is_empty());
@@ -471,23 +512,28 @@ mod tests {
     fn port_range_and_protocol_are_checked() {
         let mut strings = Interner::new();
         let wire = service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":70000}]}"#);
-        assert!(service(&wire, &mut strings).is_err());
+        assert!(service(&wire, &mut strings, &mut Vec::new()).is_err());
         let wire =
             service_json(r#"{"clusterIP":"10.0.0.1","ports":[{"port":53,"protocol":"ICMP"}]}"#);
-        let err = service(&wire, &mut strings).expect_err("bad protocol");
+        let err = service(&wire, &mut strings, &mut Vec::new()).expect_err("bad protocol");
         assert!(err.reason.contains("ICMP"));
     }
 
     #[test]
     fn headless_and_dual_stack() {
         let mut strings = Interner::new();
-        let headless =
-            service(&service_json(r#"{"clusterIP":"None"}"#), &mut strings).expect("valid");
+        let headless = service(
+            &service_json(r#"{"clusterIP":"None"}"#),
+            &mut strings,
+            &mut Vec::new(),
+        )
+        .expect("valid");
         assert!(headless.headless);
         assert!(headless.cluster_ips.is_empty());
         let dual = service(
             &service_json(r#"{"clusterIP":"10.0.0.1","clusterIPs":["10.0.0.1","fd00::1"]}"#),
             &mut strings,
+            &mut Vec::new(),
         )
         .expect("valid");
         assert_eq!(
@@ -497,11 +543,44 @@ mod tests {
     }
 
     #[test]
+    fn a_bad_list_entry_costs_the_entry_and_leading_zeros_are_decimal() {
+        let mut strings = Interner::new();
+        let mut skipped = Vec::new();
+        let svc = service(
+            &service_json(
+                r#"{"clusterIP":"10.0.0.1","externalIPs":["192.0.2.1","nonsense"],
+                    "loadBalancerSourceRanges":["010.020.0.0/16","bad"]}"#,
+            ),
+            &mut strings,
+            &mut skipped,
+        )
+        .expect("valid");
+        assert_eq!(
+            svc.external_ips(),
+            ["192.0.2.1".parse::<IpAddr>().expect("ip")]
+        );
+        assert_eq!(
+            svc.load_balancer_source_ranges(),
+            ["10.20.0.0/16".parse::<Cidr>().expect("cidr")]
+        );
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+        assert!(
+            skipped.iter().any(|s| s.contains("nonsense")),
+            "{skipped:?}"
+        );
+        // Not an address however read: too many octets, an octet over 255, signs.
+        for text in ["1.2.3.4.5", "1.2.3.256", "1.2.+3.4", "1..2.3", "0001.2.3.4"] {
+            assert_eq!(crate::model::parse_ip_sloppy(text), None, "{text}");
+        }
+    }
+
+    #[test]
     fn affinity_defaults_to_three_hours() {
         let mut strings = Interner::new();
         let svc = service(
             &service_json(r#"{"clusterIP":"10.0.0.1","sessionAffinity":"ClientIP"}"#),
             &mut strings,
+            &mut Vec::new(),
         )
         .expect("valid");
         assert_eq!(svc.affinity_timeout, DEFAULT_AFFINITY_TIMEOUT);
@@ -520,7 +599,9 @@ mod tests {
                "ports":[{"name":"http","port":8080}]}"#,
         )
         .expect("json");
-        let slice = slice(&wire, &mut strings).expect("valid").expect("IPv4");
+        let slice = slice(&wire, &mut strings, &mut Vec::new())
+            .expect("valid")
+            .expect("IPv4");
         let endpoints: Vec<_> = slice.endpoints().collect();
         assert!(endpoints[0].is_ready() && endpoints[0].is_serving());
         assert!(!endpoints[0].is_terminating());
@@ -538,7 +619,9 @@ mod tests {
                "ports":[{"name":"","port":80},{"port":81},{"name":"x"}]}"#,
         )
         .expect("json");
-        let slice = slice(&wire, &mut strings).expect("valid").expect("IPv4");
+        let slice = slice(&wire, &mut strings, &mut Vec::new())
+            .expect("valid")
+            .expect("IPv4");
         let endpoints: Vec<_> = slice.endpoints().collect();
         assert_eq!(endpoints.len(), 1);
         assert_eq!(endpoints[0].addr, "10.1.0.1".parse::<IpAddr>().expect("ip"));
@@ -555,7 +638,7 @@ mod tests {
         let wire: wire::EndpointSlice =
             serde_json::from_str(r#"{"metadata":{"name":"s"},"addressType":"FQDN"}"#)
                 .expect("json");
-        assert_eq!(slice(&wire, &mut strings), Ok(None));
+        assert_eq!(slice(&wire, &mut strings, &mut Vec::new()), Ok(None));
     }
 
     #[test]

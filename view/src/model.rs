@@ -99,6 +99,24 @@ impl fmt::Display for Cidr {
     }
 }
 
+/// An address as upstream's `ParseIPSloppy` reads it: IPv4 octets with leading zeros are
+/// decimal (`010.1.2.3` is 10.1.2.3), as API servers before 1.33 stored them.
+pub(crate) fn parse_ip_sloppy(text: &str) -> Option<IpAddr> {
+    if let Ok(ip) = text.parse() {
+        return Some(ip);
+    }
+    let mut octets = [0u8; 4];
+    let mut parts = text.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || part.len() > 3 || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        *octet = part.parse().ok()?;
+    }
+    parts.next().is_none().then(|| IpAddr::from(octets))
+}
+
 impl FromStr for Cidr {
     type Err = String;
 
@@ -106,9 +124,8 @@ impl FromStr for Cidr {
         let (addr, prefix) = text
             .split_once('/')
             .ok_or_else(|| format!("{text:?} is not a CIDR"))?;
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{text:?} has an invalid address"))?;
+        let addr =
+            parse_ip_sloppy(addr).ok_or_else(|| format!("{text:?} has an invalid address"))?;
         let max = match addr {
             IpAddr::V4(_) => 32,
             IpAddr::V6(_) => 128,

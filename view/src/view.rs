@@ -258,9 +258,15 @@ impl View {
         let mut report = ApplyReport::default();
         for update in batch {
             let object = update_key(&update);
+            // Entries of a valid object left out: the object is applied and reported.
+            let mut partly_invalid = None;
             let result = match update {
-                Update::Service(svc) => self.upsert_service(*svc, &mut report.changes),
-                Update::EndpointSlice(slice) => self.upsert_slice(*slice, &mut report.changes),
+                Update::Service(svc) => {
+                    self.upsert_service(*svc, &mut report.changes, &mut partly_invalid)
+                }
+                Update::EndpointSlice(slice) => {
+                    self.upsert_slice(*slice, &mut report.changes, &mut partly_invalid)
+                }
                 Update::Node(node) => self.upsert_node(*node, &mut report.changes),
                 Update::Deleted {
                     kind,
@@ -279,9 +285,15 @@ impl View {
                     Ok(())
                 }
             };
-            match result {
+            let notice = match result {
                 Err((kind, err)) => {
                     report.skipped.push(kind);
+                    Some(err)
+                }
+                Ok(()) => partly_invalid,
+            };
+            match notice {
+                Some(err) => {
                     let mut h = DefaultHasher::new();
                     err.reason.hash(&mut h);
                     let reason = h.finish();
@@ -291,7 +303,7 @@ impl View {
                         report.invalid.push(err);
                     }
                 }
-                Ok(()) => {
+                None => {
                     if let Some(o) = object {
                         self.reported.remove(&o);
                     }
@@ -390,11 +402,17 @@ impl View {
         &mut self,
         wire: wire::Service,
         changes: &mut ChangeSet,
+        partly_invalid: &mut Option<InvalidObject>,
     ) -> Result<(), (Kind, InvalidObject)> {
         let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
         self.seen(Kind::Service, namespace, &wire.metadata.name);
         // An invalid update keeps the last good state: nothing is lost on bad input.
-        let service = decode::service(&wire, &mut self.strings).map_err(|e| (Kind::Service, e))?;
+        let mut skipped = Vec::new();
+        let service = decode::service(&wire, &mut self.strings, &mut skipped)
+            .map_err(|e| (Kind::Service, e))?;
+        if !skipped.is_empty() {
+            *partly_invalid = Some(decode::partly_invalid("Service", &wire.metadata, &skipped));
+        }
         let key = self.entry_key(namespace, &wire.metadata.name);
         let Some(entry) = self.services.get_mut(&key) else {
             return Ok(());
@@ -417,12 +435,21 @@ impl View {
         &mut self,
         wire: wire::EndpointSlice,
         changes: &mut ChangeSet,
+        partly_invalid: &mut Option<InvalidObject>,
     ) -> Result<(), (Kind, InvalidObject)> {
         let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
         let name = &wire.metadata.name;
         self.seen(Kind::EndpointSlice, namespace, name);
-        let decoded =
-            decode::slice(&wire, &mut self.strings).map_err(|e| (Kind::EndpointSlice, e))?;
+        let mut skipped = Vec::new();
+        let decoded = decode::slice(&wire, &mut self.strings, &mut skipped)
+            .map_err(|e| (Kind::EndpointSlice, e))?;
+        if !skipped.is_empty() {
+            *partly_invalid = Some(decode::partly_invalid(
+                "EndpointSlice",
+                &wire.metadata,
+                &skipped,
+            ));
+        }
         let owner = wire
             .metadata
             .labels
