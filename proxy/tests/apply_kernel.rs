@@ -802,3 +802,43 @@ fn a_bad_list_entry_leaves_the_rest_of_the_service_working() {
     }
     assert!(list_table(&node).contains("192.0.2.80 . tcp . 80"));
 }
+
+/// `internalTrafficPolicy: Local` ClusterIP traffic from outside the pod network is
+/// masqueraded as under the Cluster policy (upstream's internal traffic chain), so the
+/// local endpoint, in a pod namespace of its own, sees the node's address.
+#[test]
+fn local_internal_policy_traffic_from_outside_the_pods_is_masqueraded() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    let pod = Netns::new("appd").expect("pod namespace");
+    netns::veth(&node, "pod0", &pod, "eth0").expect("pod veth");
+    node.ip(&["addr", "add", "10.244.1.1/24", "dev", "pod0"])
+        .expect("node's pod-side address");
+    pod.ip(&["addr", "add", "10.244.1.9/24", "dev", "eth0"])
+        .expect("pod address");
+    pod.ip(&["route", "add", "default", "via", "10.244.1.1"])
+        .expect("pod route");
+    node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+        .expect("forwarding on the node");
+    let listener = pod
+        .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
+        .expect("entering the pod");
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "node-local",
+            http(json!({"clusterIP": "10.96.0.90", "internalTrafficPolicy": "Local"})),
+            json!({}),
+        ),
+        slice("node-local", "IPv4", &[("10.244.1.9", NODE)], 8080),
+    ]);
+    assert!(applied.invalid.is_empty());
+    let mut proxy = open_proxy(&node);
+    proxy.full_sync(&view).expect("full sync");
+    std::thread::scope(|scope| {
+        let server = scope.spawn(|| listener.accept().map(|(_, peer)| peer.ip()));
+        let _stream = connect(&client, "10.96.0.90:80").expect("through the ClusterIP");
+        let peer = server.join().expect("server thread").expect("accept");
+        assert_eq!(peer.to_string(), "10.244.1.1", "masqueraded to the node");
+    });
+}

@@ -277,7 +277,15 @@ impl PortPlanner<'_, '_> {
             endpoint_targets.extend(&endpoints.cluster);
         }
         if let Some(chain) = &local_chain {
-            let rules = self.dispatch_rules(chain, &endpoints.local);
+            // D.28, D.29 under `internalTrafficPolicy: Local`: ClusterIP traffic reaches
+            // this chain instead of `service-`, and is masqueraded as it would be there
+            // (upstream's internal traffic chain); the rule names the ClusterIP, so the
+            // external traffic that shares the chain under eTP=Local is not touched.
+            let mut rules = match internal_local {
+                true => self.cluster_masquerade_rules(),
+                false => Vec::new(),
+            };
+            rules.extend(self.dispatch_rules(chain, &endpoints.local));
             self.chain(chain.clone(), rules);
             endpoint_targets.extend(&endpoints.local);
         }

@@ -323,9 +323,15 @@ fn b19_internal_local_without_local_endpoints_drops() {
         v4(&plan_local, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
         Some(format!("goto {local_chain}"))
     );
+    // Off-cluster sources are masqueraded, as in `service-` (upstream's internal chain).
     assert_eq!(
         rules(&plan_local, "local-"),
-        [dnat_from(&local_chain, Family::V4, 1)]
+        [
+            "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 ip saddr != @pod-cidrs-v4 \
+             jump mark-for-masquerade"
+                .to_string(),
+            dnat_from(&local_chain, Family::V4, 1)
+        ]
     );
     assert_eq!(
         endpoint_map(&plan_local, &local_chain),
