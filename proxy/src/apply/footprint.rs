@@ -93,18 +93,21 @@ impl Footprint {
         }
         // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
         // a run is stored as its set, first key and count, then one digest per element.
-        let (keyed, others): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
-            plan.elements.iter().partition(|e| run_key(e).is_some());
         let mut runs: Vec<(SharedSet, u32, Vec<u32>)> = Vec::new();
-        for element in keyed {
+        let mut others: Vec<&ElementPlan> = Vec::new();
+        for element in &plan.elements {
             let Some(key) = run_key(element) else {
+                others.push(element);
                 continue;
             };
             let contents = data_digest(&element.element.data);
             match runs.last_mut() {
                 Some((set, first, digests))
                     if *set == element.set
-                        && u32::try_from(digests.len()).ok().map(|n| *first + n) == Some(key) =>
+                        && u32::try_from(digests.len())
+                            .ok()
+                            .and_then(|n| first.checked_add(n))
+                            == Some(key) =>
                 {
                     digests.push(contents);
                 }
