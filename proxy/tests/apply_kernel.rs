@@ -122,6 +122,12 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     assert!(ns.exec("nft", &["list", "table", "inet", "nodus"]).is_err());
 }
 
+/// The endpoint's listener on port 8080 in `ns`.
+fn endpoint_listener(ns: &Netns) -> TcpListener {
+    ns.enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
+        .expect("entering the endpoint's namespace")
+}
+
 /// An echo server: every connection gets back what it sends, until it closes.
 fn echo(listener: TcpListener) {
     std::thread::spawn(move || {
@@ -161,10 +167,7 @@ fn round_trip(stream: &mut TcpStream, message: &[u8; 4]) -> std::io::Result<[u8;
 fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
     netns::require_root();
     let (node, client) = node_and_client();
-    let listener = node
-        .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-        .expect("entering the node");
-    echo(listener);
+    echo(endpoint_listener(&node));
     let view = node_view(&[("10.0.0.1", NODE)]);
     let mut first = open_proxy(&node);
     first.full_sync(&view).expect("first full sync");
@@ -579,11 +582,7 @@ fn services_sharing_a_hairpin_endpoint_are_both_programmed_and_keep_their_pairs(
     let (node, client) = node_and_client();
     node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
         .expect("forwarding on the node");
-    echo(
-        client
-            .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-            .expect("entering the client"),
-    );
+    echo(endpoint_listener(&client));
     let mut view = node_view(&TWO_ENDPOINTS);
     let local_nodeport = |name: &str, cluster_ip: &str, node_port: u16| {
         service(
@@ -649,11 +648,7 @@ fn the_host_reaches_a_local_policy_external_ip_served_by_other_nodes() {
     let (node, client) = node_and_client();
     node.ip(&["route", "add", "192.0.2.0/24", "dev", "eth0"])
         .expect("route to the external address");
-    echo(
-        client
-            .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-            .expect("entering the client"),
-    );
+    echo(endpoint_listener(&client));
     let mut view = node_view(&TWO_ENDPOINTS);
     let applied = view.apply([
         service(
@@ -687,10 +682,7 @@ fn the_host_reaches_a_local_policy_external_ip_served_by_other_nodes() {
 fn a_service_for_another_proxy_is_left_alone_even_with_an_empty_label() {
     netns::require_root();
     let (node, client) = node_and_client();
-    echo(
-        node.enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-            .expect("entering the node"),
-    );
+    echo(endpoint_listener(&node));
     let _decoy = node
         .enter(|| TcpListener::bind("10.96.0.60:80").expect("decoy listener"))
         .expect("entering the node");
@@ -727,10 +719,7 @@ fn a_service_for_another_proxy_is_left_alone_even_with_an_empty_label() {
 fn of_two_copies_of_an_endpoint_the_ready_one_is_served() {
     netns::require_root();
     let (node, client) = node_and_client();
-    echo(
-        node.enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-            .expect("entering the node"),
-    );
+    echo(endpoint_listener(&node));
     let copy = |slice: &str, node_name: &str, ready: bool| {
         Update::EndpointSlice(
             serde_json::from_value(json!({
@@ -772,10 +761,7 @@ fn a_bad_list_entry_leaves_the_rest_of_the_service_working() {
     client
         .ip(&["route", "add", "203.0.113.0/24", "via", "10.0.0.1"])
         .expect("route to the LB IP");
-    echo(
-        node.enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-            .expect("entering the node"),
-    );
+    echo(endpoint_listener(&node));
     let mut view = node_view(&TWO_ENDPOINTS);
     let applied = view.apply([
         service(
@@ -820,9 +806,7 @@ fn local_internal_policy_traffic_from_outside_the_pods_is_masqueraded() {
         .expect("pod route");
     node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
         .expect("forwarding on the node");
-    let listener = pod
-        .enter(|| TcpListener::bind("0.0.0.0:8080").expect("endpoint listener"))
-        .expect("entering the pod");
+    let listener = endpoint_listener(&pod);
     let mut view = node_view(&TWO_ENDPOINTS);
     let applied = view.apply([
         service(
