@@ -88,7 +88,7 @@ impl ProxyMetrics {
             out,
             "nodus_proxy_conntrack_deletions_total",
             "counter",
-            "Conntrack delete requests for UDP flows whose endpoint went away (each deletes every matching entry).",
+            "UDP conntrack entries deleted because their endpoint no longer serves the address they were sent to.",
             self.conntrack_deletions.load(Relaxed),
         );
         single(

@@ -4,7 +4,7 @@
 //! flush, and a conflicting service reported while the others are programmed.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
@@ -825,4 +825,103 @@ fn local_internal_policy_traffic_from_outside_the_pods_is_masqueraded() {
         let peer = server.join().expect("server thread").expect("accept");
         assert_eq!(peer.to_string(), "10.244.1.1", "masqueraded to the node");
     });
+}
+
+/// A UDP responder at `address` in `ns` that answers every datagram with `name`.
+fn udp_responder(ns: &Netns, address: &str, name: &'static str) {
+    let socket = ns
+        .enter(|| UdpSocket::bind(address).expect("UDP responder"))
+        .expect("entering the endpoint's namespace");
+    std::thread::spawn(move || {
+        let mut buffer = [0; 64];
+        while let Ok((_, peer)) = socket.recv_from(&mut buffer) {
+            if socket.send_to(name.as_bytes(), peer).is_err() {
+                return;
+            }
+        }
+    });
+}
+
+/// Who answers a datagram from the client's `source_port` to `service`: the same source
+/// port is the same flow, and the same conntrack entry.
+fn udp_ask(client: &Netns, source_port: u16, service: &str) -> String {
+    client
+        .enter(|| {
+            let socket = UdpSocket::bind(("10.0.0.2", source_port)).expect("client socket");
+            socket
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .expect("read timeout");
+            socket.send_to(b"who", service).expect("send");
+            let mut buffer = [0; 64];
+            match socket.recv(&mut buffer) {
+                Ok(n) => String::from_utf8_lossy(&buffer[..n]).into_owned(),
+                Err(error) => format!("no answer: {error}"),
+            }
+        })
+        .expect("entering the client's namespace")
+}
+
+/// I.53 as upstream's conntrack cleanup: a UDP flow stays on an endpoint that is
+/// terminating but still serving (new flows go to the ready one), and a restarted proxy
+/// deletes the entries that the previous process left pinned to an endpoint that is gone.
+/// The cleanup dumps the table and deletes entries by their exact tuple, which every
+/// kernel supports (the filtered delete it replaced needs Linux 6.3).
+#[test]
+fn udp_flows_stay_on_serving_endpoints_and_a_restart_unpins_the_others() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    for address in ["10.244.1.5/32", "10.244.1.6/32"] {
+        node.ip(&["addr", "add", address, "dev", "lo"])
+            .expect("endpoint address");
+    }
+    udp_responder(&node, "10.244.1.5:5353", "a");
+    udp_responder(&node, "10.244.1.6:5353", "b");
+    let dns_slice = |endpoints: Json| {
+        Update::EndpointSlice(
+            serde_json::from_value(json!({
+                "metadata": {"name": "dns-1", "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": "dns"}},
+                "addressType": "IPv4",
+                "endpoints": endpoints,
+                "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"}]
+            }))
+            .expect("test slice"),
+        )
+    };
+    let endpoint = |ip: &str, ready: bool| {
+        json!({"addresses": [ip], "nodeName": NODE,
+               "conditions": {"ready": ready, "serving": true, "terminating": !ready}})
+    };
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "dns",
+            json!({"clusterIP": "10.96.0.100",
+                   "ports": [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"}]}),
+            json!({}),
+        ),
+        dns_slice(json!([endpoint("10.244.1.5", true)])),
+    ]);
+    assert!(applied.invalid.is_empty());
+    let mut proxy = open_proxy(&node);
+    proxy.full_sync(&view).expect("full sync");
+    assert_eq!(udp_ask(&client, 40000, "10.96.0.100:53"), "a");
+
+    // `a` terminates while still serving, `b` is ready: the flow stays, new ones move.
+    view.apply([dns_slice(json!([
+        endpoint("10.244.1.5", false),
+        endpoint("10.244.1.6", true)
+    ]))]);
+    let report = proxy.sync(&view, &changed(&["dns"])).expect("sync");
+    assert_eq!(report.conntrack_deletions, 0, "{report:?}");
+    assert_eq!(udp_ask(&client, 40000, "10.96.0.100:53"), "a", "kept");
+    assert_eq!(udp_ask(&client, 40001, "10.96.0.100:53"), "b", "a new flow");
+
+    // nodus restarts while `a` goes: the new process deletes the flow it cannot know of.
+    drop(proxy);
+    view.apply([dns_slice(json!([endpoint("10.244.1.6", true)]))]);
+    let mut proxy = open_proxy(&node);
+    let report = proxy.full_sync(&view).expect("adoption");
+    assert_eq!(report.conntrack_deletions, 1, "{report:?}");
+    assert_eq!(udp_ask(&client, 40000, "10.96.0.100:53"), "b", "unpinned");
 }

@@ -208,6 +208,23 @@ pub fn port_endpoints(
     categorize(&candidates(slices, family, port, node), node)
 }
 
+/// I.53: the endpoints a UDP flow of the port may stay on: every serving one, whatever
+/// topology, traffic policy or terminating state. As upstream's conntrack cleanup, a
+/// change to the service must not cut the flows of an endpoint that still serves (a
+/// terminating pod draining its sessions, a re-hinted zone, a new traffic policy).
+pub fn serving_endpoints(
+    slices: &[Slice],
+    family: Family,
+    port: &ServicePort,
+    node: &NodeContext,
+) -> Vec<(IpAddr, u16)> {
+    candidates(slices, family, port, node)
+        .iter()
+        .filter(|c| c.endpoint.is_serving())
+        .map(|c| (c.endpoint.addr, c.port))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

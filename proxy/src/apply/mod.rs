@@ -13,6 +13,7 @@
 
 mod footprint;
 mod full;
+mod udp;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -23,11 +24,12 @@ use tracing::{debug, error, info, warn};
 
 pub use footprint::Footprint;
 
-use crate::nft::{self, Batch, FlowFilter, Socket, Table};
+use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton,
-    TABLE, UdpFlows, stale_udp_flows,
+    TABLE, UdpFlows,
 };
+use udp::StaleFlows;
 
 /// Messages per transaction of a full sync of `services` services: a tenth of them,
 /// between 1,000 and 8,000.
@@ -95,8 +97,8 @@ pub struct SyncReport {
     /// Chains, sets and elements of a previous run that are no longer wanted.
     pub leftovers_removed: usize,
     pub refused: Vec<RefusedService>,
-    /// Conntrack delete requests sent for UDP flows whose endpoint changed (each deletes
-    /// every matching entry).
+    /// UDP conntrack entries deleted: flows answered by an endpoint that no longer serves
+    /// the address they were sent to.
     pub conntrack_deletions: usize,
     /// Committed transactions, refused ones included.
     pub transactions: usize,
@@ -200,7 +202,7 @@ impl Proxy {
             .map(|flows| {
                 size_of::<UdpFlows>()
                     + size_of::<(std::net::IpAddr, u16)>()
-                        * (flows.service_addresses.len() + flows.endpoints.len())
+                        * (flows.service_addresses.len() + flows.serving.len())
             })
             .sum();
         tables + footprints + udp_flows
@@ -235,17 +237,17 @@ impl Proxy {
         let previous_udp = std::mem::take(&mut self.udp_flows);
         let outcome = full::FullSync::new(self, &planner, &mut report).run();
         if outcome.is_ok() {
-            // A full sync after a failure or a node change: the same cleanup as a partial
-            // one, against what was programmed before. (After a restart nothing is known,
-            // and established UDP flows keep their endpoints.)
-            let stale: Vec<FlowFilter> = previous_udp
-                .iter()
-                .flat_map(|(key, old)| {
-                    let new = self.udp_flows.get(key).map_or(&[][..], |flows| &flows[..]);
-                    stale_udp_flows(old, new)
-                })
-                .collect();
-            self.delete_flows(&stale, &mut report);
+            // Every UDP service address, those of services gone since too: after a restart
+            // this deletes what the previous process left pinned to old endpoints.
+            let current = self.udp_flows.values().flat_map(|flows| flows.iter());
+            let stale = StaleFlows::of(
+                previous_udp
+                    .values()
+                    .flat_map(|flows| flows.iter())
+                    .chain(current.clone()),
+                current,
+            );
+            report.conntrack_deletions += stale.delete(&mut self.socket);
         }
         report.duration = start.elapsed();
         outcome?;
@@ -368,17 +370,22 @@ impl Proxy {
                 }
             }
         }
-        let stale: Vec<FlowFilter> = records
-            .iter()
-            .flat_map(|(key, record)| {
-                let old = self.udp_flows.get(key).map_or(&[][..], |flows| &flows[..]);
-                let new = record.as_ref().map_or(&[][..], |r| &r.udp_flows[..]);
-                stale_udp_flows(old, new)
-            })
-            .collect();
-        self.delete_flows(&stale, &mut report);
+        // The UDP flows of the services whose flows changed, before and after.
+        let mut touched: Vec<UdpFlows> = Vec::new();
+        for (key, record) in &records {
+            let old = self.udp_flows.get(key).map_or(&[][..], |flows| &flows[..]);
+            let new = record.as_ref().map_or(&[][..], |r| &r.udp_flows[..]);
+            if old != new {
+                touched.extend(old.iter().chain(new).cloned());
+            }
+        }
         for (key, record) in records {
             self.record(key, record);
+        }
+        if !touched.is_empty() {
+            let current = self.udp_flows.values().flat_map(|flows| flows.iter());
+            let stale = StaleFlows::of(&touched, current);
+            report.conntrack_deletions += stale.delete(&mut self.socket);
         }
         self.shared.merge(claims);
         report.duration = start.elapsed();
@@ -459,18 +466,6 @@ impl Proxy {
                 .map_err(Error::netlink("counting the rules of a skeleton chain"))?
                 == *rules),
             None => Ok(true),
-        }
-    }
-
-    /// I.53: deletes the conntrack entries that would keep UDP flows on an endpoint that
-    /// is gone, or on the rejection of a port that now has endpoints. A failure is logged
-    /// and does not fail the sync: the rules are in place, and the entries time out.
-    fn delete_flows(&mut self, stale: &[FlowFilter], report: &mut SyncReport) {
-        for filter in stale {
-            match self.socket.delete_conntrack(filter) {
-                Ok(()) => report.conntrack_deletions += 1,
-                Err(error) => warn!(%error, "conntrack cleanup failed"),
-            }
         }
     }
 

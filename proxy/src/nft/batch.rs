@@ -65,6 +65,10 @@ pub(crate) fn nftables_type(message: u8) -> u16 {
     (u16::from(sys::NFNL_SUBSYS_NFTABLES) << 8) | u16::from(message)
 }
 
+pub(crate) fn ctnetlink_type(message: u8) -> u16 {
+    (u16::from(sys::NFNL_SUBSYS_CTNETLINK) << 8) | u16::from(message)
+}
+
 /// Appends one framed netlink message to `out`.
 pub(crate) fn encode_message(out: &mut Vec<u8>, sequence: u32, flags: u16, request: Request<'_>) {
     let mut header = NetlinkHeader::default();

@@ -1,112 +1,163 @@
-//! Conntrack entries to delete, as ctnetlink filters: a UDP flow keeps its DNAT target
-//! for as long as packets keep it alive, so when an endpoint goes away (or a service
-//! that rejected gets endpoints) the proxy must delete the entries, as kube-proxy does
-//! (checklist I.53). One `IPCTNL_MSG_CT_DELETE` with `CTA_FILTER` deletes every match
-//! in the kernel (Linux 6.3 and later), without dumping the table.
+//! UDP conntrack entries over ctnetlink: read from a dump, deleted one by one by their
+//! exact tuple. A UDP flow keeps its DNAT target for as long as packets keep it alive,
+//! so when an endpoint stops serving the proxy deletes the entries it answers (checklist
+//! I.53). As upstream's `pkg/proxy/conntrack/cleanup.go`, the table is dumped and each
+//! stale entry deleted by its tuple: that works on every kernel (a filtered delete needs
+//! Linux 6.3), and the decision needs no memory of an earlier run, so it also holds after
+//! a restart.
 
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use super::attr::Attr;
+use super::attr::{self, Attr};
 use super::sys;
 
-/// Which flows of one protocol to delete: those a client sent to `service`
-/// (original destination), and, when `endpoint` is set, only those answered by it
-/// (reply source).
+const UDP: u8 = libc::IPPROTO_UDP as u8;
+
+/// One side of a conntrack tuple: source and destination, each an address and a port.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct FlowFilter {
-    pub protocol: u8,
-    pub service: (IpAddr, u16),
-    pub endpoint: Option<(IpAddr, u16)>,
+pub struct FlowTuple {
+    pub source: (IpAddr, u16),
+    pub destination: (IpAddr, u16),
 }
 
-impl FlowFilter {
+/// One UDP conntrack entry: what the client sent (the original tuple), and who answers
+/// (the reply tuple's source: the endpoint, after DNAT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct UdpEntry {
+    pub original: FlowTuple,
+    pub reply_source: (IpAddr, u16),
+    /// The conntrack zone, part of the entry's identity; 0 when none is set.
+    pub zone: u16,
+}
+
+impl UdpEntry {
+    /// The entry of one ctnetlink message body (after the `nfgenmsg` header); `None` for
+    /// another protocol or a message without both tuples.
+    pub(crate) fn parse(body: &[u8]) -> Option<UdpEntry> {
+        let original = attr::find(body, sys::CTA_TUPLE_ORIG)?;
+        let reply = attr::find(body, sys::CTA_TUPLE_REPLY)?;
+        let (protocol, original) = parse_tuple(original)?;
+        let (_, reply) = parse_tuple(reply)?;
+        let zone = attr::find(body, sys::CTA_ZONE)
+            .and_then(|zone| Some(u16::from_be_bytes(zone.get(..2)?.try_into().ok()?)))
+            .unwrap_or(0);
+        (protocol == UDP).then_some(UdpEntry {
+            original,
+            reply_source: reply.source,
+            zone,
+        })
+    }
+
     pub(crate) fn family_number(&self) -> u8 {
-        match self.service.0 {
+        match self.original.destination.0 {
             IpAddr::V4(_) => libc::AF_INET as u8,
             IpAddr::V6(_) => libc::AF_INET6 as u8,
         }
     }
 
-    pub(crate) fn attrs(&self) -> Vec<Attr> {
-        let original = tuple(
-            self.protocol,
-            (sys::CTA_IP_V4_DST, sys::CTA_IP_V6_DST),
-            sys::CTA_PROTO_DST_PORT,
-            self.service,
-        );
-        let mut attrs = vec![Attr::nested(sys::CTA_TUPLE_ORIG, original)];
-        let mut filter = vec![host_u32(
-            sys::CTA_FILTER_ORIG_FLAGS,
-            sys::CTA_FILTER_F_CTA_IP_DST
-                | sys::CTA_FILTER_F_CTA_PROTO_NUM
-                | sys::CTA_FILTER_F_CTA_PROTO_DST_PORT,
-        )];
-        if let Some(endpoint) = self.endpoint {
-            let reply = tuple(
-                self.protocol,
-                (sys::CTA_IP_V4_SRC, sys::CTA_IP_V6_SRC),
-                sys::CTA_PROTO_SRC_PORT,
-                endpoint,
-            );
-            attrs.push(Attr::nested(sys::CTA_TUPLE_REPLY, reply));
-            filter.push(host_u32(
-                sys::CTA_FILTER_REPLY_FLAGS,
-                sys::CTA_FILTER_F_CTA_IP_SRC
-                    | sys::CTA_FILTER_F_CTA_PROTO_NUM
-                    | sys::CTA_FILTER_F_CTA_PROTO_SRC_PORT,
-            ));
+    /// The attributes of a delete request for exactly this entry.
+    pub(crate) fn delete_attrs(&self) -> Vec<Attr> {
+        let mut attrs = vec![Attr::nested(sys::CTA_TUPLE_ORIG, tuple(UDP, self.original))];
+        if self.zone != 0 {
+            attrs.push(Attr::bytes(sys::CTA_ZONE, self.zone.to_be_bytes()));
         }
-        attrs.push(Attr::nested(sys::CTA_FILTER, filter));
         attrs
     }
 }
 
-/// The filter flags are `NLA_U32`: host order, unlike nf_tables' big-endian numbers.
-fn host_u32(kind: u16, value: u32) -> Attr {
-    Attr::bytes(kind, value.to_ne_bytes())
-}
-
-/// `CTA_TUPLE_IP { addr }, CTA_TUPLE_PROTO { num, port }` for one side of a tuple.
-fn tuple(
-    protocol: u8,
-    addr_kinds: (u16, u16),
-    port_kind: u16,
-    (ip, port): (IpAddr, u16),
-) -> Vec<Attr> {
-    let addr = match ip {
-        IpAddr::V4(ip) => Attr::bytes(addr_kinds.0, ip.octets().to_vec()),
-        IpAddr::V6(ip) => Attr::bytes(addr_kinds.1, ip.octets().to_vec()),
-    };
+/// The inside of a `CTA_TUPLE_ORIG` or `CTA_TUPLE_REPLY` nest.
+fn tuple(protocol: u8, tuple: FlowTuple) -> Vec<Attr> {
     vec![
-        Attr::nested(sys::CTA_TUPLE_IP, vec![addr]),
+        Attr::nested(
+            sys::CTA_TUPLE_IP,
+            vec![
+                address(tuple.source.0, sys::CTA_IP_V4_SRC, sys::CTA_IP_V6_SRC),
+                address(tuple.destination.0, sys::CTA_IP_V4_DST, sys::CTA_IP_V6_DST),
+            ],
+        ),
         Attr::nested(
             sys::CTA_TUPLE_PROTO,
             vec![
                 Attr::bytes(sys::CTA_PROTO_NUM, vec![protocol]),
-                Attr::bytes(port_kind, port.to_be_bytes().to_vec()),
+                Attr::bytes(sys::CTA_PROTO_SRC_PORT, tuple.source.1.to_be_bytes()),
+                Attr::bytes(sys::CTA_PROTO_DST_PORT, tuple.destination.1.to_be_bytes()),
             ],
         ),
     ]
 }
 
-fn endpoint_text((ip, port): (IpAddr, u16)) -> String {
+fn address(ip: IpAddr, v4_kind: u16, v6_kind: u16) -> Attr {
+    match ip {
+        IpAddr::V4(ip) => Attr::bytes(v4_kind, ip.octets().to_vec()),
+        IpAddr::V6(ip) => Attr::bytes(v6_kind, ip.octets().to_vec()),
+    }
+}
+
+/// `CTA_TUPLE_IP { src, dst }, CTA_TUPLE_PROTO { num, sport, dport }`: the protocol and
+/// the tuple.
+fn parse_tuple(nest: &[u8]) -> Option<(u8, FlowTuple)> {
+    let ips = attr::find(nest, sys::CTA_TUPLE_IP)?;
+    let proto = attr::find(nest, sys::CTA_TUPLE_PROTO)?;
+    let ip = |v4_kind: u16, v6_kind: u16| -> Option<IpAddr> {
+        if let Some(v4) = attr::find(ips, v4_kind) {
+            let octets: [u8; 4] = v4.try_into().ok()?;
+            return Some(IpAddr::V4(Ipv4Addr::from(octets)));
+        }
+        let octets: [u8; 16] = attr::find(ips, v6_kind)?.try_into().ok()?;
+        Some(IpAddr::V6(Ipv6Addr::from(octets)))
+    };
+    let port = |kind: u16| -> Option<u16> {
+        Some(u16::from_be_bytes(
+            attr::find(proto, kind)?.try_into().ok()?,
+        ))
+    };
+    let protocol = *attr::find(proto, sys::CTA_PROTO_NUM)?.first()?;
+    if protocol != UDP {
+        return Some((protocol, unspecified_tuple()));
+    }
+    Some((
+        protocol,
+        FlowTuple {
+            source: (
+                ip(sys::CTA_IP_V4_SRC, sys::CTA_IP_V6_SRC)?,
+                port(sys::CTA_PROTO_SRC_PORT)?,
+            ),
+            destination: (
+                ip(sys::CTA_IP_V4_DST, sys::CTA_IP_V6_DST)?,
+                port(sys::CTA_PROTO_DST_PORT)?,
+            ),
+        },
+    ))
+}
+
+/// Stands for the tuple of a protocol whose entries the proxy never reads.
+fn unspecified_tuple() -> FlowTuple {
+    let nowhere = (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
+    FlowTuple {
+        source: nowhere,
+        destination: nowhere,
+    }
+}
+
+pub(crate) fn endpoint_text((ip, port): (IpAddr, u16)) -> String {
     match ip {
         IpAddr::V4(ip) => format!("{ip}:{port}"),
         IpAddr::V6(ip) => format!("[{ip}]:{port}"),
     }
 }
 
-impl fmt::Display for FlowFilter {
+impl fmt::Display for UdpEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "delete conntrack entries of protocol {} to {}",
-            self.protocol,
-            endpoint_text(self.service)
+            "UDP flow {} -> {} answered by {}",
+            endpoint_text(self.original.source),
+            endpoint_text(self.original.destination),
+            endpoint_text(self.reply_source)
         )?;
-        if let Some(endpoint) = self.endpoint {
-            write!(f, " answered by {}", endpoint_text(endpoint))?;
+        if self.zone != 0 {
+            write!(f, " in zone {}", self.zone)?;
         }
         Ok(())
     }
@@ -115,25 +166,64 @@ impl fmt::Display for FlowFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use netlink_packet_core::Nla;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("test address")
+    }
+
+    fn flow(source: (&str, u16), destination: (&str, u16)) -> FlowTuple {
+        FlowTuple {
+            source: (ip(source.0), source.1),
+            destination: (ip(destination.0), destination.1),
+        }
+    }
+
+    /// A dumped entry as the kernel sends it: both tuples, the zone when set.
+    fn dumped(protocol: u8, zone: Option<u16>) -> Vec<u8> {
+        let original = flow(("10.0.0.2", 5000), ("10.96.0.10", 53));
+        let reply = flow(("10.244.1.5", 5353), ("10.0.0.2", 5000));
+        let mut attrs = vec![
+            Attr::nested(sys::CTA_TUPLE_ORIG, tuple(protocol, original)),
+            Attr::nested(sys::CTA_TUPLE_REPLY, tuple(protocol, reply)),
+        ];
+        if let Some(zone) = zone {
+            attrs.push(Attr::bytes(sys::CTA_ZONE, zone.to_be_bytes()));
+        }
+        attr::encode(&attrs)
+    }
 
     #[test]
-    fn a_removed_endpoint_selects_by_service_and_reply_source() {
-        let filter = FlowFilter {
-            protocol: 17,
-            service: ("10.96.0.10".parse().expect("ip"), 53),
-            endpoint: Some(("10.244.1.5".parse().expect("ip"), 5353)),
-        };
-        let attrs = filter.attrs();
-        // Nests carry NLA_F_NESTED in their kind.
-        let kinds: Vec<u16> = attrs.iter().map(|attr| attr.kind() & 0x7fff).collect();
+    fn a_dumped_udp_entry_is_read_and_deleted_by_its_exact_tuple() {
+        let entry = UdpEntry::parse(&dumped(UDP, Some(7))).expect("a UDP entry");
+        assert_eq!(entry.original.source, (ip("10.0.0.2"), 5000));
+        assert_eq!(entry.original.destination, (ip("10.96.0.10"), 53));
+        assert_eq!(entry.reply_source, (ip("10.244.1.5"), 5353));
+        assert_eq!(entry.zone, 7);
         assert_eq!(
-            kinds,
-            [sys::CTA_TUPLE_ORIG, sys::CTA_TUPLE_REPLY, sys::CTA_FILTER]
+            entry.to_string(),
+            "UDP flow 10.0.0.2:5000 -> 10.96.0.10:53 answered by 10.244.1.5:5353 in zone 7"
         );
+        let request = attr::encode(&entry.delete_attrs());
+        let original = attr::find(&request, sys::CTA_TUPLE_ORIG).expect("the original tuple");
         assert_eq!(
-            filter.to_string(),
-            "delete conntrack entries of protocol 17 to 10.96.0.10:53 answered by 10.244.1.5:5353"
+            parse_tuple(original),
+            Some((UDP, entry.original)),
+            "the full original tuple, not a filter"
         );
+        assert!(attr::find(&request, sys::CTA_TUPLE_REPLY).is_none());
+        assert!(attr::find(&request, sys::CTA_FILTER).is_none());
+        assert_eq!(
+            attr::find(&request, sys::CTA_ZONE),
+            Some(&7u16.to_be_bytes()[..])
+        );
+    }
+
+    #[test]
+    fn entries_of_other_protocols_are_not_read() {
+        let tcp = libc::IPPROTO_TCP as u8;
+        assert_eq!(UdpEntry::parse(&dumped(tcp, None)), None);
+        let entry = UdpEntry::parse(&dumped(UDP, None)).expect("a UDP entry");
+        assert_eq!(entry.zone, 0);
+        assert_eq!(entry.delete_attrs().len(), 1, "no zone attribute");
     }
 }

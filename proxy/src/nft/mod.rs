@@ -18,7 +18,7 @@ mod sys;
 pub mod types;
 
 pub use batch::Batch;
-pub use conntrack::FlowFilter;
+pub use conntrack::{FlowTuple, UdpEntry};
 pub use error::{Errno, Error, Result};
 pub use expr::{Expr, Field, Register};
 pub use object::{BaseChain, Chain, ChainType, Family, Hook, Policy, Rule, Table, priority};

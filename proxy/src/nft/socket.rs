@@ -21,12 +21,13 @@ use netlink_packet_netfilter::nftables::{GenAttribute, NfTablesMessage};
 use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 
 use super::attr::{self, Attr};
-use super::batch::{Batch, Request, encode_message, nftables_type};
-use super::conntrack::FlowFilter;
+use super::batch::{Batch, Request, ctnetlink_type, encode_message, nftables_type};
+use super::conntrack::UdpEntry;
 use super::error::{Errno, Error, Result};
 use super::object::Table;
 use super::sys;
 use super::types::Verdict;
+use nodus_view::model::Family;
 
 /// Replies are read into a buffer this large; kernel datagrams (acks, dump parts) are
 /// far smaller.
@@ -478,21 +479,52 @@ impl Socket {
         self.exchange(message, extra_flags, request, each)
     }
 
-    /// Deletes the conntrack entries `flows` selects (ctnetlink, same socket family).
-    pub fn delete_conntrack(&mut self, flows: &FlowFilter) -> Result<()> {
-        let attrs = flows.attrs();
-        let request = flows.to_string();
+    /// Every UDP conntrack entry of `family`, handed to `each` as the dump arrives.
+    pub fn udp_conntrack_entries(
+        &mut self,
+        family: Family,
+        mut each: impl FnMut(UdpEntry),
+    ) -> Result<()> {
+        let request = "dump the conntrack table";
         let message = Request {
-            message_type: (u16::from(sys::NFNL_SUBSYS_CTNETLINK) << 8)
-                | u16::from(sys::IPCTNL_MSG_CT_DELETE),
-            family: flows.family_number(),
-            // Version 1 tells ctnetlink that the family applies to the filter.
-            version: sys::NFNETLINK_V1,
+            message_type: ctnetlink_type(sys::IPCTNL_MSG_CT_GET),
+            family: match family {
+                Family::V4 => libc::AF_INET as u8,
+                Family::V6 => libc::AF_INET6 as u8,
+            },
+            version: sys::NFNETLINK_V0,
+            res_id: 0,
+            attrs: &[],
+        };
+        self.exchange(message, NLM_F_DUMP, request, |reply| {
+            let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();
+            if let Some(entry) = UdpEntry::parse(body) {
+                each(entry);
+            }
+        })?
+        .map_err(|errno| Error::Request {
+            request: request.into(),
+            errno,
+        })
+    }
+
+    /// Deletes one conntrack entry by its exact tuple: `false` when it was gone already
+    /// (it timed out, or another program deleted it).
+    pub fn delete_conntrack_entry(&mut self, entry: &UdpEntry) -> Result<bool> {
+        let attrs = entry.delete_attrs();
+        let message = Request {
+            message_type: ctnetlink_type(sys::IPCTNL_MSG_CT_DELETE),
+            family: entry.family_number(),
+            version: sys::NFNETLINK_V0,
             res_id: 0,
             attrs: &attrs,
         };
-        self.exchange(message, 0, &request, |_| {})?
-            .map_err(|errno| Error::Request { request, errno })
+        let request = format!("delete the conntrack entry of the {entry}");
+        match self.exchange(message, 0, &request, |_| {})? {
+            Ok(()) => Ok(true),
+            Err(Errno(errno)) if errno == libc::ENOENT => Ok(false),
+            Err(errno) => Err(Error::Request { request, errno }),
+        }
     }
 
     /// Sends one request and gathers its replies until its acknowledgement or the end of

@@ -13,9 +13,11 @@ pub const NFNETLINK_V0: u8 = 0;
 pub const NFNETLINK_V1: u8 = 1;
 
 // ctnetlink (nfnetlink_conntrack.h)
+pub const IPCTNL_MSG_CT_GET: u8 = 1;
 pub const IPCTNL_MSG_CT_DELETE: u8 = 2;
 pub const CTA_TUPLE_ORIG: u16 = 1;
 pub const CTA_TUPLE_REPLY: u16 = 2;
+pub const CTA_ZONE: u16 = 18;
 pub const CTA_FILTER: u16 = 25;
 pub const CTA_TUPLE_IP: u16 = 1;
 pub const CTA_TUPLE_PROTO: u16 = 2;

@@ -37,7 +37,6 @@ pub use objects::{
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};
 pub use rule::{Addr, LookupKey, RulePlan, Stmt};
-pub use service::stale_udp_flows;
 
 use nodus_view::View;
 

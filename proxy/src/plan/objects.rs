@@ -201,14 +201,15 @@ pub struct Skeleton {
 }
 
 /// The UDP flows one service port steers, in one family: the addresses clients send to
-/// and the endpoints they land on. Conntrack keeps a UDP flow on its endpoint for as long
-/// as packets keep coming, so the applier deletes entries when these change (I.53).
-/// Nothing of this goes into the table.
+/// and the endpoints that may answer them. Conntrack keeps a UDP flow on its endpoint for
+/// as long as packets keep coming, so the applier deletes the entries of these addresses
+/// that another endpoint answers (I.53). Nothing of this goes into the table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct UdpFlows {
     /// The ClusterIP first, then ExternalIPs, LB IPs and NodePort addresses.
     pub service_addresses: Vec<(IpAddr, u16)>,
-    pub endpoints: Vec<(IpAddr, u16)>,
+    /// Every serving endpoint of the port (not only those new flows are sent to).
+    pub serving: Vec<(IpAddr, u16)>,
 }
 
 /// Everything one Service puts in the table: its chains (per port and family), its own

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use nodus_view::model::{Family, Protocol, Service, ServicePort, ServiceType, TrafficPolicy};
-use nodus_view::resolve::{PortEndpoints, Target, port_endpoints};
+use nodus_view::resolve::{PortEndpoints, Target, port_endpoints, serving_endpoints};
 use nodus_view::{ServiceView, View};
 
 use super::config::NodeFacts;
@@ -21,7 +21,7 @@ use super::objects::{
 };
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
-use crate::nft::{Element, FlowFilter, Set, SetFlags, Tuple, Value, Verdict};
+use crate::nft::{Element, Set, SetFlags, Tuple, Value, Verdict};
 use nodus_view::ranges::merged_ranges;
 
 /// Entries an affinity set may hold; the kernel wants a bound on sets the packet path
@@ -81,7 +81,9 @@ pub fn plan_service(
                 keys: &mut *keys,
                 plan: &mut plan,
             }
-            .plan(&endpoints);
+            .plan(&endpoints, || {
+                serving_endpoints(service.slices, family, port, &facts.node)
+            });
         }
     }
     dedup_elements(&mut plan.elements);
@@ -138,7 +140,8 @@ struct PortPlanner<'a, 'k> {
 }
 
 impl PortPlanner<'_, '_> {
-    fn plan(mut self, endpoints: &PortEndpoints) {
+    /// `serving` lists the endpoints UDP flows may stay on; only UDP ports ask.
+    fn plan(mut self, endpoints: &PortEndpoints, serving: impl FnOnce() -> Vec<(IpAddr, u16)>) {
         let spec = self.spec;
         let family = self.family;
         let external_ips: Vec<IpAddr> = of_family(spec.external_ips().iter().copied(), family);
@@ -331,7 +334,7 @@ impl PortPlanner<'_, '_> {
         if self.port.protocol == Protocol::Udp {
             self.plan.udp_flows.push(UdpFlows {
                 service_addresses,
-                endpoints: endpoint_targets.iter().map(|t| (t.ip, t.port)).collect(),
+                serving: serving(),
             });
         }
     }
@@ -542,38 +545,4 @@ fn goto(chain: &str) -> Option<Verdict> {
 
 fn of_family(ips: impl Iterator<Item = IpAddr>, family: Family) -> Vec<IpAddr> {
     ips.filter(|ip| Family::of(*ip) == family).collect()
-}
-
-/// The conntrack entries to delete when a service's UDP flows go from `old` to `new`
-/// (I.53): flows answered by an endpoint that is gone, and, for a port that had no
-/// endpoint (its traffic was rejected) and now has some, every flow to its addresses.
-pub fn stale_udp_flows(old: &[UdpFlows], new: &[UdpFlows]) -> Vec<FlowFilter> {
-    let udp = libc::IPPROTO_UDP as u8;
-    let same_port =
-        |a: &UdpFlows, b: &UdpFlows| a.service_addresses.first() == b.service_addresses.first();
-    let mut filters = Vec::new();
-    for before in old {
-        let after = new.iter().find(|after| same_port(before, after));
-        let remaining = after.map_or(&[][..], |after| after.endpoints.as_slice());
-        for endpoint in before.endpoints.iter().filter(|e| !remaining.contains(e)) {
-            filters.extend(before.service_addresses.iter().map(|service| FlowFilter {
-                protocol: udp,
-                service: *service,
-                endpoint: Some(*endpoint),
-            }));
-        }
-    }
-    for after in new.iter().filter(|after| !after.endpoints.is_empty()) {
-        let had_endpoints = old
-            .iter()
-            .any(|before| same_port(before, after) && !before.endpoints.is_empty());
-        if !had_endpoints {
-            filters.extend(after.service_addresses.iter().map(|service| FlowFilter {
-                protocol: udp,
-                service: *service,
-                endpoint: None,
-            }));
-        }
-    }
-    filters
 }

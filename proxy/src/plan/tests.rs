@@ -4,7 +4,7 @@
 use serde_json::{Value as Json, json};
 
 use super::*;
-use crate::nft::{Element, FlowFilter, Value};
+use crate::nft::{Element, Value};
 use nodus_view::model::Family;
 use nodus_view::{Update, View};
 
@@ -899,45 +899,57 @@ fn cold_start_packs_services_into_bounded_batches() {
     }
 }
 
+/// I.53, as upstream's conntrack cleanup: a UDP flow may stay on any endpoint that still
+/// serves, whatever the traffic policy, topology or terminating state that steers new
+/// flows; only the UDP port lists them.
 #[test]
-fn i53_udp_flows_of_removed_endpoints_and_of_ports_that_gain_endpoints_are_deleted() {
-    let dns = |endpoints: &[Ep<'_>]| {
-        let view = view([
-            this_node(),
-            service(
-                "dns",
-                json!({"ports": [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
-                                 {"name": "tcp", "port": 53, "targetPort": 5353, "protocol": "TCP"}]}),
-                json!({}),
-            ),
-            slice(
-                "dns",
-                "dns-1",
-                "IPv4",
-                endpoints,
-                json!([{"name": "dns", "port": 5353, "protocol": "UDP"},
-                       {"name": "tcp", "port": 5353, "protocol": "TCP"}]),
-            ),
-        ]);
-        plan(&view, "dns").udp_flows
+fn i53_udp_flows_may_stay_on_every_serving_endpoint() {
+    let endpoint = |ip: &str, node: &str, ready: bool, serving: bool| {
+        json!({"addresses": [ip], "nodeName": node,
+               "conditions": {"ready": ready, "serving": serving, "terminating": !ready}})
     };
-    let two = dns(&two_endpoints());
-    assert_eq!(two.len(), 1, "only the UDP port: {two:?}");
-    let one = dns(&[("10.244.1.5", NODE, true)]);
-    let none = dns(&[]);
-    let text = |filters: Vec<FlowFilter>| -> Vec<String> {
-        filters.iter().map(ToString::to_string).collect()
-    };
+    let view = view([
+        this_node(),
+        service(
+            "dns",
+            json!({"internalTrafficPolicy": "Local",
+                   "ports": [{"name": "dns", "port": 53, "targetPort": 5353, "protocol": "UDP"},
+                             {"name": "tcp", "port": 53, "targetPort": 5353, "protocol": "TCP"}]}),
+            json!({}),
+        ),
+        Update::EndpointSlice(
+            serde_json::from_value(json!({
+                "metadata": {"name": "dns-1", "namespace": "default",
+                             "labels": {"kubernetes.io/service-name": "dns"}},
+                "addressType": "IPv4",
+                "endpoints": [endpoint("10.244.1.5", NODE, true, true),
+                              endpoint("10.244.2.9", "node-b", true, true),
+                              endpoint("10.244.2.10", "node-b", false, true),
+                              endpoint("10.244.2.11", "node-b", false, false)],
+                "ports": [{"name": "dns", "port": 5353, "protocol": "UDP"},
+                          {"name": "tcp", "port": 5353, "protocol": "TCP"}]
+            }))
+            .expect("test slice"),
+        ),
+    ]);
+    let plan = plan(&view, "dns");
     assert_eq!(
-        text(stale_udp_flows(&two, &one)),
-        ["delete conntrack entries of protocol 17 to 10.96.0.10:53 answered by 10.244.2.9:5353"]
+        plan.udp_flows.len(),
+        1,
+        "only the UDP port: {:?}",
+        plan.udp_flows
     );
+    let at = |ip: &str, port: u16| (ip.parse::<std::net::IpAddr>().expect("test address"), port);
+    assert_eq!(plan.udp_flows[0].service_addresses, [at("10.96.0.10", 53)]);
     assert_eq!(
-        text(stale_udp_flows(&none, &one)),
-        ["delete conntrack entries of protocol 17 to 10.96.0.10:53"]
+        plan.udp_flows[0].serving,
+        [
+            at("10.244.1.5", 5353),
+            at("10.244.2.9", 5353),
+            at("10.244.2.10", 5353)
+        ],
+        "the remote and terminating ones too, not the one that stopped serving"
     );
-    assert!(stale_udp_flows(&two, &two).is_empty());
-    assert_eq!(stale_udp_flows(&one, &[]).len(), 1, "a deleted service");
 }
 
 #[test]
