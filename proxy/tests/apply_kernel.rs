@@ -796,16 +796,7 @@ fn a_bad_list_entry_leaves_the_rest_of_the_service_working() {
 fn local_internal_policy_traffic_from_outside_the_pods_is_masqueraded() {
     netns::require_root();
     let (node, client) = node_and_client();
-    let pod = Netns::new("appd").expect("pod namespace");
-    netns::veth(&node, "pod0", &pod, "eth0").expect("pod veth");
-    node.ip(&["addr", "add", "10.244.1.1/24", "dev", "pod0"])
-        .expect("node's pod-side address");
-    pod.ip(&["addr", "add", "10.244.1.9/24", "dev", "eth0"])
-        .expect("pod address");
-    pod.ip(&["route", "add", "default", "via", "10.244.1.1"])
-        .expect("pod route");
-    node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
-        .expect("forwarding on the node");
+    let pod = pod_on(&node, "appd", "10.244.1.9");
     let listener = endpoint_listener(&pod);
     let mut view = node_view(&TWO_ENDPOINTS);
     let applied = view.apply([
@@ -924,4 +915,45 @@ fn udp_flows_stay_on_serving_endpoints_and_a_restart_unpins_the_others() {
     let report = proxy.full_sync(&view).expect("adoption");
     assert_eq!(report.conntrack_deletions, 1, "{report:?}");
     assert_eq!(udp_ask(&client, 40000, "10.96.0.100:53"), "b", "unpinned");
+}
+
+/// A pod namespace `name` on `node` at `address` in 10.244.1.0/24, routed through the
+/// node (10.244.1.1), which forwards.
+fn pod_on(node: &Netns, name: &str, address: &str) -> Netns {
+    let pod = Netns::new(name).expect("pod namespace");
+    netns::veth(node, "pod0", &pod, "eth0").expect("pod veth");
+    node.ip(&["addr", "add", "10.244.1.1/24", "dev", "pod0"])
+        .expect("node's pod-side address");
+    pod.ip(&["addr", "add", &format!("{address}/24"), "dev", "eth0"])
+        .expect("pod address");
+    pod.ip(&["route", "add", "default", "via", "10.244.1.1"])
+        .expect("pod route");
+    node.exec("sysctl", &["-qw", "net.ipv4.ip_forward=1"])
+        .expect("forwarding on the node");
+    pod
+}
+
+/// D.27 for an endpoint whose slice names no node (a hand-made slice of a selector-less
+/// Service): its address is one of this node's pods', so a connection of the pod to
+/// itself through the ClusterIP is masqueraded and completes.
+#[test]
+fn a_pod_reaches_itself_through_a_service_whose_slice_names_no_node() {
+    netns::require_root();
+    let (node, _client) = node_and_client();
+    let pod = pod_on(&node, "aphp", "10.244.1.9");
+    echo(endpoint_listener(&pod));
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "handmade",
+            http(json!({"clusterIP": "10.96.0.95"})),
+            json!({}),
+        ),
+        slice("handmade", "IPv4", &[("10.244.1.9", "")], 8080),
+    ]);
+    assert!(applied.invalid.is_empty());
+    let mut proxy = open_proxy(&node);
+    proxy.full_sync(&view).expect("full sync");
+    let mut stream = connect(&pod, "10.96.0.95:80").expect("the pod reaches itself");
+    assert_eq!(round_trip(&mut stream, b"self").expect("echo"), *b"self");
 }

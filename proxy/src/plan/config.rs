@@ -4,7 +4,7 @@ use std::net::IpAddr;
 
 use nodus_view::View;
 use nodus_view::model::{Cidr, Family};
-use nodus_view::resolve::NodeContext;
+use nodus_view::resolve::{NodeContext, Target};
 
 /// kube-proxy's default masquerade bit 14 (checklist D.30). Not an API: other components
 /// must not rely on it.
@@ -77,6 +77,9 @@ pub struct NodeFacts {
     pub node_port_ips: Vec<IpAddr>,
     /// The local-traffic detector's ranges; a family without any has no detector.
     pub pod_cidrs: Vec<Cidr>,
+    /// This node's own pod ranges: an endpoint inside them runs here, whatever node its
+    /// slice names (a hand-made or mirrored slice may name none).
+    pub node_pod_cidrs: Vec<Cidr>,
     pub masquerade_mark: u32,
     pub masquerade_all: bool,
     /// With egress masquerade: the destinations that stay inside the cluster, the
@@ -96,10 +99,11 @@ impl NodeFacts {
                     .collect()
             })
             .unwrap_or_default();
+        let node_pod_cidrs = this_node
+            .map(|node| node.pod_cidrs.to_vec())
+            .unwrap_or_default();
         let pod_cidrs = if config.cluster_cidrs.is_empty() {
-            this_node
-                .map(|node| node.pod_cidrs.to_vec())
-                .unwrap_or_default()
+            node_pod_cidrs.clone()
         } else {
             config.cluster_cidrs.clone()
         };
@@ -122,6 +126,7 @@ impl NodeFacts {
             node: view.node_context(),
             node_port_ips,
             pod_cidrs,
+            node_pod_cidrs,
             masquerade_mark: config.masquerade_mark,
             masquerade_all: config.masquerade_all,
             cluster_destinations,
@@ -151,6 +156,16 @@ impl NodeFacts {
             .as_ref()
             .filter(|dns| dns.namespace == namespace && dns.name == name && port == 53)
             .map(|dns| dns.port)
+    }
+
+    /// Whether the endpoint `target` runs on this node: its slice says so, or its address
+    /// is one of this node's pods'.
+    pub fn runs_here(&self, target: &Target) -> bool {
+        target.local
+            || self
+                .node_pod_cidrs
+                .iter()
+                .any(|cidr| cidr.contains(target.ip))
     }
 
     pub fn node_port_ips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {

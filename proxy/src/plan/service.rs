@@ -299,9 +299,11 @@ impl PortPlanner<'_, '_> {
                 self.endpoint(target);
             }
         }
+        // D.27: endpoints that run here can hairpin, including those of slices that name
+        // no node or another (hand-made or mirrored ones) but hold this node's pod address.
         let mut local_ips: Vec<IpAddr> = endpoint_targets
             .iter()
-            .filter(|target| target.local)
+            .filter(|target| self.facts.runs_here(target))
             .map(|target| target.ip)
             .collect();
         local_ips.dedup();
