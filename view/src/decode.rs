@@ -252,14 +252,18 @@ fn check_service<'w>(
         .as_deref()
         .filter(|n| type_ == ServiceType::ExternalName && !n.is_empty())
         .map(|n| n.trim_end_matches('.').into());
-    let extra = ServiceExtra {
+    let mut extra = ServiceExtra {
         external_ips: parse_ips("spec.externalIPs", &spec.external_ips, skipped),
         load_balancer_ingress,
         load_balancer_source_ranges,
         external_name,
         // Interned with the other strings, once the service is valid.
         proxy_name: None,
+        created: 0,
     };
+    if !extra.external_ips.is_empty() || !extra.load_balancer_ingress.is_empty() {
+        extra.created = wire.metadata.creation_timestamp.unwrap_or(i64::MAX);
+    }
 
     let service = Service {
         type_,

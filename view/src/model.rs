@@ -199,6 +199,10 @@ pub struct ServiceExtra {
     /// The `service.kubernetes.io/service-proxy-name` label, when present: another proxy
     /// owns the service, even when the value is empty (upstream selects on the key alone).
     pub proxy_name: Option<Sym>,
+    /// `creationTimestamp` in seconds, kept only by services that claim external
+    /// addresses (0 for the others): of two that claim one address and port, the older
+    /// owns it.
+    pub created: i64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -222,6 +226,23 @@ pub struct ServicePort {
 impl Service {
     pub fn external_ips(&self) -> &[IpAddr] {
         self.extra.as_deref().map_or(&[], |e| &e.external_ips)
+    }
+
+    /// The ExternalIPs and LB IPs, which another service may claim too.
+    pub fn external_addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.external_ips().iter().copied().chain(
+            self.load_balancer_ingress()
+                .iter()
+                .map(|ingress| ingress.ip),
+        )
+    }
+
+    /// Which of two services claiming one external address and port owns it: the one
+    /// with the smaller rank, the older, then the first by namespace and name. Every
+    /// node decides the same way.
+    pub fn claim_rank<'a>(&self, namespace: &'a str, name: &'a str) -> (i64, &'a str, &'a str) {
+        let created = self.extra.as_deref().map_or(i64::MAX, |e| e.created);
+        (created, namespace, name)
     }
 
     pub fn load_balancer_ingress(&self) -> &[LoadBalancerIngress] {

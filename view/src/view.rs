@@ -133,6 +133,10 @@ pub struct View {
     /// Which services own an address: cluster IPs, and the endpoints of headless services.
     /// PTR answers read it; it holds keys of live entries only, so it takes no references.
     reverse: ReverseIndex<ServiceKey>,
+    /// Which services claim an ExternalIP or LB IP: when one changes, the others that
+    /// claim its addresses are re-planned, since which of them owns a contested address
+    /// and port may change with it (the proxy's BUG-7).
+    external: ReverseIndex<ServiceKey>,
     /// Service entries per namespace, so that `<ns>.svc.<zone>` can tell an existing
     /// namespace from a missing one without a namespace watch.
     namespaces: HashMap<Sym, u32>,
@@ -159,6 +163,7 @@ impl View {
             relists: [None, None, None],
             reported: HashMap::new(),
             reverse: ReverseIndex::default(),
+            external: ReverseIndex::default(),
             namespaces: HashMap::new(),
         }
     }
@@ -229,6 +234,15 @@ impl View {
     /// service.
     pub fn services_by_ip(&self, ip: IpAddr) -> impl Iterator<Item = ServiceView<'_>> {
         self.reverse.owners(ip).filter_map(|key| {
+            self.services
+                .get_key_value(&key)
+                .map(|(key, entry)| self.service_view(key, entry))
+        })
+    }
+
+    /// The services that claim `ip` as an ExternalIP or LB IP.
+    pub fn external_claimants(&self, ip: IpAddr) -> impl Iterator<Item = ServiceView<'_>> {
+        self.external.owners(ip).filter_map(|key| {
             self.services
                 .get_key_value(&key)
                 .map(|(key, entry)| self.service_view(key, entry))
@@ -422,13 +436,44 @@ impl View {
             return Ok(());
         }
         let cluster_ips = service.cluster_ips.clone();
+        let external: Vec<IpAddr> = service.external_addresses().collect();
+        let mut old_external = Vec::new();
         if let Some(old) = entry.service.replace(Box::new(service)) {
             self.index_service(key, &old, false);
+            old_external.extend(old.external_addresses());
             old.release(&mut self.strings);
         }
         self.index(key, cluster_ips.iter().copied(), true);
+        self.index_external(key, &old_external, &external, changes);
         self.service_changed(key, changes);
         Ok(())
+    }
+
+    /// Moves the service `key`'s external claims from `old` to `new`, and marks every
+    /// other service claiming one of them changed.
+    fn index_external(
+        &mut self,
+        key: ServiceKey,
+        old: &[IpAddr],
+        new: &[IpAddr],
+        changes: &mut ChangeSet,
+    ) {
+        for ip in old.iter().chain(new) {
+            let others: Vec<ServiceKey> = self
+                .external
+                .owners(*ip)
+                .filter(|other| *other != key)
+                .collect();
+            for other in others {
+                self.service_changed(other, changes);
+            }
+        }
+        for ip in old.iter().filter(|ip| !new.contains(ip)) {
+            self.external.remove(*ip, key);
+        }
+        for ip in new {
+            self.external.add(*ip, key);
+        }
     }
 
     fn upsert_slice(
@@ -572,6 +617,8 @@ impl View {
             return;
         };
         self.index_service(key, &old, false);
+        let old_external: Vec<IpAddr> = old.external_addresses().collect();
+        self.index_external(key, &old_external, &[], changes);
         old.release(&mut self.strings);
         self.service_changed(key, changes);
         self.drop_entry_if_empty(key);
@@ -871,6 +918,52 @@ mod tests {
         assert_eq!(names(&report.changes), ["default/a", "default/b"]);
         assert!(view.service("default", "a").is_none());
         assert_eq!(view.service("default", "b").expect("moved").slices.len(), 1);
+    }
+
+    #[test]
+    fn a_change_to_a_service_re_plans_the_others_that_claim_its_external_addresses() {
+        let mut view = View::new("node-a");
+        let claim = |name: &str, external: &[&str], created: &str| {
+            Update::Service(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name, "namespace": "default", "creationTimestamp": created},
+                    "spec": {"clusterIP": "10.96.0.1", "externalIPs": external,
+                             "ports": [{"port": 80, "protocol": "TCP"}]}
+                }))
+                .expect("test service"),
+            )
+        };
+        view.apply([
+            claim("a", &["192.0.2.1"], "2020-01-01T00:00:00Z"),
+            claim("b", &["192.0.2.1", "192.0.2.2"], "2021-01-01T00:00:00Z"),
+            claim("c", &["192.0.2.3"], "2022-01-01T00:00:00Z"),
+        ]);
+        let claimants = |view: &View, ip: &str| -> Vec<String> {
+            let mut names: Vec<String> = view
+                .external_claimants(ip.parse().expect("ip"))
+                .map(|s| s.name.to_string())
+                .collect();
+            names.sort();
+            names
+        };
+        assert_eq!(claimants(&view, "192.0.2.1"), ["a", "b"]);
+        let report = view.apply([claim("a", &["192.0.2.2"], "2020-01-01T00:00:00Z")]);
+        assert_eq!(names(&report.changes), ["default/a", "default/b"]);
+        assert_eq!(claimants(&view, "192.0.2.1"), ["b"]);
+        let a = view.service("default", "a").expect("a");
+        let b = view.service("default", "b").expect("b");
+        let (a_spec, b_spec) = (a.service.expect("spec"), b.service.expect("spec"));
+        assert!(
+            a_spec.claim_rank(a.namespace, a.name) < b_spec.claim_rank(b.namespace, b.name),
+            "the older ranks first"
+        );
+        let report = view.apply([Update::Deleted {
+            kind: Kind::Service,
+            namespace: "default".into(),
+            name: "b".into(),
+        }]);
+        assert_eq!(names(&report.changes), ["default/a", "default/b"]);
+        assert_eq!(claimants(&view, "192.0.2.2"), ["a"]);
     }
 
     #[test]

@@ -18,10 +18,13 @@
 //!    chains are flushed, then chains and sets deleted, each step in its own bounded
 //!    transactions, so no map or rule ever points at a missing chain.
 //!
-//! A key claimed by two services (two Services with one ExternalIP:port) goes to the first
-//! in the view's order; the second is reported as refused. Shared elements (hairpin
-//! pairs, which carry no data) are no conflict: every service that wants one claims it. A transaction the kernel
-//! refuses is retried service by service, so one bad service does not block the others.
+//! Two Services with one ExternalIP or LB IP and port never get here: the planner leaves
+//! the contested address to the older one. A key that still collides (two Services with
+//! one ClusterIP, which the API server prevents) goes to the first in the view's order,
+//! and the second is reported as refused. Shared elements (hairpin pairs, which carry no
+//! data) are no conflict: every service that wants one claims it. A transaction the
+//! kernel refuses is retried service by service, so one bad service does not block the
+//! others.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -241,6 +244,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
     /// Adds one service to the transaction being built, unless one of its keys belongs
     /// to a service programmed earlier in this sync.
     fn add(&mut self, plan: ServicePlan) -> Result<(), Error> {
+        super::warn_contested(&plan);
         // Endpoint keys are this sync's blocks: new ones clear of every key the table holds,
         // or a chain's own block adopted from the table, which no other chain is given.
         // They are checked against `endpoint_elements`, not slots.

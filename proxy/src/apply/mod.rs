@@ -321,12 +321,14 @@ impl Proxy {
                     report.unchanged += 1;
                 }
                 (None, Some(digest)) => {
+                    warn_contested(&plan);
                     claims.claim(&plan, 1);
                     batch.add_service(&plan);
                     report.added += 1;
                     records.push((key, Some(Record::of(digest, &plan))));
                 }
                 (Some(previous), digest) => {
+                    warn_contested(&plan);
                     let Some(mut old) = previous.previous_plan(&plan) else {
                         return self.fall_back(view, format!("the record of {name:?} is corrupt"));
                     };
@@ -571,6 +573,18 @@ impl Expected {
                 .find(|chain| !chain.rules.is_empty())
                 .map(|chain| (chain.name().to_string(), chain.rules.len())),
         }
+    }
+}
+
+/// F.40: an external address and port two services claim is planned for the older one
+/// only; the younger one is told here, at each sync that programs it.
+fn warn_contested(plan: &ServicePlan) {
+    for (ip, port) in &plan.contested {
+        warn!(
+            service = %format!("{}/{}", plan.namespace, plan.name),
+            address = %nft::conntrack::endpoint_text((*ip, *port)),
+            "external address and port claimed by an older service too; left to it"
+        );
     }
 }
 

@@ -75,6 +75,16 @@ impl SharedKind {
         self == SharedKind::Hairpin
     }
 
+    /// Whether an element's key may pass from one service to another in one transaction:
+    /// an ExternalIP or LB IP and port that an older service takes over from a younger
+    /// one, or leaves to it (F.40). Such adds go after every delete of the transaction.
+    pub fn changes_hands(self) -> bool {
+        matches!(
+            self,
+            SharedKind::ServiceIps | SharedKind::NoEndpointServices | SharedKind::FirewallIps
+        )
+    }
+
     fn base_name(self) -> &'static str {
         match self {
             SharedKind::ClusterIps => "cluster-ips",
@@ -227,6 +237,9 @@ pub struct ServicePlan {
     /// affinity.
     pub blocks: Vec<KeyBlock>,
     pub udp_flows: Vec<UdpFlows>,
+    /// External addresses and ports the service claims but an older service owns
+    /// (F.40): left out of the plan, and reported.
+    pub contested: Vec<(IpAddr, u16)>,
 }
 
 impl ServicePlan {
@@ -239,6 +252,7 @@ impl ServicePlan {
             elements: Vec::new(),
             blocks: Vec::new(),
             udp_flows: Vec::new(),
+            contested: Vec::new(),
         }
     }
 

@@ -4,7 +4,9 @@
 //! Within a batch, objects are created before anything refers to them: sets and chains
 //! first, then rules, then map elements (which name chains). References are dropped
 //! before objects go: elements are deleted and chains flushed before chains and sets are
-//! deleted. Every batch is therefore valid on its own, and a cold start may be split
+//! deleted. Elements whose key may change hands between services (an external address
+//! and port) are added at the end of the batch, after every service's deletes, so that
+//! the order of services in a transaction never matters. Every batch is therefore valid on its own, and a cold start may be split
 //! into many commits without a map ever pointing at a missing chain.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -24,6 +26,8 @@ use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
 pub struct PlanBatch {
     batch: Batch,
     created_sets: HashMap<String, SetRef>,
+    /// Adds of elements that [`SharedKind::changes_hands`], sent last.
+    deferred: Vec<ElementPlan>,
 }
 
 impl Default for PlanBatch {
@@ -37,19 +41,25 @@ impl PlanBatch {
         PlanBatch {
             batch: Batch::new(Table::inet(TABLE)),
             created_sets: HashMap::new(),
+            deferred: Vec::new(),
         }
     }
 
-    /// Messages so far.
+    /// Messages so far (a deferred element counts as one).
     pub fn len(&self) -> usize {
-        self.batch.len()
+        self.batch.len() + self.deferred.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.batch.is_empty()
+        self.batch.is_empty() && self.deferred.is_empty()
     }
 
-    pub fn into_batch(self) -> Batch {
+    pub fn into_batch(mut self) -> Batch {
+        let deferred = std::mem::take(&mut self.deferred);
+        for (set, elements) in by_set(deferred.iter()) {
+            let reference = self.set_ref(&set.name());
+            self.batch.add_elements(&reference, &elements);
+        }
         self.batch
     }
 
@@ -283,7 +293,10 @@ impl PlanBatch {
     }
 
     fn add_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
-        for (set, elements) in by_set(elements) {
+        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
+            elements.partition(|element| element.set.kind.changes_hands());
+        self.deferred.extend(deferred.into_iter().cloned());
+        for (set, elements) in by_set(now.into_iter()) {
             let reference = self.set_ref(&set.name());
             self.batch.add_elements(&reference, &elements);
         }

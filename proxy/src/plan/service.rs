@@ -73,6 +73,7 @@ pub fn plan_service(
             }
             PortPlanner {
                 spec,
+                owns: &|ip| owns_external(view, service, ip, port),
                 port,
                 family,
                 cluster_ip,
@@ -127,9 +128,37 @@ fn dedup_elements(elements: &mut Vec<ElementPlan>) {
     elements.retain(|element| seen.insert((element.set, element.element.key.clone())));
 }
 
+/// F.40, F.41: whether `service` owns its ExternalIP or LB IP `ip` on `port`: no other
+/// service the proxy programs captures it on the same protocol and port with a smaller
+/// [`Service::claim_rank`]. A contested address costs the younger service that address
+/// and port only, and every node picks the same owner.
+fn owns_external(view: &View, service: &ServiceView<'_>, ip: IpAddr, port: &ServicePort) -> bool {
+    let Some(spec) = service.service else {
+        return false;
+    };
+    let rank = spec.claim_rank(service.namespace, service.name);
+    view.external_claimants(ip).all(|other| {
+        let Some(other_spec) = other.service.filter(|spec| is_proxied(spec)) else {
+            return true;
+        };
+        let captures = other_spec.external_ips().contains(&ip)
+            || other_spec
+                .load_balancer_ingress()
+                .iter()
+                .any(|ingress| ingress.ip == ip && !ingress.proxy_mode);
+        let same_port = other_spec
+            .ports
+            .iter()
+            .any(|p| p.protocol == port.protocol && p.port == port.port);
+        !(captures && same_port) || other_spec.claim_rank(other.namespace, other.name) >= rank
+    })
+}
+
 /// The planning of one service port in one family.
 struct PortPlanner<'a, 'k> {
     spec: &'a Service,
+    /// Whether the service owns an external address on this port ([`owns_external`]).
+    owns: &'a dyn Fn(IpAddr) -> bool,
     port: &'a ServicePort,
     family: Family,
     cluster_ip: IpAddr,
@@ -144,15 +173,24 @@ impl PortPlanner<'_, '_> {
     fn plan(mut self, endpoints: &PortEndpoints, serving: impl FnOnce() -> Vec<(IpAddr, u16)>) {
         let spec = self.spec;
         let family = self.family;
-        let external_ips: Vec<IpAddr> = of_family(spec.external_ips().iter().copied(), family);
+        let mut external_ips: Vec<IpAddr> = of_family(spec.external_ips().iter().copied(), family);
         // F.41: `ipMode: Proxy` LBs deliver to the node; their IPs are not captured.
-        let lb_ips: Vec<IpAddr> = of_family(
+        let mut lb_ips: Vec<IpAddr> = of_family(
             spec.load_balancer_ingress()
                 .iter()
                 .filter(|ingress| !ingress.proxy_mode)
                 .map(|ingress| ingress.ip),
             family,
         );
+        for ips in [&mut external_ips, &mut lb_ips] {
+            ips.retain(|ip| {
+                let owned = (self.owns)(*ip);
+                if !owned {
+                    self.plan.contested.push((*ip, self.port.port));
+                }
+                owned
+            });
+        }
         let node_port = self.port.node_port;
 
         // B.20: which endpoint sets the port needs.

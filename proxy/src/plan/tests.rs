@@ -591,6 +591,61 @@ fn f40_external_ips_dispatch_to_the_external_chain() {
     );
 }
 
+/// F.40: of two Services claiming one external address and port, the older owns it; the
+/// younger keeps its other ports on that address, and an address only the younger one
+/// claims on another port; `ipMode: Proxy` LB IPs claim nothing.
+#[test]
+fn f40_a_contested_external_address_and_port_goes_to_the_older_service() {
+    let claim = |name: &str, created: &str, spec: Json, ingress: Json| {
+        let mut update = service(name, spec, json!({"loadBalancer": {"ingress": ingress}}));
+        if let Update::Service(wire) = &mut update {
+            wire.metadata.creation_timestamp = Some(created.parse().expect("seconds"));
+        }
+        update
+    };
+    let view = view([
+        this_node(),
+        claim(
+            "older",
+            "1000",
+            json!({"clusterIP": "10.96.0.20", "externalIPs": ["203.0.113.9"]}),
+            json!([{"ip": "198.51.100.7", "ipMode": "Proxy"}]),
+        ),
+        http_slice("older", &two_endpoints()),
+        claim(
+            "younger",
+            "2000",
+            json!({"clusterIP": "10.96.0.21", "type": "LoadBalancer",
+                   "externalIPs": ["203.0.113.9"],
+                   "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080},
+                             {"name": "alt", "port": 81, "protocol": "TCP", "nodePort": 30081}]}),
+            json!([{"ip": "198.51.100.7"}]),
+        ),
+        http_slice("younger", &two_endpoints()),
+    ]);
+    let older = plan(&view, "older");
+    let younger = plan(&view, "younger");
+    let dispatch = |plan: &ServicePlan, key: &str| v4(plan, SharedKind::ServiceIps, key);
+    assert!(dispatch(&older, "203.0.113.9 . tcp . 80").is_some());
+    assert!(older.contested.is_empty());
+    assert_eq!(dispatch(&younger, "203.0.113.9 . tcp . 80"), None);
+    // Port 81 has no endpoints: rejected, on the address the younger one owns there.
+    assert!(
+        v4(
+            &younger,
+            SharedKind::NoEndpointServices,
+            "203.0.113.9 . tcp . 81"
+        )
+        .is_some()
+    );
+    assert!(dispatch(&younger, "198.51.100.7 . tcp . 80").is_some());
+    assert!(dispatch(&younger, "10.96.0.21 . tcp . 80").is_some());
+    assert_eq!(
+        younger.contested,
+        [("203.0.113.9".parse().expect("ip"), 80)]
+    );
+}
+
 fn load_balancer(spec: Json, ingress: Json) -> Update {
     let mut full = json!({
         "type": "LoadBalancer",
