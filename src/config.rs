@@ -59,6 +59,12 @@ pub struct ProxyConfig {
     pub enabled: bool,
     /// Where health-check node ports listen (every address, as kube-proxy does).
     pub health_check_address: IpAddr,
+    /// kube-proxy's `masqueradeAll`: every connection to a ClusterIP is masqueraded, not
+    /// only those from outside the pod network.
+    pub masquerade_all: bool,
+    /// kube-proxy's `masqueradeBit`: the bit of the packet mark (0 to 31) that flags a
+    /// connection for masquerade. No other program on the node may use it.
+    pub masquerade_bit: u8,
 }
 
 impl Default for ProxyConfig {
@@ -66,6 +72,8 @@ impl Default for ProxyConfig {
         ProxyConfig {
             enabled: false,
             health_check_address: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            masquerade_all: false,
+            masquerade_bit: nodus_proxy::plan::DEFAULT_MASQUERADE_MARK.trailing_zeros() as u8,
         }
     }
 }
@@ -326,9 +334,10 @@ impl Config {
         nodus_proxy::plan::ProxyConfig {
             scope,
             cluster_cidrs: self.cluster_cidrs.clone(),
+            masquerade_mark: 1 << self.proxy.masquerade_bit,
+            masquerade_all: self.proxy.masquerade_all,
             egress_masquerade: self.egress_masquerade(),
             local_dns,
-            ..nodus_proxy::plan::ProxyConfig::default()
         }
     }
 
@@ -391,6 +400,11 @@ impl Config {
              cluster DNS Service's ClusterIP to this node's DNS"
         );
         anyhow::ensure!(
+            self.proxy.masquerade_bit <= 31,
+            "proxy.masquerade_bit: {} is not a bit of the 32-bit packet mark (0 to 31)",
+            self.proxy.masquerade_bit
+        );
+        anyhow::ensure!(
             (1..=64).contains(&self.dns.udp_threads),
             "dns.udp_threads: {} is not between 1 and 64",
             self.dns.udp_threads
@@ -440,6 +454,27 @@ mod tests {
         assert_eq!(
             config.dns.listen,
             vec!["127.0.0.1:5353".parse().expect("addr")]
+        );
+    }
+
+    #[test]
+    fn kube_proxy_masquerade_settings_reach_the_proxy() {
+        let config = Config::parse(
+            "proxy:\n  enabled: true\n  masquerade_all: true\n  masquerade_bit: 15\n",
+        )
+        .expect("valid");
+        let settings = config.proxy_settings();
+        assert!(settings.masquerade_all);
+        assert_eq!(settings.masquerade_mark, 0x8000);
+        let defaults = Config::parse("proxy:\n  enabled: true\n").expect("valid");
+        assert_eq!(
+            defaults.proxy_settings().masquerade_mark,
+            nodus_proxy::plan::DEFAULT_MASQUERADE_MARK
+        );
+        let error = Config::parse("proxy:\n  masquerade_bit: 32\n").expect_err("bit 32");
+        assert!(
+            format!("{error:#}").contains("proxy.masquerade_bit"),
+            "{error:#}"
         );
     }
 

@@ -1,11 +1,27 @@
-//! The proxy's series in `/metrics`, and its last sync and error for `/status`.
+//! The proxy's series in `/metrics`, and its last sync and error for `/status`: nodus's
+//! own, and kube-proxy's under their names (`kubeproxy_*`), so that the dashboards and
+//! alerts written for kube-proxy keep working.
 
 use crate::apply::{SyncKind, SyncReport};
-use nodus_prom::{Histogram, Tracker, single};
+use nodus_prom::{Histogram, Tracker, family, sample, single};
+use nodus_view::ChangeSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds of the sync histograms, in seconds.
 const SYNC_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0];
+
+/// kube-proxy's sync buckets: 1 ms doubling to 16.4 s.
+const KUBE_PROXY_SYNC_BUCKETS: [f64; 15] = [
+    0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512, 1.024, 2.048, 4.096,
+    8.192, 16.384,
+];
+
+/// From a change in the cluster to its rules in the kernel, in seconds (kube-proxy's
+/// buckets, thinned: they run to 5 minutes).
+const PROGRAMMING_BUCKETS: [f64; 17] = [
+    0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
+];
 
 pub struct ProxyMetrics {
     full: Histogram<{ SYNC_BUCKETS.len() }>,
@@ -14,7 +30,34 @@ pub struct ProxyMetrics {
     transactions: AtomicU64,
     conntrack_deletions: AtomicU64,
     failures: AtomicU64,
+    kube_proxy: KubeProxyMetrics,
     pub status: Tracker,
+}
+
+/// The series kube-proxy exports, as far as nodus has their meaning.
+struct KubeProxyMetrics {
+    sync: Histogram<{ KUBE_PROXY_SYNC_BUCKETS.len() }>,
+    full: Histogram<{ KUBE_PROXY_SYNC_BUCKETS.len() }>,
+    partial: Histogram<{ KUBE_PROXY_SYNC_BUCKETS.len() }>,
+    programming: Histogram<{ PROGRAMMING_BUCKETS.len() }>,
+    /// Unix milliseconds of the last successful sync and of the last change queued.
+    last_sync: AtomicU64,
+    last_queued: AtomicU64,
+    /// Changes since the last successful sync (a failed sync leaves them pending).
+    service_changes_pending: AtomicU64,
+    endpoint_changes_pending: AtomicU64,
+    service_changes: AtomicU64,
+    endpoint_changes: AtomicU64,
+    no_local_internal: AtomicU64,
+    no_local_external: AtomicU64,
+    /// Unix milliseconds when this process started: older trigger times are not its work.
+    started: u64,
+}
+
+fn unix_millis(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    })
 }
 
 impl Default for ProxyMetrics {
@@ -26,13 +69,61 @@ impl Default for ProxyMetrics {
             transactions: AtomicU64::new(0),
             conntrack_deletions: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            kube_proxy: KubeProxyMetrics {
+                sync: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
+                full: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
+                partial: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
+                programming: Histogram::new(PROGRAMMING_BUCKETS),
+                last_sync: AtomicU64::new(0),
+                last_queued: AtomicU64::new(0),
+                service_changes_pending: AtomicU64::new(0),
+                endpoint_changes_pending: AtomicU64::new(0),
+                service_changes: AtomicU64::new(0),
+                endpoint_changes: AtomicU64::new(0),
+                no_local_internal: AtomicU64::new(0),
+                no_local_external: AtomicU64::new(0),
+                started: unix_millis(SystemTime::now()),
+            },
             status: Tracker::default(),
         }
     }
 }
 
 impl ProxyMetrics {
-    pub fn synced(&self, report: &SyncReport, programmed: usize) {
+    /// A batch of changes arrived at `now`; they are pending until a sync succeeds.
+    pub fn queued(&self, changes: &ChangeSet, now: SystemTime) {
+        let kube = &self.kube_proxy;
+        if changes.is_empty() {
+            return;
+        }
+        kube.last_queued.store(unix_millis(now), Relaxed);
+        for (pending, total, count) in [
+            (
+                &kube.service_changes_pending,
+                &kube.service_changes,
+                changes.service_updates,
+            ),
+            (
+                &kube.endpoint_changes_pending,
+                &kube.endpoint_changes,
+                changes.slice_updates,
+            ),
+        ] {
+            pending.fetch_add(u64::from(count), Relaxed);
+            total.fetch_add(u64::from(count), Relaxed);
+        }
+    }
+
+    /// A sync succeeded at `now`, programming what was pending, `changes` included:
+    /// their EndpointSlices' trigger times give the network programming latency.
+    pub fn synced(
+        &self,
+        report: &SyncReport,
+        programmed: usize,
+        no_local: (usize, usize),
+        changes: &ChangeSet,
+        now: SystemTime,
+    ) {
         match report.kind {
             SyncKind::Full => self.full.observe(report.duration),
             SyncKind::Partial => self.partial.observe(report.duration),
@@ -43,6 +134,28 @@ impl ProxyMetrics {
         self.conntrack_deletions
             .fetch_add(report.conntrack_deletions as u64, Relaxed);
         self.status.synced(report.duration);
+
+        let kube = &self.kube_proxy;
+        kube.sync.observe(report.duration);
+        match report.kind {
+            SyncKind::Full => kube.full.observe(report.duration),
+            SyncKind::Partial => kube.partial.observe(report.duration),
+        }
+        let now = unix_millis(now);
+        kube.last_sync.store(now, Relaxed);
+        kube.service_changes_pending.store(0, Relaxed);
+        kube.endpoint_changes_pending.store(0, Relaxed);
+        kube.no_local_internal.store(no_local.0 as u64, Relaxed);
+        kube.no_local_external.store(no_local.1 as u64, Relaxed);
+        for trigger in &changes.trigger_times {
+            // Clocks of the controller and this node may disagree: never negative.
+            if let Ok(trigger) = u64::try_from(*trigger)
+                && trigger >= kube.started
+            {
+                kube.programming
+                    .observe(Duration::from_millis(now.saturating_sub(trigger)));
+            }
+        }
     }
 
     pub fn sync_failed(&self, error: impl std::fmt::Display) {
@@ -98,5 +211,189 @@ impl ProxyMetrics {
             "Proxy syncs that failed (each is followed by a full sync).",
             self.failures.load(Relaxed),
         );
+        self.render_kube_proxy(out);
+    }
+
+    fn render_kube_proxy(&self, out: &mut String) {
+        let kube = &self.kube_proxy;
+        kube.sync.render(
+            out,
+            "kubeproxy_sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds (nodus: every proxy sync).",
+        );
+        kube.full.render(
+            out,
+            "kubeproxy_sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs.",
+        );
+        kube.partial.render(
+            out,
+            "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs.",
+        );
+        kube.programming.render(
+            out,
+            "kubeproxy_network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds: from an EndpointSlice's last-change-trigger-time to its rules in the kernel.",
+        );
+        let seconds = |millis: &AtomicU64| millis.load(Relaxed) as f64 / 1000.0;
+        single(
+            out,
+            "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+            "gauge",
+            "The last time proxy rules were successfully synced.",
+            seconds(&kube.last_sync),
+        );
+        single(
+            out,
+            "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+            "gauge",
+            "The last time a sync of proxy rules was queued.",
+            seconds(&kube.last_queued),
+        );
+        for (name, kind, help, value) in [
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_pending",
+                "gauge",
+                "Pending proxy rules Service changes.",
+                &kube.service_changes_pending,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+                "gauge",
+                "Pending proxy rules Endpoint changes.",
+                &kube.endpoint_changes_pending,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_service_changes_total",
+                "counter",
+                "Cumulative proxy rules Service changes.",
+                &kube.service_changes,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
+                "counter",
+                "Cumulative proxy rules Endpoint changes.",
+                &kube.endpoint_changes,
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
+                "counter",
+                "Cumulative proxy nftables sync failures.",
+                &self.failures,
+            ),
+        ] {
+            single(out, name, kind, help, value.load(Relaxed));
+        }
+        let no_local = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
+        family(
+            out,
+            no_local,
+            "gauge",
+            "Number of services with a Local traffic policy and no endpoints.",
+        );
+        sample(
+            out,
+            no_local,
+            "traffic_policy=\"internal\"",
+            kube.no_local_internal.load(Relaxed),
+        );
+        sample(
+            out,
+            no_local,
+            "traffic_policy=\"external\"",
+            kube.no_local_external.load(Relaxed),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(text: &str, series: &str) -> String {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+            .to_string()
+    }
+
+    #[test]
+    fn kube_proxy_series_carry_the_sync_the_pending_changes_and_the_programming_latency() {
+        let metrics = ProxyMetrics::default();
+        let started = UNIX_EPOCH + Duration::from_millis(metrics.kube_proxy.started);
+        let changes = ChangeSet {
+            services: [nodus_view::ServiceName {
+                namespace: "default".into(),
+                name: "web".into(),
+            }]
+            .into(),
+            service_updates: 1,
+            slice_updates: 2,
+            // 1.5 s before the sync, and one from before this process started.
+            trigger_times: vec![
+                metrics.kube_proxy.started as i64 + 500,
+                metrics.kube_proxy.started as i64 - 60_000,
+            ],
+            ..ChangeSet::default()
+        };
+        metrics.queued(&changes, started + Duration::from_secs(1));
+        metrics.sync_failed("refused");
+        let mut text = String::new();
+        metrics.render(&mut text);
+        assert_eq!(
+            value(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+            "2"
+        );
+        assert_eq!(
+            value(
+                &text,
+                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
+            ),
+            "1"
+        );
+
+        let mut report = SyncReport::new(SyncKind::Partial);
+        report.duration = Duration::from_millis(3);
+        let synced_at = started + Duration::from_secs(2);
+        metrics.synced(&report, 10, (1, 2), &changes, synced_at);
+        let mut text = String::new();
+        metrics.render(&mut text);
+        for (series, expected) in [
+            ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "0"),
+            ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "2"),
+            ("kubeproxy_sync_proxy_rules_service_changes_total", "1"),
+            ("kubeproxy_sync_proxy_rules_duration_seconds_count", "1"),
+            (
+                "kubeproxy_sync_partial_proxy_rules_duration_seconds_count",
+                "1",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.002\"}",
+                "0",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_duration_seconds_bucket{le=\"0.004\"}",
+                "1",
+            ),
+            ("kubeproxy_network_programming_duration_seconds_count", "1"),
+            (
+                "kubeproxy_network_programming_duration_seconds_bucket{le=\"1\"}",
+                "0",
+            ),
+            (
+                "kubeproxy_network_programming_duration_seconds_bucket{le=\"2\"}",
+                "1",
+            ),
+            (
+                "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",
+                "2",
+            ),
+        ] {
+            assert_eq!(value(&text, series), expected, "{series}");
+        }
+        let last = value(&text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds");
+        let expected = unix_millis(synced_at) as f64 / 1000.0;
+        assert_eq!(last.parse::<f64>().expect("seconds"), expected);
     }
 }

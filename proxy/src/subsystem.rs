@@ -6,10 +6,10 @@
 use crate::apply::{Error, Proxy, SyncReport};
 use crate::health::HealthChecks;
 use crate::metrics::ProxyMetrics;
-use nodus_view::{Applied, Subsystem, View, ViewReader};
+use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 /// How often the loop checks that nobody changed the table (and retries a failed sync):
 /// the run loop ticks at this period.
@@ -45,6 +45,7 @@ impl ProxySubsystem {
     /// Brings the kernel in step with `view`, and every half check period (also while
     /// changes keep coming) checks that nobody changed the table.
     fn step(&mut self, view: &View, applied: &Applied) {
+        self.metrics.queued(&applied.changes, SystemTime::now());
         let synced = if self.needs_full {
             self.proxy.full_sync(view).map(Some)
         } else if !applied.changes.is_empty() {
@@ -52,21 +53,26 @@ impl ProxySubsystem {
         } else {
             Ok(None)
         };
-        self.record(synced);
+        self.record(synced, &applied.changes);
         // Half the tick period: a tick a few milliseconds early must not skip a check.
         if !self.needs_full && self.last_check.elapsed() >= CHECK_PERIOD / 2 {
             self.last_check = Instant::now();
             let checked = self.proxy.check(view);
-            self.record(checked);
+            self.record(checked, &ChangeSet::default());
         }
     }
 
-    fn record(&mut self, result: Result<Option<SyncReport>, Error>) {
+    fn record(&mut self, result: Result<Option<SyncReport>, Error>, changes: &ChangeSet) {
         match result {
             Ok(Some(report)) => {
                 self.needs_full = false;
-                self.metrics
-                    .synced(&report, self.proxy.programmed_services());
+                self.metrics.synced(
+                    &report,
+                    self.proxy.programmed_services(),
+                    self.proxy.no_local_endpoints(),
+                    changes,
+                    SystemTime::now(),
+                );
                 for refused in &report.refused {
                     tracing::warn!(service = %format!("{}/{}", refused.service.namespace, refused.service.name), reason = %refused.reason, "the kernel refused a service");
                 }

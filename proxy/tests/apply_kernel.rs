@@ -979,3 +979,46 @@ fn a_pod_reaches_itself_through_a_service_whose_slice_names_no_node() {
     let mut stream = connect(&pod, "10.96.0.95:80").expect("the pod reaches itself");
     assert_eq!(round_trip(&mut stream, b"self").expect("echo"), *b"self");
 }
+
+/// D.28 with packets: a pod's connection to a ClusterIP whose endpoint is on another host
+/// keeps the pod's address, and with `masquerade_all` takes the node's.
+#[test]
+fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
+    netns::require_root();
+    let (node, client) = node_and_client();
+    let pod = pod_on(&node, "apma", "10.244.1.9");
+    client
+        .ip(&["route", "add", "10.244.1.0/24", "via", "10.0.0.1"])
+        .expect("route back to the pods");
+    let listener = endpoint_listener(&client);
+    let mut view = node_view(&TWO_ENDPOINTS);
+    let applied = view.apply([
+        service(
+            "remote",
+            http(json!({"clusterIP": "10.96.0.97"})),
+            json!({}),
+        ),
+        slice("remote", "IPv4", &[("10.0.0.2", "node-b")], 8080),
+    ]);
+    assert!(applied.invalid.is_empty());
+    for (masquerade_all, expected) in [(false, "10.244.1.9"), (true, "10.0.0.1")] {
+        let config = ProxyConfig {
+            masquerade_all,
+            ..ProxyConfig::default()
+        };
+        let mut proxy = node
+            .enter(|| Proxy::new(config).expect("proxy"))
+            .expect("entering the namespace");
+        proxy.full_sync(&view).expect("full sync");
+        std::thread::scope(|scope| {
+            let server = scope.spawn(|| listener.accept().map(|(_, peer)| peer.ip()));
+            let _stream = connect(&pod, "10.96.0.97:80").expect("through the ClusterIP");
+            let peer = server.join().expect("server thread").expect("accept");
+            assert_eq!(
+                peer.to_string(),
+                expected,
+                "masquerade_all: {masquerade_all}"
+            );
+        });
+    }
+}

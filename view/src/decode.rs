@@ -478,6 +478,8 @@ fn check_node(wire: &wire::Node) -> Result<Node, String> {
         .annotations
         .0
         .iter()
+        // The mesh's: a slice's trigger time means nothing on a Node.
+        .filter(|(k, _)| k != wire::ANNOTATION_LAST_CHANGE_TRIGGER_TIME)
         .map(|(k, v)| (k.as_str().into(), v.as_str().into()))
         .collect();
     annotations.sort();

@@ -69,7 +69,19 @@ pub struct ChangeSet {
     /// This node's own labels or addresses changed: zone-dependent results may all differ
     /// (checklist B.18), so subsystems resync fully.
     pub this_node: bool,
+    /// When the changes behind the EndpointSlices this batch changed happened, in
+    /// milliseconds since the epoch (their `endpoints.kubernetes.io/last-change-trigger-time`),
+    /// for the proxy's network programming latency. At most [`TRIGGER_TIMES_MAX`].
+    pub trigger_times: Vec<i64>,
+    /// Services and EndpointSlices added, changed or deleted in this batch (kube-proxy's
+    /// service and endpoint change counters).
+    pub service_updates: u32,
+    pub slice_updates: u32,
 }
+
+/// Trigger times kept per batch: a relist changes thousands of slices, and a sample
+/// of them tells the latency as well.
+pub const TRIGGER_TIMES_MAX: usize = 256;
 
 impl ChangeSet {
     pub fn is_empty(&self) -> bool {
@@ -446,6 +458,7 @@ impl View {
         self.index(key, cluster_ips.iter().copied(), true);
         self.index_external(key, &old_external, &external, changes);
         self.service_changed(key, changes);
+        changes.service_updates += 1;
         Ok(())
     }
 
@@ -559,6 +572,16 @@ impl View {
         }
         self.index(key, indexed, true);
         self.service_changed(key, changes);
+        changes.slice_updates += 1;
+        if let Some(millis) = wire
+            .metadata
+            .annotations
+            .get(wire::ANNOTATION_LAST_CHANGE_TRIGGER_TIME)
+            .and_then(wire::parse_rfc3339_millis)
+            && changes.trigger_times.len() < TRIGGER_TIMES_MAX
+        {
+            changes.trigger_times.push(millis);
+        }
         Ok(())
     }
 
@@ -621,6 +644,7 @@ impl View {
         self.index_external(key, &old_external, &[], changes);
         old.release(&mut self.strings);
         self.service_changed(key, changes);
+        changes.service_updates += 1;
         self.drop_entry_if_empty(key);
     }
 
@@ -653,6 +677,7 @@ impl View {
             old.release(&mut self.strings);
         }
         self.service_changed(key, changes);
+        changes.slice_updates += 1;
         self.drop_entry_if_empty(key);
         // Released last: the owner map's references may be the last ones.
         self.strings.release(owner);
@@ -964,6 +989,35 @@ mod tests {
         }]);
         assert_eq!(names(&report.changes), ["default/a", "default/b"]);
         assert_eq!(claimants(&view, "192.0.2.2"), ["a"]);
+    }
+
+    #[test]
+    fn a_changed_slice_brings_its_trigger_time_and_counts_as_an_endpoint_change() {
+        let mut view = View::new("node-a");
+        let slice = |ip: &str| {
+            Update::EndpointSlice(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": "web-1", "namespace": "default",
+                                 "labels": {"kubernetes.io/service-name": "web"},
+                                 "annotations": {"endpoints.kubernetes.io/last-change-trigger-time":
+                                                 "2024-02-29T12:34:56.250Z"}},
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": [ip]}],
+                    "ports": [{"port": 80}]
+                }))
+                .expect("test slice"),
+            )
+        };
+        let report = view.apply([slice("10.1.0.1")]);
+        assert_eq!(report.changes.trigger_times, [1_709_210_096_250]);
+        assert_eq!(
+            (report.changes.slice_updates, report.changes.service_updates),
+            (1, 0)
+        );
+        // The same slice again changes nothing, and brings no time.
+        let report = view.apply([slice("10.1.0.1")]);
+        assert!(report.changes.trigger_times.is_empty());
+        assert_eq!(report.changes.slice_updates, 0);
     }
 
     #[test]

@@ -13,12 +13,20 @@ pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
 pub const LABEL_HEADLESS: &str = "service.kubernetes.io/headless";
 pub const LABEL_SERVICE_PROXY_NAME: &str = "service.kubernetes.io/service-proxy-name";
 pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
-/// The annotations nodus reads, all the mesh's: each node publishes its WireGuard key,
-/// port and endpoint on its own Node. No other annotation is kept.
+/// The annotations nodus reads: the mesh's (each node publishes its WireGuard key, port and
+/// endpoint on its own Node), and the time of the change an EndpointSlice reflects, for the
+/// proxy's network programming latency. No other annotation is kept.
 pub const ANNOTATION_PUBLIC_KEY: &str = "nodus.dev/wireguard-public-key";
 pub const ANNOTATION_PORT: &str = "nodus.dev/wireguard-port";
 pub const ANNOTATION_ENDPOINT: &str = "nodus.dev/wireguard-endpoint";
-const ANNOTATIONS_KEPT: [&str; 3] = [ANNOTATION_PUBLIC_KEY, ANNOTATION_PORT, ANNOTATION_ENDPOINT];
+pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
+    "endpoints.kubernetes.io/last-change-trigger-time";
+const ANNOTATIONS_KEPT: [&str; 4] = [
+    ANNOTATION_PUBLIC_KEY,
+    ANNOTATION_PORT,
+    ANNOTATION_ENDPOINT,
+    ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
+];
 /// The longest value kept of those annotations: a key is 44 bytes, an endpoint at most 53
 /// (`[v6%zone]:port`). A longer one is dropped as if absent, so that no Node's author can
 /// make every agent of the cluster hold more.
@@ -50,6 +58,11 @@ fn unix_seconds<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<i64
 }
 
 pub(crate) fn parse_rfc3339(text: &str) -> Option<i64> {
+    parse_rfc3339_millis(text).map(|millis| millis.div_euclid(1000))
+}
+
+/// The same in milliseconds, the fraction of a second included.
+pub(crate) fn parse_rfc3339_millis(text: &str) -> Option<i64> {
     let number = |range: std::ops::Range<usize>| -> Option<i64> {
         let digits = text.get(range)?;
         digits
@@ -71,8 +84,11 @@ pub(crate) fn parse_rfc3339(text: &str) -> Option<i64> {
         return None;
     }
     let mut rest = &text[19..];
+    let mut millis = 0;
     if let Some(fraction) = rest.strip_prefix('.') {
         let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
+        millis = fraction[..digits.min(3)].parse::<i64>().unwrap_or(0)
+            * 10_i64.pow(3 - digits.min(3) as u32);
         rest = &fraction[digits..];
     }
     let offset = match rest {
@@ -98,7 +114,7 @@ pub(crate) fn parse_rfc3339(text: &str) -> Option<i64> {
     let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
     let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
     let days = era * 146_097 + day_of_era - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
+    Some((days * 86_400 + hour * 3600 + minute * 60 + second - offset) * 1000 + millis)
 }
 
 /// The labels nodus acts on; every other label is skipped while parsing.
@@ -150,6 +166,14 @@ impl<'de> Deserialize<'de> for Labels {
 /// while parsing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Annotations(pub Vec<(String, String)>);
+
+impl Annotations {
+    pub fn get(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find_map(|(k, value)| (k == key).then_some(value.as_str()))
+    }
+}
 
 impl<'de> Deserialize<'de> for Annotations {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -410,6 +434,16 @@ mod tests {
             Some(1_709_210_096)
         );
         assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), Some(-1));
+        assert_eq!(
+            parse_rfc3339_millis("2024-02-29T12:34:56.789123Z"),
+            Some(1_709_210_096_789)
+        );
+        assert_eq!(
+            parse_rfc3339_millis("2024-02-29T12:34:56.5Z"),
+            Some(1_709_210_096_500)
+        );
+        assert_eq!(parse_rfc3339_millis("1969-12-31T23:59:59.5Z"), Some(-500));
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59.5Z"), Some(-1));
         for bad in [
             "",
             "2024-02-29",

@@ -137,6 +137,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             self.snapshot(&mut keys)?;
         }
         self.proxy.applied.clear();
+        self.proxy.no_local.clear();
         self.proxy.shared.clear();
         let planner = self.planner;
         for plan in planner.services(&mut keys) {

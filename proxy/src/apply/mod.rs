@@ -26,8 +26,8 @@ pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
-    ElementPlan, EndpointKeys, NodeFacts, PlanBatch, Planner, ProxyConfig, ServicePlan, Skeleton,
-    TABLE, UdpFlows,
+    ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, PlanBatch, Planner, ProxyConfig,
+    ServicePlan, Skeleton, TABLE, UdpFlows,
 };
 use udp::StaleFlows;
 
@@ -110,7 +110,7 @@ pub struct SyncReport {
 }
 
 impl SyncReport {
-    fn new(kind: SyncKind) -> SyncReport {
+    pub(crate) fn new(kind: SyncKind) -> SyncReport {
         SyncReport {
             kind,
             added: 0,
@@ -149,6 +149,8 @@ pub struct Proxy {
     /// The UDP flows of the services in `applied` that have UDP ports (most have none),
     /// for cleaning up conntrack entries when their endpoints go.
     udp_flows: HashMap<u64, Box<[UdpFlows]>>,
+    /// The services of `applied` that have Local-policy ports without a local endpoint.
+    no_local: HashMap<u64, NoLocalEndpoints>,
     /// Claims of the programmed services on shared elements.
     shared: SharedClaims,
     /// Where the endpoints of `applied` live in the endpoint maps.
@@ -174,6 +176,7 @@ impl Proxy {
             socket: Socket::open().map_err(Error::Open)?,
             applied: HashMap::new(),
             udp_flows: HashMap::new(),
+            no_local: HashMap::new(),
             shared: SharedClaims::default(),
             keys: EndpointKeys::new(),
             facts: None,
@@ -187,6 +190,19 @@ impl Proxy {
     /// Services currently programmed.
     pub fn programmed_services(&self) -> usize {
         self.applied.len()
+    }
+
+    /// Programmed service ports whose Local-policy traffic is dropped for want of a local
+    /// endpoint: (internal, external).
+    pub fn no_local_endpoints(&self) -> (usize, usize) {
+        self.no_local
+            .values()
+            .fold((0, 0), |(internal, external), ports| {
+                (
+                    internal + usize::from(ports.internal),
+                    external + usize::from(ports.external),
+                )
+            })
     }
 
     /// Heap bytes of the per-service records (footprints, UDP flows and the maps' tables),
@@ -214,16 +230,22 @@ impl Proxy {
             Some(Record {
                 footprint,
                 udp_flows,
+                no_local,
             }) => {
                 self.applied.insert(key, footprint);
                 match udp_flows.is_empty() {
                     true => self.udp_flows.remove(&key),
                     false => self.udp_flows.insert(key, udp_flows),
                 };
+                match no_local == NoLocalEndpoints::default() {
+                    true => self.no_local.remove(&key),
+                    false => self.no_local.insert(key, no_local),
+                };
             }
             None => {
                 self.applied.remove(&key);
                 self.udp_flows.remove(&key);
+                self.no_local.remove(&key);
             }
         }
     }
@@ -552,6 +574,7 @@ impl SharedClaims {
 struct Record {
     footprint: Footprint,
     udp_flows: Box<[UdpFlows]>,
+    no_local: NoLocalEndpoints,
 }
 
 impl Record {
@@ -559,6 +582,7 @@ impl Record {
         Record {
             footprint: Footprint::of(plan, digest),
             udp_flows: plan.udp_flows.clone().into_boxed_slice(),
+            no_local: plan.no_local,
         }
     }
 }

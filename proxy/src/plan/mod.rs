@@ -31,8 +31,8 @@ pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig, Tabl
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
-    ChainPlan, ElementPlan, KeyBlock, SHARDS, ServicePlan, SetPlan, SharedKind, SharedSet,
-    Skeleton, UdpFlows,
+    ChainPlan, ElementPlan, KeyBlock, NoLocalEndpoints, SHARDS, ServicePlan, SetPlan, SharedKind,
+    SharedSet, Skeleton, UdpFlows,
 };
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};

@@ -240,6 +240,17 @@ pub struct ServicePlan {
     /// External addresses and ports the service claims but an older service owns
     /// (F.40): left out of the plan, and reported.
     pub contested: Vec<(IpAddr, u16)>,
+    /// Service ports (per family) whose Local-policy traffic is dropped for want of a local
+    /// endpoint while others exist: kube-proxy's `no_local_endpoints_total`.
+    pub no_local: NoLocalEndpoints,
+}
+
+/// Ports of a service under a Local traffic policy with endpoints elsewhere but none on
+/// this node, for internal (ClusterIP) and external traffic.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct NoLocalEndpoints {
+    pub internal: u16,
+    pub external: u16,
 }
 
 impl ServicePlan {
@@ -253,6 +264,7 @@ impl ServicePlan {
             blocks: Vec::new(),
             udp_flows: Vec::new(),
             contested: Vec::new(),
+            no_local: NoLocalEndpoints::default(),
         }
     }
 

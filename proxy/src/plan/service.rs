@@ -215,6 +215,13 @@ impl PortPlanner<'_, '_> {
         } else {
             has_endpoints
         };
+        // kube-proxy counts the ports whose Local traffic meets the drop below.
+        if has_endpoints && !has_internal {
+            self.plan.no_local.internal += 1;
+        }
+        if has_endpoints && externally_accessible && !has_external {
+            self.plan.no_local.external += 1;
+        }
         let filter_verdict = if has_endpoints {
             Verdict::Drop
         } else {
