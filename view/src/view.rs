@@ -245,16 +245,20 @@ impl View {
     /// The services that own `ip`: through a cluster IP, or an endpoint of a headless
     /// service.
     pub fn services_by_ip(&self, ip: IpAddr) -> impl Iterator<Item = ServiceView<'_>> {
-        self.reverse.owners(ip).filter_map(|key| {
-            self.services
-                .get_key_value(&key)
-                .map(|(key, entry)| self.service_view(key, entry))
-        })
+        self.services_of(self.reverse.owners(ip))
     }
 
     /// The services that claim `ip` as an ExternalIP or LB IP.
     pub fn external_claimants(&self, ip: IpAddr) -> impl Iterator<Item = ServiceView<'_>> {
-        self.external.owners(ip).filter_map(|key| {
+        self.services_of(self.external.owners(ip))
+    }
+
+    /// The live services among `keys`.
+    fn services_of<'a>(
+        &'a self,
+        keys: impl Iterator<Item = ServiceKey> + 'a,
+    ) -> impl Iterator<Item = ServiceView<'a>> {
+        keys.filter_map(|key| {
             self.services
                 .get_key_value(&key)
                 .map(|(key, entry)| self.service_view(key, entry))

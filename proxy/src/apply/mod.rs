@@ -606,7 +606,7 @@ fn warn_contested(plan: &ServicePlan) {
     for (ip, port) in &plan.contested {
         warn!(
             service = %format!("{}/{}", plan.namespace, plan.name),
-            address = %nft::conntrack::endpoint_text((*ip, *port)),
+            address = %std::net::SocketAddr::from((*ip, *port)),
             "external address and port claimed by an older service too; left to it"
         );
     }

@@ -7,7 +7,7 @@
 //! a restart.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use super::attr::{self, Attr};
 use super::sys;
@@ -95,7 +95,7 @@ fn address(ip: IpAddr, v4_kind: u16, v6_kind: u16) -> Attr {
 }
 
 /// `CTA_TUPLE_IP { src, dst }, CTA_TUPLE_PROTO { num, sport, dport }`: the protocol and
-/// the tuple.
+/// the tuple; `None` when a part is missing (the ports of ICMP, say).
 fn parse_tuple(nest: &[u8]) -> Option<(u8, FlowTuple)> {
     let ips = attr::find(nest, sys::CTA_TUPLE_IP)?;
     let proto = attr::find(nest, sys::CTA_TUPLE_PROTO)?;
@@ -113,9 +113,6 @@ fn parse_tuple(nest: &[u8]) -> Option<(u8, FlowTuple)> {
         ))
     };
     let protocol = *attr::find(proto, sys::CTA_PROTO_NUM)?.first()?;
-    if protocol != UDP {
-        return Some((protocol, unspecified_tuple()));
-    }
     Some((
         protocol,
         FlowTuple {
@@ -131,30 +128,14 @@ fn parse_tuple(nest: &[u8]) -> Option<(u8, FlowTuple)> {
     ))
 }
 
-/// Stands for the tuple of a protocol whose entries the proxy never reads.
-fn unspecified_tuple() -> FlowTuple {
-    let nowhere = (IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0);
-    FlowTuple {
-        source: nowhere,
-        destination: nowhere,
-    }
-}
-
-pub(crate) fn endpoint_text((ip, port): (IpAddr, u16)) -> String {
-    match ip {
-        IpAddr::V4(ip) => format!("{ip}:{port}"),
-        IpAddr::V6(ip) => format!("[{ip}]:{port}"),
-    }
-}
-
 impl fmt::Display for UdpEntry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "UDP flow {} -> {} answered by {}",
-            endpoint_text(self.original.source),
-            endpoint_text(self.original.destination),
-            endpoint_text(self.reply_source)
+            SocketAddr::from(self.original.source),
+            SocketAddr::from(self.original.destination),
+            SocketAddr::from(self.reply_source)
         )?;
         if self.zone != 0 {
             write!(f, " in zone {}", self.zone)?;

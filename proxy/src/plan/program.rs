@@ -6,8 +6,9 @@
 //! before objects go: elements are deleted and chains flushed before chains and sets are
 //! deleted. Elements whose key may change hands between services (an external address
 //! and port) are added at the end of the batch, after every service's deletes, so that
-//! the order of services in a transaction never matters. Every batch is therefore valid on its own, and a cold start may be split
-//! into many commits without a map ever pointing at a missing chain.
+//! the order of services in a transaction never matters. Every batch is therefore valid
+//! on its own, and a cold start may be split into many commits without a map ever
+//! pointing at a missing chain.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

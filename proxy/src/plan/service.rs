@@ -142,16 +142,22 @@ fn owns_external(view: &View, service: &ServiceView<'_>, ip: IpAddr, port: &Serv
             return true;
         };
         let captures = other_spec.external_ips().contains(&ip)
-            || other_spec
-                .load_balancer_ingress()
-                .iter()
-                .any(|ingress| ingress.ip == ip && !ingress.proxy_mode);
+            || captured_lb_ips(other_spec).any(|lb| lb == ip);
         let same_port = other_spec
             .ports
             .iter()
             .any(|p| p.protocol == port.protocol && p.port == port.port);
         !(captures && same_port) || other_spec.claim_rank(other.namespace, other.name) >= rank
     })
+}
+
+/// F.41: the LB IPs the proxy captures; `ipMode: Proxy` LBs deliver to the node, so
+/// their IPs are left alone.
+fn captured_lb_ips(spec: &Service) -> impl Iterator<Item = IpAddr> + '_ {
+    spec.load_balancer_ingress()
+        .iter()
+        .filter(|ingress| !ingress.proxy_mode)
+        .map(|ingress| ingress.ip)
 }
 
 /// The planning of one service port in one family.
@@ -174,14 +180,7 @@ impl PortPlanner<'_, '_> {
         let spec = self.spec;
         let family = self.family;
         let mut external_ips: Vec<IpAddr> = of_family(spec.external_ips().iter().copied(), family);
-        // F.41: `ipMode: Proxy` LBs deliver to the node; their IPs are not captured.
-        let mut lb_ips: Vec<IpAddr> = of_family(
-            spec.load_balancer_ingress()
-                .iter()
-                .filter(|ingress| !ingress.proxy_mode)
-                .map(|ingress| ingress.ip),
-            family,
-        );
+        let mut lb_ips: Vec<IpAddr> = of_family(captured_lb_ips(spec), family);
         for ips in [&mut external_ips, &mut lb_ips] {
             ips.retain(|ip| {
                 let owned = (self.owns)(*ip);
