@@ -60,10 +60,23 @@ impl SyncReport {
     }
 }
 
+/// What a poll of the device found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// The device is there and was read.
+    Read,
+    /// The device had vanished (its link deleted, or its daemon gone with its TUN) and was
+    /// created again, empty: the next sync programs it whole.
+    Recreated,
+}
+
 pub struct Mesh {
     settings: MeshSettings,
     keys: KeyPair,
-    device: Device,
+    /// `None` after the device vanished and opening it again failed.
+    device: Option<Device>,
+    /// The backend in use, kept to open the same one again.
+    backend: BackendKind,
     links: Links,
     /// What the device and kernel hold, as last read or written.
     peers: BTreeMap<Key, Peer>,
@@ -84,7 +97,8 @@ impl Mesh {
         .await?;
         let mut mesh = Mesh {
             keys,
-            device,
+            backend: device.backend(),
+            device: Some(device),
             links: Links::new()?,
             peers: BTreeMap::new(),
             routes: BTreeSet::new(),
@@ -92,17 +106,10 @@ impl Mesh {
             metrics,
             settings,
         };
-        let state = mesh.refresh().await?;
-        if state.private_key != Some(*mesh.keys.private())
-            || state.listen_port != mesh.settings.listen_port
-        {
-            mesh.device
-                .set_identity(&mesh.keys, mesh.settings.listen_port)
-                .await?;
-        }
+        mesh.take_identity().await?;
         tracing::info!(
             device = %mesh.settings.interface,
-            backend = mesh.device.kind(),
+            backend = mesh.backend(),
             public_key = %mesh.keys.public,
             peers = mesh.peers.len(),
             routes = mesh.routes.len(),
@@ -111,17 +118,69 @@ impl Mesh {
         Ok(mesh)
     }
 
+    pub fn interface(&self) -> &str {
+        &self.settings.interface
+    }
+
     pub fn public_key(&self) -> &Key {
         &self.keys.public
     }
 
+    /// The backend in use (never `auto`: that is resolved when the device opens).
     pub fn backend(&self) -> &'static str {
-        self.device.kind()
+        self.backend.name()
     }
 
     /// The device is embedded in this process: it ends when nodus exits.
     pub fn device_ends_with_process(&self) -> bool {
-        self.device.ends_with_process()
+        self.backend == BackendKind::Embedded
+    }
+
+    fn device(&mut self) -> Result<&mut Device, Error> {
+        self.device.as_mut().ok_or_else(|| {
+            Error::device(
+                format!("device {}", self.settings.interface),
+                "gone, and opening it again failed",
+            )
+        })
+    }
+
+    /// Reads what the device holds and gives it our key and port if it has others.
+    async fn take_identity(&mut self) -> Result<(), Error> {
+        let state = self.refresh().await?;
+        if state.private_key != Some(*self.keys.private())
+            || state.listen_port != self.settings.listen_port
+        {
+            let (keys, port) = (self.keys.clone(), self.settings.listen_port);
+            self.device()?.set_identity(&keys, port).await?;
+        }
+        Ok(())
+    }
+
+    /// Re-reads the device as [`Mesh::refresh`] does, first creating it again if it has
+    /// vanished: deleted by someone, or gone with its `wireguard-go` daemon (the kernel
+    /// deletes a TUN link when its last holder exits). A daemon that is there but does not
+    /// answer is an error, not a reason to start a second one.
+    pub async fn poll(&mut self) -> Result<Poll, Error> {
+        let present = self.links.find(&self.settings.interface).await?.is_some();
+        if present && self.device.is_some() {
+            self.refresh().await?;
+            return Ok(Poll::Read);
+        }
+        // The old device must be gone before the new one is made: an embedded device
+        // still serves its socket after its link is deleted, until it is dropped.
+        self.device = None;
+        self.device = Some(
+            Device::open(
+                self.backend,
+                &self.settings.interface,
+                &self.settings.wireguard_go,
+            )
+            .await?,
+        );
+        self.take_identity().await?;
+        self.metrics.device_recreated();
+        Ok(Poll::Recreated)
     }
 
     pub fn plan_settings(&self) -> PlanSettings {
@@ -135,7 +194,7 @@ impl Mesh {
     /// Re-reads the device's peers and the kernel's routes and addresses (so that the next
     /// sync repairs outside changes) and updates the metrics.
     pub async fn refresh(&mut self) -> Result<DeviceState, Error> {
-        let state = self.device.state().await?;
+        let state = self.device()?.state().await?;
         let link = self.links.link(&self.settings.interface).await?;
         self.routes = self.links.routes(link.index).await?;
         self.addresses = self.links.addresses(link.index).await?;
@@ -194,7 +253,7 @@ impl Mesh {
             self.routes.remove(route);
         }
         let changes = peer_changes(&self.peers, &desired.peers);
-        self.device.apply(&changes).await?;
+        self.device()?.apply(&changes).await?;
         for change in &changes {
             match change {
                 PeerChange::Remove(key) => self.peers.remove(key),

@@ -3,7 +3,7 @@
 //! repair outside changes), and publishes our annotations when the Node lacks them. The
 //! run loop drives it through [`MeshSubsystem`].
 
-use crate::agent::Mesh;
+use crate::agent::{Mesh, Poll};
 use crate::plan::{self, needs_publish, own_annotations};
 use crate::publish::publish;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
@@ -66,6 +66,7 @@ async fn follow(
     let mut published: Option<Annotations> = None;
     let mut last_skipped = Vec::new();
     loop {
+        mesh.metrics.heartbeat.beat();
         tokio::select! {
             changed = view_changed.changed() => {
                 if changed.is_err() {
@@ -74,8 +75,23 @@ async fn follow(
                 complete = true;
             }
             _ = poll.tick() => {
-                if let Err(error) = mesh.refresh().await {
-                    tracing::warn!(%error, "reading the mesh device failed");
+                match mesh.poll().await {
+                    Ok(Poll::Read) => {}
+                    Ok(Poll::Recreated) => {
+                        let error = format!(
+                            "the device {} had vanished; created it again",
+                            mesh.interface()
+                        );
+                        mesh.metrics.sync_failed(&error);
+                        tracing::warn!("{error}");
+                    }
+                    // A sync against a device that cannot be read would report success
+                    // blindly whenever no peer changed.
+                    Err(error) => {
+                        mesh.metrics.sync_failed(&error);
+                        tracing::error!(%error, "reading the mesh device failed; retrying at the next poll");
+                        continue;
+                    }
                 }
             }
         }

@@ -2,7 +2,7 @@
 //! and each device poll, so that rendering never waits on the device.
 
 use crate::backend::DeviceState;
-use nodus_prom::{family, sample, single};
+use nodus_prom::{Heartbeat, family, sample, single};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
@@ -22,10 +22,13 @@ pub struct MeshMetrics {
     last_change: AtomicU64,
     peer_changes: AtomicU64,
     sync_failures: AtomicU64,
+    device_recreations: AtomicU64,
     /// Unix milliseconds of the last sync that succeeded, changed or not; 0 before any.
     last_sync_ms: AtomicU64,
     last_sync_micros: AtomicU64,
     last_error: Mutex<Option<(SystemTime, String)>>,
+    /// The mesh's loop went round, for the agent's liveness check.
+    pub heartbeat: Heartbeat,
 }
 
 /// The mesh as `nodus status` shows it.
@@ -95,6 +98,10 @@ impl MeshMetrics {
         if let Ok(mut last) = self.last_error.lock() {
             *last = Some((SystemTime::now(), error.to_string()));
         }
+    }
+
+    pub fn device_recreated(&self) {
+        self.device_recreations.fetch_add(1, Relaxed);
     }
 
     pub fn status(&self) -> MeshStatus {
@@ -170,6 +177,13 @@ impl MeshMetrics {
             "counter",
             "Mesh syncs that failed (each is retried).",
             self.sync_failures.load(Relaxed),
+        );
+        single(
+            out,
+            "nodus_mesh_device_recreations_total",
+            "counter",
+            "Times the device had vanished (deleted, or its daemon gone) and was created again.",
+            self.device_recreations.load(Relaxed),
         );
     }
 }

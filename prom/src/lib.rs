@@ -3,13 +3,13 @@
 //! nodus exports a few dozen series; a metrics library would cost more memory and build time
 //! than the numbers it carries. Every subsystem renders its own series with these helpers
 //! into the one `/metrics` body, and keeps its last sync and error for `/status` in a
-//! [`Tracker`].
+//! [`Tracker`], and a [`Heartbeat`] per loop for the liveness check.
 
 #![forbid(unsafe_code)]
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Writes the `# HELP` and `# TYPE` lines of a metric family.
 pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
@@ -147,6 +147,36 @@ impl Track {
     fn note_error(&mut self, error: impl std::fmt::Display) {
         self.errors += 1;
         self.last_error = Some((std::time::SystemTime::now(), error.to_string()));
+    }
+}
+
+/// When a loop last went round, for a liveness check: monotonic, so a clock step does not
+/// look like a stall.
+pub struct Heartbeat {
+    base: Instant,
+    /// Milliseconds after `base` of the last beat.
+    last: AtomicU64,
+}
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            base: Instant::now(),
+            last: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heartbeat {
+    pub fn beat(&self) {
+        let now = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(now, Relaxed);
+    }
+
+    /// Time since the last beat (since creation before the first).
+    pub fn age(&self) -> Duration {
+        let last = Duration::from_millis(self.last.load(Relaxed));
+        self.base.elapsed().saturating_sub(last)
     }
 }
 

@@ -4,17 +4,20 @@
 //!
 //! The answer is computed from the view at request time, like kube-proxy's: **200** with
 //! the count of local ready endpoints, or **503** when there is none (endpoints that are
-//! only terminating count as none, so the load balancer drains the node). The body is
+//! only terminating count as none, so the load balancer drains the node) or when the proxy
+//! is unhealthy (a sync owed for over a minute: its rules may be stale). The body is
 //! kube-proxy's JSON, and `X-Load-Balancing-Endpoint-Weight` carries the count. A port that
 //! cannot be bound is logged and skipped; proxying goes on. The servers are
 //! [`nodus_http`]'s, with its caps and timeouts, on both families for a wildcard address.
 
+use crate::metrics::ProxyMetrics;
 use hyper::{Response, StatusCode};
 use nodus_http::{Body, Limits};
 use nodus_view::model::{ServiceType, TrafficPolicy};
 use nodus_view::{ChangeSet, ServiceName, View, ViewReader};
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 /// The health-check node port `namespace/name` needs on this view, if any.
@@ -44,17 +47,18 @@ pub fn local_ready_endpoints(view: &View, namespace: &str, name: &str) -> usize 
     local.len()
 }
 
-fn respond(view: &ViewReader, service: &ServiceName) -> Response<Body> {
+fn respond(view: &ViewReader, proxy: &ProxyMetrics, service: &ServiceName) -> Response<Body> {
     let count = local_ready_endpoints(&view.read(), &service.namespace, &service.name);
+    let healthy = proxy.is_healthy();
     let body = serde_json::json!({
         "service": {"namespace": service.namespace, "name": service.name},
         "localEndpoints": count,
-        "serviceProxyHealthy": true,
+        "serviceProxyHealthy": healthy,
     })
     .to_string();
-    let status = match count {
-        0 => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::OK,
+    let status = match count > 0 && healthy {
+        true => StatusCode::OK,
+        false => StatusCode::SERVICE_UNAVAILABLE,
     };
     let mut response = nodus_http::respond(status, "application/json", body);
     if let Ok(weight) = count.to_string().parse() {
@@ -82,15 +86,18 @@ impl Drop for Served {
 /// The health-check servers, opened and closed as services come and go.
 pub struct HealthChecks {
     view: ViewReader,
+    /// Whether the proxy is healthy: a node whose rules are stale is drained too.
+    proxy: Arc<ProxyMetrics>,
     bind: IpAddr,
     served: HashMap<u16, Served>,
 }
 
 impl HealthChecks {
     /// Servers will listen on `bind` (kube-proxy listens on every address by default).
-    pub fn new(view: ViewReader, bind: IpAddr) -> HealthChecks {
+    pub fn new(view: ViewReader, proxy: Arc<ProxyMetrics>, bind: IpAddr) -> HealthChecks {
         HealthChecks {
             view,
+            proxy,
             bind,
             served: HashMap::new(),
         }
@@ -160,9 +167,10 @@ impl HealthChecks {
         Ok(listeners
             .into_iter()
             .map(|listener| {
-                let (view, service) = (self.view.clone(), service.clone());
+                let (view, proxy, service) =
+                    (self.view.clone(), self.proxy.clone(), service.clone());
                 nodus_http::serve(listener, Limits::default(), move |_request, _client| {
-                    respond(&view, &service)
+                    respond(&view, &proxy, &service)
                 })
             })
             .collect())

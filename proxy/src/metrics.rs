@@ -5,8 +5,9 @@
 use crate::apply::{SyncKind, SyncReport};
 use nodus_prom::{Histogram, Tracker, family, sample, single};
 use nodus_view::ChangeSet;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds of the sync histograms, in seconds.
 const SYNC_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0];
@@ -23,6 +24,10 @@ const PROGRAMMING_BUCKETS: [f64; 17] = [
     0.25, 0.5, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 120.0, 300.0,
 ];
 
+/// kube-proxy's health timeout (twice its default 30 s sync period): a sync owed for longer
+/// makes the proxy unhealthy.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
+
 pub struct ProxyMetrics {
     full: Histogram<{ SYNC_BUCKETS.len() }>,
     partial: Histogram<{ SYNC_BUCKETS.len() }>,
@@ -31,6 +36,9 @@ pub struct ProxyMetrics {
     conntrack_deletions: AtomicU64,
     failures: AtomicU64,
     kube_proxy: KubeProxyMetrics,
+    /// Since when a sync is owed: changes queued, or a failed sync to retry. `/healthz`
+    /// turns unhealthy when this grows old, as kube-proxy's does.
+    owed_since: Mutex<Option<Instant>>,
     pub status: Tracker,
 }
 
@@ -84,6 +92,7 @@ impl Default for ProxyMetrics {
                 no_local_external: AtomicU64::new(0),
                 started: unix_millis(SystemTime::now()),
             },
+            owed_since: Mutex::new(None),
             status: Tracker::default(),
         }
     }
@@ -96,6 +105,7 @@ impl ProxyMetrics {
         if changes.is_empty() {
             return;
         }
+        self.owe_sync();
         kube.last_queued.store(unix_millis(now), Relaxed);
         for (pending, total, count) in [
             (
@@ -134,6 +144,7 @@ impl ProxyMetrics {
         self.conntrack_deletions
             .fetch_add(report.conntrack_deletions as u64, Relaxed);
         self.status.synced(report.duration);
+        *self.owed() = None;
 
         let kube = &self.kube_proxy;
         kube.sync.observe(report.duration);
@@ -161,6 +172,36 @@ impl ProxyMetrics {
     pub fn sync_failed(&self, error: impl std::fmt::Display) {
         self.failures.fetch_add(1, Relaxed);
         self.status.failed(error);
+        self.owe_sync();
+    }
+
+    fn owed(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        // Plain data: a panic while holding it leaves nothing half-done.
+        self.owed_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn owe_sync(&self) {
+        self.owe_sync_since(Instant::now());
+    }
+
+    /// A sync is owed from `at` on, unless one already was.
+    pub fn owe_sync_since(&self, at: Instant) {
+        self.owed().get_or_insert(at);
+    }
+
+    /// How long a sync has been owed (changes waiting, or a failure to retry); `None` when
+    /// the kernel holds everything the proxy was given.
+    pub fn sync_owed_for(&self) -> Option<Duration> {
+        self.owed().map(|since| since.elapsed())
+    }
+
+    /// Healthy as kube-proxy's `/healthz` means it: no sync owed for longer than
+    /// [`HEALTH_TIMEOUT`].
+    pub fn is_healthy(&self) -> bool {
+        self.sync_owed_for()
+            .is_none_or(|owed| owed <= HEALTH_TIMEOUT)
     }
 
     /// Services whose rules are in the kernel.

@@ -32,13 +32,14 @@ impl ProxySubsystem {
     /// `health` binds health-check node ports on that address (the service proxy);
     /// `None` for the egress masquerade alone, whose few messages commit at once.
     pub fn new(proxy: Proxy, view: ViewReader, health: Option<IpAddr>) -> ProxySubsystem {
+        let metrics: Arc<ProxyMetrics> = Arc::default();
         ProxySubsystem {
             proxy,
             blocking: health.is_some(),
-            health: health.map(|bind| HealthChecks::new(view, bind)),
+            health: health.map(|bind| HealthChecks::new(view, metrics.clone(), bind)),
             needs_full: true,
             last_check: Instant::now(),
-            metrics: Arc::default(),
+            metrics,
         }
     }
 

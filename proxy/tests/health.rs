@@ -1,11 +1,13 @@
 //! Health-check node ports answered over real HTTP (checklist H.50, H.51).
 
 use nodus_proxy::health::HealthChecks;
+use nodus_proxy::metrics::{HEALTH_TIMEOUT, ProxyMetrics};
 use nodus_testbed::probe::http_get;
 use nodus_view::{ChangeSet, ServiceName, Update, View, ViewWriter};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 fn free_port() -> u16 {
     nodus_testbed::bench::free_port().expect("free port")
@@ -75,7 +77,12 @@ fn health_check_node_port_follows_local_endpoints() {
         lb(port),
         slice(&[("10.244.1.5", true, false), ("10.244.1.6", true, false)]),
     ]);
-    let mut checks = HealthChecks::new(view.reader(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let proxy = Arc::new(ProxyMetrics::default());
+    let mut checks = HealthChecks::new(
+        view.reader(),
+        proxy.clone(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+    );
     checks.update(&view.read(), None);
     assert_eq!(checks.ports(), [port]);
 
@@ -86,6 +93,20 @@ fn health_check_node_port_follows_local_endpoints() {
         "remote endpoints do not count: {body}"
     );
     assert_eq!(body["service"]["name"], "lb");
+    assert_eq!(body["serviceProxyHealthy"], true);
+
+    // A proxy that has owed a sync for longer than kube-proxy's health timeout: the node
+    // is drained whatever its endpoints, as upstream does.
+    let long_ago = Instant::now()
+        .checked_sub(HEALTH_TIMEOUT + Duration::from_secs(1))
+        .expect("the machine has been up for a minute");
+    proxy.owe_sync_since(long_ago);
+    let (code, body) = get(port).expect("served");
+    assert_eq!(
+        (code, body["serviceProxyHealthy"].clone()),
+        (503, json!(false))
+    );
+    assert_eq!(body["localEndpoints"], 2);
 
     // Only terminating locally: 503, so the load balancer drains the node.
     apply(vec![slice(&[("10.244.1.5", false, true)])]);
@@ -120,7 +141,11 @@ fn a_port_that_cannot_be_bound_is_skipped() {
     let view = ViewWriter::new(View::new("node-a"));
     view.write()
         .apply([lb(port), slice(&[("10.244.1.5", true, false)])]);
-    let mut checks = HealthChecks::new(view.reader(), IpAddr::V4(Ipv4Addr::LOCALHOST));
+    let mut checks = HealthChecks::new(
+        view.reader(),
+        Arc::default(),
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+    );
     checks.update(&view.read(), None);
     assert!(checks.ports().is_empty(), "logged and skipped, no panic");
 }

@@ -1,7 +1,8 @@
-//! The agent's HTTP endpoints: `/healthz`, `/readyz`, `/metrics` and `/status`, served
+//! The agent's HTTP endpoints: `/livez`, `/healthz` ([`health`]), `/readyz`, `/metrics` and `/status`, served
 //! with [`nodus_http`]'s caps and timeouts. `/status` holds error texts (paths, addresses,
 //! the API's messages), so it answers loopback only unless the configuration opens it.
 
+use crate::agent::health;
 use crate::agent::metrics::Metrics;
 use anyhow::Context;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
@@ -21,7 +22,18 @@ fn route(
         return respond(StatusCode::METHOD_NOT_ALLOWED, TEXT, "method not allowed\n");
     }
     match req.uri().path() {
-        "/healthz" | "/livez" => respond(StatusCode::OK, TEXT, "ok\n"),
+        path @ ("/healthz" | "/livez") => {
+            let livez = path == "/livez";
+            let verdict = match livez {
+                true => health::livez(metrics),
+                false => health::healthz(metrics),
+            };
+            metrics.health_answered(livez, verdict.is_ok());
+            match verdict {
+                Ok(()) => respond(StatusCode::OK, TEXT, "ok\n"),
+                Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
+            }
+        }
         "/readyz" if metrics.ready.load(Relaxed) => respond(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => respond(
             StatusCode::SERVICE_UNAVAILABLE,

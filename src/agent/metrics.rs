@@ -3,7 +3,7 @@
 use crate::agent::board::Board;
 use nodus_dns::metrics::DnsMetrics;
 use nodus_mesh::metrics::MeshMetrics;
-use nodus_prom::{Histogram, family, sample, single};
+use nodus_prom::{Heartbeat, Histogram, family, sample, single};
 use nodus_proxy::metrics::ProxyMetrics;
 use nodus_view::{Counts, Kind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -31,6 +31,13 @@ pub struct Metrics {
     pub status: Board,
     /// Set once the mesh runs.
     pub mesh: OnceLock<Arc<MeshMetrics>>,
+    /// The run loop's last pass, for `/livez`.
+    pub run_loop: Heartbeat,
+    /// This Node is being deleted or tainted for removal.
+    pub node_leaving: AtomicBool,
+    /// Answers of `/healthz` and `/livez`: 200, then 503.
+    healthz: [AtomicU64; 2],
+    livez: [AtomicU64; 2],
 }
 
 impl Default for Metrics {
@@ -49,6 +56,10 @@ impl Default for Metrics {
             dns: OnceLock::new(),
             status: Default::default(),
             mesh: OnceLock::new(),
+            run_loop: Heartbeat::default(),
+            node_leaving: AtomicBool::new(false),
+            healthz: Default::default(),
+            livez: Default::default(),
         }
     }
 }
@@ -73,6 +84,15 @@ impl Metrics {
 
     pub fn object_skipped(&self, kind: Kind) {
         self.invalid_objects[kind_index(kind)].fetch_add(1, Relaxed);
+    }
+
+    /// Counts an answer of `/healthz` (or of `/livez`): healthy or not.
+    pub fn health_answered(&self, livez: bool, healthy: bool) {
+        let counts = match livez {
+            true => &self.livez,
+            false => &self.healthz,
+        };
+        counts[usize::from(!healthy)].fetch_add(1, Relaxed);
     }
 
     pub fn batch_applied(&self, took: Duration) {
@@ -147,6 +167,28 @@ impl Metrics {
                     name,
                     &format!("kind=\"{}\"", kind.as_str().to_ascii_lowercase()),
                     value.load(Relaxed),
+                );
+            }
+        }
+        for (name, help, counts) in [
+            (
+                "kubeproxy_proxy_healthz_total",
+                "Answers of /healthz, by HTTP code.",
+                &self.healthz,
+            ),
+            (
+                "kubeproxy_proxy_livez_total",
+                "Answers of /livez, by HTTP code.",
+                &self.livez,
+            ),
+        ] {
+            family(&mut out, name, "counter", help);
+            for (code, count) in ["200", "503"].iter().zip(counts) {
+                sample(
+                    &mut out,
+                    name,
+                    &format!("code=\"{code}\""),
+                    count.load(Relaxed),
                 );
             }
         }

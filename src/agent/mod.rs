@@ -8,6 +8,7 @@
 
 pub mod board;
 pub mod feed;
+pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod on_change;
@@ -227,6 +228,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let items = futures::stream::select(items, ticks(CHECK_PERIOD));
     let drive = feed.drive(items, |feed, applied| {
+        feed.metrics.run_loop.beat();
         if !feed.is_complete() {
             return ControlFlow::Continue(());
         }
@@ -234,6 +236,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             feed.metrics.status.view.synced(applied.took);
         }
         let view = feed.read();
+        let leaving = view.this_node().is_some_and(|node| node.leaving);
+        if leaving != feed.metrics.node_leaving.swap(leaving, Relaxed) {
+            match leaving {
+                true => tracing::warn!(
+                    "this Node is being deleted or tainted for removal: /healthz answers 503 \
+                     so that load balancers drain it"
+                ),
+                false => tracing::info!("this Node is no longer leaving: /healthz answers 200"),
+            }
+        }
         for subsystem in &mut subsystems {
             subsystem.after_batch(&view, applied);
         }

@@ -489,6 +489,12 @@ fn check_node(wire: &wire::Node) -> Result<Node, String> {
         zone: Sym::EMPTY,
         annotations: annotations.into(),
         created: wire.metadata.creation_timestamp.unwrap_or(i64::MAX),
+        leaving: wire.metadata.deletion_timestamp
+            || wire
+                .spec
+                .taints
+                .iter()
+                .any(|t| t.key == wire::TAINT_TO_BE_DELETED),
     })
 }
 
@@ -666,5 +672,26 @@ mod tests {
         assert_eq!(node.primary_ip(Family::V6), None);
         assert_eq!(node.pod_cidrs.len(), 2);
         assert_eq!(strings.resolve(node.zone), "a");
+    }
+
+    #[test]
+    fn a_node_being_deleted_or_tainted_for_removal_is_leaving() {
+        let mut strings = Interner::new();
+        let mut leaving = |json: &str| {
+            let wire: wire::Node = serde_json::from_str(json).expect("json");
+            node(&wire, &mut strings).expect("valid").leaving
+        };
+        assert!(!leaving(r#"{"metadata":{"name":"n"}}"#));
+        assert!(!leaving(
+            r#"{"metadata":{"name":"n","deletionTimestamp":null},
+               "spec":{"taints":[{"key":"node.kubernetes.io/unschedulable","effect":"NoSchedule"}]}}"#
+        ));
+        assert!(leaving(
+            r#"{"metadata":{"name":"n","deletionTimestamp":"2026-11-24T10:00:00Z"}}"#
+        ));
+        assert!(leaving(
+            r#"{"metadata":{"name":"n"},"spec":{"taints":[
+               {"key":"ToBeDeletedByClusterAutoscaler","value":"1732442400","effect":"NoSchedule"}]}}"#
+        ));
     }
 }

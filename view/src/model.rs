@@ -510,6 +510,9 @@ pub struct Node {
     /// has no creation time, so that it is never the older of two. Of two Nodes that claim
     /// one pod range, the older keeps it, the same on every node.
     pub created: i64,
+    /// The Node is being deleted, or the cluster autoscaler has tainted it for removal:
+    /// load balancers should stop sending it traffic (kube-proxy's `/healthz` says so).
+    pub leaving: bool,
 }
 
 impl Node {

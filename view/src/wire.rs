@@ -48,6 +48,13 @@ pub struct Meta {
     /// `creationTimestamp`, in seconds since the epoch: which of two Nodes is older.
     #[serde(default, deserialize_with = "unix_seconds", skip_serializing)]
     pub creation_timestamp: Option<i64>,
+    /// `deletionTimestamp` is set: the object is being deleted (only its presence counts).
+    #[serde(default, deserialize_with = "present", skip_serializing)]
+    pub deletion_timestamp: bool,
+}
+
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    Ok(Option::<IgnoredAny>::deserialize(deserializer)?.is_some())
 }
 
 /// An RFC 3339 time as the API server writes it (`2024-05-01T12:00:00Z`, also with a
@@ -372,6 +379,17 @@ pub struct NodeSpec {
     pub pod_cidr: Option<String>,
     #[serde(rename = "podCIDRs", default, deserialize_with = "null_default")]
     pub pod_cidrs: Vec<String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub taints: Vec<Taint>,
+}
+
+/// The taint the cluster autoscaler puts on a Node it is about to remove.
+pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Taint {
+    #[serde(default)]
+    pub key: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -28,6 +28,18 @@ pub enum BackendKind {
     Embedded,
 }
 
+impl BackendKind {
+    /// The backend's name, as `mesh.backend` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Auto => "auto",
+            BackendKind::Kernel => "kernel",
+            BackendKind::WireguardGo => "wireguard-go",
+            BackendKind::Embedded => "embedded",
+        }
+    }
+}
+
 /// A peer as the device reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PeerState {
@@ -79,12 +91,12 @@ impl Device {
         }
     }
 
-    /// The backend's name, as `mesh.backend` spells it.
-    pub fn kind(&self) -> &'static str {
+    /// The backend that runs it, to open the same one again.
+    pub fn backend(&self) -> BackendKind {
         match self {
-            Device::Kernel(_) => "kernel",
-            Device::WireguardGo(_) => "wireguard-go",
-            Device::Embedded(_) => "embedded",
+            Device::Kernel(_) => BackendKind::Kernel,
+            Device::WireguardGo(_) => BackendKind::WireguardGo,
+            Device::Embedded(_) => BackendKind::Embedded,
         }
     }
 

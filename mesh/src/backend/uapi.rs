@@ -17,6 +17,14 @@ use tokio::net::UnixStream;
 /// namespace, so device names must be unique on the host.
 pub const SOCKET_DIR: &str = "/var/run/wireguard";
 
+/// How long one request may take, connect to reply: a stopped or wedged daemon must not
+/// freeze the mesh's task.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The largest reply read: about 300 bytes per peer, so room for 50,000 peers. A daemon
+/// that streams without ending its reply is cut off here.
+const MAX_REPLY: usize = 16 << 20;
+
 /// A client of one device's UAPI socket.
 pub struct UapiDevice {
     socket: PathBuf,
@@ -36,6 +44,30 @@ impl UapiDevice {
 
     async fn request(&self, body: &str) -> Result<String, Error> {
         let context = || format!("UAPI {}", self.socket.display());
+        let reply = tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(body))
+            .await
+            .map_err(|_| {
+                Error::device(
+                    context(),
+                    format!("no reply within {REQUEST_TIMEOUT:?}: the daemon is stopped or wedged"),
+                )
+            })??;
+        match errno(&reply) {
+            Some(0) => Ok(reply),
+            Some(code) => Err(Error::device(
+                context(),
+                format!(
+                    "the device refused the request: {}",
+                    std::io::Error::from_raw_os_error(code)
+                ),
+            )),
+            None => Err(Error::device(context(), "no errno in the reply")),
+        }
+    }
+
+    /// Sends `body` and reads the reply up to its blank line.
+    async fn exchange(&self, body: &str) -> Result<String, Error> {
+        let context = || format!("UAPI {}", self.socket.display());
         let mut stream = UnixStream::connect(&self.socket)
             .await
             .map_err(Error::io(context()))?;
@@ -53,20 +85,15 @@ impl UapiDevice {
             if n == 0 {
                 return Err(Error::device(context(), "the device closed the socket"));
             }
+            if reply.len() + n > MAX_REPLY {
+                return Err(Error::device(
+                    context(),
+                    format!("a reply longer than {MAX_REPLY} bytes"),
+                ));
+            }
             reply.extend_from_slice(&chunk[..n]);
         }
-        let reply = String::from_utf8(reply).map_err(|e| Error::device(context(), e))?;
-        match errno(&reply) {
-            Some(0) => Ok(reply),
-            Some(code) => Err(Error::device(
-                context(),
-                format!(
-                    "the device refused the request: {}",
-                    std::io::Error::from_raw_os_error(code)
-                ),
-            )),
-            None => Err(Error::device(context(), "no errno in the reply")),
-        }
+        String::from_utf8(reply).map_err(|e| Error::device(context(), e))
     }
 
     pub async fn state(&self) -> Result<DeviceState, Error> {
@@ -133,8 +160,10 @@ pub fn parse_get(reply: &str) -> Result<DeviceState, String> {
         if let Some((key, mut peer)) = current.take() {
             peer.peer.allowed_ips.sort_unstable();
             if *handshake != (0, 0) {
-                peer.last_handshake =
-                    SystemTime::UNIX_EPOCH.checked_add(Duration::new(handshake.0, handshake.1));
+                // `Duration::new` would panic on a nanosecond carry past u64 seconds.
+                peer.last_handshake = Duration::from_secs(handshake.0)
+                    .checked_add(Duration::from_nanos(u64::from(handshake.1)))
+                    .and_then(|since| SystemTime::UNIX_EPOCH.checked_add(since));
             }
             state.peers.insert(key, peer);
         }
@@ -217,6 +246,14 @@ mod tests {
         assert_eq!(pa.last_handshake, None);
         assert_eq!(errno(&reply), Some(0));
         assert!(parse_get("listen_port=x\n").is_err());
+        // A handshake time at the end of u64 seconds with a nanosecond carry is no time.
+        let overflow = format!(
+            "public_key={}\nlast_handshake_time_sec={}\nlast_handshake_time_nsec=1000000000\n",
+            a.to_hex(),
+            u64::MAX
+        );
+        let state = parse_get(&overflow).expect("parses");
+        assert_eq!(state.peers[&a].last_handshake, None);
     }
 
     #[test]
