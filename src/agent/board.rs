@@ -1,10 +1,12 @@
-//! What `/status` adds to the counters: what the agent was started with, and the last
-//! sync and error of the view and of the `--on-change` backend (each subsystem crate
-//! keeps its own).
+//! What `/status` adds to the counters: what the agent was started with, the last sync and
+//! error of the view and of the `--on-change` backend (each subsystem crate keeps its
+//! own), and the subsystems that failed to start.
 
-use nodus_prom::Tracker;
+use nodus_prom::{Tracker, family, sample};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::OnceLock;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 /// What the agent was started with; set once at start-up.
@@ -13,7 +15,7 @@ pub struct Setup {
     pub proxy: bool,
     /// The proxy is off but the table carries the mesh's egress masquerade.
     pub egress_only_table: bool,
-    pub dns: Option<Vec<SocketAddr>>,
+    pub dns: bool,
     pub mesh: bool,
     pub on_change: Option<String>,
 }
@@ -24,6 +26,65 @@ pub struct Board {
     pub setup: OnceLock<Setup>,
     pub view: Tracker,
     pub on_change: Tracker,
+    /// Where DNS answers, once it does.
+    pub dns_addrs: OnceLock<Vec<SocketAddr>>,
+    /// Subsystems that failed to start.
+    pub starts: Arc<Starts>,
+    /// The mesh's device is embedded: it ends with the process.
+    pub device_ends_with_process: AtomicBool,
+}
+
+/// Start failures per subsystem: how many, and the last error while it is still not
+/// running.
+#[derive(Default)]
+pub struct Starts(Mutex<BTreeMap<&'static str, (u64, Option<String>)>>);
+
+impl Starts {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, (u64, Option<String>)>> {
+        // Plain data: a panic while holding it leaves nothing half-done.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn failed(&self, name: &'static str, error: String) {
+        let mut starts = self.lock();
+        let entry = starts.entry(name).or_default();
+        entry.0 += 1;
+        entry.1 = Some(error);
+    }
+
+    pub fn started(&self, name: &'static str) {
+        if let Some(entry) = self.lock().get_mut(name) {
+            entry.1 = None;
+        }
+    }
+
+    /// Why `name` is not running yet, if it failed to start.
+    pub fn pending(&self, name: &str) -> Option<String> {
+        self.lock().get(name).and_then(|(_, error)| error.clone())
+    }
+
+    pub fn render(&self, out: &mut String) {
+        let starts = self.lock();
+        if starts.is_empty() {
+            return;
+        }
+        family(
+            out,
+            "nodus_subsystem_start_failures_total",
+            "counter",
+            "Failed starts of a subsystem (each is retried while the others run).",
+        );
+        for (name, (failures, _)) in starts.iter() {
+            sample(
+                out,
+                "nodus_subsystem_start_failures_total",
+                &format!("subsystem=\"{name}\""),
+                failures,
+            );
+        }
+    }
 }
 
 impl Default for Board {
@@ -33,6 +94,9 @@ impl Default for Board {
             setup: OnceLock::new(),
             view: Tracker::default(),
             on_change: Tracker::default(),
+            dns_addrs: OnceLock::new(),
+            starts: Arc::default(),
+            device_ends_with_process: AtomicBool::new(false),
         }
     }
 }

@@ -197,6 +197,7 @@ impl Metrics {
             "nodus_view_apply_duration_seconds",
             "Time to apply one batch of watch events to the view.",
         );
+        self.status.starts.render(&mut out);
         if let Some(proxy) = self.proxy.get() {
             proxy.render(&mut out);
         }

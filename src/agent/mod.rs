@@ -12,6 +12,7 @@ pub mod health;
 pub mod http;
 pub mod metrics;
 pub mod on_change;
+pub mod retry;
 pub mod signals;
 pub mod status;
 pub mod watch;
@@ -76,7 +77,11 @@ fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
 
 /// Binds the DNS server on every `dns.listen` address; it serves for as long as the
 /// returned server lives. Until the view is complete it answers from what it has.
-async fn start_dns(config: &Config, view: ViewReader) -> anyhow::Result<DnsServer> {
+async fn start_dns(
+    config: &Config,
+    view: ViewReader,
+    metrics: &Metrics,
+) -> anyhow::Result<DnsServer> {
     let zone = Zone::new(
         &config.cluster_domain,
         config.dns.ttl,
@@ -109,6 +114,8 @@ async fn start_dns(config: &Config, view: ViewReader) -> anyhow::Result<DnsServe
             .collect(),
     );
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
+    let _ = metrics.dns.set(server.metrics.clone());
+    let _ = metrics.status.dns_addrs.set(server.addrs.clone());
     Ok(server)
 }
 
@@ -126,11 +133,19 @@ async fn start_mesh(
     metrics: &Metrics,
 ) -> anyhow::Result<MeshSubsystem> {
     let mesh_metrics = Arc::new(nodus_mesh::metrics::MeshMetrics::default());
-    let _ = metrics.mesh.set(mesh_metrics.clone());
-    let mesh = nodus_mesh::Mesh::start(config.mesh.settings(&config.cluster_cidrs), mesh_metrics)
-        .await
-        .context("starting the WireGuard mesh")?;
-    Ok(MeshSubsystem::spawn(mesh, view, client))
+    let mesh = nodus_mesh::Mesh::start(
+        config.mesh.settings(&config.cluster_cidrs),
+        mesh_metrics.clone(),
+    )
+    .await
+    .context("starting the WireGuard mesh")?;
+    let _ = metrics.mesh.set(mesh_metrics);
+    let mesh = MeshSubsystem::spawn(mesh, view, client);
+    metrics
+        .status
+        .device_ends_with_process
+        .store(mesh.device_ends_with_process, Relaxed);
+    Ok(mesh)
 }
 
 /// nodus's nftables table: the service proxy, or with only the mesh on, its egress
@@ -186,19 +201,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (items, kinds) = watch::watch_all(&client, &set);
     let mut feed = Feed::new(View::new(&node_name), metrics.clone(), kinds);
     let mut subsystems: Vec<Box<dyn Subsystem>> = Vec::new();
-    // Bound before the first list: a port already taken fails start-up, not later.
-    let mut dns_addrs = None;
+    let starts = metrics.status.starts.clone();
+    // Started before the first list, and retried in the background if they cannot start:
+    // a DNS port taken or a mesh that cannot make its device leaves the proxy working.
     if config.dns.enabled {
-        let dns = start_dns(&config, feed.reader()).await?;
-        let _ = metrics.dns.set(dns.metrics.clone());
-        dns_addrs = Some(dns.addrs.clone());
-        subsystems.push(Box::new(dns));
+        let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
+        let start = move || {
+            let (config, view, metrics) = (config.clone(), view.clone(), metrics.clone());
+            async move { start_dns(&config, view, &metrics).await }
+        };
+        subsystems.push(retry::start_or_retry("dns", starts.clone(), start).await);
     }
-    let mut device_ends_with_process = false;
     if config.mesh.enabled {
-        let mesh = start_mesh(&config, feed.reader(), client.clone(), &metrics).await?;
-        device_ends_with_process = mesh.device_ends_with_process;
-        subsystems.push(Box::new(mesh));
+        let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
+        let client = client.clone();
+        let start = move || {
+            let (config, view, metrics) = (config.clone(), view.clone(), metrics.clone());
+            let client = client.clone();
+            async move { start_mesh(&config, view, client, &metrics).await }
+        };
+        subsystems.push(retry::start_or_retry("mesh", starts.clone(), start).await);
     }
     // The mesh alone still needs the table, for its egress masquerade.
     if config.programs_table() {
@@ -217,7 +239,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node: node_name.clone(),
         proxy: config.proxy.enabled,
         egress_only_table: !config.proxy.enabled && config.programs_table(),
-        dns: dns_addrs,
+        dns: config.dns.enabled,
         mesh: config.mesh.enabled,
         on_change: args.on_change.as_ref().map(|p| p.display().to_string()),
     });
@@ -273,7 +295,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         () = drive => anyhow::bail!("the watch streams ended"),
         signal = signals::shutdown_signal() => {
             let signal = signal?;
-            match device_ends_with_process {
+            match metrics.status.device_ends_with_process.load(Relaxed) {
                 true => tracing::info!(
                     signal,
                     "exiting; the dataplane stays in place but for the embedded WireGuard \

@@ -3,6 +3,7 @@
 //! Counters live in the metrics; this adds what Prometheus does not keep: when each
 //! subsystem last synced, how long that took, and its last error.
 
+use crate::agent::board::Board;
 use crate::agent::metrics::Metrics;
 use nodus_mesh::metrics::MeshStatus;
 use nodus_prom::Track;
@@ -59,6 +60,16 @@ pub struct Subsystem {
 }
 
 impl Subsystem {
+    /// Enabled but not running: its start failed and is being retried.
+    fn not_started(name: &str, board: &Board) -> Subsystem {
+        Subsystem {
+            enabled: true,
+            last_error: board.starts.pending(name),
+            detail: Some("not started; retrying".into()),
+            ..Subsystem::disabled(name, None)
+        }
+    }
+
     fn disabled(name: &str, detail: Option<&str>) -> Subsystem {
         Subsystem {
             name: name.into(),
@@ -102,7 +113,7 @@ pub fn status(metrics: &Metrics) -> Status {
         }
         _ => Subsystem::disabled("proxy", None),
     });
-    subsystems.push(match setup.and_then(|s| s.dns.as_ref()) {
+    let dns = match board.dns_addrs.get() {
         // DNS answers from the view itself: it is in step whenever the view is.
         Some(addrs) => Subsystem {
             synced: subsystems[0].synced,
@@ -118,10 +129,15 @@ pub fn status(metrics: &Metrics) -> Status {
             enabled: true,
             ..Subsystem::disabled("dns", None)
         },
-        None => Subsystem::disabled("dns", None),
+        None => Subsystem::not_started("dns", board),
+    };
+    subsystems.push(match setup.is_some_and(|s| s.dns) {
+        true => dns,
+        false => Subsystem::disabled("dns", None),
     });
     subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
         (Some(_), Some(mesh)) => mesh_subsystem(&mesh.status()),
+        (Some(_), None) => Subsystem::not_started("mesh", board),
         _ => Subsystem::disabled("mesh", None),
     });
     if let Some(program) = setup.and_then(|s| s.on_change.as_ref()) {

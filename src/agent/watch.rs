@@ -17,6 +17,7 @@ use serde::{Deserialize, Deserializer, de::DeserializeOwned};
 use std::borrow::Cow;
 use std::fmt::Debug;
 use std::path::Path;
+use std::time::Duration;
 
 /// A wire struct that kube-rs can list and watch.
 pub trait WireKind: DeserializeOwned + Clone + Debug + Send + 'static {
@@ -161,7 +162,46 @@ pub async fn connect(
             config.cluster_url
         );
     }
-    Client::try_from(config).context("building the API client")
+    client(config).context("building the API client")
+}
+
+/// Keepalive probes start after this long without traffic on an API connection...
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+/// ...and repeat this often...
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+const KEEPALIVE_PROBES: u32 = 3;
+/// ...and a connection whose probes or data stay unacknowledged this long is dropped
+/// (`TCP_USER_TIMEOUT`): a half-open watch (the server gone without a reset, a NAT entry
+/// lost) is replaced within it instead of after kube-rs's five-minute idle timeout, and a
+/// request on such a connection fails instead of waiting out TCP's retransmissions
+/// (about 15 minutes).
+const UNACKNOWLEDGED: Duration = Duration::from_secs(30);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// kube's client stack (TLS, the API's address, credentials, impersonation headers) over a
+/// connector whose sockets notice a dead peer.
+fn client(config: kube::Config) -> anyhow::Result<Client> {
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use kube::client::ConfigExt;
+    use tower::ServiceBuilder;
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    tcp.set_nodelay(true);
+    tcp.set_connect_timeout(Some(CONNECT_TIMEOUT));
+    tcp.set_keepalive(Some(KEEPALIVE_IDLE));
+    tcp.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+    tcp.set_keepalive_retries(Some(KEEPALIVE_PROBES));
+    tcp.set_tcp_user_timeout(Some(UNACKNOWLEDGED));
+    let connector = config.rustls_https_connector_with_connector(tcp)?;
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector);
+    let service = ServiceBuilder::new()
+        .layer(config.base_uri_layer())
+        .option_layer(config.auth_layer()?)
+        .layer(config.extra_headers_layer()?)
+        .map_err(tower::BoxError::from)
+        .service(http);
+    Ok(Client::new(service, config.default_namespace))
 }
 
 /// What to watch.

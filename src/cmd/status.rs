@@ -116,7 +116,7 @@ mod tests {
             node: "node-1".into(),
             proxy: false,
             egress_only_table: true,
-            dns: None,
+            dns: false,
             mesh: true,
             on_change: None,
         });
@@ -147,10 +147,14 @@ mod tests {
             node: "node-1".into(),
             proxy: true,
             egress_only_table: false,
-            dns: Some(vec!["127.0.0.1:53".parse().expect("addr")]),
+            dns: true,
             mesh: false,
             on_change: None,
         });
+        let _ = metrics
+            .status
+            .dns_addrs
+            .set(vec!["127.0.0.1:53".parse().expect("addr")]);
         metrics.status.view.synced(Duration::from_micros(300));
         let proxy = Arc::new(ProxyMetrics::default());
         let _ = metrics.proxy.set(proxy.clone());

@@ -229,7 +229,7 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         let port = &container["ports"][0];
         assert_eq!(port["name"], "http");
         assert_eq!(port["containerPort"], http_port, "{context}");
-        for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
             assert_eq!(
                 container[probe]["httpGet"],
                 json!({"path": path, "port": "http"}),

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
-fn dig(dns: SocketAddr, name: &str, qtype: &str) -> (String, Vec<String>) {
+pub(crate) fn dig(dns: SocketAddr, name: &str, qtype: &str) -> (String, Vec<String>) {
     let output = Command::new("dig")
         .arg(format!("@{}", dns.ip()))
         .args([

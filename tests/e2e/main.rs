@@ -3,6 +3,7 @@
 mod agent;
 mod deploy;
 mod dns;
+mod faults;
 mod mesh;
 mod operate;
 mod proxy;

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-const API_PORT: u16 = 6443;
+pub(crate) const API_PORT: u16 = 6443;
 const ECHO_PORT: u16 = 8080;
 const WG_PORT: u16 = 51820;
 /// A server's port on the underlay, which stands for the world outside the cluster.
@@ -28,7 +28,7 @@ fn v6_cidr(i: u8) -> String {
     format!("fd00:10:244:{i}::/64")
 }
 
-fn node_object(name: &str, i: u8, underlay: &Underlay) -> serde_json::Value {
+pub(crate) fn node_object(name: &str, i: u8, underlay: &Underlay) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name},
@@ -41,12 +41,12 @@ fn node_object(name: &str, i: u8, underlay: &Underlay) -> serde_json::Value {
 }
 
 /// One node namespace and the nodus running in it.
-struct MeshNode {
-    node: Node,
-    interface: String,
+pub(crate) struct MeshNode {
+    pub(crate) node: Node,
+    pub(crate) interface: String,
     dir: PathBuf,
     config: PathBuf,
-    http: SocketAddr,
+    pub(crate) http: SocketAddr,
     pid: Option<u32>,
     starts: usize,
     /// A bounding set for nodus (`setpriv --bounding-set`), as the DaemonSet grants.
@@ -88,7 +88,7 @@ impl MeshNode {
         self.dir.join("net.d/10-nodus.conflist")
     }
 
-    fn log(&self, start: usize) -> PathBuf {
+    pub(crate) fn log(&self, start: usize) -> PathBuf {
         self.dir.join(format!("nodus-{start}.log"))
     }
 
@@ -158,7 +158,7 @@ impl MeshNode {
         output
     }
 
-    fn metric(&self, series: &str) -> Option<f64> {
+    pub(crate) fn metric(&self, series: &str) -> Option<f64> {
         let http = self.http;
         let (_, body) = self
             .node
@@ -169,7 +169,7 @@ impl MeshNode {
         metric(&body, series)
     }
 
-    fn wait_metric(&self, series: &str, expected: f64) {
+    pub(crate) fn wait_metric(&self, series: &str, expected: f64) {
         wait_for(
             &format!("{} {series} == {expected}", self.node.name),
             || self.metric(series).filter(|v| *v == expected),
@@ -226,7 +226,7 @@ impl Drop for MeshNode {
     }
 }
 
-fn ping(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
+pub(crate) fn ping(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
     pod.ns.exec("ping", &["-c1", "-W2", &to.to_string()])
 }
 
@@ -236,7 +236,7 @@ fn who(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
         .enter(move || tcp_who(addr, Duration::from_secs(3)))?
 }
 
-fn pod_on(node: &MeshNode, name: &str) -> Pod {
+pub(crate) fn pod_on(node: &MeshNode, name: &str) -> Pod {
     let pod = cni::add_pod(
         &node.node,
         &node.conflist(),
@@ -254,10 +254,10 @@ fn pod_on(node: &MeshNode, name: &str) -> Pod {
 }
 
 /// The `mesh:` lines that pick the wireguard-go backend.
-const WIREGUARD_GO: &str = "  backend: wireguard-go\n";
+pub(crate) const WIREGUARD_GO: &str = "  backend: wireguard-go\n";
 
 /// pod-1 reaches pod-2 and pod-3 by ping and TCP, in both families.
-fn pod_1_reaches_pods_2_and_3(pods: &[Pod]) {
+pub(crate) fn pod_1_reaches_pods_2_and_3(pods: &[Pod]) {
     for (to, name) in [(&pods[1], "pod-2"), (&pods[2], "pod-3")] {
         for ip in [
             IpAddr::V4(to.v4.expect("v4")),
@@ -318,7 +318,7 @@ impl Capture<'_> {
 
 /// Starts a three-node cluster whose nodus processes all run the mesh, node N+1 with
 /// `backends[N]` (lines of its `mesh:` section), on the underlay 10.`subnet`.0.0/24.
-fn three_nodes(
+pub(crate) fn three_nodes(
     test: &str,
     subnet: u8,
     backends: [&str; 3],

@@ -88,8 +88,13 @@ impl Cluster {
     /// Starts `nodus run` for `node` with DNS on an ephemeral port; returns the HTTP and
     /// DNS addresses.
     pub fn run_agent_with_dns(&mut self, node: &str) -> (SocketAddr, SocketAddr) {
-        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
         let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        (self.run_agent_with_dns_on(node, dns), dns)
+    }
+
+    /// Starts `nodus run` for `node` with DNS on `dns`; returns the HTTP address.
+    pub fn run_agent_with_dns_on(&mut self, node: &str, dns: SocketAddr) -> SocketAddr {
+        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
         let config = self
             .dir
             .join(format!("config-{}.yaml", self.children.len()));
@@ -97,7 +102,7 @@ impl Cluster {
         let mut cmd = self.nodus(&["run", "--node-name", node, "--http-addr", &http.to_string()]);
         cmd.arg("--config").arg(&config);
         self.spawn(cmd);
-        (http, dns)
+        http
     }
 
     /// Also serves the API on `addr` inside namespace `ns`, for nodus processes in it (on
@@ -183,8 +188,13 @@ pub fn free_port() -> u16 {
 }
 
 /// Polls `check` until it returns `Some`, or panics after [`WAIT`] naming `what`.
-pub fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + WAIT;
+pub fn wait_for<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    wait_within(what, WAIT, check)
+}
+
+/// [`wait_for`] with a bound of its own.
+pub fn wait_within<T>(what: &str, limit: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
     loop {
         if let Some(value) = check() {
             return value;

@@ -1,0 +1,266 @@
+//! The fault-injection suite: what a real node does to an agent, injected for real (network
+//! namespaces as nodes, the API stand-in, `wireguard-go` and the embedded device, real
+//! packets). Each case injects the fault, checks that it is reported and that nodus
+//! recovers on its own, and prints how long recovery took (the README's table quotes
+//! these; no test asserts a time beyond the bound it waits for).
+
+use crate::dns::dig;
+use crate::mesh::{
+    API_PORT, MeshNode, WIREGUARD_GO, node_object, ping, pod_1_reaches_pods_2_and_3, pod_on,
+    three_nodes,
+};
+use crate::support::{
+    Cluster, EXAMPLE, get, metric, wait_for, wait_metric, wait_ready, wait_within,
+};
+use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
+use nodus_testbed::netns::Pod;
+use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
+use std::time::{Duration, Instant};
+
+/// Waits until `from` pings `to` again after a fault injected at `since`; returns how long
+/// that took.
+fn reconnected(what: &str, from: &Pod, to: &Pod, since: Instant) -> Duration {
+    let to = IpAddr::V4(to.v4.expect("v4"));
+    wait_within(what, Duration::from_secs(40), || ping(from, to).ok());
+    let took = since.elapsed();
+    println!("{what}: traffic back after {took:.1?}");
+    took
+}
+
+/// The log lines of `node`'s current nodus that contain `text`.
+fn logged(node: &MeshNode, text: &str) -> bool {
+    std::fs::read_to_string(node.log(0)).is_ok_and(|log| log.contains(text))
+}
+
+/// The pid of the `wireguard-go` that serves `node`'s device.
+fn daemon_of(node: &MeshNode) -> u32 {
+    let output = std::process::Command::new("pgrep")
+        .args(["-f", &format!("wireguard-go {}$", node.interface)])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .next()
+        .and_then(|pid| pid.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no wireguard-go for {}", node.interface))
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The local ports of `node`'s established connections to the API server.
+fn api_connections(node: &MeshNode) -> Vec<u16> {
+    let listing = node
+        .node
+        .ns
+        .exec("ss", &["-Htn", "state", "established"])
+        .expect("ss");
+    listing
+        .lines()
+        .filter_map(|line| {
+            let mut columns = line.split_whitespace().rev();
+            let peer = columns.next()?;
+            let local = columns.next()?;
+            peer.ends_with(&format!(":{API_PORT}"))
+                .then(|| local.rsplit(':').next()?.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// Three nodes: `wireguard-go` on nodes 1 and 3, the embedded device on node 2, a pod on
+/// each. In turn: node 1's device deleted (C1), node 3's daemon killed (C2), node 2's
+/// embedded device deleted (C1), then at once node 1's daemon stopped while a Node joins
+/// (C3) and node 3's API connections silently dropped (A2, half-open).
+#[test]
+fn mesh_devices_come_back_and_a_half_open_api_connection_is_replaced() {
+    let (cluster, underlay, nodes, _kubeconfig) = three_nodes(
+        "fault-mesh",
+        209,
+        [WIREGUARD_GO, "  backend: embedded\n", WIREGUARD_GO],
+    );
+    let pods: Vec<Pod> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
+        .collect();
+    pod_1_reaches_pods_2_and_3(&pods);
+    let recreated = "nodus_mesh_device_recreations_total";
+
+    // C1: node 1's device deleted; its wireguard-go goes with it.
+    let since = Instant::now();
+    nodes[0]
+        .node
+        .ns
+        .ip(&["link", "del", &nodes[0].interface])
+        .expect("delete the device");
+    reconnected("C1 wireguard-go device deleted", &pods[0], &pods[1], since);
+    nodes[0].wait_metric(recreated, 1.0);
+    assert!(logged(&nodes[0], "had vanished; created it again"));
+
+    // C2: node 3's daemon killed.
+    let since = Instant::now();
+    signal(daemon_of(&nodes[2]), "KILL");
+    reconnected("C2 wireguard-go killed", &pods[0], &pods[2], since);
+    nodes[2].wait_metric(recreated, 1.0);
+
+    // C1 with the embedded device: node 2's link deleted under boringtun.
+    let since = Instant::now();
+    nodes[1]
+        .node
+        .ns
+        .ip(&["link", "del", &nodes[1].interface])
+        .expect("delete the device");
+    reconnected("C1 embedded device deleted", &pods[0], &pods[1], since);
+    nodes[1].wait_metric(recreated, 1.0);
+
+    // A2: node 3's API connections go silent (no reset) in both directions; new ones work.
+    let ports = api_connections(&nodes[2]);
+    assert!(!ports.is_empty(), "node 3 watches the API");
+    let ports = ports
+        .iter()
+        .map(u16::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let rules = format!(
+        "table inet fault {{\n\
+         chain out {{ type filter hook output priority 0; tcp dport {API_PORT} tcp sport {{ {ports} }} drop; }}\n\
+         chain in {{ type filter hook input priority 0; tcp sport {API_PORT} tcp dport {{ {ports} }} drop; }}\n}}\n"
+    );
+    let file = std::env::temp_dir().join(format!("nodus-fault-{}.nft", std::process::id()));
+    std::fs::write(&file, rules).expect("rules");
+    nodes[2]
+        .node
+        .ns
+        .exec("nft", &["-f", &file.to_string_lossy()])
+        .expect("silence the API connections");
+    let _ = std::fs::remove_file(&file);
+    // C3: node 1's daemon stopped, as a wedged process would be.
+    let daemon = daemon_of(&nodes[0]);
+    signal(daemon, "STOP");
+
+    // A Node joins: every nodus must add it as a peer.
+    let since = Instant::now();
+    let key = nodus_mesh::key::KeyPair::generate().expect("key");
+    let mut joining = node_object("node-4", 4, &underlay);
+    joining["metadata"]["annotations"] = json!({ANNOTATION_PUBLIC_KEY: key.public.to_base64()});
+    cluster.apply(joining);
+    nodes[1].wait_metric("nodus_mesh_peers", 3.0);
+
+    // Node 1 says its device does not answer, and stays live: a restart would not help.
+    wait_for("node 1 to report the stopped daemon", || {
+        logged(&nodes[0], "no reply within").then_some(())
+    });
+    let failures = nodes[0]
+        .metric("nodus_mesh_sync_failures_total")
+        .expect("failures counted");
+    assert!(failures >= 1.0, "{failures}");
+    let livez = nodes[0]
+        .node
+        .ns
+        .enter({
+            let http = nodes[0].http;
+            move || nodus_testbed::probe::http_get(http, "/livez", Duration::from_secs(2))
+        })
+        .expect("enter")
+        .expect("/livez answers");
+    assert_eq!(livez.0, 200, "{livez:?}");
+    std::thread::sleep(Duration::from_secs(12).saturating_sub(since.elapsed()));
+    signal(daemon, "CONT");
+    let resumed = Instant::now();
+    nodes[0].wait_metric("nodus_mesh_peers", 3.0);
+    println!(
+        "C3 wireguard-go stopped for 12 s: the new peer programmed {:.1?} after SIGCONT",
+        resumed.elapsed()
+    );
+
+    // Node 3 sees the join only once its silent watch is replaced.
+    wait_within(
+        "node 3 to replace its silent watch and add node-4",
+        Duration::from_secs(60),
+        || (nodes[2].metric("nodus_mesh_peers") == Some(3.0)).then_some(()),
+    );
+    println!(
+        "A2 half-open API connection: the join reached node 3 {:.1?} after it was made",
+        since.elapsed()
+    );
+    nodes[2]
+        .node
+        .ns
+        .exec("nft", &["delete", "table", "inet", "fault"])
+        .expect("lift the fault");
+    pod_1_reaches_pods_2_and_3(&pods);
+}
+
+/// E3: DNS's port is taken when nodus starts (systemd-resolved on a node, say). The view and
+/// the other subsystems run; DNS is reported and retried, and answers once the port frees.
+/// Then this Node is tainted for removal: `/healthz` drains it, `/livez` stays 200.
+#[test]
+fn a_dns_port_taken_at_start_is_retried_while_the_rest_runs() {
+    let mut cluster = Cluster::new("fault-dns-port", EXAMPLE);
+    let held = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+    let dns = held.local_addr().expect("addr");
+    let held_udp = UdpSocket::bind(dns).expect("bind UDP too");
+    let http = cluster.run_agent_with_dns_on("node-1", dns);
+    wait_metric(http, "nodus_view_objects{kind=\"service\"}", 5.0);
+    wait_for("the start failure counted", || {
+        get(http, "/metrics")
+            .and_then(|(_, body)| {
+                metric(
+                    &body,
+                    "nodus_subsystem_start_failures_total{subsystem=\"dns\"}",
+                )
+            })
+            .filter(|n| *n >= 1.0)
+    });
+    assert_eq!(get(http, "/readyz").map(|(code, _)| code), Some(503));
+    assert_eq!(get(http, "/livez").map(|(code, _)| code), Some(200));
+    let (_, status) = get(http, "/status").expect("/status");
+    let status: serde_json::Value = serde_json::from_str(&status).expect("json");
+    let line = status["subsystems"]
+        .as_array()
+        .and_then(|all| all.iter().find(|s| s["name"] == "dns"))
+        .expect("a dns line");
+    assert_eq!(line["enabled"], true, "{line}");
+    assert_eq!(line["detail"], "not started; retrying", "{line}");
+    let error = line["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("in use"), "{line}");
+
+    let freed = Instant::now();
+    drop((held, held_udp));
+    wait_ready(http);
+    println!("E3 DNS port freed: ready {:.1?} later", freed.elapsed());
+    let (status, answers) = dig(dns, "web.default.svc.cluster.local", "A");
+    assert_eq!(status, "NOERROR", "{answers:?}");
+    assert!(!answers.is_empty());
+
+    // The cluster autoscaler marks this Node for removal; then changes its mind.
+    let node = |taints: serde_json::Value| {
+        json!({"apiVersion": "v1", "kind": "Node",
+               "metadata": {"name": "node-1"},
+               "spec": {"podCIDRs": ["10.244.1.0/24"], "taints": taints},
+               "status": {"addresses": [{"type": "InternalIP", "address": "172.30.0.11"}]}})
+    };
+    cluster.apply(node(json!([{"key": "ToBeDeletedByClusterAutoscaler",
+                               "value": "1764000000", "effect": "NoSchedule"}])));
+    let (_, why) = wait_for("/healthz to drain the node", || {
+        get(http, "/healthz").filter(|(code, _)| *code == 503)
+    });
+    assert!(why.contains("ToBeDeletedByClusterAutoscaler"), "{why}");
+    assert_eq!(get(http, "/livez").map(|(code, _)| code), Some(200));
+    cluster.apply(node(json!([])));
+    wait_for("/healthz back to 200", || {
+        get(http, "/healthz").filter(|(code, _)| *code == 200)
+    });
+    let (_, body) = get(http, "/metrics").expect("metrics");
+    assert!(
+        metric(&body, "kubeproxy_proxy_healthz_total{code=\"503\"}").is_some_and(|n| n >= 1.0),
+        "{body}"
+    );
+}
