@@ -14,8 +14,9 @@ use crate::support::{
 };
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::netns::Pod;
+use nodus_testbed::netns::{self, Underlay};
 use serde_json::json;
-use std::net::{IpAddr, Ipv4Addr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::time::{Duration, Instant};
 
 /// Waits until `from` pings `to` again after a fault injected at `since`; returns how long
@@ -262,5 +263,79 @@ fn a_dns_port_taken_at_start_is_retried_while_the_rest_runs() {
     assert!(
         metric(&body, "kubeproxy_proxy_healthz_total{code=\"503\"}").is_some_and(|n| n >= 1.0),
         "{body}"
+    );
+}
+
+/// C7: node 1's key directory is full when nodus starts (a 4 KiB tmpfs, filled, mounted in
+/// a mount namespace of nodus's own so that the host sees nothing). The mesh cannot make its
+/// key and is retried; the table (its egress masquerade) is programmed meanwhile, and the
+/// node is not ready. Once space frees, the mesh starts and the nodes peer.
+#[test]
+fn a_full_key_directory_delays_the_mesh_and_nothing_else() {
+    netns::require_root();
+    let underlay = Underlay::new([10, 211, 0], [0xfd00, 0x211, 0, 0]).expect("underlay");
+    let cluster = Cluster::new("fault-key-enospc", "");
+    for i in 1..=2 {
+        cluster.apply(node_object(&format!("node-{i}"), i, &underlay));
+    }
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
+    let mut nodes: Vec<MeshNode> = (1..=2)
+        .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, WIREGUARD_GO))
+        .collect();
+    let keys = nodes[0].dir.join("key");
+    std::fs::create_dir_all(&keys).expect("key dir");
+    let filler = keys.join("filler");
+    nodes[0].launcher = vec![
+        "unshare".into(),
+        "--mount".into(),
+        "--propagation".into(),
+        "private".into(),
+        "sh".into(),
+        "-c".into(),
+        format!(
+            "mount -t tmpfs -o size=4k tmpfs {keys} && (head -c 65536 /dev/zero > {filler}; true) \
+             && exec \"$0\" \"$@\"",
+            keys = keys.display(),
+            filler = filler.display()
+        ),
+    ];
+    for node in &mut nodes {
+        node.start(&kubeconfig);
+    }
+    let failed = "nodus_subsystem_start_failures_total{subsystem=\"mesh\"}";
+    wait_for("node 1's mesh start to fail", || {
+        nodes[0].metric(failed).filter(|n| *n >= 1.0)
+    });
+    assert!(logged(&nodes[0], "No space left on device"));
+    nodes[0]
+        .node
+        .ns
+        .exec("nft", &["list", "table", "inet", "nodus"])
+        .expect("node 1's table is programmed meanwhile");
+    assert_eq!(nodes[0].metric("nodus_ready"), Some(0.0));
+    // Node 2 runs, without node 1, which has published no key.
+    nodes[1].wait_metric("nodus_ready", 1.0);
+    assert_eq!(nodes[1].metric("nodus_mesh_peers"), Some(0.0));
+
+    assert!(!filler.exists(), "the tmpfs is nodus's alone");
+    let freed = Instant::now();
+    let pid = nodes[0].pid.expect("running").to_string();
+    std::process::Command::new("nsenter")
+        .args(["--target", &pid, "--mount", "rm", "-f"])
+        .arg(&filler)
+        .status()
+        .expect("nsenter")
+        .success()
+        .then_some(())
+        .expect("space freed in nodus's mount namespace");
+    for node in &nodes {
+        wait_within("the nodes to peer", Duration::from_secs(40), || {
+            (node.metric("nodus_mesh_peers") == Some(1.0)).then_some(())
+        });
+    }
+    nodes[0].wait_metric("nodus_ready", 1.0);
+    println!(
+        "C7 key directory full: the mesh up {:.1?} after space freed",
+        freed.elapsed()
     );
 }

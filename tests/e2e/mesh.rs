@@ -44,18 +44,25 @@ pub(crate) fn node_object(name: &str, i: u8, underlay: &Underlay) -> serde_json:
 pub(crate) struct MeshNode {
     pub(crate) node: Node,
     pub(crate) interface: String,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
     config: PathBuf,
     pub(crate) http: SocketAddr,
-    pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     starts: usize,
-    /// A bounding set for nodus (`setpriv --bounding-set`), as the DaemonSet grants.
-    capabilities: Option<&'static str>,
+    /// A program and its arguments that run nodus (`setpriv`, `unshare`), which comes
+    /// after them with its own arguments.
+    pub(crate) launcher: Vec<String>,
 }
 
 impl MeshNode {
     /// `mesh` holds the backend's lines of the `mesh:` section.
-    fn new(cluster: &Cluster, underlay: &Underlay, name: &str, i: u8, mesh: &str) -> MeshNode {
+    pub(crate) fn new(
+        cluster: &Cluster,
+        underlay: &Underlay,
+        name: &str,
+        i: u8,
+        mesh: &str,
+    ) -> MeshNode {
         let node = Node::new(underlay, name, i + 1).expect("node namespace");
         let interface = unique_name("wg");
         let dir = cluster.dir.join(name);
@@ -80,7 +87,7 @@ impl MeshNode {
             http: SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())),
             pid: None,
             starts: 0,
-            capabilities: None,
+            launcher: Vec::new(),
         }
     }
 
@@ -92,12 +99,12 @@ impl MeshNode {
         self.dir.join(format!("nodus-{start}.log"))
     }
 
-    fn start(&mut self, kubeconfig: &std::path::Path) {
+    pub(crate) fn start(&mut self, kubeconfig: &std::path::Path) {
         let log = std::fs::File::create(self.log(self.starts)).expect("log");
-        let mut cmd = match self.capabilities {
-            Some(set) => {
-                let mut cmd = self.node.ns.command("setpriv");
-                cmd.args(["--bounding-set", set, "--", NODUS]);
+        let mut cmd = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut cmd = self.node.ns.command(program);
+                cmd.args(args).arg(NODUS);
                 cmd
             }
             None => self.node.ns.command(NODUS),
@@ -633,7 +640,14 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
 
     // The next nodus creates the device again: new sessions, traffic back. It runs with
     // only the DaemonSet's capabilities, which cover the TUN, its links and routes.
-    nodes[0].capabilities = Some("-all,+net_admin,+net_bind_service");
+    nodes[0].launcher = [
+        "setpriv",
+        "--bounding-set",
+        "-all,+net_admin,+net_bind_service",
+        "--",
+    ]
+    .map(String::from)
+    .to_vec();
     nodes[0].start(&kubeconfig);
     nodes[0].wait_metric("nodus_mesh_peers", 2.0);
     let pid = nodes[0].pid.expect("running");
