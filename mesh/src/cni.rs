@@ -7,7 +7,6 @@
 
 use crate::Error;
 use nodus_view::model::{Cidr, Family};
-use std::io::Write;
 use std::path::Path;
 
 /// The conflist's `name`: the network's name in the runtime and host-local's data directory.
@@ -60,7 +59,6 @@ pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
     if std::fs::read_to_string(path).is_ok_and(|old| old == content) {
         return Ok(false);
     }
-    let shown = path.display();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(Error::io(format!("creating {}", dir.display())))?;
     }
@@ -70,12 +68,7 @@ pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp"));
-    let mut file =
-        std::fs::File::create(&tmp).map_err(Error::io(format!("creating {}", tmp.display())))?;
-    file.write_all(content.as_bytes())
-        .and_then(|()| file.sync_all())
-        .map_err(Error::io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(Error::io(format!("renaming into {shown}")))?;
+    crate::file::replace(path, &tmp, 0o644, content.as_bytes())?;
     Ok(true)
 }
 

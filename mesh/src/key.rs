@@ -10,8 +10,7 @@ use crate::Error;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use std::fmt;
-use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::Path;
 
 pub const KEY_LEN: usize = 32;
@@ -179,10 +178,9 @@ fn tighten_directory(key: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes a new key file: a 0600 temporary file renamed into place, so that a crash never
+/// Writes a new key file, 0600, replaced whole ([`crate::file::replace`]): a crash never
 /// leaves a half-written key.
 fn write_new(path: &Path, key: &Key) -> Result<(), Error> {
-    let shown = path.display();
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -190,18 +188,8 @@ fn write_new(path: &Path, key: &Key) -> Result<(), Error> {
             .create(dir)
             .map_err(Error::io(format!("creating {}", dir.display())))?;
     }
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(Error::io(format!("creating {}", tmp.display())))?;
-    writeln!(file, "{}", key.to_base64())
-        .and_then(|()| file.sync_all())
-        .map_err(Error::io(format!("writing {}", tmp.display())))?;
-    std::fs::rename(&tmp, path).map_err(Error::io(format!("renaming into {shown}")))
+    let content = format!("{}\n", key.to_base64());
+    crate::file::replace(path, &path.with_extension("tmp"), 0o600, content.as_bytes())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //!   annotations to publish, and the per-peer deltas between two states.
 //! - [`cni`]: the CNI conflist for kubelet (pure content, atomic write).
 //! - [`key`]: the node's key pair and its file.
+//! - `file`: how the key and the conflist are written (atomically, durably).
 //! - [`backend`]: the WireGuard device: kernel (generic netlink), `wireguard-go` or
 //!   boringtun embedded in nodus (both driven over the UAPI socket).
 //! - [`links`]: the device's link, addresses and routes over rtnetlink.
@@ -17,6 +18,7 @@ pub mod agent;
 pub mod backend;
 pub mod cleanup;
 pub mod cni;
+mod file;
 pub mod follow;
 pub mod key;
 pub mod links;

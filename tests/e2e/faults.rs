@@ -17,6 +17,7 @@ use nodus_testbed::netns::Pod;
 use nodus_testbed::netns::{self, Underlay};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// Waits until `from` pings `to` again after a fault injected at `since`; returns how long
@@ -266,12 +267,14 @@ fn a_dns_port_taken_at_start_is_retried_while_the_rest_runs() {
     );
 }
 
-/// C7: node 1's key directory is full when nodus starts (a 4 KiB tmpfs, filled, mounted in
-/// a mount namespace of nodus's own so that the host sees nothing). The mesh cannot make its
-/// key and is retried; the table (its egress masquerade) is programmed meanwhile, and the
-/// node is not ready. Once space frees, the mesh starts and the nodes peer.
+/// C7 and C8: node 1's key and CNI directories are full when nodus starts (4 KiB tmpfs
+/// mounts, filled, in a mount namespace of nodus's own so that the host sees nothing). The
+/// mesh cannot make its key and is retried; the table (its egress masquerade) is programmed
+/// meanwhile, and the node is not ready. Once the key's space frees, the mesh starts and
+/// the nodes peer, while the conflist fails to be written (reported, no partial file left);
+/// once that space frees too, the conflist appears.
 #[test]
-fn a_full_key_directory_delays_the_mesh_and_nothing_else() {
+fn full_key_and_cni_directories_delay_the_mesh_and_nothing_else() {
     netns::require_root();
     let underlay = Underlay::new([10, 211, 0], [0xfd00, 0x211, 0, 0]).expect("underlay");
     let cluster = Cluster::new("fault-key-enospc", "");
@@ -283,8 +286,16 @@ fn a_full_key_directory_delays_the_mesh_and_nothing_else() {
         .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, WIREGUARD_GO))
         .collect();
     let keys = nodes[0].dir.join("key");
-    std::fs::create_dir_all(&keys).expect("key dir");
-    let filler = keys.join("filler");
+    let cni = nodes[0].dir.join("net.d");
+    let mut script = String::new();
+    for dir in [&keys, &cni] {
+        std::fs::create_dir_all(dir).expect("dir");
+        script += &format!(
+            "mount -t tmpfs -o size=4k tmpfs {dir} && (head -c 65536 /dev/zero > {dir}/filler; \
+             true) && ",
+            dir = dir.display()
+        );
+    }
     nodes[0].launcher = vec![
         "unshare".into(),
         "--mount".into(),
@@ -292,12 +303,7 @@ fn a_full_key_directory_delays_the_mesh_and_nothing_else() {
         "private".into(),
         "sh".into(),
         "-c".into(),
-        format!(
-            "mount -t tmpfs -o size=4k tmpfs {keys} && (head -c 65536 /dev/zero > {filler}; true) \
-             && exec \"$0\" \"$@\"",
-            keys = keys.display(),
-            filler = filler.display()
-        ),
+        format!("{script}exec \"$0\" \"$@\""),
     ];
     for node in &mut nodes {
         node.start(&kubeconfig);
@@ -317,17 +323,21 @@ fn a_full_key_directory_delays_the_mesh_and_nothing_else() {
     nodes[1].wait_metric("nodus_ready", 1.0);
     assert_eq!(nodes[1].metric("nodus_mesh_peers"), Some(0.0));
 
-    assert!(!filler.exists(), "the tmpfs is nodus's alone");
-    let freed = Instant::now();
+    assert!(!keys.join("filler").exists(), "the tmpfs is nodus's alone");
     let pid = nodes[0].pid.expect("running").to_string();
-    std::process::Command::new("nsenter")
-        .args(["--target", &pid, "--mount", "rm", "-f"])
-        .arg(&filler)
-        .status()
-        .expect("nsenter")
-        .success()
-        .then_some(())
-        .expect("space freed in nodus's mount namespace");
+    let in_mount_namespace = |program: &str, path: &Path| {
+        let output = std::process::Command::new("nsenter")
+            .args(["--target", &pid, "--mount", program])
+            .arg(path)
+            .output()
+            .expect("nsenter");
+        output
+            .status
+            .success()
+            .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+    };
+    let freed = Instant::now();
+    in_mount_namespace("rm", &keys.join("filler")).expect("key space freed");
     for node in &nodes {
         wait_within("the nodes to peer", Duration::from_secs(40), || {
             (node.metric("nodus_mesh_peers") == Some(1.0)).then_some(())
@@ -336,6 +346,23 @@ fn a_full_key_directory_delays_the_mesh_and_nothing_else() {
     nodes[0].wait_metric("nodus_ready", 1.0);
     println!(
         "C7 key directory full: the mesh up {:.1?} after space freed",
+        freed.elapsed()
+    );
+
+    // The conflist could not be written: said, and no partial file stays behind.
+    wait_for("the conflist's failure reported", || {
+        logged(&nodes[0], "10-nodus.conflist.tmp").then_some(())
+    });
+    let listing = in_mount_namespace("ls", &cni).expect("ls");
+    assert_eq!(listing.trim(), "filler", "{listing}");
+    let freed = Instant::now();
+    in_mount_namespace("rm", &cni.join("filler")).expect("CNI space freed");
+    let written = wait_within("the conflist written", Duration::from_secs(40), || {
+        in_mount_namespace("cat", &cni.join("10-nodus.conflist"))
+    });
+    assert!(written.contains("\"cniVersion\""), "{written}");
+    println!(
+        "C8 CNI directory full: the conflist written {:.1?} after space freed",
         freed.elapsed()
     );
 }
