@@ -6,7 +6,7 @@
 
 use crate::dns::dig;
 use crate::mesh::{
-    API_PORT, MeshNode, WIREGUARD_GO, node_object, ping, pod_1_reaches_pods_2_and_3, pod_on,
+    API_PORT, MeshNode, WIREGUARD_GO, node_object, ping, pod_1_reaches_pods_2_and_3, pod_on_each,
     three_nodes,
 };
 use crate::support::{
@@ -33,6 +33,14 @@ fn reconnected(what: &str, from: &Pod, to: &Pod, since: Instant) -> Duration {
 /// The log lines of `node`'s current nodus that contain `text`.
 fn logged(node: &MeshNode, text: &str) -> bool {
     std::fs::read_to_string(node.log(0)).is_ok_and(|log| log.contains(text))
+}
+
+/// Deletes `node`'s WireGuard device, as someone on the node might.
+fn delete_device(node: &MeshNode) {
+    node.node
+        .ns
+        .ip(&["link", "del", &node.interface])
+        .expect("delete the device");
 }
 
 /// The pid of the `wireguard-go` that serves `node`'s device.
@@ -87,21 +95,13 @@ fn mesh_devices_come_back_and_a_half_open_api_connection_is_replaced() {
         209,
         [WIREGUARD_GO, "  backend: embedded\n", WIREGUARD_GO],
     );
-    let pods: Vec<Pod> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
-        .collect();
+    let pods = pod_on_each(&nodes);
     pod_1_reaches_pods_2_and_3(&pods);
     let recreated = "nodus_mesh_device_recreations_total";
 
     // C1: node 1's device deleted; its wireguard-go goes with it.
     let since = Instant::now();
-    nodes[0]
-        .node
-        .ns
-        .ip(&["link", "del", &nodes[0].interface])
-        .expect("delete the device");
+    delete_device(&nodes[0]);
     reconnected("C1 wireguard-go device deleted", &pods[0], &pods[1], since);
     nodes[0].wait_metric(recreated, 1.0);
     assert!(logged(&nodes[0], "had vanished; created it again"));
@@ -114,11 +114,7 @@ fn mesh_devices_come_back_and_a_half_open_api_connection_is_replaced() {
 
     // C1 with the embedded device: node 2's link deleted under boringtun.
     let since = Instant::now();
-    nodes[1]
-        .node
-        .ns
-        .ip(&["link", "del", &nodes[1].interface])
-        .expect("delete the device");
+    delete_device(&nodes[1]);
     reconnected("C1 embedded device deleted", &pods[0], &pods[1], since);
     nodes[1].wait_metric(recreated, 1.0);
 

@@ -243,7 +243,7 @@ fn who(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
         .enter(move || tcp_who(addr, Duration::from_secs(3)))?
 }
 
-pub(crate) fn pod_on(node: &MeshNode, name: &str) -> Pod {
+fn pod_on(node: &MeshNode, name: &str) -> Pod {
     let pod = cni::add_pod(
         &node.node,
         &node.conflist(),
@@ -258,6 +258,15 @@ pub(crate) fn pod_on(node: &MeshNode, name: &str) -> Pod {
         .stderr(Stdio::null());
     pod.ns.spawn(echo).expect("echo server");
     pod
+}
+
+/// A pod on each node, `pod-1` on node 1 and so on.
+pub(crate) fn pod_on_each(nodes: &[MeshNode]) -> Vec<Pod> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
+        .collect()
 }
 
 /// The `mesh:` lines that pick the wireguard-go backend.
@@ -357,11 +366,7 @@ pub(crate) fn three_nodes(
 #[test]
 fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
     let (cluster, underlay, mut nodes, kubeconfig) = three_nodes("mesh", 201, [WIREGUARD_GO; 3]);
-    let pods: Vec<Pod> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
-        .collect();
+    let pods = pod_on_each(&nodes);
     for (i, pod) in pods.iter().enumerate() {
         let v4 = pod.v4.expect("an IPv4 address");
         let v6 = pod.v6.expect("an IPv6 address");
@@ -592,11 +597,7 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
         let log = std::fs::read_to_string(node.log(0)).expect("log");
         assert!(log.contains(expected), "{}: {log}", node.node.name);
     }
-    let pods: Vec<Pod> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
-        .collect();
+    let pods = pod_on_each(&nodes);
     let capture = Capture::start(&nodes[0]);
     pod_1_reaches_pods_2_and_3(&pods);
     capture.only_wireguard();
@@ -712,11 +713,7 @@ fn a_rogue_node_claiming_others_ranges_changes_no_route_and_traffic_flows() {
         207,
         [WIREGUARD_GO, WIREGUARD_GO, WIREGUARD_GO],
     );
-    let pods: Vec<Pod> = nodes
-        .iter()
-        .enumerate()
-        .map(|(i, node)| pod_on(node, &format!("pod-{}", i + 1)))
-        .collect();
+    let pods = pod_on_each(&nodes);
     pod_1_reaches_pods_2_and_3(&pods);
     let routes: Vec<String> = nodes.iter().map(MeshNode::routes).collect();
 
