@@ -9,7 +9,7 @@ use crate::Error;
 use crate::backend::{BackendKind, Device, DeviceState};
 use crate::cni;
 use crate::key::{Key, KeyPair};
-use crate::links::Links;
+use crate::links::{Link, Links};
 use crate::metrics::MeshMetrics;
 use crate::plan::{Desired, Peer, PeerChange, PlanSettings, peer_changes, set_changes};
 use nodus_view::model::{Cidr, Family};
@@ -162,9 +162,10 @@ impl Mesh {
     /// deletes a TUN link when its last holder exits). A daemon that is there but does not
     /// answer is an error, not a reason to start a second one.
     pub async fn poll(&mut self) -> Result<Poll, Error> {
-        let present = self.links.find(&self.settings.interface).await?.is_some();
-        if present && self.device.is_some() {
-            self.refresh().await?;
+        if let Some(link) = self.links.find(&self.settings.interface).await?
+            && self.device.is_some()
+        {
+            self.read(link).await?;
             return Ok(Poll::Read);
         }
         // The old device must be gone before the new one is made: an embedded device
@@ -194,8 +195,13 @@ impl Mesh {
     /// Re-reads the device's peers and the kernel's routes and addresses (so that the next
     /// sync repairs outside changes) and updates the metrics.
     pub async fn refresh(&mut self) -> Result<DeviceState, Error> {
-        let state = self.device()?.state().await?;
         let link = self.links.link(&self.settings.interface).await?;
+        self.read(link).await
+    }
+
+    /// [`Mesh::refresh`] of the device's `link`, already looked up.
+    async fn read(&mut self, link: Link) -> Result<DeviceState, Error> {
+        let state = self.device()?.state().await?;
         self.routes = self.links.routes(link.index).await?;
         self.addresses = self.links.addresses(link.index).await?;
         self.peers = state

@@ -122,10 +122,11 @@ async fn start_dns(
 /// Opens the WireGuard device (adopting a running one) and starts the mesh's task. It
 /// programs nothing before the first batch after the view is complete.
 ///
-/// It runs before [`signals::shutdown_signal`] installs nodus's handlers: an embedded
-/// device's creation briefly holds signalfds for SIGTERM and SIGINT (see
+/// Its first attempt runs before [`signals::shutdown_signal`] installs nodus's handlers:
+/// an embedded device's creation briefly holds signalfds for SIGTERM and SIGINT (see
 /// `nodus_mesh::backend::embedded`), and a signal in that window must keep its default
-/// action, ending the process, rather than reach them.
+/// action, ending the process, rather than reach them. A retry after a failed start runs
+/// with the handlers installed, so a signal in its window can reach those signalfds.
 async fn start_mesh(
     config: &Config,
     view: ViewReader,

@@ -113,9 +113,9 @@ pub fn status(metrics: &Metrics) -> Status {
         }
         _ => Subsystem::disabled("proxy", None),
     });
-    let dns = match board.dns_addrs.get() {
+    subsystems.push(match (setup.filter(|s| s.dns), board.dns_addrs.get()) {
         // DNS answers from the view itself: it is in step whenever the view is.
-        Some(addrs) => Subsystem {
+        (Some(_), Some(addrs)) => Subsystem {
             synced: subsystems[0].synced,
             last_sync_unix_ms: subsystems[0].last_sync_unix_ms,
             detail: Some(format!(
@@ -129,11 +129,8 @@ pub fn status(metrics: &Metrics) -> Status {
             enabled: true,
             ..Subsystem::disabled("dns", None)
         },
-        None => Subsystem::not_started("dns", board),
-    };
-    subsystems.push(match setup.is_some_and(|s| s.dns) {
-        true => dns,
-        false => Subsystem::disabled("dns", None),
+        (Some(_), None) => Subsystem::not_started("dns", board),
+        _ => Subsystem::disabled("dns", None),
     });
     subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
         (Some(_), Some(mesh)) => mesh_subsystem(&mesh.status()),

@@ -159,15 +159,7 @@ fn mesh_devices_come_back_and_a_half_open_api_connection_is_replaced() {
         .metric("nodus_mesh_sync_failures_total")
         .expect("failures counted");
     assert!(failures >= 1.0, "{failures}");
-    let livez = nodes[0]
-        .node
-        .ns
-        .enter({
-            let http = nodes[0].http;
-            move || nodus_testbed::probe::http_get(http, "/livez", Duration::from_secs(2))
-        })
-        .expect("enter")
-        .expect("/livez answers");
+    let livez = nodes[0].get("/livez").expect("/livez answers");
     assert_eq!(livez.0, 200, "{livez:?}");
     std::thread::sleep(Duration::from_secs(12).saturating_sub(since.elapsed()));
     signal(daemon, "CONT");

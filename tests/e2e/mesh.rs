@@ -46,7 +46,7 @@ pub(crate) struct MeshNode {
     pub(crate) interface: String,
     pub(crate) dir: PathBuf,
     config: PathBuf,
-    pub(crate) http: SocketAddr,
+    http: SocketAddr,
     pub(crate) pid: Option<u32>,
     starts: usize,
     /// A program and its arguments that run nodus (`setpriv`, `unshare`), which comes
@@ -165,14 +165,18 @@ impl MeshNode {
         output
     }
 
-    pub(crate) fn metric(&self, series: &str) -> Option<f64> {
+    /// GET `path` from this nodus's HTTP address, inside its namespace.
+    pub(crate) fn get(&self, path: &'static str) -> Option<(u16, String)> {
         let http = self.http;
-        let (_, body) = self
-            .node
+        self.node
             .ns
-            .enter(move || http_get(http, "/metrics", Duration::from_secs(2)))
+            .enter(move || http_get(http, path, Duration::from_secs(2)))
             .ok()?
-            .ok()?;
+            .ok()
+    }
+
+    pub(crate) fn metric(&self, series: &str) -> Option<f64> {
+        let (_, body) = self.get("/metrics")?;
         metric(&body, series)
     }
 

@@ -100,11 +100,6 @@ impl Device {
         }
     }
 
-    /// Whether the device ends with this process (and a restart means new sessions).
-    pub fn ends_with_process(&self) -> bool {
-        matches!(self, Device::Embedded(_))
-    }
-
     pub async fn state(&mut self) -> Result<DeviceState, Error> {
         match self {
             Device::Kernel(d) => d.state().await,

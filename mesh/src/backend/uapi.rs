@@ -42,8 +42,13 @@ impl UapiDevice {
         &self.socket
     }
 
+    /// What an error of this device's requests names.
+    fn context(&self) -> String {
+        format!("UAPI {}", self.socket.display())
+    }
+
     async fn request(&self, body: &str) -> Result<String, Error> {
-        let context = || format!("UAPI {}", self.socket.display());
+        let context = || self.context();
         let reply = tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(body))
             .await
             .map_err(|_| {
@@ -67,7 +72,7 @@ impl UapiDevice {
 
     /// Sends `body` and reads the reply up to its blank line.
     async fn exchange(&self, body: &str) -> Result<String, Error> {
-        let context = || format!("UAPI {}", self.socket.display());
+        let context = || self.context();
         let mut stream = UnixStream::connect(&self.socket)
             .await
             .map_err(Error::io(context()))?;
@@ -98,7 +103,7 @@ impl UapiDevice {
 
     pub async fn state(&self) -> Result<DeviceState, Error> {
         let reply = self.request("get=1\n\n").await?;
-        parse_get(&reply).map_err(|m| Error::device(format!("UAPI {}", self.socket.display()), m))
+        parse_get(&reply).map_err(|m| Error::device(self.context(), m))
     }
 
     pub async fn set_identity(&self, private: &Key, port: u16) -> Result<(), Error> {
