@@ -113,6 +113,10 @@ pub struct RunArgs {
     /// Accept a plain http:// API server (test beds): by default only https:// is used.
     #[arg(long, env = "NODUS_ALLOW_HTTP_API")]
     pub allow_http_api: bool,
+    /// Where nodus keeps what outlives the process [default: the configuration's
+    /// `state_dir`].
+    #[arg(long, env = "NODUS_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
 }
 
 #[derive(Args, Clone, Debug)]

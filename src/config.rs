@@ -30,6 +30,9 @@ pub struct Config {
     pub status_from_anywhere: bool,
     /// Objects per list page while (re)listing: smaller pages lower peak memory.
     pub watch_page_size: u32,
+    /// What outlives the process: the last whole view, which a restart that cannot reach
+    /// the API server serves from. `null` keeps nothing.
+    pub state_dir: Option<PathBuf>,
     pub proxy: ProxyConfig,
     pub dns: DnsConfig,
     pub mesh: MeshConfig,
@@ -44,6 +47,7 @@ impl Default for Config {
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
             status_from_anywhere: false,
             watch_page_size: 100,
+            state_dir: Some(PathBuf::from("/var/lib/nodus")),
             proxy: ProxyConfig::default(),
             dns: DnsConfig::default(),
             mesh: MeshConfig::default(),

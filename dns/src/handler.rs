@@ -35,9 +35,9 @@ use std::time::{Duration, Instant};
 /// Answers the cluster zone from the view, and forwards the rest. Clones share everything.
 #[derive(Clone)]
 pub struct ClusterDns {
-    /// Until the view is complete, a name it lacks may only be missing from it: misses
-    /// get SERVFAIL (which resolvers retry) rather than an NXDOMAIN they would cache, as
-    /// CoreDNS does before it syncs.
+    /// Until the view is whole (complete, or restored from disk), a name it lacks may only
+    /// be missing from it: misses get SERVFAIL (which resolvers retry) rather than an
+    /// NXDOMAIN they would cache, as CoreDNS does before it syncs.
     pub(crate) view: ViewReader,
     /// Who may ask ([`crate::allow`]), rebuilt when Nodes or this host's addresses change.
     pub(crate) allow: Arc<RwLock<Arc<AllowList>>>,
@@ -54,7 +54,7 @@ pub struct ClusterDns {
 /// What a request gets, decided before anything is encoded or sent.
 enum Reply {
     /// A response code without records: a request we do not answer, a miss before the
-    /// view is complete, or a name to forward without upstreams.
+    /// view is whole, or a name to forward without upstreams.
     Code(ResponseCode),
     /// An authoritative answer from the cluster zone (AA).
     Zone(Answer),
@@ -136,9 +136,9 @@ impl ClusterDns {
     }
 
     /// What a client outside the allow-list gets: REFUSED, or SERVFAIL (which resolvers
-    /// retry) while the view, and so the list of Nodes, is not complete.
+    /// retry) while the view, and so the list of Nodes, is not whole.
     pub(crate) fn not_allowed(&self) -> ResponseCode {
-        match self.view.is_complete() {
+        match self.view.is_whole() {
             true => ResponseCode::Refused,
             false => ResponseCode::ServFail,
         }
@@ -214,7 +214,7 @@ impl ClusterDns {
         };
         match outcome {
             Outcome::Authoritative(answer)
-                if !self.view.is_complete()
+                if !self.view.is_whole()
                     && (answer.rcode == ResponseCode::NXDomain || answer.answers.is_empty()) =>
             {
                 Reply::Code(ResponseCode::ServFail)

@@ -76,7 +76,7 @@ fn lock(listeners: &Listeners) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr,
 }
 
 /// DNS reads the view at query time; a batch that changed Nodes changes who may ask. It is
-/// ready once bound (misses are SERVFAIL until the view is complete).
+/// ready once bound (misses are SERVFAIL until the view is whole: complete, or restored).
 impl Subsystem for DnsServer {
     fn name(&self) -> &'static str {
         "dns"

@@ -4,7 +4,7 @@
 //! the view is taken once per batch, and nothing is allocated per query.
 //!
 //! Every other datagram (names to forward, reverse names, headless services, anything
-//! unusual, and everything until the view is complete) is copied to the runtime and
+//! unusual, and everything until the view is whole) is copied to the runtime and
 //! answered there by the full path, [`ClusterDns::answer_datagram`]; its reply goes out on
 //! the same socket without blocking the runtime.
 //!
@@ -442,7 +442,7 @@ fn fast_loop(
         let started = Instant::now();
         let mut replies = 0;
         {
-            let view = handler.view.is_complete().then(|| handler.view.read());
+            let view = handler.view.is_whole().then(|| handler.view.read());
             let allow = handler.allow_list();
             for i in 0..received {
                 let header = &batch.receive[i];

@@ -68,7 +68,7 @@ pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = path.with_file_name(format!(".{file_name}.tmp"));
-    crate::file::replace(path, &tmp, 0o644, content.as_bytes())?;
+    nodus_durable::replace(path, &tmp, 0o644, content.as_bytes())?;
     Ok(true)
 }
 

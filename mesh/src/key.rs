@@ -178,7 +178,7 @@ fn tighten_directory(key: &Path) -> Result<(), Error> {
     Ok(())
 }
 
-/// Writes a new key file, 0600, replaced whole ([`crate::file::replace`]): a crash never
+/// Writes a new key file, 0600, replaced whole ([`nodus_durable::replace`]): a crash never
 /// leaves a half-written key.
 fn write_new(path: &Path, key: &Key) -> Result<(), Error> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -189,7 +189,8 @@ fn write_new(path: &Path, key: &Key) -> Result<(), Error> {
             .map_err(Error::io(format!("creating {}", dir.display())))?;
     }
     let content = format!("{}\n", key.to_base64());
-    crate::file::replace(path, &path.with_extension("tmp"), 0o600, content.as_bytes())
+    nodus_durable::replace(path, &path.with_extension("tmp"), 0o600, content.as_bytes())?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -18,7 +18,6 @@ pub mod agent;
 pub mod backend;
 pub mod cleanup;
 pub mod cni;
-mod file;
 pub mod follow;
 pub mod key;
 pub mod links;
@@ -44,6 +43,15 @@ pub enum Error {
     },
     #[error("{context}: {message}")]
     Device { context: String, message: String },
+}
+
+impl From<nodus_durable::Error> for Error {
+    fn from(error: nodus_durable::Error) -> Error {
+        Error::Io {
+            context: error.context,
+            source: error.source,
+        }
+    }
 }
 
 impl Error {

@@ -94,7 +94,12 @@ impl Subsystem for ProxySubsystem {
         "proxy"
     }
 
+    /// A restored view is not acted on: the kernel kept the table the last process
+    /// programmed, and a plan from old data could only move it further from the cluster.
     fn after_batch(&mut self, view: &View, applied: &Applied) {
+        if applied.stale {
+            return;
+        }
         match self.blocking {
             true => tokio::task::block_in_place(|| self.step(view, applied)),
             false => self.step(view, applied),

@@ -2,6 +2,7 @@
 //! error of the view and of the `--on-change` backend (each subsystem crate keeps its
 //! own), and the subsystems that failed to start.
 
+use crate::agent::state::Restored;
 use nodus_prom::{Tracker, family, sample};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -32,6 +33,8 @@ pub struct Board {
     pub starts: Arc<Starts>,
     /// The mesh's device is embedded: it ends with the process.
     pub device_ends_with_process: AtomicBool,
+    /// The view this process started from, saved by the one before.
+    pub restored: OnceLock<Restored>,
 }
 
 /// Start failures per subsystem: how many, and the last error while it is still not
@@ -97,6 +100,7 @@ impl Default for Board {
             dns_addrs: OnceLock::new(),
             starts: Arc::default(),
             device_ends_with_process: AtomicBool::new(false),
+            restored: OnceLock::new(),
         }
     }
 }

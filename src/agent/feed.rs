@@ -46,6 +46,15 @@ impl Feed {
         self.view.is_complete()
     }
 
+    /// The view was restored from disk; it is stale until the lists complete.
+    pub fn mark_restored(&self) {
+        self.view.mark_restored();
+    }
+
+    pub fn is_stale(&self) -> bool {
+        self.view.is_stale()
+    }
+
     pub fn apply(&mut self, items: Vec<WatchItem>) -> Applied {
         let was_complete = self.is_complete();
         let mut updates = Vec::with_capacity(items.len());
@@ -91,6 +100,7 @@ impl Feed {
         Applied {
             changes: report.changes,
             initial_sync: !was_complete && self.is_complete(),
+            stale: self.is_stale(),
             took,
         }
     }

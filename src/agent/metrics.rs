@@ -38,6 +38,11 @@ pub struct Metrics {
     /// Answers of `/healthz` and `/livez`: 200, then 503.
     healthz: [AtomicU64; 2],
     livez: [AtomicU64; 2],
+    /// The view is the one restored from disk, not yet replaced by the lists.
+    pub view_stale: AtomicBool,
+    view_saves: AtomicU64,
+    view_save_failures: AtomicU64,
+    view_saved_bytes: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -60,6 +65,10 @@ impl Default for Metrics {
             node_leaving: AtomicBool::new(false),
             healthz: Default::default(),
             livez: Default::default(),
+            view_stale: AtomicBool::new(false),
+            view_saves: AtomicU64::new(0),
+            view_save_failures: AtomicU64::new(0),
+            view_saved_bytes: AtomicU64::new(0),
         }
     }
 }
@@ -93,6 +102,15 @@ impl Metrics {
             false => &self.healthz,
         };
         counts[usize::from(!healthy)].fetch_add(1, Relaxed);
+    }
+
+    pub fn view_saved(&self, bytes: u64) {
+        self.view_saves.fetch_add(1, Relaxed);
+        self.view_saved_bytes.store(bytes, Relaxed);
+    }
+
+    pub fn view_save_failed(&self) {
+        self.view_save_failures.fetch_add(1, Relaxed);
     }
 
     pub fn batch_applied(&self, took: Duration) {
@@ -140,6 +158,34 @@ impl Metrics {
                 value,
             );
         }
+        single(
+            &mut out,
+            "nodus_view_stale",
+            "gauge",
+            "1 while the view is the one saved before the last restart, until the API's lists replace it.",
+            u8::from(self.view_stale.load(Relaxed)),
+        );
+        single(
+            &mut out,
+            "nodus_view_saves_total",
+            "counter",
+            "Times the view was saved to the state directory.",
+            self.view_saves.load(Relaxed),
+        );
+        single(
+            &mut out,
+            "nodus_view_save_failures_total",
+            "counter",
+            "Saves of the view that failed.",
+            self.view_save_failures.load(Relaxed),
+        );
+        single(
+            &mut out,
+            "nodus_view_saved_bytes",
+            "gauge",
+            "Size of the view's last save.",
+            self.view_saved_bytes.load(Relaxed),
+        );
         single(
             &mut out,
             "nodus_view_interned_strings",

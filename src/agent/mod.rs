@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod on_change;
 pub mod retry;
 pub mod signals;
+pub mod state;
 pub mod status;
 pub mod watch;
 
@@ -30,8 +31,9 @@ use nodus_dns::server::DnsServer;
 use nodus_mesh::follow::MeshSubsystem;
 use nodus_proxy::apply::Proxy;
 use nodus_proxy::subsystem::{CHECK_PERIOD, ProxySubsystem};
-use nodus_view::{Subsystem, View, ViewReader};
+use nodus_view::{Applied, Subsystem, View, ViewReader};
 use on_change::OnChange;
+use state::{Saver, StateDir};
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::sync::Arc;
@@ -200,7 +202,35 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
-    let mut feed = Feed::new(View::new(&node_name), metrics.clone(), kinds);
+    let state = args
+        .state_dir
+        .as_deref()
+        .or(config.state_dir.as_deref())
+        .and_then(|dir| StateDir::new(dir, &node_name));
+    let restored = state.as_ref().and_then(StateDir::restore);
+    let mut feed = match restored {
+        Some((view, restored)) => {
+            let counts = view.counts();
+            tracing::info!(
+                services = counts.services,
+                endpoints = counts.endpoints,
+                nodes = counts.nodes,
+                bytes = restored.bytes,
+                took = ?restored.took,
+                saved_unix_ms = status::unix_ms(restored.saved),
+                "restored the view saved before; DNS and the mesh serve from it, stale, until \
+                 the API's lists replace it"
+            );
+            metrics.set_counts(&counts);
+            metrics.view_stale.store(true, Relaxed);
+            let _ = metrics.status.restored.set(restored);
+            let feed = Feed::new(view, metrics.clone(), kinds);
+            feed.mark_restored();
+            feed
+        }
+        None => Feed::new(View::new(&node_name), metrics.clone(), kinds),
+    };
+    let mut saver = state.map(|state| Saver::new(state, feed.reader(), metrics.clone()));
     let mut subsystems: Vec<Box<dyn Subsystem>> = Vec::new();
     let starts = metrics.status.starts.clone();
     // Started before the first list, and retried in the background if they cannot start:
@@ -249,13 +279,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         "subsystems started"
     );
 
+    if feed.is_stale() {
+        let restored = Applied {
+            initial_sync: true,
+            stale: true,
+            ..Applied::default()
+        };
+        let view = feed.read();
+        for subsystem in &mut subsystems {
+            subsystem.after_batch(&view, &restored);
+        }
+    }
+
     let items = futures::stream::select(items, ticks(CHECK_PERIOD));
     let drive = feed.drive(items, |feed, applied| {
         feed.metrics.run_loop.beat();
-        if !feed.is_complete() {
+        if !feed.is_complete() && !applied.stale {
             return ControlFlow::Continue(());
         }
-        if applied.initial_sync || !applied.changes.is_empty() {
+        if let Some(saver) = &mut saver {
+            saver.after_batch(applied);
+        }
+        if applied.initial_sync && !applied.stale && feed.metrics.view_stale.swap(false, Relaxed) {
+            tracing::info!("the API's lists replaced the restored view");
+        }
+        if !applied.stale && (applied.initial_sync || !applied.changes.is_empty()) {
             feed.metrics.status.view.synced(applied.took);
         }
         let view = feed.read();
@@ -292,19 +340,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         ControlFlow::Continue(())
     });
-    tokio::select! {
+    let signal = tokio::select! {
         () = drive => anyhow::bail!("the watch streams ended"),
-        signal = signals::shutdown_signal() => {
-            let signal = signal?;
-            match metrics.status.device_ends_with_process.load(Relaxed) {
-                true => tracing::info!(
-                    signal,
-                    "exiting; the dataplane stays in place but for the embedded WireGuard \
-                     device, which ends with the process"
-                ),
-                false => tracing::info!(signal, "exiting; the dataplane stays in place"),
-            }
-            Ok(())
-        }
+        signal = signals::shutdown_signal() => signal?,
+    };
+    if let Some(saver) = &mut saver {
+        saver.flush().await;
     }
+    match metrics.status.device_ends_with_process.load(Relaxed) {
+        true => tracing::info!(
+            signal,
+            "exiting; the dataplane stays in place but for the embedded WireGuard device, \
+             which ends with the process"
+        ),
+        false => tracing::info!(signal, "exiting; the dataplane stays in place"),
+    }
+    Ok(())
 }

@@ -76,9 +76,9 @@ impl Subsystem for OnChange {
     }
 
     /// Queues the batch's changes (everything after the initial sync). Never waits for a
-    /// run.
+    /// run. A view restored from disk is not handed to the program: it waits for the lists.
     fn after_batch(&mut self, _view: &View, applied: &Applied) {
-        if !applied.initial_sync && applied.changes.is_empty() {
+        if applied.stale || (!applied.initial_sync && applied.changes.is_empty()) {
             return;
         }
         lock(&self.pending).merge(applied.initial_sync, &applied.changes);

@@ -91,12 +91,13 @@ impl<S: Subsystem> Subsystem for Retried<S> {
         let Ok(mut started) = self.arriving.try_recv() else {
             return;
         };
-        // It missed the batch that completed the view: to it, this one does.
+        // It missed the batch that completed (or restored) the view: to it, this one does.
         started.after_batch(
             view,
             &Applied {
                 changes: ChangeSet::default(),
                 initial_sync: true,
+                stale: applied.stale,
                 took: applied.took,
             },
         );

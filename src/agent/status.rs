@@ -96,6 +96,15 @@ pub fn status(metrics: &Metrics) -> Status {
         .into_iter()
         .map(|(kind, n)| (kind.to_string(), n))
         .collect();
+    if metrics.view_stale.load(Relaxed)
+        && let Some(restored) = board.restored.get()
+    {
+        view.detail = Some(format!(
+            "stale: restored from the view saved at {} ms since the epoch, until the API's \
+             lists replace it",
+            unix_ms(restored.saved)
+        ));
+    }
     let mut subsystems = vec![view];
     let proxy = metrics.proxy.get();
     let proxy_track = proxy.map(|p| p.status.snapshot()).unwrap_or_default();

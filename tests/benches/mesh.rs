@@ -172,6 +172,7 @@ fn run(opts: &Options, peers: usize) -> anyhow::Result<Row> {
         .args(["--http-addr", &HTTP.to_string()])
         .env("NODUS_LOG", "info")
         .env("NODUS_ALLOW_HTTP_API", "true")
+        .env("NODUS_STATE_DIR", dir.join("state"))
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log)?);
     let started = Instant::now();

@@ -263,7 +263,8 @@ fn run_node_1_with_dns_config(cluster: &mut Cluster, ns: &Netns, listen: &str, d
     .arg("--config")
     .arg(&config)
     .env("NODUS_LOG", "info")
-    .env("NODUS_ALLOW_HTTP_API", "true");
+    .env("NODUS_ALLOW_HTTP_API", "true")
+    .env("NODUS_STATE_DIR", cluster.dir.join("state"));
     cluster.spawn(cmd);
     wait_ready_in(ns, SocketAddr::from((Ipv4Addr::LOCALHOST, port)));
     port

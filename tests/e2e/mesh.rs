@@ -99,6 +99,11 @@ impl MeshNode {
         self.dir.join(format!("nodus-{start}.log"))
     }
 
+    /// Where this node's agent keeps its saved view, across its restarts.
+    pub(crate) fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+
     pub(crate) fn start(&mut self, kubeconfig: &std::path::Path) {
         let log = std::fs::File::create(self.log(self.starts)).expect("log");
         let mut cmd = match self.launcher.split_first() {
@@ -116,6 +121,7 @@ impl MeshNode {
             .args(["--http-addr", &self.http.to_string()])
             .env("NODUS_LOG", "info")
             .env("NODUS_ALLOW_HTTP_API", "true")
+            .env("NODUS_STATE_DIR", self.state_dir())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log);

@@ -314,7 +314,8 @@ fn with_only_the_daemonsets_capabilities_it_programs_and_answers_and_sigterm_lea
     .arg(&kubeconfig)
     .arg("--config")
     .arg(&config)
-    .env("NODUS_ALLOW_HTTP_API", "true");
+    .env("NODUS_ALLOW_HTTP_API", "true")
+    .env("NODUS_STATE_DIR", cluster.dir.join("state"));
     let pid = cluster.spawn(cmd).id();
     wait_ready_in(&ns, http);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");

@@ -67,6 +67,7 @@ impl Cluster {
             .arg(&self.kubeconfig)
             .env("NODUS_LOG", "info")
             .env("NODUS_ALLOW_HTTP_API", "true")
+            .env("NODUS_STATE_DIR", self.dir.join("state"))
             .stdin(Stdio::null());
         cmd
     }

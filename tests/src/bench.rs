@@ -143,6 +143,7 @@ impl BenchCluster {
             .arg(&config_path)
             .env("NODUS_LOG", "warn")
             .env("NODUS_ALLOW_HTTP_API", "true")
+            .env("NODUS_STATE_DIR", self.dir.join("state"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()

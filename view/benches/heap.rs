@@ -11,6 +11,7 @@ use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::time::Instant;
 
 struct Counting;
 
@@ -84,6 +85,33 @@ fn measure(shape: Shape, churn: usize) -> (usize, usize) {
     (synced, churned)
 }
 
+/// The view saved and restored ([`View::save`], [`View::restore`]): the file's size, the
+/// time each takes, and the restored view's heap beside the original's.
+fn snapshot(shape: Shape) {
+    let mut view = View::new(&scale::node_name(0));
+    apply_in_pages(&mut view, scale::cluster(&shape));
+    let started = Instant::now();
+    let bytes = view.save().expect("the view fits a snapshot");
+    let saved = started.elapsed();
+    let before = LIVE.load(Relaxed);
+    let started = Instant::now();
+    let restored = View::restore(&scale::node_name(0), &bytes).expect("restore");
+    let took = started.elapsed();
+    let heap = LIVE.load(Relaxed) - before;
+    assert_eq!(restored.counts(), view.counts());
+    println!(
+        "{:<14} {:>10.2} MiB {:>9.1} ms {:>10.1} ms {:>10.2} MiB",
+        format!(
+            "{}×{}×{}",
+            shape.services, shape.endpoints_per_service, shape.nodes
+        ),
+        bytes.len() as f64 / (1 << 20) as f64,
+        saved.as_secs_f64() * 1000.0,
+        took.as_secs_f64() * 1000.0,
+        heap as f64 / (1 << 20) as f64,
+    );
+}
+
 pub fn main() {
     println!("node view heap (live bytes, counting allocator)");
     println!(
@@ -108,6 +136,18 @@ pub fn main() {
         if services == 10_000 && synced.max(churned) > BUDGET_BYTES {
             over_budget = true;
         }
+    }
+    println!("\nview snapshot (the warm start's file)");
+    println!(
+        "{:<14} {:>14} {:>12} {:>13} {:>14}",
+        "shape S×E×N", "file", "save", "restore", "restored heap"
+    );
+    for (services, endpoints, nodes) in [(1000, 10, 100), (10_000, 10, 100)] {
+        snapshot(Shape {
+            services,
+            endpoints_per_service: endpoints,
+            nodes,
+        });
     }
     if over_budget {
         eprintln!("the 10,000 × 10 × 100 view is over its 8 MiB budget");

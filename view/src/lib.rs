@@ -25,4 +25,6 @@ pub use decode::InvalidObject;
 pub use intern::{Interner, Sym};
 pub use shared::{ViewReader, ViewWriter};
 pub use subsystem::{Applied, Subsystem};
-pub use view::{ApplyReport, ChangeSet, Counts, Kind, ServiceName, ServiceView, Update, View};
+pub use view::{
+    ApplyReport, ChangeSet, Counts, Kind, ServiceName, ServiceView, SnapshotError, Update, View,
+};

@@ -4,7 +4,8 @@
 //!
 //! Completeness (every watch delivered its initial list) lives here too, beside the
 //! view, so that no reader keeps a flag of its own, as kube-rs keeps readiness on its
-//! reflector's store.
+//! reflector's store; so does staleness: a view restored from disk is whole but old until
+//! the lists replace it.
 
 use crate::View;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +14,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 struct Shared {
     view: RwLock<View>,
     complete: AtomicBool,
+    /// The view was restored from disk and the lists have not completed since.
+    stale: AtomicBool,
 }
 
 impl Shared {
@@ -28,6 +31,10 @@ impl Shared {
     fn is_complete(&self) -> bool {
         self.complete.load(Ordering::Acquire)
     }
+
+    fn is_stale(&self) -> bool {
+        self.stale.load(Ordering::Acquire)
+    }
 }
 
 /// The one writer of the view. Not `Clone`: whoever holds it is the feed.
@@ -42,6 +49,7 @@ impl ViewWriter {
         ViewWriter(Arc::new(Shared {
             view: RwLock::new(view),
             complete: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
         }))
     }
 
@@ -64,10 +72,21 @@ impl ViewWriter {
     /// complete: it replaces objects without emptying the view first.
     pub fn mark_complete(&self) {
         self.0.complete.store(true, Ordering::Release);
+        self.0.stale.store(false, Ordering::Release);
+    }
+
+    /// The view was restored from disk ([`View::restore`]): whole, but stale until the
+    /// lists complete.
+    pub fn mark_restored(&self) {
+        self.0.stale.store(true, Ordering::Release);
     }
 
     pub fn is_complete(&self) -> bool {
         self.0.is_complete()
+    }
+
+    pub fn is_stale(&self) -> bool {
+        self.0.is_stale()
     }
 }
 
@@ -80,6 +99,12 @@ impl ViewReader {
     /// may be missing objects that exist.
     pub fn is_complete(&self) -> bool {
         self.0.is_complete()
+    }
+
+    /// Whether the view holds a whole cluster: the lists, or the last whole view restored
+    /// from disk while the lists are not in (stale, but what an answer may rest on).
+    pub fn is_whole(&self) -> bool {
+        self.0.is_complete() || self.0.is_stale()
     }
 }
 
@@ -95,6 +120,16 @@ mod tests {
         assert_eq!(reader.read().node_name(), "node-a");
         writer.mark_complete();
         assert!(reader.clone().is_complete());
+    }
+
+    #[test]
+    fn a_restored_view_is_whole_but_stale_until_the_lists_complete() {
+        let writer = ViewWriter::new(View::new("node-a"));
+        let reader = writer.reader();
+        writer.mark_restored();
+        assert!(reader.is_whole() && !reader.is_complete() && writer.is_stale());
+        writer.mark_complete();
+        assert!(reader.is_whole() && reader.is_complete() && !writer.is_stale());
     }
 
     #[test]

@@ -14,7 +14,13 @@ use std::time::Duration;
 pub struct Applied {
     pub changes: ChangeSet,
     /// This batch completed the initial list of every watched kind: everything changed.
+    /// With `stale`, the view was just restored from disk instead.
     pub initial_sync: bool,
+    /// The view is the one restored from disk at start, not yet replaced by the lists:
+    /// what serves through an API outage acts on it (DNS, the mesh's peers); what must
+    /// not act on old data (the proxy, whose table the kernel keeps across a restart)
+    /// waits for the batch that completes the lists.
+    pub stale: bool,
     /// Time spent applying it to the view.
     pub took: Duration,
 }
@@ -24,8 +30,9 @@ pub trait Subsystem {
     fn name(&self) -> &'static str;
 
     /// Brings the subsystem in step with `view` after `applied`; called after every
-    /// batch once the view is complete, and on the run loop's periodic tick (with an
-    /// empty change set), so that a subsystem can check and repair its dataplane.
+    /// batch once the view is complete (or restored, see [`Applied::stale`]), and on the
+    /// run loop's periodic tick (with an empty change set), so that a subsystem can check
+    /// and repair its dataplane.
     fn after_batch(&mut self, view: &View, applied: &Applied);
 
     /// Whether its dataplane reflects the complete view.

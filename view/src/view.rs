@@ -12,6 +12,9 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 
+mod snapshot;
+pub use snapshot::{MAX_BYTES as SNAPSHOT_MAX_BYTES, SnapshotError};
+
 /// The kinds of object the view holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
@@ -443,13 +446,25 @@ impl View {
         if !skipped.is_empty() {
             *partly_invalid = Some(decode::partly_invalid("Service", &wire.metadata, &skipped));
         }
-        let key = self.entry_key(namespace, &wire.metadata.name);
+        self.put_service(namespace, &wire.metadata.name, service, changes);
+        Ok(())
+    }
+
+    /// Stores a decoded service (its strings already interned), replacing the one before.
+    fn put_service(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        service: Service,
+        changes: &mut ChangeSet,
+    ) {
+        let key = self.entry_key(namespace, name);
         let Some(entry) = self.services.get_mut(&key) else {
-            return Ok(());
+            return;
         };
         if entry.service.as_deref() == Some(&service) {
             service.release(&mut self.strings);
-            return Ok(());
+            return;
         }
         let cluster_ips = service.cluster_ips.clone();
         let external: Vec<IpAddr> = service.external_addresses().collect();
@@ -463,7 +478,6 @@ impl View {
         self.index_external(key, &old_external, &external, changes);
         self.service_changed(key, changes);
         changes.service_updates += 1;
-        Ok(())
     }
 
     /// Moves the service `key`'s external claims from `old` to `new`, and marks every
@@ -529,6 +543,28 @@ impl View {
                 return Ok(());
             }
         };
+        if self.put_slice(namespace, owner, slice, changes)
+            && let Some(millis) = wire
+                .metadata
+                .annotations
+                .get(wire::ANNOTATION_LAST_CHANGE_TRIGGER_TIME)
+                .and_then(wire::parse_rfc3339_millis)
+            && changes.trigger_times.len() < TRIGGER_TIMES_MAX
+        {
+            changes.trigger_times.push(millis);
+        }
+        Ok(())
+    }
+
+    /// Stores a decoded slice of the service `namespace/owner`, replacing the one of the
+    /// same name (moving it from another service if it belonged to one). Whether it changed.
+    fn put_slice(
+        &mut self,
+        namespace: &str,
+        owner: &str,
+        slice: Slice,
+        changes: &mut ChangeSet,
+    ) -> bool {
         let key = self.entry_key(namespace, owner);
         let slice_key = SliceKey {
             namespace: key.namespace,
@@ -547,7 +583,7 @@ impl View {
             }
         }
         let Some(entry) = self.services.get_mut(&key) else {
-            return Ok(());
+            return false;
         };
         let position = entry
             .slices
@@ -557,7 +593,7 @@ impl View {
             && entry.slices[i] == slice
         {
             slice.release(&mut self.strings);
-            return Ok(());
+            return false;
         }
         let indexed = headless_addrs(&slice);
         let replaced = match position {
@@ -577,16 +613,7 @@ impl View {
         self.index(key, indexed, true);
         self.service_changed(key, changes);
         changes.slice_updates += 1;
-        if let Some(millis) = wire
-            .metadata
-            .annotations
-            .get(wire::ANNOTATION_LAST_CHANGE_TRIGGER_TIME)
-            .and_then(wire::parse_rfc3339_millis)
-            && changes.trigger_times.len() < TRIGGER_TIMES_MAX
-        {
-            changes.trigger_times.push(millis);
-        }
-        Ok(())
+        true
     }
 
     fn upsert_node(
@@ -596,13 +623,19 @@ impl View {
     ) -> Result<(), (Kind, InvalidObject)> {
         self.seen(Kind::Node, "", &wire.metadata.name);
         let node = decode::node(&wire, &mut self.strings).map_err(|e| (Kind::Node, e))?;
-        let name = self.strings.intern(&wire.metadata.name);
-        match self.nodes.entry(name) {
+        self.put_node(wire.metadata.name, node, changes);
+        Ok(())
+    }
+
+    /// Stores a decoded Node, replacing the one before.
+    fn put_node(&mut self, name: String, node: Node, changes: &mut ChangeSet) {
+        let sym = self.strings.intern(&name);
+        match self.nodes.entry(sym) {
             Entry::Occupied(mut stored) => {
-                self.strings.release(name);
+                self.strings.release(sym);
                 if *stored.get() == node {
                     node.release(&mut self.strings);
-                    return Ok(());
+                    return;
                 }
                 stored.insert(node).release(&mut self.strings);
             }
@@ -610,11 +643,10 @@ impl View {
                 slot.insert(node);
             }
         }
-        if name == self.node_name {
+        if sym == self.node_name {
             changes.this_node = true;
         }
-        changes.nodes.insert(wire.metadata.name);
-        Ok(())
+        changes.nodes.insert(name);
     }
 
     fn delete(&mut self, kind: Kind, namespace: &str, name: &str, changes: &mut ChangeSet) {

@@ -1,15 +1,29 @@
-//! Files the mesh writes (its key, the CNI conflist): a temporary file beside the target,
-//! synced, renamed into place, then the directory synced, so that neither a crash nor a
-//! power loss leaves a half-written file or loses the rename. A failed write removes its
-//! temporary file: on a full disk it would hold space, and the next try starts clean.
+//! Files nodus keeps across restarts (the WireGuard key, the CNI conflist, the saved
+//! view): a temporary file beside the target, synced, renamed into place, then the
+//! directory synced, so that neither a crash nor a power loss leaves a half-written file
+//! or loses the rename. A failed write removes its temporary file: on a full disk it would
+//! hold space, and the next try starts clean.
 
-use crate::Error;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
+/// A write that failed, and which step of it.
+#[derive(Debug, thiserror::Error)]
+#[error("{context}: {source}")]
+pub struct Error {
+    pub context: String,
+    pub source: std::io::Error,
+}
+
+impl Error {
+    fn io(context: String) -> impl FnOnce(std::io::Error) -> Error {
+        move |source| Error { context, source }
+    }
+}
+
 /// Replaces `path` with `content` through `tmp` (in the same directory), created `mode`.
-pub(crate) fn replace(path: &Path, tmp: &Path, mode: u32, content: &[u8]) -> Result<(), Error> {
+pub fn replace(path: &Path, tmp: &Path, mode: u32, content: &[u8]) -> Result<(), Error> {
     let _ = std::fs::remove_file(tmp);
     let written = std::fs::OpenOptions::new()
         .write(true)

@@ -1,0 +1,218 @@
+//! What nodus keeps across restarts in `state_dir`: the last whole view, so that a restart
+//! that cannot reach the API server still answers DNS and keeps the mesh's peers (warm
+//! start). The view is saved after the initial lists, then at most every
+//! [`SAVE_PERIOD`] while it changes, and once more on the way out; each save replaces the
+//! file whole ([`nodus_durable::replace`]).
+//!
+//! Files carry the node's name: two agents for different nodes (a test bed) may share
+//! a directory, and an agent never reads another node's view.
+
+use crate::agent::metrics::Metrics;
+use nodus_view::{Applied, View, ViewReader};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::task::JoinHandle;
+
+/// How often the view is saved at most while it changes: at 10,000 services a save
+/// writes about 1 MiB, which an SD card should not take every few seconds.
+pub const SAVE_PERIOD: Duration = Duration::from_secs(30);
+
+/// The state directory of one node's agent.
+#[derive(Clone, Debug)]
+pub struct StateDir {
+    dir: PathBuf,
+    node: String,
+}
+
+/// A view restored at start: when it was saved and what it took.
+#[derive(Clone, Copy, Debug)]
+pub struct Restored {
+    pub saved: SystemTime,
+    pub bytes: u64,
+    pub took: Duration,
+}
+
+impl StateDir {
+    /// `None` when the node's name cannot name a file (a Node name never has a `/`).
+    pub fn new(dir: &Path, node: &str) -> Option<StateDir> {
+        let usable = !node.is_empty() && !node.contains('/') && !node.starts_with('.');
+        usable.then(|| StateDir {
+            dir: dir.to_path_buf(),
+            node: node.to_string(),
+        })
+    }
+
+    pub fn view_path(&self) -> PathBuf {
+        self.dir.join(format!("view-{}", self.node))
+    }
+
+    /// The view saved for this node, if there is one that can be used; why not is logged.
+    pub fn restore(&self) -> Option<(View, Restored)> {
+        let path = self.view_path();
+        let started = Instant::now();
+        let read = std::fs::metadata(&path).and_then(|meta| {
+            match meta.len() > nodus_view::view::SNAPSHOT_MAX_BYTES as u64 {
+                true => Err(std::io::Error::other(format!(
+                    "{} bytes, more than a saved view may take",
+                    meta.len()
+                ))),
+                false => Ok((std::fs::read(&path)?, meta.modified()?)),
+            }
+        });
+        let (bytes, saved) = match read {
+            Ok(read) => read,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "cannot read the saved view; starting without it");
+                return None;
+            }
+        };
+        match View::restore(&self.node, &bytes) {
+            Ok(view) => Some((
+                view,
+                Restored {
+                    saved,
+                    bytes: bytes.len() as u64,
+                    took: started.elapsed(),
+                },
+            )),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "not using the saved view; starting without it");
+                None
+            }
+        }
+    }
+
+    fn save(&self, reader: &ViewReader, metrics: &Metrics) {
+        let started = Instant::now();
+        let path = self.view_path();
+        let encoded = reader.read().save();
+        let saved = encoded
+            .map_err(|error| format!("saving the view: {error}"))
+            .and_then(|bytes| {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o700)
+                    .create(&self.dir)
+                    .map_err(|error| format!("creating {}: {error}", self.dir.display()))?;
+                let tmp = path.with_extension("tmp");
+                nodus_durable::replace(&path, &tmp, 0o600, &bytes)
+                    .map_err(|error| error.to_string())?;
+                Ok(bytes.len())
+            });
+        match saved {
+            Ok(bytes) => {
+                metrics.view_saved(bytes as u64);
+                tracing::debug!(path = %path.display(), bytes, took = ?started.elapsed(), "view saved");
+            }
+            Err(error) => {
+                metrics.view_save_failed();
+                tracing::warn!(%error, "the view could not be saved; a restart without the API would start empty");
+                metrics.status.view.error(error);
+            }
+        }
+    }
+}
+
+/// Saves the view after the batches that change it, at most every [`SAVE_PERIOD`], on
+/// a blocking thread (the encoding holds the view's read lock for some milliseconds).
+pub struct Saver {
+    state: Arc<StateDir>,
+    reader: ViewReader,
+    metrics: Arc<Metrics>,
+    /// The view changed since the last save.
+    dirty: bool,
+    last: Option<Instant>,
+    running: Option<JoinHandle<()>>,
+}
+
+impl Saver {
+    pub fn new(state: StateDir, reader: ViewReader, metrics: Arc<Metrics>) -> Saver {
+        Saver {
+            state: Arc::new(state),
+            reader,
+            metrics,
+            dirty: false,
+            last: None,
+            running: None,
+        }
+    }
+
+    /// After every batch (and tick): saves when the complete view changed and the last
+    /// save is old enough. A restored view is not saved again: it is what the file holds.
+    pub fn after_batch(&mut self, applied: &Applied) {
+        self.dirty |= applied.initial_sync || !applied.changes.is_empty();
+        if !self.dirty || applied.stale || !self.reader.is_complete() {
+            return;
+        }
+        if self
+            .running
+            .as_ref()
+            .is_some_and(|task| !task.is_finished())
+            || self.last.is_some_and(|at| at.elapsed() < SAVE_PERIOD)
+        {
+            return;
+        }
+        self.dirty = false;
+        self.last = Some(Instant::now());
+        let (state, reader, metrics) = (
+            self.state.clone(),
+            self.reader.clone(),
+            self.metrics.clone(),
+        );
+        self.running = Some(tokio::task::spawn_blocking(move || {
+            state.save(&reader, &metrics)
+        }));
+    }
+
+    /// Saves what changed since the last save, now: on the way out.
+    pub async fn flush(&mut self) {
+        if let Some(task) = self.running.take() {
+            let _ = task.await;
+        }
+        if !self.dirty || !self.reader.is_complete() {
+            return;
+        }
+        self.dirty = false;
+        let (state, reader, metrics) = (
+            self.state.clone(),
+            self.reader.clone(),
+            self.metrics.clone(),
+        );
+        let _ = tokio::task::spawn_blocking(move || state.save(&reader, &metrics)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodus_view::ViewWriter;
+
+    #[test]
+    fn a_saved_view_is_restored_for_its_node_only() {
+        let dir = std::env::temp_dir().join(format!("nodus-state-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let state = StateDir::new(&dir, "node-a").expect("a usable name");
+        assert!(state.restore().is_none(), "nothing saved yet");
+        let writer = ViewWriter::new(View::new("node-a"));
+        writer.mark_complete();
+        let metrics = Metrics::default();
+        state.save(&writer.reader(), &metrics);
+        let (view, restored) = state.restore().expect("restored");
+        assert_eq!(view.node_name(), "node-a");
+        assert_eq!(
+            restored.bytes,
+            std::fs::metadata(state.view_path()).expect("file").len()
+        );
+        assert!(metrics.render().contains("nodus_view_saves_total 1"));
+        let other = StateDir::new(&dir, "node-b").expect("a usable name");
+        assert!(other.restore().is_none(), "another node's file is not read");
+        // A damaged file is refused, and the agent starts without it.
+        std::fs::write(state.view_path(), b"nodusvw\x01 and then garbage").expect("damage");
+        assert!(state.restore().is_none());
+        assert!(StateDir::new(&dir, "../escape").is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
