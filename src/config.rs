@@ -31,8 +31,12 @@ pub struct Config {
     /// Objects per list page while (re)listing: smaller pages lower peak memory.
     pub watch_page_size: u32,
     /// What outlives the process: the last whole view, which a restart that cannot reach
-    /// the API server serves from. `null` keeps nothing.
+    /// the API server serves from, and the socket a successor takes the listening sockets
+    /// over by. `null` keeps nothing.
     pub state_dir: Option<PathBuf>,
+    /// After SIGTERM, how long nodus keeps serving (not ready) for a successor to take its
+    /// sockets over before it exits. 0 exits at once.
+    pub lameduck_seconds: u64,
     pub proxy: ProxyConfig,
     pub dns: DnsConfig,
     pub mesh: MeshConfig,
@@ -48,6 +52,7 @@ impl Default for Config {
             status_from_anywhere: false,
             watch_page_size: 100,
             state_dir: Some(PathBuf::from("/var/lib/nodus")),
+            lameduck_seconds: 0,
             proxy: ProxyConfig::default(),
             dns: DnsConfig::default(),
             mesh: MeshConfig::default(),

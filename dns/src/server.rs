@@ -14,6 +14,8 @@ use nodus_view::model::Cidr;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,8 +24,19 @@ const FOLLOW_PERIOD: Duration = Duration::from_secs(2);
 
 /// Both transports on one address.
 struct Listener {
-    _udp: UdpListener,
+    udp: UdpListener,
     _tcp: TcpListener,
+    /// A copy of the TCP socket's descriptor, to hand over.
+    tcp_socket: std::net::TcpListener,
+}
+
+/// The sockets of one address, bound by one process and served by the next: a restart
+/// that hands them over loses no query, since the kernel queues what arrives meanwhile
+/// on the same sockets.
+#[derive(Debug)]
+pub struct BoundSockets {
+    pub udp: Vec<std::net::UdpSocket>,
+    pub tcp: std::net::TcpListener,
 }
 
 type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
@@ -31,7 +44,7 @@ type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
 /// A running DNS server: it serves until dropped.
 pub struct DnsServer {
     /// Held: every listener serves until the server drops.
-    _listeners: Listeners,
+    listeners: Listeners,
     /// Follows the host's addresses: the listeners of a followed wildcard, and the
     /// allow-list.
     follower: tokio::task::JoinHandle<()>,
@@ -41,6 +54,7 @@ pub struct DnsServer {
     handler: ClusterDns,
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
+    handed_over: Arc<AtomicBool>,
 }
 
 impl DnsServer {
@@ -56,6 +70,42 @@ impl DnsServer {
         let view = self.handler.view().clone();
         self.handler
             .rebuild_allow_list(&view.read(), Some(prefixes), None);
+    }
+
+    /// What hands this server's sockets to the next process.
+    pub fn handover(&self) -> Handover {
+        Handover {
+            listeners: self.listeners.clone(),
+            handed_over: self.handed_over.clone(),
+        }
+    }
+}
+
+/// Hands a server's sockets to the next process, which serves them with
+/// [`serve_planned`]'s `inherited`.
+#[derive(Clone)]
+pub struct Handover {
+    listeners: Listeners,
+    handed_over: Arc<AtomicBool>,
+}
+
+impl Handover {
+    /// Copies of every listener's sockets. From now on, stopping the server leaves them
+    /// serving in the process that takes them.
+    pub fn sockets(&self) -> std::io::Result<BTreeMap<SocketAddr, BoundSockets>> {
+        self.handed_over.store(true, Relaxed);
+        lock(&self.listeners)
+            .iter()
+            .map(|(addr, listener)| {
+                Ok((
+                    *addr,
+                    BoundSockets {
+                        udp: listener.udp.duplicate()?,
+                        tcp: listener.tcp_socket.try_clone()?,
+                    },
+                ))
+            })
+            .collect()
     }
 }
 
@@ -107,6 +157,9 @@ struct Shared {
     handler: ClusterDns,
     udp_threads: usize,
     tcp_caps: ConnectionCaps,
+    /// Sockets the process before handed over, by address, until an address takes them.
+    inherited: Arc<Mutex<BTreeMap<SocketAddr, BoundSockets>>>,
+    handed_over: Arc<AtomicBool>,
 }
 
 /// Binds UDP and TCP on one address. Port 0 lets the kernel pick the UDP port and TCP takes
@@ -117,20 +170,44 @@ async fn bind(addr: SocketAddr, shared: &Shared) -> std::io::Result<(SocketAddr,
         handler,
         udp_threads,
         tcp_caps,
+        inherited,
+        handed_over,
     } = shared;
+    let adopted = inherited
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .remove(&addr);
+    if let Some(BoundSockets { udp, tcp }) = adopted {
+        let udp = UdpListener::serve(udp, handler.clone(), handed_over.clone())?;
+        let tcp_socket = tcp.try_clone()?;
+        tcp.set_nonblocking(true)?;
+        let tcp = tokio::net::TcpListener::from_std(tcp)?;
+        let server = TcpListener::serve(tcp, handler.clone(), tcp_caps.clone());
+        tracing::info!(%addr, "DNS serving on the sockets the process before handed over");
+        return Ok((
+            addr,
+            Listener {
+                udp,
+                _tcp: server,
+                tcp_socket,
+            },
+        ));
+    }
     const EPHEMERAL_ATTEMPTS: usize = 8;
     let mut attempt = 1;
     loop {
-        let udp = UdpListener::bind(addr, *udp_threads, handler.clone())?;
+        let udp = UdpListener::bind(addr, *udp_threads, handler.clone(), handed_over.clone())?;
         match tokio::net::TcpListener::bind(udp.local_addr()).await {
             Ok(tcp) => {
+                let tcp_socket = std::net::TcpListener::from(tcp.as_fd().try_clone_to_owned()?);
                 let server = TcpListener::serve(tcp, handler.clone(), tcp_caps.clone());
                 let bound = udp.local_addr();
                 return Ok((
                     bound,
                     Listener {
-                        _udp: udp,
+                        udp,
                         _tcp: server,
+                        tcp_socket,
                     },
                 ));
             }
@@ -156,20 +233,25 @@ pub async fn serve_with_threads(
 ) -> std::io::Result<DnsServer> {
     let plan = listen::plan(listen);
     let handler = ClusterDns::new(view, zone, forwarder);
-    serve_planned(handler, &plan, udp_threads).await
+    serve_planned(handler, &plan, udp_threads, BTreeMap::new()).await
 }
 
 /// Serves `plan` ([`listen::plan`]): a fixed address that cannot be bound is an error; a
-/// followed wildcard binds what it can of the host's addresses now, and follows them.
+/// followed wildcard binds what it can of the host's addresses now, and follows them. An
+/// address whose sockets are `inherited` (from the process before) serves on them.
 pub async fn serve_planned(
     handler: ClusterDns,
     plan: &[Listen],
     udp_threads: usize,
+    inherited: BTreeMap<SocketAddr, BoundSockets>,
 ) -> std::io::Result<DnsServer> {
+    let handed_over = Arc::new(AtomicBool::new(false));
     let shared = Shared {
         handler: handler.clone(),
         udp_threads,
         tcp_caps: ConnectionCaps::new(tcp::CONNECTIONS, tcp::PER_CLIENT),
+        inherited: Arc::new(Mutex::new(inherited)),
+        handed_over: handed_over.clone(),
     };
     let mut bound = BTreeMap::new();
     for listen in plan {
@@ -197,6 +279,12 @@ pub async fn serve_planned(
     };
     following.step().await?;
     let addrs = lock(&listeners).keys().copied().collect();
+    // What no address took (the configuration changed) is closed.
+    shared
+        .inherited
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .clear();
     let follower = tokio::spawn(async move {
         loop {
             tokio::time::sleep(FOLLOW_PERIOD).await;
@@ -210,12 +298,13 @@ pub async fn serve_planned(
         .cloned()
         .map(|forwarder| tokio::spawn(async move { forwarder.probe_for_loops().await }));
     Ok(DnsServer {
-        _listeners: listeners,
+        listeners,
         follower,
         loop_probe,
         metrics: handler.metrics.clone(),
         handler,
         addrs,
+        handed_over,
     })
 }
 

@@ -49,6 +49,9 @@ pub struct UdpListener {
     sockets: Vec<Arc<UdpSocket>>,
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    /// The sockets were handed to the next process: stopping must not shut them down,
+    /// since a shutdown acts on the socket, which it now reads too.
+    handed_over: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -56,23 +59,27 @@ impl UdpListener {
     /// Binds `addr` and starts answering on it with `threads` threads, each on its own
     /// socket (`SO_REUSEPORT` spreads clients over them); needs a tokio runtime for the full
     /// path.
-    pub fn bind(addr: SocketAddr, threads: usize, handler: ClusterDns) -> io::Result<UdpListener> {
-        let mut sockets = Vec::new();
-        let mut addr = addr;
-        for _ in 0..threads.max(1) {
-            let socket = match threads {
-                1 => UdpSocket::bind(addr)?,
-                _ => bind_reuse_port(addr)?,
-            };
-            socket.set_read_timeout(Some(WAKE_UP))?;
-            // A socket bound to one address replies from it anyway.
-            if addr.ip().is_unspecified() {
-                receive_destinations(&socket, addr)?;
-            }
-            // Port 0 picks a port once; the other sockets share it.
-            addr = socket.local_addr()?;
-            sockets.push(Arc::new(socket));
-        }
+    pub fn bind(
+        addr: SocketAddr,
+        threads: usize,
+        handler: ClusterDns,
+        handed_over: Arc<AtomicBool>,
+    ) -> io::Result<UdpListener> {
+        Self::serve(bind_sockets(addr, threads)?, handler, handed_over)
+    }
+
+    /// Answers on `sockets`, bound to one address by [`UdpListener::bind`] here or in the
+    /// process before (which handed them over), one thread each.
+    pub fn serve(
+        sockets: Vec<UdpSocket>,
+        handler: ClusterDns,
+        handed_over: Arc<AtomicBool>,
+    ) -> io::Result<UdpListener> {
+        let first = sockets
+            .first()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no UDP socket"))?;
+        let addr = first.local_addr()?;
+        let sockets: Vec<Arc<UdpSocket>> = sockets.into_iter().map(Arc::new).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let (full_path, queue) = mpsc::channel(FULL_PATH_QUEUE);
         // Any of the sockets sends from the same address and port.
@@ -91,6 +98,7 @@ impl UdpListener {
             sockets,
             addr,
             stop,
+            handed_over,
             threads,
         })
     }
@@ -98,16 +106,48 @@ impl UdpListener {
     pub fn local_addr(&self) -> SocketAddr {
         self.addr
     }
+
+    /// Copies of the sockets' descriptors, for the next process.
+    pub fn duplicate(&self) -> io::Result<Vec<UdpSocket>> {
+        self.sockets.iter().map(|s| s.try_clone()).collect()
+    }
+}
+
+/// `threads` UDP sockets bound to `addr` (with `SO_REUSEPORT` when more than one), set up
+/// for [`UdpListener::serve`]: a read timeout, and the destination of each datagram on a
+/// wildcard.
+fn bind_sockets(addr: SocketAddr, threads: usize) -> io::Result<Vec<UdpSocket>> {
+    let mut sockets = Vec::new();
+    let mut addr = addr;
+    for _ in 0..threads.max(1) {
+        let socket = match threads {
+            1 => UdpSocket::bind(addr)?,
+            _ => bind_reuse_port(addr)?,
+        };
+        socket.set_read_timeout(Some(WAKE_UP))?;
+        // A socket bound to one address replies from it anyway.
+        if addr.ip().is_unspecified() {
+            receive_destinations(&socket, addr)?;
+        }
+        // Port 0 picks a port once; the other sockets share it.
+        addr = socket.local_addr()?;
+        sockets.push(socket);
+    }
+    Ok(sockets)
 }
 
 impl Drop for UdpListener {
     fn drop(&mut self) {
         self.stop.store(true, Relaxed);
-        for socket in &self.sockets {
-            // Wakes a blocked `recvmmsg` at once (Linux does so even for unconnected
-            // sockets); the read timeout bounds the wait where it does not.
-            // SAFETY: shutdown on a descriptor this listener owns and keeps open.
-            unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
+        // Sockets handed over keep serving in the next process: each thread stops within
+        // its read timeout, answering what it has read.
+        if !self.handed_over.load(Relaxed) {
+            for socket in &self.sockets {
+                // Wakes a blocked `recvmmsg` at once (Linux does so even for unconnected
+                // sockets); the read timeout bounds the wait where it does not.
+                // SAFETY: shutdown on a descriptor this listener owns and keeps open.
+                unsafe { libc::shutdown(socket.as_raw_fd(), libc::SHUT_RD) };
+            }
         }
         for thread in self.threads.drain(..) {
             let _ = thread.join();

@@ -8,8 +8,10 @@ use anyhow::Context;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
 use nodus_http::{Body, Limits, respond};
 use std::net::SocketAddr;
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use tokio::task::JoinHandle;
 
 fn route(
     metrics: &Metrics,
@@ -34,6 +36,11 @@ fn route(
                 Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
             }
         }
+        "/readyz" if metrics.lameduck.load(Relaxed) => respond(
+            StatusCode::SERVICE_UNAVAILABLE,
+            TEXT,
+            "shutting down: serving out the lameduck period\n",
+        ),
         "/readyz" if metrics.ready.load(Relaxed) => respond(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => respond(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -60,21 +67,72 @@ fn route(
     }
 }
 
+/// The agent's HTTP server, serving in the background until stopped.
+pub struct HttpServer {
+    /// The first address bound.
+    pub addr: SocketAddr,
+    /// Copies of the listening sockets' descriptors, to hand over.
+    sockets: Vec<std::net::TcpListener>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl HttpServer {
+    /// Copies of the listening sockets, for the next process.
+    pub fn hand_over(&self) -> std::io::Result<Vec<std::net::TcpListener>> {
+        self.sockets.iter().map(|s| s.try_clone()).collect()
+    }
+
+    /// Stops accepting; the sockets live on in the process they were handed to.
+    pub fn stop(&self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
 /// Binds `addr` now (so a busy port fails start-up; the IPv4 wildcard is bound for IPv6
-/// too) and serves in the background; returns the first address bound.
+/// too), or serves on the sockets the process before handed over (`inherited`) when
+/// they are bound to it, and serves in the background.
 pub async fn serve(
     addr: SocketAddr,
+    inherited: Vec<std::net::TcpListener>,
     status_from_anywhere: bool,
     metrics: Arc<Metrics>,
-) -> anyhow::Result<SocketAddr> {
-    let listeners =
-        nodus_http::bind(addr).with_context(|| format!("binding the HTTP address {addr}"))?;
+) -> anyhow::Result<HttpServer> {
+    let same = inherited
+        .first()
+        .and_then(|s| s.local_addr().ok())
+        .is_some_and(|bound| bound == addr);
+    let listeners = match same {
+        true => inherited
+            .into_iter()
+            .map(|socket| {
+                socket.set_nonblocking(true)?;
+                tokio::net::TcpListener::from_std(socket)
+            })
+            .collect::<std::io::Result<Vec<_>>>()
+            .context("serving HTTP on the sockets handed over")?,
+        false => {
+            nodus_http::bind(addr).with_context(|| format!("binding the HTTP address {addr}"))?
+        }
+    };
     let bound = listeners[0].local_addr()?;
+    let mut sockets = Vec::new();
+    let mut tasks = Vec::new();
     for listener in listeners {
+        sockets.push(std::net::TcpListener::from(
+            listener.as_fd().try_clone_to_owned()?,
+        ));
         let metrics = metrics.clone();
-        nodus_http::serve(listener, Limits::default(), move |req, client| {
-            route(&metrics, status_from_anywhere, req, client)
-        });
+        tasks.push(nodus_http::serve(
+            listener,
+            Limits::default(),
+            move |req, client| route(&metrics, status_from_anywhere, req, client),
+        ));
     }
-    Ok(bound)
+    Ok(HttpServer {
+        addr: bound,
+        sockets,
+        tasks,
+    })
 }

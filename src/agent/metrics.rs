@@ -40,6 +40,8 @@ pub struct Metrics {
     livez: [AtomicU64; 2],
     /// The view is the one restored from disk, not yet replaced by the lists.
     pub view_stale: AtomicBool,
+    /// SIGTERM came: serving out the lameduck period, not ready.
+    pub lameduck: AtomicBool,
     view_saves: AtomicU64,
     view_save_failures: AtomicU64,
     view_saved_bytes: AtomicU64,
@@ -66,6 +68,7 @@ impl Default for Metrics {
             healthz: Default::default(),
             livez: Default::default(),
             view_stale: AtomicBool::new(false),
+            lameduck: AtomicBool::new(false),
             view_saves: AtomicU64::new(0),
             view_save_failures: AtomicU64::new(0),
             view_saved_bytes: AtomicU64::new(0),

@@ -8,6 +8,7 @@
 
 pub mod board;
 pub mod feed;
+pub mod handover;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -23,10 +24,12 @@ use crate::config::Config;
 use anyhow::Context;
 use feed::Feed;
 use futures::Stream;
+use handover::Sockets;
 use metrics::Metrics;
 use nodus_dns::Zone;
 use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
 use nodus_dns::listen::{self, Listen};
+use nodus_dns::server::BoundSockets;
 use nodus_dns::server::DnsServer;
 use nodus_mesh::follow::MeshSubsystem;
 use nodus_proxy::apply::Proxy;
@@ -34,10 +37,12 @@ use nodus_proxy::subsystem::{CHECK_PERIOD, ProxySubsystem};
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use on_change::OnChange;
 use state::{Saver, StateDir};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
-use std::sync::Arc;
+use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use watch::{WatchItem, WatchSet};
 
@@ -83,6 +88,7 @@ async fn start_dns(
     config: &Config,
     view: ViewReader,
     metrics: &Metrics,
+    inherited: BTreeMap<SocketAddr, BoundSockets>,
 ) -> anyhow::Result<DnsServer> {
     let zone = Zone::new(
         &config.cluster_domain,
@@ -104,9 +110,10 @@ async fn start_dns(
             slip: config.dns.rate_limit_slip,
         },
     );
-    let mut server = nodus_dns::server::serve_planned(handler, &plan, config.dns.udp_threads)
-        .await
-        .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
+    let mut server =
+        nodus_dns::server::serve_planned(handler, &plan, config.dns.udp_threads, inherited)
+            .await
+            .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
     server.allow(
         config
             .cluster_cidrs
@@ -124,7 +131,7 @@ async fn start_dns(
 /// Opens the WireGuard device (adopting a running one) and starts the mesh's task. It
 /// programs nothing before the first batch after the view is complete.
 ///
-/// Its first attempt runs before [`signals::shutdown_signal`] installs nodus's handlers:
+/// Its first attempt runs before [`signals::ShutdownSignals::install`] installs nodus's handlers:
 /// an embedded device's creation briefly holds signalfds for SIGTERM and SIGINT (see
 /// `nodus_mesh::backend::embedded`), and a signal in that window must keep its default
 /// action, ending the process, rather than reach them. A retry after a failed start runs
@@ -187,14 +194,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
+    let state = args
+        .state_dir
+        .as_deref()
+        .or(config.state_dir.as_deref())
+        .and_then(|dir| StateDir::new(dir, &node_name));
+    // Before binding anything: a running nodus for this node hands its sockets over.
+    let inherited = match &state {
+        Some(state) => take_over(state).await,
+        None => Sockets::default(),
+    };
     let metrics = Arc::new(Metrics::default());
-    let http_addr = http::serve(
+    let http = http::serve(
         config.http_addr,
+        inherited.http,
         config.status_from_anywhere,
         metrics.clone(),
     )
     .await?;
-    tracing::info!(node = %node_name, %http_addr, "nodus starting");
+    tracing::info!(node = %node_name, http_addr = %http.addr, "nodus starting");
 
     let set = WatchSet {
         page_size: config.watch_page_size,
@@ -202,11 +220,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: node_name.clone(),
     };
     let (items, kinds) = watch::watch_all(&client, &set);
-    let state = args
-        .state_dir
-        .as_deref()
-        .or(config.state_dir.as_deref())
-        .and_then(|dir| StateDir::new(dir, &node_name));
     let restored = state.as_ref().and_then(StateDir::restore);
     let mut feed = match restored {
         Some((view, restored)) => {
@@ -230,16 +243,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => Feed::new(View::new(&node_name), metrics.clone(), kinds),
     };
-    let mut saver = state.map(|state| Saver::new(state, feed.reader(), metrics.clone()));
+    let mut saver = state
+        .clone()
+        .map(|state| Saver::new(state, feed.reader(), metrics.clone()));
     let mut subsystems: Vec<Box<dyn Subsystem>> = Vec::new();
     let starts = metrics.status.starts.clone();
     // Started before the first list, and retried in the background if they cannot start:
     // a DNS port taken or a mesh that cannot make its device leaves the proxy working.
+    let dns_handover: Arc<OnceLock<nodus_dns::server::Handover>> = Arc::default();
     if config.dns.enabled {
         let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
+        let inherited = Arc::new(Mutex::new(inherited.dns));
+        let handover = dns_handover.clone();
         let start = move || {
             let (config, view, metrics) = (config.clone(), view.clone(), metrics.clone());
-            async move { start_dns(&config, view, &metrics).await }
+            let inherited = std::mem::take(
+                &mut *inherited
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner()),
+            );
+            let handover = handover.clone();
+            async move {
+                let server = start_dns(&config, view, &metrics, inherited).await?;
+                let _ = handover.set(server.handover());
+                Ok(server)
+            }
         };
         subsystems.push(retry::start_or_retry("dns", starts.clone(), start).await);
     }
@@ -292,68 +320,189 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let items = futures::stream::select(items, ticks(CHECK_PERIOD));
-    let drive = feed.drive(items, |feed, applied| {
-        feed.metrics.run_loop.beat();
-        if !feed.is_complete() && !applied.stale {
-            return ControlFlow::Continue(());
-        }
-        if let Some(saver) = &mut saver {
-            saver.after_batch(applied);
-        }
-        if applied.initial_sync && !applied.stale && feed.metrics.view_stale.swap(false, Relaxed) {
-            tracing::info!("the API's lists replaced the restored view");
-        }
-        if !applied.stale && (applied.initial_sync || !applied.changes.is_empty()) {
-            feed.metrics.status.view.synced(applied.took);
-        }
-        let view = feed.read();
-        let leaving = view.this_node().is_some_and(|node| node.leaving);
-        if leaving != feed.metrics.node_leaving.swap(leaving, Relaxed) {
-            match leaving {
-                true => tracing::warn!(
-                    "this Node is being deleted or tainted for removal: /healthz answers 503 \
-                     so that load balancers drain it"
-                ),
-                false => tracing::info!("this Node is no longer leaving: /healthz answers 200"),
+    let reader = feed.reader();
+    let successors = state.as_ref().and_then(|state| {
+        let listening = state
+            .create()
+            .context("creating the state directory")
+            .and_then(|()| handover::listen(&state.handover_path()));
+        match listening {
+            Ok(listener) => Some(listener),
+            Err(error) => {
+                let error = format!("{error:#}");
+                tracing::warn!(%error, "no handover: a restart will not take these sockets over");
+                None
             }
         }
-        for subsystem in &mut subsystems {
-            subsystem.after_batch(&view, applied);
-        }
-        let ready = subsystems.iter().all(|s| s.is_ready());
-        if ready != feed.metrics.ready.swap(ready, Relaxed) && ready {
-            let counts = view.counts();
-            tracing::info!(
-                services = counts.services,
-                endpoint_slices = counts.endpoint_slices,
-                endpoints = counts.endpoints,
-                nodes = counts.nodes,
-                "initial view applied; ready"
-            );
-        }
-        if !applied.changes.is_empty() {
-            tracing::debug!(
-                services = applied.changes.services.len(),
-                nodes = applied.changes.nodes.len(),
-                "view updated"
-            );
-        }
-        ControlFlow::Continue(())
     });
-    let signal = tokio::select! {
-        () = drive => anyhow::bail!("the watch streams ended"),
-        signal = signals::shutdown_signal() => signal?,
+    let mut signals = signals::ShutdownSignals::install()?;
+    let lameduck = Duration::from_secs(config.lameduck_seconds);
+    let ending = {
+        let drive = feed.drive(items, |feed, applied| {
+            feed.metrics.run_loop.beat();
+            if !feed.is_complete() && !applied.stale {
+                return ControlFlow::Continue(());
+            }
+            if let Some(saver) = &mut saver {
+                saver.after_batch(applied);
+            }
+            if applied.initial_sync
+                && !applied.stale
+                && feed.metrics.view_stale.swap(false, Relaxed)
+            {
+                tracing::info!("the API's lists replaced the restored view");
+            }
+            if !applied.stale && (applied.initial_sync || !applied.changes.is_empty()) {
+                feed.metrics.status.view.synced(applied.took);
+            }
+            let view = feed.read();
+            let leaving = view.this_node().is_some_and(|node| node.leaving);
+            if leaving != feed.metrics.node_leaving.swap(leaving, Relaxed) {
+                match leaving {
+                    true => tracing::warn!(
+                        "this Node is being deleted or tainted for removal: /healthz answers 503 \
+                     so that load balancers drain it"
+                    ),
+                    false => tracing::info!("this Node is no longer leaving: /healthz answers 200"),
+                }
+            }
+            for subsystem in &mut subsystems {
+                subsystem.after_batch(&view, applied);
+            }
+            let ready = subsystems.iter().all(|s| s.is_ready());
+            if ready != feed.metrics.ready.swap(ready, Relaxed) && ready {
+                let counts = view.counts();
+                tracing::info!(
+                    services = counts.services,
+                    endpoint_slices = counts.endpoint_slices,
+                    endpoints = counts.endpoints,
+                    nodes = counts.nodes,
+                    "initial view applied; ready"
+                );
+            }
+            if !applied.changes.is_empty() {
+                tracing::debug!(
+                    services = applied.changes.services.len(),
+                    nodes = applied.changes.nodes.len(),
+                    "view updated"
+                );
+            }
+            ControlFlow::Continue(())
+        });
+        tokio::pin!(drive);
+        let mut draining: Option<Pin<Box<tokio::time::Sleep>>> = None;
+        loop {
+            tokio::select! {
+                () = &mut drive => anyhow::bail!("the watch streams ended"),
+                signal = signals.recv() => {
+                    if signal != "SIGTERM" || draining.is_some() || lameduck.is_zero() {
+                        break Ending::Signal(signal);
+                    }
+                    metrics.lameduck.store(true, Relaxed);
+                    tracing::info!(
+                        ?lameduck,
+                        "SIGTERM: lameduck; still serving but not ready, and a successor may take \
+                         the sockets over"
+                    );
+                    draining = Some(Box::pin(tokio::time::sleep(lameduck)));
+                }
+                () = async {
+                    match draining.as_mut() {
+                        Some(sleep) => sleep.await,
+                        None => std::future::pending().await,
+                    }
+                } => break Ending::Signal("SIGTERM"),
+                successor = async {
+                    match &successors {
+                        Some(listener) => handover::next_successor(listener).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let sockets = Sockets {
+                        http: http.hand_over().unwrap_or_default(),
+                        dns: dns_handover
+                            .get()
+                            .map(|dns| dns.sockets().unwrap_or_default())
+                            .unwrap_or_default(),
+                    };
+                    let (state, reader, metrics) = (state.clone(), reader.clone(), metrics.clone());
+                    let handed = tokio::task::spawn_blocking(move || {
+                        // The successor restores what this process knows now.
+                        if let Some(state) = state {
+                            state.save(&reader, &metrics);
+                        }
+                        successor.hand_over(&sockets)
+                    })
+                    .await
+                    .map_err(anyhow::Error::from)
+                    .and_then(|handed| handed);
+                    match handed {
+                        Ok(()) => break Ending::HandedOver { draining: draining.is_some() },
+                        Err(error) => tracing::warn!(
+                            error = %format!("{error:#}"),
+                            "a successor asked for the sockets and did not take them; serving on"
+                        ),
+                    }
+                }
+            }
+        }
     };
-    if let Some(saver) = &mut saver {
-        saver.flush().await;
-    }
-    match metrics.status.device_ends_with_process.load(Relaxed) {
-        true => tracing::info!(
-            signal,
-            "exiting; the dataplane stays in place but for the embedded WireGuard device, \
-             which ends with the process"
-        ),
-        false => tracing::info!(signal, "exiting; the dataplane stays in place"),
+    match ending {
+        Ending::Signal(signal) => {
+            if let Some(saver) = &mut saver {
+                saver.flush().await;
+            }
+            match metrics.status.device_ends_with_process.load(Relaxed) {
+                true => tracing::info!(
+                    signal,
+                    "exiting; the dataplane stays in place but for the embedded WireGuard \
+                     device, which ends with the process"
+                ),
+                false => tracing::info!(signal, "exiting; the dataplane stays in place"),
+            }
+        }
+        Ending::HandedOver { draining } => {
+            // The successor serves the sockets and owns the dataplane and the saved view:
+            // this process stops touching them (DNS's threads stop reading, the sockets
+            // stay open there), and only waits to be told to go.
+            http.stop();
+            drop(subsystems);
+            tracing::info!("handed the sockets and the dataplane over to the next process");
+            if !draining {
+                let signal = signals.recv().await;
+                tracing::info!(signal, "exiting after the handover");
+            }
+        }
     }
     Ok(())
+}
+
+/// How the serving loop ended.
+enum Ending {
+    Signal(&'static str),
+    /// The next process took the sockets; `draining`: SIGTERM came already.
+    HandedOver {
+        draining: bool,
+    },
+}
+
+/// The sockets of a running nodus for this node, which hands them over, if one runs.
+async fn take_over(state: &StateDir) -> Sockets {
+    let path = state.handover_path();
+    let taken = tokio::task::spawn_blocking(move || handover::take_over(&path)).await;
+    match taken.map_err(anyhow::Error::from).and_then(|taken| taken) {
+        Ok(Some(sockets)) => {
+            tracing::info!(
+                http = sockets.http.len(),
+                dns = sockets.dns.len(),
+                "took the sockets over from the running nodus; it stops serving"
+            );
+            sockets
+        }
+        Ok(None) => Sockets::default(),
+        Err(error) => {
+            tracing::warn!(error = %format!("{error:#}"), "the running nodus did not hand its sockets over; starting without them");
+            Sockets::default()
+        }
+    }
 }

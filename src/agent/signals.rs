@@ -2,14 +2,9 @@
 
 use anyhow::Context;
 
-/// Resolves on SIGTERM or SIGINT. nodus never tears its dataplane down on exit: a restart
-/// must not drop traffic.
-pub async fn shutdown_signal() -> anyhow::Result<&'static str> {
-    Ok(ShutdownSignals::install()?.recv().await)
-}
-
 /// SIGTERM and SIGINT, caught from the moment this is made (inside a tokio runtime) instead
-/// of ending the process.
+/// of ending the process. nodus never tears its dataplane down on exit: a restart must not
+/// drop traffic.
 pub struct ShutdownSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,

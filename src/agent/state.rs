@@ -85,17 +85,28 @@ impl StateDir {
         }
     }
 
-    fn save(&self, reader: &ViewReader, metrics: &Metrics) {
+    /// Where a successor asks this process for its sockets ([`crate::agent::handover`]).
+    pub fn handover_path(&self) -> PathBuf {
+        self.dir.join(format!("handover-{}.sock", self.node))
+    }
+
+    /// Makes the directory (0700: the view names every service and node) if needed.
+    pub fn create(&self) -> std::io::Result<()> {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.dir)
+    }
+
+    /// Saves the view now, whatever [`Saver`] last did.
+    pub fn save(&self, reader: &ViewReader, metrics: &Metrics) {
         let started = Instant::now();
         let path = self.view_path();
         let encoded = reader.read().save();
         let saved = encoded
             .map_err(|error| format!("saving the view: {error}"))
             .and_then(|bytes| {
-                std::fs::DirBuilder::new()
-                    .recursive(true)
-                    .mode(0o700)
-                    .create(&self.dir)
+                self.create()
                     .map_err(|error| format!("creating {}: {error}", self.dir.display()))?;
                 let tmp = path.with_extension("tmp");
                 nodus_durable::replace(&path, &tmp, 0o600, &bytes)

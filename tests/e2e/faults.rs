@@ -10,7 +10,7 @@ use crate::mesh::{
     three_nodes,
 };
 use crate::support::{
-    Cluster, EXAMPLE, get, metric, wait_for, wait_metric, wait_ready, wait_within,
+    Cluster, EXAMPLE, free_port, get, metric, wait_for, wait_metric, wait_ready, wait_within,
 };
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::netns::Pod;
@@ -18,6 +18,7 @@ use nodus_testbed::netns::{self, Underlay};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 /// Waits until `from` pings `to` again after a fault injected at `since`; returns how long
@@ -30,9 +31,14 @@ fn reconnected(what: &str, from: &Pod, to: &Pod, since: Instant) -> Duration {
     took
 }
 
-/// The log lines of `node`'s current nodus that contain `text`.
+/// Whether the log of `node`'s first nodus holds `text`.
 fn logged(node: &MeshNode, text: &str) -> bool {
-    std::fs::read_to_string(node.log(0)).is_ok_and(|log| log.contains(text))
+    logged_in(node, 0, text)
+}
+
+/// Whether the log of `node`'s nodus number `start` (from 0) holds `text`.
+fn logged_in(node: &MeshNode, start: usize, text: &str) -> bool {
+    std::fs::read_to_string(node.log(start)).is_ok_and(|log| log.contains(text))
 }
 
 /// Deletes `node`'s WireGuard device, as someone on the node might.
@@ -352,5 +358,249 @@ fn full_key_and_cni_directories_delay_the_mesh_and_nothing_else() {
     println!(
         "C8 CNI directory full: the conflist written {:.1?} after space freed",
         freed.elapsed()
+    );
+}
+
+/// W1: nodus restarted while the API is unreachable, as on an edge node whose uplink is
+/// down. Node 2 runs DNS and the embedded device, which ends with the process. Started
+/// again with its API connections dropped, it restores the view it saved: DNS answers the
+/// cluster's names (misses are NXDOMAIN, not SERVFAIL), the device comes back with its
+/// peer, and the pods reach each other again, all reported stale and not ready; once the
+/// API is reachable, the lists replace the view.
+#[test]
+fn a_restart_without_the_api_serves_the_saved_view() {
+    netns::require_root();
+    let underlay = Underlay::new([10, 212, 0], [0xfd00, 0x212, 0, 0]).expect("underlay");
+    let cluster = Cluster::new("fault-warm-start", "");
+    for i in 1..=2 {
+        cluster.apply(node_object(&format!("node-{i}"), i, &underlay));
+    }
+    cluster.apply(json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "web", "namespace": "default"},
+        "spec": {"clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}}));
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
+    let mut nodes = vec![
+        MeshNode::new(&cluster, &underlay, "node-1", 1, WIREGUARD_GO),
+        MeshNode::new(&cluster, &underlay, "node-2", 2, "  backend: embedded\n"),
+    ];
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, 53));
+    nodes[1].serve_dns(dns);
+    for node in &mut nodes {
+        node.start(&kubeconfig);
+    }
+    for node in &nodes {
+        node.wait_metric("nodus_mesh_peers", 1.0);
+    }
+    let pods = pod_on_each(&nodes);
+    wait_for("pod 1 to reach pod 2", || {
+        ping(&pods[0], IpAddr::V4(pods[1].v4.expect("v4"))).ok()
+    });
+    wait_for("node 2 to save its view", || {
+        nodes[1]
+            .metric("nodus_view_saves_total")
+            .filter(|n| *n >= 1.0)
+    });
+
+    let ask = |node: &MeshNode, name: &'static str| {
+        node.node
+            .ns
+            .enter(move || dig(dns, name, "A"))
+            .expect("dig in node 2")
+    };
+    let api = underlay.v4(1).to_string();
+    let port = API_PORT.to_string();
+    for command in [
+        &["add", "table", "inet", "fault"][..],
+        &[
+            "add",
+            "chain",
+            "inet",
+            "fault",
+            "out",
+            "{ type filter hook output priority 0 ; }",
+        ],
+        &[
+            "add", "rule", "inet", "fault", "out", "ip", "daddr", &api, "tcp", "dport", &port,
+            "drop",
+        ],
+    ] {
+        nodes[1]
+            .node
+            .ns
+            .exec("nft", command)
+            .expect("cut node 2 off the API");
+    }
+    nodes[1].stop();
+    let since = Instant::now();
+    nodes[1].start(&kubeconfig);
+    let answered = wait_within("DNS from the saved view", Duration::from_secs(20), || {
+        let (status, answers) = ask(&nodes[1], "web.default.svc.cluster.local");
+        (status == "NOERROR" && answers == ["10.96.0.10"]).then(|| since.elapsed())
+    });
+    assert_eq!(
+        ask(&nodes[1], "none.default.svc.cluster.local").0,
+        "NXDOMAIN"
+    );
+    let peered = reconnected("W1 restarted without the API", &pods[0], &pods[1], since);
+    println!("W1 restarted without the API: DNS answered {answered:.1?} after the start");
+    assert_eq!(nodes[1].metric("nodus_view_stale"), Some(1.0));
+    assert_eq!(nodes[1].metric("nodus_ready"), Some(0.0));
+    let (_, status) = nodes[1].get("/status").expect("/status");
+    assert!(
+        status.contains("stale: restored from the view saved at"),
+        "{status}"
+    );
+    assert!(logged_in(&nodes[1], 1, "restored the view saved before"));
+
+    let lifted = Instant::now();
+    nodes[1]
+        .node
+        .ns
+        .exec("nft", &["delete", "table", "inet", "fault"])
+        .expect("reconnect node 2");
+    wait_within(
+        "the lists to replace the view",
+        Duration::from_secs(60),
+        || (nodes[1].metric("nodus_view_stale") == Some(0.0)).then_some(()),
+    );
+    nodes[1].wait_metric("nodus_ready", 1.0);
+    println!(
+        "W1 restarted without the API: peers back {peered:.1?} after the start; fresh and \
+         ready {:.1?} after the API came back",
+        lifted.elapsed()
+    );
+}
+
+/// Queries `dns` for `web.default.svc.cluster.local` A at about 500 a second until `stop`,
+/// then waits 2 s for stragglers; returns how many were sent and how many got a NOERROR
+/// answer holding 10.96.0.20.
+fn query_through(dns: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
+    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("client");
+    socket
+        .set_read_timeout(Some(Duration::from_millis(50)))
+        .expect("timeout");
+    let query = |id: u16| {
+        let mut packet = id.to_be_bytes().to_vec();
+        packet.extend_from_slice(&[1, 0, 0, 1, 0, 0, 0, 0, 0, 0]);
+        for label in ["web", "default", "svc", "cluster", "local"] {
+            packet.push(label.len() as u8);
+            packet.extend_from_slice(label.as_bytes());
+        }
+        packet.extend_from_slice(&[0, 0, 1, 0, 1]);
+        packet
+    };
+    let mut answered = vec![false; 65536];
+    let receive = |socket: &UdpSocket, answered: &mut Vec<bool>| {
+        let mut buffer = [0u8; 512];
+        while let Ok(n) = socket.recv(&mut buffer) {
+            let reply = &buffer[..n];
+            // NOERROR with one answer, whose last four bytes are the service's address.
+            if n > 16
+                && reply[3] & 0x0f == 0
+                && reply[6..8] == [0, 1]
+                && reply.ends_with(&[10, 96, 0, 20])
+            {
+                answered[usize::from(u16::from_be_bytes([reply[0], reply[1]]))] = true;
+            }
+        }
+    };
+    let mut sent = 0usize;
+    while !stop.load(Relaxed) && sent < 65536 {
+        socket
+            .send_to(&query(sent as u16), dns)
+            .expect("send a query");
+        sent += 1;
+        std::thread::sleep(Duration::from_millis(2));
+        if sent.is_multiple_of(25) {
+            socket.set_nonblocking(true).expect("nonblocking");
+            receive(&socket, &mut answered);
+            socket.set_nonblocking(false).expect("blocking");
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        receive(&socket, &mut answered);
+    }
+    (sent, answered.iter().filter(|a| **a).count())
+}
+
+/// E5: DNS never dark across a restart. Queries run throughout; first the next nodus starts
+/// beside the running one (a DaemonSet's surge) and takes its sockets over, then the running
+/// one gets SIGTERM; then SIGTERM comes first, and the next nodus starts within the
+/// lameduck period. Every query is answered, and the first process serves nothing after
+/// handing over.
+#[test]
+fn dns_answers_every_query_through_restarts() {
+    let mut cluster = Cluster::new("fault-dns-restart", EXAMPLE);
+    let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let config = cluster.dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        format!("dns:\n  listen: [\"{dns}\"]\n  udp_threads: 2\nlameduck_seconds: 10\n"),
+    )
+    .expect("config");
+    let start = |cluster: &mut Cluster| {
+        let mut cmd = cluster.nodus(&[
+            "run",
+            "--node-name",
+            "node-1",
+            "--http-addr",
+            &http.to_string(),
+        ]);
+        cmd.arg("--config").arg(&config);
+        cluster.spawn(cmd).id()
+    };
+    let first = start(&mut cluster);
+    wait_ready(http);
+    let until_stopped = |what: &str, restart: &mut dyn FnMut()| {
+        let stop = AtomicBool::new(false);
+        let (sent, answered) = std::thread::scope(|scope| {
+            let queries = scope.spawn(|| query_through(dns, &stop));
+            std::thread::sleep(Duration::from_millis(500));
+            restart();
+            std::thread::sleep(Duration::from_millis(500));
+            stop.store(true, Relaxed);
+            queries.join().expect("queries")
+        });
+        println!("E5 {what}: {sent} queries, {} unanswered", sent - answered);
+        assert!(sent > 500, "{sent}");
+        assert_eq!(answered, sent, "{what}: every query answered");
+    };
+
+    // The successor first: it takes the sockets over, then the first nodus is stopped.
+    let mut second = 0;
+    until_stopped("successor beside the running nodus", &mut || {
+        second = start(&mut cluster);
+        wait_for("the handover", || {
+            std::fs::read_to_string(cluster.dir.join("nodus-0.log"))
+                .ok()
+                .filter(|log| log.contains("handed the sockets and the dataplane over"))
+        });
+        wait_ready(http);
+        signal(first, "TERM");
+        let status = cluster.wait_child(first);
+        assert!(status.success(), "{status}");
+    });
+
+    // SIGTERM first: the running nodus serves, not ready, until the next one takes over.
+    until_stopped(
+        "SIGTERM, then the successor within the lameduck period",
+        &mut || {
+            signal(second, "TERM");
+            wait_for("the lameduck's readiness", || {
+                get(http, "/readyz").filter(|(code, _)| *code == 503)
+            });
+            let since = Instant::now();
+            start(&mut cluster);
+            let status = cluster.wait_child(second);
+            assert!(status.success(), "{status}");
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "it left once it handed over"
+            );
+            wait_ready(http);
+        },
     );
 }

@@ -129,8 +129,18 @@ impl MeshNode {
         self.starts += 1;
     }
 
+    /// DNS on `addr` inside the node, which runs none by default.
+    pub(crate) fn serve_dns(&self, addr: SocketAddr) {
+        let config = std::fs::read_to_string(&self.config).expect("config");
+        let config = config.replace(
+            "dns:\n  enabled: false\n",
+            &format!("dns:\n  listen: [\"{addr}\"]\n"),
+        );
+        std::fs::write(&self.config, config).expect("config");
+    }
+
     /// SIGTERM, as a service manager stops it; nodus must exit cleanly on its own path.
-    fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         self.stop_with(libc::SIGTERM);
     }
 
