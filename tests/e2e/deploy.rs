@@ -226,16 +226,26 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
             .and_then(|a| a.parse::<std::net::SocketAddr>().ok())
             .expect("http_addr is set: the default is loopback, which the kubelet cannot probe")
             .port();
-        let port = &container["ports"][0];
-        assert_eq!(port["name"], "http");
-        assert_eq!(port["containerPort"], http_port, "{context}");
+        // No containerPort: on the host network it is a hostPort, which would keep the
+        // surge pod of a rolling update off its node.
+        assert!(container["ports"].is_null(), "{context}");
         for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
             assert_eq!(
                 container[probe]["httpGet"],
-                json!({"path": path, "port": "http"}),
+                json!({"path": path, "port": http_port}),
                 "{context}"
             );
         }
+        // Updates surge: the new pod takes the old one's sockets over before it stops, and
+        // the grace period covers the lameduck.
+        assert_eq!(
+            daemonset["spec"]["updateStrategy"]["rollingUpdate"],
+            json!({"maxSurge": 1, "maxUnavailable": 0}),
+            "{context}"
+        );
+        let lameduck = config["lameduck_seconds"].as_u64().unwrap_or(0);
+        let grace = pod["terminationGracePeriodSeconds"].as_u64().unwrap_or(30);
+        assert!(lameduck > 0 && grace > lameduck + 2, "{context}");
 
         // Host paths: the key directory and the CNI directory.
         let host_paths: Vec<&str> = pod["volumes"]
