@@ -45,6 +45,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// answering while a netlink commit blocks the first (a full sync can take seconds).
 fn agent(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.cluster);
+    agent::metrics::count_panics();
     let runtime = match Config::load_or_default(args.cluster.config.as_deref())?
         .proxy
         .enabled

@@ -28,6 +28,7 @@ use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::thread::JoinHandle;
@@ -91,7 +92,17 @@ impl UdpListener {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("dns-udp-{}-{i}", addr.port()))
-                    .spawn(move || fast_loop(&socket, &handler, &full_path, &stop))?,
+                    .spawn(move || {
+                        // A panic answering a batch (a bug that a packet reaches) costs that
+                        // batch, not the socket: the loop starts again with fresh buffers.
+                        while catch_unwind(AssertUnwindSafe(|| {
+                            fast_loop(&socket, &handler, &full_path, &stop)
+                        }))
+                        .is_err()
+                        {
+                            tracing::error!("the DNS UDP loop panicked; it serves on");
+                        }
+                    })?,
             );
         }
         Ok(UdpListener {

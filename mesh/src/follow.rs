@@ -21,6 +21,7 @@ type Annotations = BTreeMap<&'static str, String>;
 /// Node. Dropping it ends the task.
 pub struct MeshSubsystem {
     changed: watch::Sender<()>,
+    task: JoinHandle<()>,
     /// The device is the embedded one, which the kernel deletes when nodus exits.
     pub device_ends_with_process: bool,
 }
@@ -31,9 +32,10 @@ impl MeshSubsystem {
     pub fn spawn(mesh: Mesh, view: ViewReader, client: kube::Client) -> MeshSubsystem {
         let device_ends_with_process = mesh.device_ends_with_process();
         let (changed, view_changed) = watch::channel(());
-        tokio::spawn(follow(mesh, view, client, view_changed));
+        let task = tokio::spawn(follow(mesh, view, client, view_changed));
         MeshSubsystem {
             changed,
+            task,
             device_ends_with_process,
         }
     }
@@ -48,6 +50,11 @@ impl Subsystem for MeshSubsystem {
         if applied.initial_sync || !applied.changes.nodes.is_empty() || applied.changes.this_node {
             self.changed.send_replace(());
         }
+    }
+
+    /// The task runs until this is dropped: if it ended, it panicked.
+    fn is_alive(&self) -> bool {
+        !self.task.is_finished()
     }
 }
 

@@ -21,6 +21,13 @@ pub struct Setup {
     pub on_change: Option<String>,
 }
 
+impl Setup {
+    /// nodus programs its table: the proxy, or the mesh's egress masquerade alone.
+    pub fn programs_table(&self) -> bool {
+        self.proxy || self.egress_only_table
+    }
+}
+
 /// The agent's status board, part of the agent's metrics so that every part reaches it.
 pub struct Board {
     pub started: SystemTime,
@@ -37,13 +44,20 @@ pub struct Board {
     pub restored: OnceLock<Restored>,
 }
 
-/// Start failures per subsystem: how many, and the last error while it is still not
-/// running.
+/// Start failures and panics per subsystem: how many of each, and the last error while it
+/// is not running.
 #[derive(Default)]
-pub struct Starts(Mutex<BTreeMap<&'static str, (u64, Option<String>)>>);
+pub struct Starts(Mutex<BTreeMap<&'static str, Record>>);
+
+#[derive(Default)]
+struct Record {
+    failures: u64,
+    panics: u64,
+    pending: Option<String>,
+}
 
 impl Starts {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, (u64, Option<String>)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, Record>> {
         // Plain data: a panic while holding it leaves nothing half-done.
         self.0
             .lock()
@@ -53,19 +67,26 @@ impl Starts {
     pub fn failed(&self, name: &'static str, error: String) {
         let mut starts = self.lock();
         let entry = starts.entry(name).or_default();
-        entry.0 += 1;
-        entry.1 = Some(error);
+        entry.failures += 1;
+        entry.pending = Some(error);
+    }
+
+    /// `name` panicked (or its task ended) and is being started again.
+    pub fn panicked(&self, name: &'static str) {
+        self.lock().entry(name).or_default().panics += 1;
     }
 
     pub fn started(&self, name: &'static str) {
         if let Some(entry) = self.lock().get_mut(name) {
-            entry.1 = None;
+            entry.pending = None;
         }
     }
 
-    /// Why `name` is not running yet, if it failed to start.
+    /// Why `name` is not running, if it failed to start or is being started again.
     pub fn pending(&self, name: &str) -> Option<String> {
-        self.lock().get(name).and_then(|(_, error)| error.clone())
+        self.lock()
+            .get(name)
+            .and_then(|record| record.pending.clone())
     }
 
     pub fn render(&self, out: &mut String) {
@@ -73,19 +94,27 @@ impl Starts {
         if starts.is_empty() {
             return;
         }
-        family(
-            out,
-            "nodus_subsystem_start_failures_total",
-            "counter",
-            "Failed starts of a subsystem (each is retried while the others run).",
-        );
-        for (name, (failures, _)) in starts.iter() {
-            sample(
-                out,
+        for (family_name, help, count) in [
+            (
                 "nodus_subsystem_start_failures_total",
-                &format!("subsystem=\"{name}\""),
-                failures,
-            );
+                "Failed starts of a subsystem (each is retried while the others run).",
+                (|r: &Record| r.failures) as fn(&Record) -> u64,
+            ),
+            (
+                "nodus_subsystem_panics_total",
+                "Panics of a subsystem (each one is dropped and started again).",
+                |r: &Record| r.panics,
+            ),
+        ] {
+            family(out, family_name, "counter", help);
+            for (name, record) in starts.iter() {
+                sample(
+                    out,
+                    family_name,
+                    &format!("subsystem=\"{name}\""),
+                    count(record),
+                );
+            }
         }
     }
 }

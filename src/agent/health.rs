@@ -73,7 +73,7 @@ mod tests {
     fn a_sync_owed_past_the_timeout_is_unhealthy_but_live() {
         let metrics = Metrics::default();
         let proxy = Arc::new(ProxyMetrics::default());
-        let _ = metrics.proxy.set(proxy.clone());
+        metrics.proxy.set(proxy.clone());
         proxy.sync_failed("refused");
         assert!(proxy.sync_owed_for().is_some());
         // Owed for a moment only: kube-proxy waits for its timeout too.
@@ -81,7 +81,7 @@ mod tests {
 
         let proxy = Arc::new(ProxyMetrics::default());
         let metrics = Metrics::default();
-        let _ = metrics.proxy.set(proxy.clone());
+        metrics.proxy.set(proxy.clone());
         let long_ago = Instant::now()
             .checked_sub(HEALTH_TIMEOUT + Duration::from_secs(1))
             .expect("the machine has been up for a minute");

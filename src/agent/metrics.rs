@@ -7,7 +7,7 @@ use nodus_prom::{Heartbeat, Histogram, family, sample, single};
 use nodus_proxy::metrics::ProxyMetrics;
 use nodus_view::{Counts, Kind};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// Upper bounds of the batch-apply histogram, in seconds.
@@ -24,13 +24,13 @@ pub struct Metrics {
     invalid_objects: [AtomicU64; 3],
     apply: Histogram<{ APPLY_BUCKETS.len() }>,
     /// Set once nodus's table is programmed (the proxy, or the mesh's egress masquerade).
-    pub proxy: OnceLock<Arc<ProxyMetrics>>,
+    pub proxy: Latest<ProxyMetrics>,
     /// Set once the DNS server runs.
-    pub dns: OnceLock<Arc<DnsMetrics>>,
+    pub dns: Latest<DnsMetrics>,
     /// Last syncs and errors, for `/status`.
     pub status: Board,
     /// Set once the mesh runs.
-    pub mesh: OnceLock<Arc<MeshMetrics>>,
+    pub mesh: Latest<MeshMetrics>,
     /// The run loop's last pass, for `/livez`.
     pub run_loop: Heartbeat,
     /// This Node is being deleted or tainted for removal.
@@ -59,10 +59,10 @@ impl Default for Metrics {
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
             apply: Histogram::new(APPLY_BUCKETS),
-            proxy: OnceLock::new(),
-            dns: OnceLock::new(),
+            proxy: Latest::default(),
+            dns: Latest::default(),
             status: Default::default(),
-            mesh: OnceLock::new(),
+            mesh: Latest::default(),
             run_loop: Heartbeat::default(),
             node_leaving: AtomicBool::new(false),
             healthz: Default::default(),
@@ -73,6 +73,46 @@ impl Default for Metrics {
             view_save_failures: AtomicU64::new(0),
             view_saved_bytes: AtomicU64::new(0),
         }
+    }
+}
+
+/// Panics anywhere in the process, caught or not (counted by the panic hook).
+pub static PANICS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts and logs every panic, then lets it unwind: the subsystem it happened in is
+/// started again ([`crate::agent::retry`]), a task or a DNS loop goes on.
+pub fn count_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        PANICS.fetch_add(1, Relaxed);
+        let thread = std::thread::current();
+        tracing::error!(thread = thread.name().unwrap_or("unnamed"), "{info}");
+    }));
+}
+
+/// The metrics of a subsystem's running instance: one started again after a panic brings
+/// its own (its counters start over, which Prometheus reads as a reset).
+pub struct Latest<T>(Mutex<Option<Arc<T>>>);
+
+impl<T> Default for Latest<T> {
+    fn default() -> Self {
+        Latest(Mutex::new(None))
+    }
+}
+
+impl<T> Latest<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<T>>> {
+        // One pointer: a panic while holding it leaves nothing half done.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub fn set(&self, metrics: Arc<T>) {
+        *self.lock() = Some(metrics);
+    }
+
+    pub fn get(&self) -> Option<Arc<T>> {
+        self.lock().clone()
     }
 }
 
@@ -161,6 +201,13 @@ impl Metrics {
                 value,
             );
         }
+        single(
+            &mut out,
+            "nodus_panics_total",
+            "counter",
+            "Panics caught anywhere in the process (each logged; the subsystem is started again).",
+            PANICS.load(Relaxed),
+        );
         single(
             &mut out,
             "nodus_view_stale",
@@ -301,9 +348,9 @@ mod tests {
     fn names_follow_the_prometheus_conventions() {
         let metrics = Metrics::default();
         let proxy = Arc::new(ProxyMetrics::default());
-        let _ = metrics.proxy.set(proxy.clone());
+        metrics.proxy.set(proxy.clone());
         proxy.sync_failed("refused");
-        let _ = metrics.dns.set(Arc::new(DnsMetrics::new(None)));
+        metrics.dns.set(Arc::new(DnsMetrics::new(None)));
         let text = metrics.render();
         let mut families = 0;
         for line in text.lines() {

@@ -25,7 +25,7 @@ use anyhow::Context;
 use feed::Feed;
 use futures::Stream;
 use handover::Sockets;
-use metrics::Metrics;
+use metrics::{Latest, Metrics};
 use nodus_dns::Zone;
 use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
 use nodus_dns::listen::{self, Listen};
@@ -42,7 +42,7 @@ use std::net::SocketAddr;
 use std::ops::ControlFlow;
 use std::pin::Pin;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use watch::{WatchItem, WatchSet};
 
@@ -123,7 +123,7 @@ async fn start_dns(
             .collect(),
     );
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
-    let _ = metrics.dns.set(server.metrics.clone());
+    metrics.dns.set(server.metrics.clone());
     let _ = metrics.status.dns_addrs.set(server.addrs.clone());
     Ok(server)
 }
@@ -149,7 +149,7 @@ async fn start_mesh(
     )
     .await
     .context("starting the WireGuard mesh")?;
-    let _ = metrics.mesh.set(mesh_metrics);
+    metrics.mesh.set(mesh_metrics);
     let mesh = MeshSubsystem::spawn(mesh, view, client);
     metrics
         .status
@@ -171,7 +171,7 @@ fn start_proxy(
         .enabled
         .then_some(config.proxy.health_check_address);
     let proxy = ProxySubsystem::new(proxy, view, health);
-    let _ = metrics.proxy.set(proxy.metrics.clone());
+    metrics.proxy.set(proxy.metrics.clone());
     Ok(proxy)
 }
 
@@ -250,7 +250,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let starts = metrics.status.starts.clone();
     // Started before the first list, and retried in the background if they cannot start:
     // a DNS port taken or a mesh that cannot make its device leaves the proxy working.
-    let dns_handover: Arc<OnceLock<nodus_dns::server::Handover>> = Arc::default();
+    let dns_handover: Arc<Latest<nodus_dns::server::Handover>> = Arc::default();
     if config.dns.enabled {
         let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
         let inherited = Arc::new(Mutex::new(inherited.dns));
@@ -265,11 +265,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let handover = handover.clone();
             async move {
                 let server = start_dns(&config, view, &metrics, inherited).await?;
-                let _ = handover.set(server.handover());
+                handover.set(Arc::new(server.handover()));
                 Ok(server)
             }
         };
-        subsystems.push(retry::start_or_retry("dns", starts.clone(), start).await);
+        subsystems.push(retry::start_supervised("dns", starts.clone(), start).await);
     }
     if config.mesh.enabled {
         let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
@@ -279,11 +279,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             let client = client.clone();
             async move { start_mesh(&config, view, client, &metrics).await }
         };
-        subsystems.push(retry::start_or_retry("mesh", starts.clone(), start).await);
+        subsystems.push(retry::start_supervised("mesh", starts.clone(), start).await);
     }
     // The mesh alone still needs the table, for its egress masquerade.
     if config.programs_table() {
-        subsystems.push(Box::new(start_proxy(&config, feed.reader(), &metrics)?));
+        let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
+        let start = move || {
+            let started = start_proxy(&config, view.clone(), &metrics);
+            async move { started }
+        };
+        subsystems.push(retry::start_supervised("proxy", starts.clone(), start).await);
     }
     if let Some(program) = args.on_change.clone() {
         let timeout = Duration::from_secs(args.on_change_timeout);

@@ -107,8 +107,15 @@ pub fn status(metrics: &Metrics) -> Status {
     }
     let mut subsystems = vec![view];
     let proxy = metrics.proxy.get();
-    let proxy_track = proxy.map(|p| p.status.snapshot()).unwrap_or_default();
+    let proxy_track = proxy
+        .as_ref()
+        .map(|p| p.status.snapshot())
+        .unwrap_or_default();
+    let pending = |name| board.starts.pending(name).is_some();
     subsystems.push(match setup {
+        Some(setup) if setup.programs_table() && pending("proxy") => {
+            Subsystem::not_started("proxy", board)
+        }
         Some(setup) if setup.proxy => {
             let mut line = report("proxy", proxy_track);
             let programmed = proxy.map_or(0, |p| p.services_programmed());
@@ -124,7 +131,7 @@ pub fn status(metrics: &Metrics) -> Status {
     });
     subsystems.push(match (setup.filter(|s| s.dns), board.dns_addrs.get()) {
         // DNS answers from the view itself: it is in step whenever the view is.
-        (Some(_), Some(addrs)) => Subsystem {
+        (Some(_), Some(addrs)) if !pending("dns") => Subsystem {
             synced: subsystems[0].synced,
             last_sync_unix_ms: subsystems[0].last_sync_unix_ms,
             detail: Some(format!(
@@ -138,12 +145,12 @@ pub fn status(metrics: &Metrics) -> Status {
             enabled: true,
             ..Subsystem::disabled("dns", None)
         },
-        (Some(_), None) => Subsystem::not_started("dns", board),
+        (Some(_), _) => Subsystem::not_started("dns", board),
         _ => Subsystem::disabled("dns", None),
     });
     subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
-        (Some(_), Some(mesh)) => mesh_subsystem(&mesh.status()),
-        (Some(_), None) => Subsystem::not_started("mesh", board),
+        (Some(_), Some(mesh)) if !pending("mesh") => mesh_subsystem(&mesh.status()),
+        (Some(_), _) => Subsystem::not_started("mesh", board),
         _ => Subsystem::disabled("mesh", None),
     });
     if let Some(program) = setup.and_then(|s| s.on_change.as_ref()) {

@@ -121,7 +121,7 @@ mod tests {
             on_change: None,
         });
         let mesh = Arc::new(MeshMetrics::default());
-        let _ = metrics.mesh.set(mesh.clone());
+        metrics.mesh.set(mesh.clone());
         mesh.synced(Duration::from_millis(4), 2, true, 2, 3);
         let text = render(&status(&metrics), SystemTime::now());
         assert!(
@@ -157,7 +157,7 @@ mod tests {
             .set(vec!["127.0.0.1:53".parse().expect("addr")]);
         metrics.status.view.synced(Duration::from_micros(300));
         let proxy = Arc::new(ProxyMetrics::default());
-        let _ = metrics.proxy.set(proxy.clone());
+        metrics.proxy.set(proxy.clone());
         proxy.sync_failed("the kernel refused the batch");
         let text = render(&status(&metrics), SystemTime::now());
         assert!(text.contains("on node node-1"), "{text}");

@@ -39,4 +39,10 @@ pub trait Subsystem {
     fn is_ready(&self) -> bool {
         true
     }
+
+    /// Whether what it runs in the background still runs: a task of its own that ended
+    /// (it panicked) makes the run loop start the subsystem again.
+    fn is_alive(&self) -> bool {
+        true
+    }
 }
