@@ -223,13 +223,35 @@ pub enum WatchItem {
     Tick,
 }
 
+/// The API server has never reached the revision a watch resumes from: it runs another
+/// history (restored from a backup whose revisions were not bumped, or a new etcd).
+/// kube-rs retries such a watch as it is, forever; only a fresh list can catch up.
+fn is_another_history(error: &watcher::Error) -> bool {
+    error.to_string().contains("Too large resource version")
+}
+
+/// One kind's watch: kube-rs's watcher, started again (with a fresh list) when the server
+/// turns out to run another history.
 fn kind_stream<T: WireKind>(
     api: Api<Lean<T>>,
     config: watcher::Config,
 ) -> impl Stream<Item = WatchItem> + Send {
-    watcher::watcher(api, config)
-        .default_backoff()
-        .map(|event| match event {
+    stream::repeat(()).flat_map(move |()| {
+        // The error is passed on, and the watcher ends at the item after it.
+        let mut another_history = false;
+        watcher::watcher(api.clone(), config.clone())
+            .default_backoff()
+            .take_while(move |event| {
+                let go_on = !another_history;
+                if let Err(error) = event
+                    && is_another_history(error)
+                {
+                    tracing::warn!(kind = T::KIND.as_str(), "the API server runs another resourceVersion history; listing afresh");
+                    another_history = true;
+                }
+                futures::future::ready(go_on)
+            })
+            .map(|event| match event {
             Ok(Event::Init) => WatchItem::Update(Update::RelistStarted(T::KIND)),
             Ok(Event::InitApply(o) | Event::Apply(o)) => WatchItem::Update(o.object.into_update()),
             Ok(Event::Delete(o)) => WatchItem::Update(Update::Deleted {
@@ -239,7 +261,8 @@ fn kind_stream<T: WireKind>(
             }),
             Ok(Event::InitDone) => WatchItem::Update(Update::RelistDone(T::KIND)),
             Err(err) => WatchItem::Restarted(T::KIND, err.to_string()),
-        })
+            })
+    })
 }
 
 /// The merged stream of every watch nodus needs, and the kinds it must list before the

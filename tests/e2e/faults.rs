@@ -13,6 +13,7 @@ use crate::support::{
     Cluster, EXAMPLE, free_port, get, metric, wait_for, wait_metric, wait_ready, wait_within,
 };
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
+use nodus_testbed::apiserver::{ApiServerConfig, Store};
 use nodus_testbed::netns::Pod;
 use nodus_testbed::netns::{self, Underlay};
 use serde_json::json;
@@ -603,4 +604,50 @@ fn dns_answers_every_query_through_restarts() {
             wait_ready(http);
         },
     );
+}
+
+/// A ClusterIP Service `name` in `default` at `ip`.
+fn service(name: &str, ip: &str) -> serde_json::Value {
+    json!({"apiVersion": "v1", "kind": "Service",
+           "metadata": {"name": name, "namespace": "default"},
+           "spec": {"clusterIP": ip, "clusterIPs": [ip],
+                    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}})
+}
+
+/// A3: the API server comes back with another resourceVersion history (restored from a
+/// backup whose revisions were not bumped): the revision nodus resumes from is one the
+/// server never reached. kube-rs alone would retry that watch forever and keep the old
+/// view; nodus lists afresh and follows the new history.
+#[test]
+fn an_api_server_with_another_history_is_listed_afresh() {
+    let mut cluster = Cluster::new("fault-new-history", EXAMPLE);
+    let (http, dns) = cluster.run_agent_with_dns("node-1");
+    wait_ready(http);
+    // The old history moves on: writes the restored one never saw.
+    for i in 0..20 {
+        cluster.apply(service(&format!("old-{i}"), &format!("10.96.1.{i}")));
+    }
+    wait_for("the old history's last write", || {
+        (dig(dns, "old-19.default.svc.cluster.local", "A").0 == "NOERROR").then_some(())
+    });
+    let restored = Store::new(ApiServerConfig::default());
+    restored.load_yaml_str(EXAMPLE).expect("fixture");
+    restored
+        .apply_value(service("restored", "10.96.2.1"))
+        .expect("a write of the restored history");
+    assert!(restored.resource_version() < cluster.store.resource_version());
+    cluster.store = restored;
+    let since = Instant::now();
+    cluster.restart_server();
+    wait_within("the view to follow the new history", Duration::from_secs(60), || {
+        let fresh = dig(dns, "restored.default.svc.cluster.local", "A").0 == "NOERROR";
+        let gone = dig(dns, "old-0.default.svc.cluster.local", "A").0 == "NXDOMAIN";
+        (fresh && gone).then_some(())
+    });
+    println!(
+        "A3 API server with another history: the view followed it {:.1?} after the restart",
+        since.elapsed()
+    );
+    let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
+    assert!(log.contains("another resourceVersion history"), "{log}");
 }

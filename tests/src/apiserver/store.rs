@@ -925,7 +925,7 @@ impl Store {
         res: ResourceId,
         from: WatchFrom,
         filter: &Filter,
-    ) -> Result<(Vec<Arc<Value>>, u64), String> {
+    ) -> Result<(Vec<Arc<Value>>, u64), ApiError> {
         let st = lock(&self.inner.state);
         match from {
             WatchFrom::Current => {
@@ -945,10 +945,15 @@ impl Store {
                 );
                 Ok((items, st.rv))
             }
-            WatchFrom::After(rv) if rv < st.resumable_from() => Err(format!(
+            WatchFrom::After(rv) if rv < st.resumable_from() => Err(ApiError::expired(format!(
                 "too old resource version: {rv} ({})",
                 st.resumable_from() + 1
-            )),
+            ))),
+            // A revision this store never reached: the client saw another history (an
+            // API server restored from a backup whose revisions were not bumped).
+            WatchFrom::After(rv) if rv > st.rv => {
+                Err(ApiError::too_large_resource_version(rv, st.rv))
+            }
             WatchFrom::After(rv) => Ok((Vec::new(), rv)),
         }
     }

@@ -193,8 +193,8 @@ async fn run(
 
     let (initial, mut cursor) = match store.watch_start(res, from, &opts.filter) {
         Ok(start) => start,
-        Err(message) => {
-            out.expired(&message);
+        Err(error) => {
+            out.event("ERROR", &error.to_status());
             out.flush().await;
             return;
         }
