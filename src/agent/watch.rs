@@ -246,21 +246,26 @@ fn kind_stream<T: WireKind>(
                 if let Err(error) = event
                     && is_another_history(error)
                 {
-                    tracing::warn!(kind = T::KIND.as_str(), "the API server runs another resourceVersion history; listing afresh");
+                    tracing::warn!(
+                        kind = T::KIND.as_str(),
+                        "the API server runs another resourceVersion history; listing afresh"
+                    );
                     another_history = true;
                 }
                 futures::future::ready(go_on)
             })
             .map(|event| match event {
-            Ok(Event::Init) => WatchItem::Update(Update::RelistStarted(T::KIND)),
-            Ok(Event::InitApply(o) | Event::Apply(o)) => WatchItem::Update(o.object.into_update()),
-            Ok(Event::Delete(o)) => WatchItem::Update(Update::Deleted {
-                kind: T::KIND,
-                namespace: o.object.meta().namespace.clone().unwrap_or_default(),
-                name: o.object.meta().name.clone(),
-            }),
-            Ok(Event::InitDone) => WatchItem::Update(Update::RelistDone(T::KIND)),
-            Err(err) => WatchItem::Restarted(T::KIND, err.to_string()),
+                Ok(Event::Init) => WatchItem::Update(Update::RelistStarted(T::KIND)),
+                Ok(Event::InitApply(o) | Event::Apply(o)) => {
+                    WatchItem::Update(o.object.into_update())
+                }
+                Ok(Event::Delete(o)) => WatchItem::Update(Update::Deleted {
+                    kind: T::KIND,
+                    namespace: o.object.meta().namespace.clone().unwrap_or_default(),
+                    name: o.object.meta().name.clone(),
+                }),
+                Ok(Event::InitDone) => WatchItem::Update(Update::RelistDone(T::KIND)),
+                Err(err) => WatchItem::Restarted(T::KIND, err.to_string()),
             })
     })
 }

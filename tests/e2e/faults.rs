@@ -473,10 +473,18 @@ fn a_restart_without_the_api_serves_the_saved_view() {
     );
 }
 
-/// Queries `dns` for `web.default.svc.cluster.local` A at about 500 a second until `stop`,
-/// then waits 2 s for stragglers; returns how many were sent and how many got a NOERROR
-/// answer holding 10.96.0.20.
-fn query_through(dns: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
+/// What [`query_through`] saw.
+struct Answers {
+    sent: usize,
+    /// NOERROR with web's address.
+    right: usize,
+    /// Anything else: a miss (NXDOMAIN, SERVFAIL) or another address.
+    wrong: usize,
+}
+
+/// Queries `dns` for `web.default.svc.cluster.local` A, one query every `pause`, until
+/// `stop`, then waits 2 s for stragglers.
+fn query_through(dns: SocketAddr, stop: &AtomicBool, pause: Duration) -> Answers {
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("client");
     socket
         .set_read_timeout(Some(Duration::from_millis(50)))
@@ -491,19 +499,18 @@ fn query_through(dns: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
         packet.extend_from_slice(&[0, 0, 1, 0, 1]);
         packet
     };
-    let mut answered = vec![false; 65536];
-    let receive = |socket: &UdpSocket, answered: &mut Vec<bool>| {
+    // Per query id: 0 unanswered, 1 right, 2 wrong.
+    let mut answers = vec![0u8; 65536];
+    let receive = |socket: &UdpSocket, answers: &mut Vec<u8>| {
         let mut buffer = [0u8; 512];
         while let Ok(n) = socket.recv(&mut buffer) {
-            let reply = &buffer[..n];
+            let Some(reply) = buffer.get(..n).filter(|r| r.len() >= 12) else {
+                continue;
+            };
             // NOERROR with one answer, whose last four bytes are the service's address.
-            if n > 16
-                && reply[3] & 0x0f == 0
-                && reply[6..8] == [0, 1]
-                && reply.ends_with(&[10, 96, 0, 20])
-            {
-                answered[usize::from(u16::from_be_bytes([reply[0], reply[1]]))] = true;
-            }
+            let right =
+                reply[3] & 0x0f == 0 && reply[6..8] == [0, 1] && reply.ends_with(&[10, 96, 0, 20]);
+            answers[usize::from(u16::from_be_bytes([reply[0], reply[1]]))] = 2 - u8::from(right);
         }
     };
     let mut sent = 0usize;
@@ -512,18 +519,22 @@ fn query_through(dns: SocketAddr, stop: &AtomicBool) -> (usize, usize) {
             .send_to(&query(sent as u16), dns)
             .expect("send a query");
         sent += 1;
-        std::thread::sleep(Duration::from_millis(2));
+        std::thread::sleep(pause);
         if sent.is_multiple_of(25) {
             socket.set_nonblocking(true).expect("nonblocking");
-            receive(&socket, &mut answered);
+            receive(&socket, &mut answers);
             socket.set_nonblocking(false).expect("blocking");
         }
     }
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        receive(&socket, &mut answered);
+        receive(&socket, &mut answers);
     }
-    (sent, answered.iter().filter(|a| **a).count())
+    Answers {
+        sent,
+        right: answers.iter().filter(|a| **a == 1).count(),
+        wrong: answers.iter().filter(|a| **a == 2).count(),
+    }
 }
 
 /// E5: DNS never dark across a restart. Queries run throughout; first the next nodus starts
@@ -557,17 +568,18 @@ fn dns_answers_every_query_through_restarts() {
     wait_ready(http);
     let until_stopped = |what: &str, restart: &mut dyn FnMut()| {
         let stop = AtomicBool::new(false);
-        let (sent, answered) = std::thread::scope(|scope| {
-            let queries = scope.spawn(|| query_through(dns, &stop));
+        let answers = std::thread::scope(|scope| {
+            let queries = scope.spawn(|| query_through(dns, &stop, Duration::from_millis(2)));
             std::thread::sleep(Duration::from_millis(500));
             restart();
             std::thread::sleep(Duration::from_millis(500));
             stop.store(true, Relaxed);
             queries.join().expect("queries")
         });
-        println!("E5 {what}: {sent} queries, {} unanswered", sent - answered);
+        let Answers { sent, right, .. } = answers;
+        println!("E5 {what}: {sent} queries, {} unanswered", sent - right);
         assert!(sent > 500, "{sent}");
-        assert_eq!(answered, sent, "{what}: every query answered");
+        assert_eq!(right, sent, "{what}: every query answered");
     };
 
     // The successor first: it takes the sockets over, then the first nodus is stopped.
@@ -639,15 +651,94 @@ fn an_api_server_with_another_history_is_listed_afresh() {
     cluster.store = restored;
     let since = Instant::now();
     cluster.restart_server();
-    wait_within("the view to follow the new history", Duration::from_secs(60), || {
-        let fresh = dig(dns, "restored.default.svc.cluster.local", "A").0 == "NOERROR";
-        let gone = dig(dns, "old-0.default.svc.cluster.local", "A").0 == "NXDOMAIN";
-        (fresh && gone).then_some(())
-    });
+    wait_within(
+        "the view to follow the new history",
+        Duration::from_secs(60),
+        || {
+            let fresh = dig(dns, "restored.default.svc.cluster.local", "A").0 == "NOERROR";
+            let gone = dig(dns, "old-0.default.svc.cluster.local", "A").0 == "NXDOMAIN";
+            (fresh && gone).then_some(())
+        },
+    );
     println!(
         "A3 API server with another history: the view followed it {:.1?} after the restart",
         since.elapsed()
     );
     let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
     assert!(log.contains("another resourceVersion history"), "{log}");
+}
+
+/// A1 and E4: the API server down for two minutes, then a relist of 2,000 services under a
+/// flood of queries. Through the outage DNS answers from the view, `/livez` and `/readyz`
+/// stay 200 and the failing watches are counted; a change made meanwhile arrives once the
+/// API is back. Then every watch must relist (a compaction, the watches dropped) while
+/// queries come as fast as one client sends them: no answer is wrong at any moment (the
+/// view never empties during a relist), and the relist completes.
+#[test]
+fn the_api_down_for_minutes_then_a_relist_under_a_query_flood() {
+    let mut cluster = Cluster::new("fault-api-down", EXAMPLE);
+    let shape = nodus_testbed::scale::Shape {
+        services: 2000,
+        endpoints_per_service: 5,
+        nodes: 10,
+    };
+    for object in nodus_testbed::scale::cluster(&shape) {
+        cluster.apply(object);
+    }
+    let (http, dns) = cluster.run_agent_with_dns("node-1");
+    wait_ready(http);
+
+    cluster.stop_server();
+    let down = Instant::now();
+    cluster.apply(service("made-meanwhile", "10.96.3.1"));
+    while down.elapsed() < Duration::from_secs(120) {
+        let (status, answers) = dig(dns, "web.default.svc.cluster.local", "A");
+        assert_eq!(
+            (status.as_str(), answers.as_slice()),
+            ("NOERROR", &["10.96.0.20".to_string()][..])
+        );
+        assert_eq!(get(http, "/livez").map(|(code, _)| code), Some(200));
+        assert_eq!(get(http, "/readyz").map(|(code, _)| code), Some(200));
+        std::thread::sleep(Duration::from_secs(10));
+    }
+    let (_, body) = get(http, "/metrics").expect("metrics");
+    let restarts = metric(&body, "nodus_watch_restarts_total{kind=\"service\"}").unwrap_or(0.0);
+    assert!(restarts >= 1.0, "the failing watch is counted: {restarts}");
+    let back = Instant::now();
+    cluster.restart_server();
+    wait_within("the change made meanwhile", Duration::from_secs(60), || {
+        (dig(dns, "made-meanwhile.default.svc.cluster.local", "A").0 == "NOERROR").then_some(())
+    });
+    println!(
+        "A1 API down for {:.0?}: DNS answered throughout; the change made meanwhile arrived {:.1?} after the API came back",
+        back - down,
+        back.elapsed()
+    );
+
+    let stop = AtomicBool::new(false);
+    let answers = std::thread::scope(|scope| {
+        let queries = scope.spawn(|| query_through(dns, &stop, Duration::from_micros(100)));
+        std::thread::sleep(Duration::from_millis(300));
+        let relist = Instant::now();
+        cluster.store.force_compaction();
+        cluster.apply(service("after-relist", "10.96.3.2"));
+        cluster.drop_watches();
+        wait_within("the relist to complete", Duration::from_secs(60), || {
+            (dig(dns, "after-relist.default.svc.cluster.local", "A").0 == "NOERROR").then_some(())
+        });
+        println!(
+            "E4 relist of 2,000 services under a query flood: done {:.1?} after the compaction",
+            relist.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        stop.store(true, Relaxed);
+        queries.join().expect("queries")
+    });
+    let Answers { sent, right, wrong } = answers;
+    println!(
+        "E4 relist under a query flood: {sent} queries, {right} right, {wrong} wrong, {} unanswered",
+        sent - right - wrong
+    );
+    assert_eq!(wrong, 0, "no answer is wrong during a relist");
+    assert!(right > 0);
 }
