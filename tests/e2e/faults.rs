@@ -742,3 +742,55 @@ fn the_api_down_for_minutes_then_a_relist_under_a_query_flood() {
     assert_eq!(wrong, 0, "no answer is wrong during a relist");
     assert!(right > 0);
 }
+
+/// A4: every watch ends in the middle of an object (its first bytes, then the end of the
+/// response, as a connection lost mid-transfer). The fragment is not applied, nothing
+/// else is lost, and a change made right after arrives through the resumed watches.
+#[test]
+fn a_watch_cut_mid_object_resumes_and_loses_nothing() {
+    let mut cluster = Cluster::new("fault-watch-cut", EXAMPLE);
+    let (http, dns) = cluster.run_agent_with_dns("node-1");
+    wait_ready(http);
+    let objects = |http| {
+        let (_, body) = get(http, "/metrics").expect("metrics");
+        metric(&body, "nodus_view_objects{kind=\"service\"}")
+    };
+    let before = objects(http);
+    let watches = |cluster: &Cluster| {
+        let counts = cluster.store.request_counts();
+        counts.get("watch").copied().unwrap_or(0)
+    };
+    let watching = watches(&cluster);
+    let cut = Instant::now();
+    cluster.cut_watches_mid_object();
+    // Every watch (Services, EndpointSlices, this Node) read its fragment and resumed.
+    wait_for("the watches to resume", || {
+        (watches(&cluster) >= watching + 3).then_some(())
+    });
+    let resumed = cut.elapsed();
+    cluster.apply(service("after-the-cut", "10.96.4.1"));
+    wait_within("the change after the cut", Duration::from_secs(30), || {
+        (dig(dns, "after-the-cut.default.svc.cluster.local", "A").0 == "NOERROR").then_some(())
+    });
+    println!(
+        "A4 watch cut mid-object: the watches resumed {resumed:.1?} after the cut, the next \
+         change arrived {:.1?} after it",
+        cut.elapsed()
+    );
+    assert_eq!(
+        objects(http),
+        before.map(|n| n + 1.0),
+        "one service more, none lost"
+    );
+    let (_, body) = get(http, "/metrics").expect("metrics");
+    assert_eq!(
+        metric(&body, "nodus_invalid_objects_total{kind=\"service\"}"),
+        Some(0.0),
+        "the fragment is not an object"
+    );
+    assert_eq!(get(http, "/livez").map(|(code, _)| code), Some(200));
+    assert_eq!(
+        dig(dns, "web.default.svc.cluster.local", "A").1,
+        ["10.96.0.20"]
+    );
+}

@@ -157,6 +157,13 @@ impl Cluster {
         }
     }
 
+    /// Ends every open watch in the middle of an event, as a lost connection does.
+    pub fn cut_watches_mid_object(&self) {
+        if let Some(server) = &self.server {
+            server.cut_watches_mid_object();
+        }
+    }
+
     pub fn drop_watches(&self) {
         if let Some(server) = &self.server {
             server.drop_watches();

@@ -39,9 +39,18 @@ const MAX_BODY: usize = 16 * 1024 * 1024;
 /// State shared by every connection of one server.
 struct Ctx {
     store: Store,
-    /// Bumped by `drop_watches`; every watch task ends when it changes.
-    drop_tx: watch::Sender<u64>,
+    /// Bumped by `drop_watches` and `cut_watches_mid_object`; every watch task ends when
+    /// it changes.
+    drop_tx: watch::Sender<Drop>,
     addr: SocketAddr,
+}
+
+/// How the open watches are to end, each time `generation` changes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Drop {
+    pub(crate) generation: u64,
+    /// In the middle of an event rather than between two.
+    pub(crate) mid_object: bool,
 }
 
 /// Connection tasks. Dropping the set aborts them, which closes their sockets.
@@ -62,7 +71,7 @@ pub async fn serve(store: Store, listener: TcpListener) -> anyhow::Result<Server
     let addr = listener
         .local_addr()
         .context("reading the listener's address")?;
-    let (drop_tx, _) = watch::channel(0);
+    let (drop_tx, _) = watch::channel(Drop::default());
     let handle = ServerHandle {
         addr,
         ctx: Arc::new(Ctx {
@@ -123,7 +132,19 @@ impl ServerHandle {
 
     /// Ends every open watch stream now; clients see the response end and re-watch.
     pub fn drop_watches(&self) {
-        self.ctx.drop_tx.send_modify(|generation| *generation += 1);
+        self.ctx.drop_tx.send_modify(|drop| {
+            drop.generation += 1;
+            drop.mid_object = false;
+        });
+    }
+
+    /// Ends every open watch stream in the middle of an event: its first bytes, then the
+    /// end of the response, as a connection lost mid-transfer leaves it.
+    pub fn cut_watches_mid_object(&self) {
+        self.ctx.drop_tx.send_modify(|drop| {
+            drop.generation += 1;
+            drop.mid_object = true;
+        });
     }
 
     /// Stops accepting, closes every connection, and returns once the ports are free.

@@ -75,7 +75,11 @@ pub(crate) struct WatchSpec {
 
 /// Spawns the watch task and returns the body it feeds. `drop_rx` ends the stream when the
 /// server's drop-watches generation changes or the server goes away.
-pub(crate) fn start(store: Store, spec: WatchSpec, drop_rx: watch::Receiver<u64>) -> ResponseBody {
+pub(crate) fn start(
+    store: Store,
+    spec: WatchSpec,
+    drop_rx: watch::Receiver<super::http::Drop>,
+) -> ResponseBody {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(run(store, spec, tx, drop_rx));
     ResponseBody::Stream(rx)
@@ -171,7 +175,7 @@ async fn run(
     store: Store,
     spec: WatchSpec,
     tx: mpsc::Sender<Bytes>,
-    mut drop_rx: watch::Receiver<u64>,
+    mut drop_rx: watch::Receiver<super::http::Drop>,
 ) {
     let WatchSpec {
         res,
@@ -248,7 +252,15 @@ async fn run(
         tokio::select! {
             _ = out.tx.closed() => return,
             // A new drop generation, or the server is gone.
-            _ = drop_rx.changed() => return,
+            _ = drop_rx.changed() => {
+                if drop_rx.borrow().mid_object {
+                    out.buf.extend_from_slice(
+                        br#"{"type":"MODIFIED","object":{"apiVersion":"v1","kind":"Service","metadata":{"name":"#,
+                    );
+                    out.flush().await;
+                }
+                return;
+            }
             () = tokio::time::sleep_until(deadline) => {
                 if opts.allow_bookmarks {
                     out.bookmark(res, cursor, false);
