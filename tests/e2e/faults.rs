@@ -16,7 +16,9 @@ use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::apiserver::{ApiServerConfig, Store};
 use nodus_testbed::netns::Pod;
 use nodus_testbed::netns::{self, Underlay};
+use nodus_testbed::scale::Shape;
 use serde_json::json;
+use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -677,7 +679,7 @@ fn an_api_server_with_another_history_is_listed_afresh() {
 #[test]
 fn the_api_down_for_minutes_then_a_relist_under_a_query_flood() {
     let mut cluster = Cluster::new("fault-api-down", EXAMPLE);
-    let shape = nodus_testbed::scale::Shape {
+    let shape = Shape {
         services: 2000,
         endpoints_per_service: 5,
         nodes: 10,
@@ -793,4 +795,211 @@ fn a_watch_cut_mid_object_resumes_and_loses_nothing() {
         dig(dns, "web.default.svc.cluster.local", "A").1,
         ["10.96.0.20"]
     );
+}
+
+/// `nodus run` for node-0 in `ns`, the API on `ns`'s loopback, with `config`; returns its
+/// pid and HTTP address (in `ns`).
+fn agent_in(cluster: &mut Cluster, ns: &netns::Netns, config: &str) -> (u32, SocketAddr) {
+    let kubeconfig = cluster.listen_in(ns, SocketAddr::from((Ipv4Addr::LOCALHOST, free_port())));
+    let path = cluster.dir.join(format!("config-{}.yaml", free_port()));
+    std::fs::write(&path, config).expect("config");
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let mut cmd = ns.command(crate::support::NODUS);
+    cmd.args([
+        "run",
+        "--node-name",
+        "node-0",
+        "--http-addr",
+        &http.to_string(),
+    ])
+    .arg("--kubeconfig")
+    .arg(&kubeconfig)
+    .arg("--config")
+    .arg(&path)
+    .env("NODUS_LOG", "info")
+    .env("NODUS_ALLOW_HTTP_API", "true")
+    .env("NODUS_STATE_DIR", cluster.dir.join("state"));
+    (cluster.spawn(cmd).id(), http)
+}
+
+/// The addresses in nodus's table in `ns`, as the words of its listing.
+fn table_words(ns: &netns::Netns) -> BTreeSet<String> {
+    ns.exec("nft", &["list", "table", "inet", "nodus"])
+        .unwrap_or_default()
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter(|word| word.contains('.'))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The slice of scale service `i` with one endpoint, 10.250.`generation`.`i`.
+fn churned_slice(i: usize, shape: &Shape, generation: u8) -> serde_json::Value {
+    let mut slice = nodus_testbed::scale::slice(i, shape, 0);
+    slice["endpoints"] = json!([{"addresses": [format!("10.250.{generation}.{i}")],
+                                 "conditions": {"ready": true}, "nodeName": "node-0"}]);
+    slice
+}
+
+/// A log line without its terminal colours.
+fn without_colours(line: &str) -> String {
+    let mut plain = String::new();
+    let mut rest = line;
+    while let Some(start) = rest.find('\x1b') {
+        plain.push_str(&rest[..start]);
+        rest = rest[start..]
+            .find('m')
+            .map_or("", |end| &rest[start + end + 1..]);
+    }
+    plain.push_str(rest);
+    plain
+}
+
+const PROXY_ONLY: &str = "proxy:\n  enabled: true\ndns:\n  enabled: false\n";
+
+/// P1: someone runs `nft flush ruleset` on the node (every table gone, nodus's with them)
+/// while endpoints churn. The table comes back, and holds each churned service's last
+/// endpoint and none of the ones before.
+#[test]
+fn an_outside_ruleset_flush_under_churn_is_repaired() {
+    netns::require_root();
+    let ns = netns::Netns::new("flush").expect("namespace");
+    ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
+    let mut cluster = Cluster::new("fault-flush-ruleset", "");
+    let shape = Shape {
+        services: 200,
+        endpoints_per_service: 3,
+        nodes: 3,
+    };
+    for object in nodus_testbed::scale::cluster(&shape) {
+        cluster.apply(object);
+    }
+    let (_, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
+    crate::support::wait_ready_in(&ns, http);
+    let full_syncs = || {
+        let http = http;
+        ns.enter(move || get(http, "/metrics"))
+            .ok()
+            .flatten()
+            .and_then(|(_, body)| {
+                metric(
+                    &body,
+                    "kubeproxy_sync_full_proxy_rules_duration_seconds_count",
+                )
+            })
+            .unwrap_or(0.0)
+    };
+    let before = full_syncs();
+    const CHURNED: usize = 20;
+    let mut generation = 0u8;
+    for round in 0..60 {
+        generation += 1;
+        for i in 0..CHURNED {
+            cluster.apply(churned_slice(i, &shape, generation));
+        }
+        if round == 20 {
+            ns.exec("nft", &["flush", "ruleset"])
+                .expect("nft flush ruleset");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let churn_ended = Instant::now();
+    let last = generation;
+    wait_within(
+        "the table repaired with the last endpoints",
+        Duration::from_secs(40),
+        || {
+            let words = table_words(&ns);
+            let current = (0..CHURNED).all(|i| words.contains(&format!("10.250.{last}.{i}")));
+            let stale =
+                (1..last).any(|g| (0..CHURNED).any(|i| words.contains(&format!("10.250.{g}.{i}"))));
+            (current && !stale).then_some(())
+        },
+    );
+    println!(
+        "P1 nft flush ruleset under churn (2 s more of it after the flush): repaired and \
+         current {:.1?} after the churn ended",
+        churn_ended.elapsed()
+    );
+    assert!(full_syncs() > before, "the repair is a full sync, counted");
+}
+
+/// S1: nodus is killed (SIGKILL) while its first full sync of 3,000 services programs the
+/// table, then started again. The new process adopts whatever the killed one left and
+/// completes it; a third process then finds the table exactly as planned (nothing added,
+/// nothing left over).
+#[test]
+fn sigkill_during_a_full_sync_then_restart_converges() {
+    netns::require_root();
+    let ns = netns::Netns::new("kill").expect("namespace");
+    ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
+    let mut cluster = Cluster::new("fault-sigkill-sync", "");
+    let shape = Shape {
+        services: 3000,
+        endpoints_per_service: 5,
+        nodes: 10,
+    };
+    for object in nodus_testbed::scale::cluster(&shape) {
+        cluster.apply(object);
+    }
+    let (first, _) = agent_in(&mut cluster, &ns, PROXY_ONLY);
+    // The table appears with the sync's first transaction: kill then.
+    wait_for("the first transaction", || {
+        ns.exec("nft", &["list", "tables"])
+            .ok()
+            .filter(|tables| tables.contains("inet nodus"))
+    });
+    signal(first, "KILL");
+    let _ = cluster.wait_child(first);
+    let first_log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
+    let mid_sync = !first_log.contains("full proxy sync");
+    let left = table_words(&ns).len();
+    println!(
+        "S1 killed {} its first full sync; the table held {left} addresses",
+        match mid_sync {
+            true => "during",
+            false => "after",
+        }
+    );
+
+    let dir = cluster.dir.clone();
+    let full_sync_line = |n: usize| {
+        let log = std::fs::read_to_string(dir.join(format!("nodus-{n}.log"))).expect("log");
+        log.lines()
+            .find(|line| line.contains("full proxy sync"))
+            .map(without_colours)
+    };
+    let since = Instant::now();
+    let (second, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
+    crate::support::wait_ready_in(&ns, http);
+    println!(
+        "S1 restarted: ready {:.1?} after the start; {}",
+        since.elapsed(),
+        full_sync_line(1).unwrap_or_default()
+    );
+    let programmed = table_words(&ns);
+    signal(second, "TERM");
+    let _ = cluster.wait_child(second);
+
+    let (_, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
+    crate::support::wait_ready_in(&ns, http);
+    let adopted = full_sync_line(2).expect("the third process's full sync");
+    assert!(adopted.contains("services=3000"), "{adopted}");
+    assert!(
+        adopted.contains("leftovers=0"),
+        "nothing was left over: {adopted}"
+    );
+    assert_eq!(
+        table_words(&ns),
+        programmed,
+        "the table as the second process left it"
+    );
+    // Every endpoint of every service is in it.
+    for i in (0..shape.services).step_by(97) {
+        for e in 0..shape.endpoints_per_service {
+            if (e % 10) != 9 {
+                let ip = nodus_testbed::scale::pod_ip(i, e, 0).to_string();
+                assert!(programmed.contains(&ip), "service {i}'s endpoint {ip}");
+            }
+        }
+    }
 }
