@@ -15,7 +15,28 @@ use rtnetlink::packet_route::route::{
 };
 use rtnetlink::{Handle, LinkUnspec, LinkWireguard, RouteMessageBuilder};
 use std::collections::BTreeSet;
+use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::time::Duration;
+
+/// The kernel answers an rtnetlink request at once; one it does not answer fails after
+/// this, rather than freezing the mesh's task.
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// `request`, failing after [`REQUEST_TIMEOUT`]; errors say what was being done.
+async fn bounded<T>(
+    context: impl Into<String>,
+    request: impl Future<Output = Result<T, rtnetlink::Error>>,
+) -> Result<T, Error> {
+    let context = context.into();
+    match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
+        Ok(result) => result.map_err(Error::netlink(context)),
+        Err(_) => Err(Error::device(
+            context,
+            format!("no reply from the kernel within {REQUEST_TIMEOUT:?}"),
+        )),
+    }
+}
 
 pub struct Links {
     handle: Handle,
@@ -47,26 +68,32 @@ impl Links {
 
     /// Creates a kernel `wireguard` link named `name`.
     pub async fn add_wireguard(&self, name: &str) -> Result<(), Error> {
-        self.handle
+        let request = self
+            .handle
             .link()
             .add(LinkWireguard::new(name).build())
-            .execute()
-            .await
-            .map_err(Error::netlink(format!(
-                "creating the wireguard link {name}"
-            )))
+            .execute();
+        bounded(format!("creating the wireguard link {name}"), request).await
     }
 
     /// Looks a link up by name, `None` when there is none.
     pub async fn find(&self, name: &str) -> Result<Option<Link>, Error> {
-        let found = self
+        let mut replies = self
             .handle
             .link()
             .get()
             .match_name(name.to_string())
-            .execute()
-            .try_next()
-            .await;
+            .execute();
+        let request = replies.try_next();
+        let context = format!("finding link {name}");
+        let found = tokio::time::timeout(REQUEST_TIMEOUT, request)
+            .await
+            .map_err(|_| {
+                Error::device(
+                    context.clone(),
+                    format!("no reply from the kernel within {REQUEST_TIMEOUT:?}"),
+                )
+            })?;
         match found {
             Ok(message) => Ok(message.map(|message| Link {
                 index: message.header.index,
@@ -80,66 +107,53 @@ impl Links {
             {
                 Ok(None)
             }
-            Err(error) => Err(Error::netlink(format!("finding link {name}"))(error)),
+            Err(error) => Err(Error::netlink(context)(error)),
         }
     }
 
     /// Deletes a link; the kernel removes its addresses and routes with it.
     pub async fn delete(&self, index: u32) -> Result<(), Error> {
-        self.handle
-            .link()
-            .del(index)
-            .execute()
-            .await
-            .map_err(Error::netlink(format!("deleting link {index}")))
+        let request = self.handle.link().del(index).execute();
+        bounded(format!("deleting link {index}"), request).await
     }
 
     pub async fn set_up_with_mtu(&self, index: u32, mtu: u32) -> Result<(), Error> {
-        self.handle
+        let request = self
+            .handle
             .link()
             .set(LinkUnspec::new_with_index(index).up().mtu(mtu).build())
-            .execute()
-            .await
-            .map_err(Error::netlink(format!(
-                "setting link {index} up, mtu {mtu}"
-            )))
+            .execute();
+        bounded(format!("setting link {index} up, mtu {mtu}"), request).await
     }
 
     /// The MTU of the link that holds `ip` (the underlay under our endpoint).
     pub async fn mtu_of_address(&self, ip: IpAddr) -> Result<Option<u32>, Error> {
-        let found = self
-            .handle
-            .address()
-            .get()
-            .set_address_filter(ip)
-            .execute()
-            .try_next()
-            .await
-            .map_err(Error::netlink(format!("finding the link of {ip}")))?;
+        let mut replies = self.handle.address().get().set_address_filter(ip).execute();
+        let request = replies.try_next();
+        let found = bounded(format!("finding the link of {ip}"), request).await?;
         let Some(address) = found else {
             return Ok(None);
         };
-        let message = self
+        let mut replies = self
             .handle
             .link()
             .get()
             .match_index(address.header.index)
-            .execute()
-            .try_next()
-            .await
-            .map_err(Error::netlink(format!("reading the link of {ip}")))?;
+            .execute();
+        let request = replies.try_next();
+        let message = bounded(format!("reading the link of {ip}"), request).await?;
         Ok(message.as_ref().and_then(mtu_of))
     }
 
     async fn address_messages(&self, index: u32) -> Result<Vec<AddressMessage>, Error> {
-        self.handle
+        let request = self
+            .handle
             .address()
             .get()
             .set_link_index_filter(index)
             .execute()
-            .try_collect()
-            .await
-            .map_err(Error::netlink(format!("listing addresses of link {index}")))
+            .try_collect();
+        bounded(format!("listing addresses of link {index}"), request).await
     }
 
     /// The device's addresses as host prefixes, IPv6 link-local ones left out.
@@ -153,26 +167,20 @@ impl Links {
     }
 
     pub async fn add_address(&self, index: u32, address: Cidr) -> Result<(), Error> {
-        self.handle
+        let request = self
+            .handle
             .address()
             .add(index, address.addr, address.prefix)
             .replace()
-            .execute()
-            .await
-            .map_err(Error::netlink(format!("adding {address} to link {index}")))
+            .execute();
+        bounded(format!("adding {address} to link {index}"), request).await
     }
 
     pub async fn remove_address(&self, index: u32, address: Cidr) -> Result<(), Error> {
         for message in self.address_messages(index).await? {
             if address_of(&message) == Some(address) {
-                self.handle
-                    .address()
-                    .del(message)
-                    .execute()
-                    .await
-                    .map_err(Error::netlink(format!(
-                        "removing {address} from link {index}"
-                    )))?;
+                let request = self.handle.address().del(message).execute();
+                bounded(format!("removing {address} from link {index}"), request).await?;
             }
         }
         Ok(())
@@ -186,40 +194,31 @@ impl Links {
             RouteMessageBuilder::<Ipv6Addr>::new().build(),
         ];
         for filter in filters {
-            let routes: Vec<RouteMessage> = self
-                .handle
-                .route()
-                .get(filter)
-                .execute()
-                .try_collect()
-                .await
-                .map_err(Error::netlink(format!("listing routes of link {index}")))?;
+            let request = self.handle.route().get(filter).execute().try_collect();
+            let routes: Vec<RouteMessage> =
+                bounded(format!("listing routes of link {index}"), request).await?;
             out.extend(routes.iter().filter_map(|r| ours(r, index)));
         }
         Ok(out)
     }
 
     pub async fn add_route(&self, index: u32, destination: Cidr) -> Result<(), Error> {
-        self.handle
+        let request = self
+            .handle
             .route()
             .add(route_message(index, destination)?)
             .replace()
-            .execute()
-            .await
-            .map_err(Error::netlink(format!(
-                "routing {destination} to link {index}"
-            )))
+            .execute();
+        bounded(format!("routing {destination} to link {index}"), request).await
     }
 
     pub async fn remove_route(&self, index: u32, destination: Cidr) -> Result<(), Error> {
-        self.handle
+        let request = self
+            .handle
             .route()
             .del(route_message(index, destination)?)
-            .execute()
-            .await
-            .map_err(Error::netlink(format!(
-                "removing the route to {destination}"
-            )))
+            .execute();
+        bounded(format!("removing the route to {destination}"), request).await
     }
 }
 

@@ -876,7 +876,6 @@ fn an_outside_ruleset_flush_under_churn_is_repaired() {
     let (_, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
     crate::support::wait_ready_in(&ns, http);
     let full_syncs = || {
-        let http = http;
         ns.enter(move || get(http, "/metrics"))
             .ok()
             .flatten()

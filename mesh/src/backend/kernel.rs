@@ -9,6 +9,7 @@ use super::DeviceState;
 use crate::Error;
 use crate::key::Key;
 use crate::links::Links;
+use crate::links::REQUEST_TIMEOUT;
 use crate::plan::PeerChange;
 use futures::StreamExt;
 use genetlink::GenetlinkHandle;
@@ -54,8 +55,25 @@ impl KernelDevice {
         })
     }
 
-    /// Sends one message; returns the replies (for a dump) or nothing (for an ack).
+    /// Sends one message; returns the replies (for a dump) or nothing (for an ack). A
+    /// kernel that does not answer within [`REQUEST_TIMEOUT`] fails the request.
     async fn send(
+        &mut self,
+        attributes: Vec<WireguardAttribute>,
+        cmd: WireguardCmd,
+    ) -> Result<Vec<WireguardMessage>, Error> {
+        let context = format!("WireGuard netlink on {}", self.name);
+        tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(attributes, cmd))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::device(
+                    context,
+                    format!("no reply from the kernel within {REQUEST_TIMEOUT:?}"),
+                ))
+            })
+    }
+
+    async fn exchange(
         &mut self,
         attributes: Vec<WireguardAttribute>,
         cmd: WireguardCmd,
