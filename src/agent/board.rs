@@ -2,13 +2,12 @@
 //! error of the view and of the `--on-change` backend (each subsystem crate keeps its
 //! own), and the subsystems that failed to start.
 
-use crate::agent::state::Restored;
 use nodus_prom::{Tracker, family, sample};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// What the agent was started with; set once at start-up.
 pub struct Setup {
@@ -26,6 +25,15 @@ impl Setup {
     pub fn programs_table(&self) -> bool {
         self.proxy || self.egress_only_table
     }
+}
+
+/// A view restored at start (saved by the process before): when it was saved and what
+/// restoring it took.
+#[derive(Clone, Copy, Debug)]
+pub struct Restored {
+    pub saved: SystemTime,
+    pub bytes: u64,
+    pub took: Duration,
 }
 
 /// The agent's status board, part of the agent's metrics so that every part reaches it.

@@ -179,6 +179,27 @@ impl Successor {
     }
 }
 
+fn iovec(buffer: &mut [u8]) -> libc::iovec {
+    libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    }
+}
+
+/// A message over the one buffer `iov` points at, with `control` (a buffer aligned for
+/// `cmsghdr`, and how many of its bytes to use) for descriptors.
+fn message_over(iov: &mut libc::iovec, control: Option<(&mut [u64], usize)>) -> libc::msghdr {
+    // SAFETY: msghdr is a plain C struct; all-zero is valid (no name, no flags).
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = iov;
+    message.msg_iovlen = 1;
+    if let Some((control, len)) = control {
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = len;
+    }
+    message
+}
+
 fn send(stream: &UnixStream, header: &[u8], fds: &[RawFd]) -> anyhow::Result<()> {
     anyhow::ensure!(header.len() <= MAX_HEADER, "the header is too long");
     anyhow::ensure!(
@@ -193,17 +214,10 @@ fn send(stream: &UnixStream, header: &[u8], fds: &[RawFd]) -> anyhow::Result<()>
     let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
     // u64s: the control buffer must be aligned for a cmsghdr.
     let mut control = vec![0u64; space.div_ceil(8)];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: msghdr is a plain C struct; all-zero is valid (no name, no flags).
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &raw mut iov;
-    message.msg_iovlen = 1;
+    let mut iov = iovec(&mut data);
+    let control = (!fds.is_empty()).then_some((&mut control[..], space));
+    let message = message_over(&mut iov, control);
     if !fds.is_empty() {
-        message.msg_control = control.as_mut_ptr().cast();
-        message.msg_controllen = space;
         // SAFETY: the control buffer holds CMSG_SPACE(fd_bytes) aligned bytes, so the
         // first header and its data fit; the descriptors are copied into it.
         unsafe {
@@ -235,16 +249,8 @@ fn receive(stream: &mut UnixStream) -> anyhow::Result<(Vec<u8>, Vec<OwnedFd>)> {
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * size_of::<RawFd>()) as u32) } as usize;
     let mut control = vec![0u64; space.div_ceil(8)];
     let mut data = vec![0u8; 4 + MAX_HEADER];
-    let mut iov = libc::iovec {
-        iov_base: data.as_mut_ptr().cast(),
-        iov_len: data.len(),
-    };
-    // SAFETY: msghdr is a plain C struct; all-zero is valid.
-    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
-    message.msg_iov = &raw mut iov;
-    message.msg_iovlen = 1;
-    message.msg_control = control.as_mut_ptr().cast();
-    message.msg_controllen = space;
+    let mut iov = iovec(&mut data);
+    let mut message = message_over(&mut iov, Some((&mut control[..], space)));
     // SAFETY: the buffers live until the call returns; descriptors arrive close-on-exec.
     let received =
         unsafe { libc::recvmsg(stream.as_raw_fd(), &raw mut message, libc::MSG_CMSG_CLOEXEC) };

@@ -7,12 +7,13 @@
 //! Files carry the node's name: two agents for different nodes (a test bed) may share
 //! a directory, and an agent never reads another node's view.
 
+use crate::agent::board::Restored;
 use crate::agent::metrics::Metrics;
 use nodus_view::{Applied, View, ViewReader};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
 /// How often the view is saved at most while it changes: at 10,000 services a save
@@ -24,14 +25,6 @@ pub const SAVE_PERIOD: Duration = Duration::from_secs(30);
 pub struct StateDir {
     dir: PathBuf,
     node: String,
-}
-
-/// A view restored at start: when it was saved and what it took.
-#[derive(Clone, Copy, Debug)]
-pub struct Restored {
-    pub saved: SystemTime,
-    pub bytes: u64,
-    pub took: Duration,
 }
 
 impl StateDir {

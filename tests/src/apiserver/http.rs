@@ -31,7 +31,7 @@ use super::registry::{self, ResourceId};
 use super::selector::FieldSelector;
 use super::store::PatchRecord;
 use super::store::{Store, WatchFrom};
-use super::watch::{self as watch_stream, ResponseBody, WatchSpec};
+use super::watch::{self as watch_stream, ResponseBody, WatchEnd, WatchSpec};
 
 /// Request bodies larger than this get 413 (upstream's limit is 3 MiB per object).
 const MAX_BODY: usize = 16 * 1024 * 1024;
@@ -41,16 +41,8 @@ struct Ctx {
     store: Store,
     /// Bumped by `drop_watches` and `cut_watches_mid_object`; every watch task ends when
     /// it changes.
-    drop_tx: watch::Sender<Drop>,
+    drop_tx: watch::Sender<WatchEnd>,
     addr: SocketAddr,
-}
-
-/// How the open watches are to end, each time `generation` changes.
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct Drop {
-    pub(crate) generation: u64,
-    /// In the middle of an event rather than between two.
-    pub(crate) mid_object: bool,
 }
 
 /// Connection tasks. Dropping the set aborts them, which closes their sockets.
@@ -71,7 +63,7 @@ pub async fn serve(store: Store, listener: TcpListener) -> anyhow::Result<Server
     let addr = listener
         .local_addr()
         .context("reading the listener's address")?;
-    let (drop_tx, _) = watch::channel(Drop::default());
+    let (drop_tx, _) = watch::channel(WatchEnd::default());
     let handle = ServerHandle {
         addr,
         ctx: Arc::new(Ctx {
@@ -132,18 +124,18 @@ impl ServerHandle {
 
     /// Ends every open watch stream now; clients see the response end and re-watch.
     pub fn drop_watches(&self) {
-        self.ctx.drop_tx.send_modify(|drop| {
-            drop.generation += 1;
-            drop.mid_object = false;
+        self.ctx.drop_tx.send_modify(|end| {
+            end.generation += 1;
+            end.mid_object = false;
         });
     }
 
     /// Ends every open watch stream in the middle of an event: its first bytes, then the
     /// end of the response, as a connection lost mid-transfer leaves it.
     pub fn cut_watches_mid_object(&self) {
-        self.ctx.drop_tx.send_modify(|drop| {
-            drop.generation += 1;
-            drop.mid_object = true;
+        self.ctx.drop_tx.send_modify(|end| {
+            end.generation += 1;
+            end.mid_object = true;
         });
     }
 

@@ -73,12 +73,20 @@ pub(crate) struct WatchSpec {
     pub initial_events_end: bool,
 }
 
+/// How the open watches are to end, each time `generation` changes.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WatchEnd {
+    pub(crate) generation: u64,
+    /// In the middle of an event rather than between two.
+    pub(crate) mid_object: bool,
+}
+
 /// Spawns the watch task and returns the body it feeds. `drop_rx` ends the stream when the
 /// server's drop-watches generation changes or the server goes away.
 pub(crate) fn start(
     store: Store,
     spec: WatchSpec,
-    drop_rx: watch::Receiver<super::http::Drop>,
+    drop_rx: watch::Receiver<WatchEnd>,
 ) -> ResponseBody {
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(run(store, spec, tx, drop_rx));
@@ -175,7 +183,7 @@ async fn run(
     store: Store,
     spec: WatchSpec,
     tx: mpsc::Sender<Bytes>,
-    mut drop_rx: watch::Receiver<super::http::Drop>,
+    mut drop_rx: watch::Receiver<WatchEnd>,
 ) {
     let WatchSpec {
         res,
