@@ -24,6 +24,17 @@ impl Error {
 
 /// Replaces `path` with `content` through `tmp` (in the same directory), created `mode`.
 pub fn replace(path: &Path, tmp: &Path, mode: u32, content: &[u8]) -> Result<(), Error> {
+    replace_with(path, tmp, mode, |file| file.write_all(content))
+}
+
+/// As [`replace`], with the content written by `write` (which may stream it, through a
+/// buffer of its own, rather than hold it whole).
+pub fn replace_with(
+    path: &Path,
+    tmp: &Path,
+    mode: u32,
+    write: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<(), Error> {
     let _ = std::fs::remove_file(tmp);
     let written = std::fs::OpenOptions::new()
         .write(true)
@@ -32,7 +43,7 @@ pub fn replace(path: &Path, tmp: &Path, mode: u32, content: &[u8]) -> Result<(),
         .open(tmp)
         .map_err(Error::io(format!("creating {}", tmp.display())))
         .and_then(|mut file| {
-            file.write_all(content)
+            write(&mut file)
                 .and_then(|()| file.sync_all())
                 .map_err(Error::io(format!("writing {}", tmp.display())))
         })
