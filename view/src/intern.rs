@@ -18,6 +18,11 @@ impl Sym {
     pub fn is_empty(self) -> bool {
         self == Sym::EMPTY
     }
+
+    /// Its slot in the table, below [`Interner::slots`].
+    pub(crate) fn slot(self) -> usize {
+        self.0 as usize
+    }
 }
 
 struct Slot {
@@ -130,6 +135,11 @@ impl Interner {
 
     pub fn resolve(&self, sym: Sym) -> &str {
         &self.slots[sym.0 as usize].text
+    }
+
+    /// Slots of the table, live or free: every [`Sym`] indexes below it.
+    pub(crate) fn slots(&self) -> usize {
+        self.slots.len()
     }
 
     /// Distinct live strings, for metrics and memory tests.

@@ -25,7 +25,6 @@ use crate::model::{
     NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
     TrafficDistribution, TrafficPolicy,
 };
-use std::collections::HashMap;
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -130,7 +129,8 @@ impl View {
         let mut w = Writer {
             out: Sink::new(out),
             strings: &self.strings,
-            table: HashMap::new(),
+            table: vec![0; self.strings.slots()],
+            written: 0,
         };
         w.out.extend_from_slice(MAGIC);
         w.out
@@ -226,8 +226,10 @@ impl View {
 struct Writer<'a> {
     out: Sink<'a>,
     strings: &'a Interner,
-    /// Each interned string's index in the file, from its first occurrence.
-    table: HashMap<Sym, u64>,
+    /// Per interner slot, 0 for a string not written yet, else its index in the file + 1:
+    /// 4 bytes a slot rather than a hash map's 24 an entry.
+    table: Vec<u32>,
+    written: u32,
 }
 
 impl Writer<'_> {
@@ -269,13 +271,14 @@ impl Writer<'_> {
 
     /// 0 and the text the first time, the index + 1 after that.
     fn sym(&mut self, sym: Sym) {
-        match self.table.get(&sym) {
-            Some(&index) => self.varint(index + 1),
-            None => {
-                self.table.insert(sym, self.table.len() as u64);
+        match self.table[sym.slot()] {
+            0 => {
+                self.written += 1;
+                self.table[sym.slot()] = self.written;
                 self.varint(0);
                 self.text(self.strings.resolve(sym));
             }
+            index => self.varint(index.into()),
         }
     }
 
@@ -846,7 +849,8 @@ mod tests {
             let mut w = Writer {
                 out: Sink::new(&mut bytes),
                 strings: &view.strings,
-                table: HashMap::new(),
+                table: vec![0; view.strings.slots()],
+                written: 0,
             };
             write(&mut w);
             drop(w);
