@@ -865,23 +865,29 @@ fn without_colours(line: &str) -> String {
 
 const PROXY_ONLY: &str = "proxy:\n  enabled: true\ndns:\n  enabled: false\n";
 
+/// A node's namespace (`tag`, loopback up) and a cluster of `shape` for it to serve.
+fn node_with_cluster(tag: &str, test: &str, shape: &Shape) -> (netns::Netns, Cluster) {
+    netns::require_root();
+    let ns = netns::Netns::new(tag).expect("namespace");
+    ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
+    let cluster = Cluster::new(test, "");
+    for object in nodus_testbed::scale::cluster(shape) {
+        cluster.apply(object);
+    }
+    (ns, cluster)
+}
+
 /// P1: someone runs `nft flush ruleset` on the node (every table gone, nodus's with them)
 /// while endpoints churn. The table comes back, and holds each churned service's last
 /// endpoint and none of the ones before.
 #[test]
 fn an_outside_ruleset_flush_under_churn_is_repaired() {
-    netns::require_root();
-    let ns = netns::Netns::new("flush").expect("namespace");
-    ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
-    let mut cluster = Cluster::new("fault-flush-ruleset", "");
     let shape = Shape {
         services: 200,
         endpoints_per_service: 3,
         nodes: 3,
     };
-    for object in nodus_testbed::scale::cluster(&shape) {
-        cluster.apply(object);
-    }
+    let (ns, mut cluster) = node_with_cluster("flush", "fault-flush-ruleset", &shape);
     let (_, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
     crate::support::wait_ready_in(&ns, http);
     let full_syncs = || {
@@ -937,18 +943,12 @@ fn an_outside_ruleset_flush_under_churn_is_repaired() {
 /// nothing left over).
 #[test]
 fn sigkill_during_a_full_sync_then_restart_converges() {
-    netns::require_root();
-    let ns = netns::Netns::new("kill").expect("namespace");
-    ns.ip(&["link", "set", "lo", "up"]).expect("lo up");
-    let mut cluster = Cluster::new("fault-sigkill-sync", "");
     let shape = Shape {
         services: 3000,
         endpoints_per_service: 5,
         nodes: 10,
     };
-    for object in nodus_testbed::scale::cluster(&shape) {
-        cluster.apply(object);
-    }
+    let (ns, mut cluster) = node_with_cluster("kill", "fault-sigkill-sync", &shape);
     let (first, _) = agent_in(&mut cluster, &ns, PROXY_ONLY);
     // The table appears with the sync's first transaction: kill then.
     wait_for("the first transaction", || {
