@@ -23,6 +23,7 @@ mod render;
 mod rule;
 mod service;
 mod skeleton;
+mod trace;
 
 #[cfg(test)]
 mod tests;
@@ -37,6 +38,9 @@ pub use objects::{
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};
 pub use rule::{Addr, LookupKey, RulePlan, Stmt};
+pub use trace::{Entry, Fate, Packet, Path, Ruleset, Step, Trace};
+
+use std::net::IpAddr;
 
 use nodus_view::View;
 
@@ -92,6 +96,20 @@ impl<'v> Planner<'v> {
                 service::plan_service(self.view, &service, &self.facts, &mut keys.lease(&[]))
             })
             .filter(|plan| !plan.is_empty())
+    }
+
+    /// Every address of this node's Node object, primary ones first: what [`Ruleset`]
+    /// delivers here.
+    pub fn node_addresses(&self) -> Vec<IpAddr> {
+        let mut addresses = self.facts.node_port_ips.clone();
+        if let Some(node) = self.view.this_node() {
+            for address in node.addresses.iter().map(|a| a.address) {
+                if !addresses.contains(&address) {
+                    addresses.push(address);
+                }
+            }
+        }
+        addresses
     }
 
     /// Services in the view, programmed or not.

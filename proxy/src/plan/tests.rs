@@ -1163,3 +1163,5 @@ fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
                 .all(|r| !r.to_string().contains("redirect")))
     );
 }
+
+mod flows;
