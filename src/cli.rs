@@ -1,7 +1,7 @@
 //! The command line: every subcommand and its flags.
 
 use clap::{Args, Parser, Subcommand};
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -51,6 +51,46 @@ pub enum Command {
 pub enum ProxyCommand {
     /// Print the ruleset planned for this node in `nft -f` syntax.
     Render(ClusterArgs),
+    /// Follow a connection's first packet through the ruleset planned for this node, rule
+    /// by rule, to the endpoints it can reach or to where it is dropped or rejected.
+    Trace(TraceArgs),
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct TraceArgs {
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Where the connection goes: ADDRESS:PORT, or [ADDRESS]:PORT for IPv6.
+    pub destination: SocketAddr,
+    /// The client's address [default: this node's primary address of the destination's
+    /// family].
+    #[arg(long, value_name = "ADDRESS")]
+    pub from: Option<IpAddr>,
+    /// Where the packet enters [default: `host` for one of this node's addresses, `pod`
+    /// for one of its pod ranges, else `outside`].
+    #[arg(long, value_enum)]
+    pub entry: Option<TraceEntry>,
+    #[arg(long, value_enum, default_value_t)]
+    pub protocol: TraceProtocol,
+    /// Read the view the agent saved in DIR (its `state_dir`) instead of listing the
+    /// cluster from the API server.
+    #[arg(long, value_name = "DIR")]
+    pub saved_view: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq)]
+pub enum TraceEntry {
+    Pod,
+    Host,
+    Outside,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq)]
+pub enum TraceProtocol {
+    #[default]
+    Tcp,
+    Udp,
+    Sctp,
 }
 
 /// hickory-server logs every malformed packet at info, and the embedded WireGuard device

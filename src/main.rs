@@ -87,6 +87,10 @@ fn main() -> anyhow::Result<()> {
             init_logging(&args);
             runtime()?.block_on(cmd::proxy::render_ruleset(args))
         }
+        Some(Command::Proxy(ProxyCommand::Trace(args))) => {
+            init_logging(&args.cluster);
+            runtime()?.block_on(cmd::proxy::trace(args))
+        }
         Some(Command::Cleanup { yes }) => cmd::proxy::cleanup(
             yes,
             &Config::load_or_default(cli.run.cluster.config.as_deref())?,

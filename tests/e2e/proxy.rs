@@ -111,3 +111,79 @@ fn cleanup_removes_the_table_and_asks_first() {
         .expect("cleanup");
     assert!(again.contains("nothing to remove"), "{again}");
 }
+
+/// `nodus proxy trace` follows a packet through node-1's planned ruleset: from the API
+/// server's view, and from the view a running agent saved, with the API server gone.
+#[test]
+fn trace_follows_a_packet_from_the_api_and_from_a_saved_view() {
+    let mut cluster = Cluster::new("trace", EXAMPLE);
+    let trace = |cluster: &Cluster, args: &[&str]| {
+        let mut full = vec!["proxy", "trace", "--node-name", "node-1"];
+        full.extend_from_slice(args);
+        let output = cluster
+            .nodus(&full)
+            .output()
+            .expect("nodus proxy trace runs");
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let spread = "summary: 10.244.1.10:8080, 10.244.2.10:8080, 10.244.3.10:8080\n";
+    let from_pod = trace(&cluster, &["10.96.0.20:80", "--from", "10.244.1.7"]);
+    assert!(from_pod.contains("from a pod on this node"), "{from_pod}");
+    assert!(from_pod.ends_with(spread), "{from_pod}");
+    let from_outside = trace(&cluster, &["172.30.0.11:30080", "--from", "192.0.2.1"]);
+    assert!(
+        from_outside.ends_with(
+            "summary: 10.244.1.10:8080 masq, 10.244.2.10:8080 masq, 10.244.3.10:8080 masq\n"
+        ),
+        "{from_outside}"
+    );
+    let undefined_port = trace(&cluster, &["10.96.0.20:81"]);
+    assert!(
+        undefined_port.contains("from this host"),
+        "{undefined_port}"
+    );
+    assert!(
+        undefined_port.ends_with("summary: REJECT\n"),
+        "{undefined_port}"
+    );
+
+    let http = cluster.run_agent("node-1");
+    crate::support::wait_ready(http);
+    let state = cluster.dir.join("state");
+    crate::support::wait_for("the saved view", || {
+        state.join("view-node-1").exists().then_some(())
+    });
+    cluster.stop_server();
+    let saved = trace(
+        &cluster,
+        &[
+            "10.96.0.20:80",
+            "--from",
+            "10.244.1.7",
+            "--saved-view",
+            &state.to_string_lossy(),
+        ],
+    );
+    assert!(saved.ends_with(spread), "{saved}");
+    let state = state.to_string_lossy();
+    let output = cluster
+        .nodus(&[
+            "proxy",
+            "trace",
+            "--node-name",
+            "node-9",
+            "10.96.0.20:80",
+            "--saved-view",
+            &state,
+        ])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("no usable saved view"), "{stderr}");
+}

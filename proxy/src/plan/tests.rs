@@ -994,7 +994,7 @@ fn i53_udp_flows_may_stay_on_every_serving_endpoint() {
         "only the UDP port: {:?}",
         plan.udp_flows
     );
-    let at = |ip: &str, port: u16| (ip.parse::<std::net::IpAddr>().expect("test address"), port);
+    let at = |ip: &str, port: u16| (ip.parse::<IpAddr>().expect("test address"), port);
     assert_eq!(plan.udp_flows[0].service_addresses, [at("10.96.0.10", 53)]);
     assert_eq!(
         plan.udp_flows[0].serving,

@@ -260,13 +260,21 @@ impl<'p> Ruleset<'p> {
                         let mut fork = walk.clone();
                         match choice {
                             Choice::Dnat(to) => {
-                                fork.record(chain, rule, format!("dnat to {to} ({} of {count})", i + 1));
+                                fork.record(
+                                    chain,
+                                    rule,
+                                    format!("dnat to {to} ({} of {count})", i + 1),
+                                );
                                 fork.destination = to.ip();
                                 fork.port = to.port();
                                 fork.end_base_chain();
                             }
                             Choice::Goto(target) => {
-                                fork.record(chain, rule, format!("goto {target} ({} of {count})", i + 1));
+                                fork.record(
+                                    chain,
+                                    rule,
+                                    format!("goto {target} ({} of {count})", i + 1),
+                                );
                                 if let Some(target) = self.chains.get(target.as_str()) {
                                     fork.goto(target);
                                 }
@@ -295,7 +303,9 @@ impl<'p> Ruleset<'p> {
                     walk.base += 1;
                 }
             }
-            Verdict::Jump(target) | Verdict::Goto(target) if !self.chains.contains_key(target.as_str()) => {
+            Verdict::Jump(target) | Verdict::Goto(target)
+                if !self.chains.contains_key(target.as_str()) =>
+            {
                 // The kernel refuses a rule naming a missing chain; a plan that does is a
                 // planner bug, reported as the packet's end.
                 return Advance::End(Fate::Dropped {
@@ -380,17 +390,21 @@ impl<'p> Ruleset<'p> {
                 Stmt::MarkClear(bits) => walk.mark & bits == 0,
                 Stmt::Vmap { key, map } => {
                     let key = match key {
-                        LookupKey::DaddrProtoPort(family) if Family::of(walk.destination) == *family => {
+                        LookupKey::DaddrProtoPort(family)
+                            if Family::of(walk.destination) == *family =>
+                        {
                             service_key(walk.destination, walk.protocol, walk.port)
                         }
                         LookupKey::DaddrProtoPort(_) => return Outcome::Miss,
                         LookupKey::ProtoPort => node_port_key(walk.protocol, walk.port),
                     };
-                    return match self.find(map, &key).and_then(|element| element.data.as_ref()) {
-                        Some(ElementData::Verdict(verdict)) => Outcome::Verdict(
-                            verdict.clone(),
-                            Some(format!("{key} : {verdict}")),
-                        ),
+                    return match self
+                        .find(map, &key)
+                        .and_then(|element| element.data.as_ref())
+                    {
+                        Some(ElementData::Verdict(verdict)) => {
+                            Outcome::Verdict(verdict.clone(), Some(format!("{key} : {verdict}")))
+                        }
                         _ => Outcome::Miss,
                     };
                 }
@@ -422,7 +436,11 @@ impl<'p> Ruleset<'p> {
                 } => {
                     let targets = (*offset..offset.saturating_add(*endpoints))
                         .filter_map(|key| {
-                            match self.find(map, &Tuple::from(Value::Integer32(key)))?.data.as_ref()? {
+                            match self
+                                .find(map, &Tuple::from(Value::Integer32(key)))?
+                                .data
+                                .as_ref()?
+                            {
                                 ElementData::Value(Tuple(values)) => match values.as_slice() {
                                     [Value::Ipv4(ip), Value::InetService(port)] => {
                                         Some(SocketAddr::new(IpAddr::V4(*ip), *port))
@@ -476,10 +494,14 @@ impl<'p> Ruleset<'p> {
 
     /// The element of `set` whose key is, or whose range holds, `key`.
     fn find(&self, set: &str, key: &Tuple) -> Option<&'p Element> {
-        self.elements.get(set)?.iter().copied().find(|element| match &element.key_end {
-            None => element.key == *key,
-            Some(end) => element.key <= *key && *key <= *end,
-        })
+        self.elements
+            .get(set)?
+            .iter()
+            .copied()
+            .find(|element| match &element.key_end {
+                None => element.key == *key,
+                Some(end) => element.key <= *key && *key <= *end,
+            })
     }
 }
 
@@ -590,7 +612,11 @@ impl fmt::Display for Fate {
                 here,
                 masqueraded,
             } => {
-                let place = if *here { "delivered on this host" } else { "routed on" };
+                let place = if *here {
+                    "delivered on this host"
+                } else {
+                    "routed on"
+                };
                 let source = if *masqueraded {
                     "source masqueraded"
                 } else {

@@ -13,7 +13,6 @@ struct Flows {
     local: Vec<IpAddr>,
 }
 
-use std::net::IpAddr;
 
 impl Flows {
     fn new(view: &View, config: &ProxyConfig) -> Flows {
@@ -84,7 +83,10 @@ fn cluster() -> View {
     view([
         this_node(),
         service("web", json!({"clusterIP": "10.96.0.10"}), json!({})),
-        http_slice("web", &[("10.244.1.5", NODE, true), ("10.244.2.5", "node-b", true)]),
+        http_slice(
+            "web",
+            &[("10.244.1.5", NODE, true), ("10.244.2.5", "node-b", true)],
+        ),
         service("empty", json!({"clusterIP": "10.96.0.20"}), json!({})),
         typed("np", "NodePort", "10.96.0.30", 30080, json!({})),
         http_slice("np", &[("10.244.2.6", "node-b", true)]),
@@ -128,14 +130,13 @@ fn cluster() -> View {
             json!({}),
         ),
         http_slice("itp-local", &[("10.244.2.11", "node-b", true)]),
-        service(
-            "terminating",
-            json!({"clusterIP": "10.96.0.70"}),
-            json!({}),
-        ),
+        service("terminating", json!({"clusterIP": "10.96.0.70"}), json!({})),
         http_slice(
             "terminating",
-            &[("10.244.2.12", "node-b", true), ("10.244.2.13", "node-b", false)],
+            &[
+                ("10.244.2.12", "node-b", true),
+                ("10.244.2.13", "node-b", false),
+            ],
         ),
     ])
 }
@@ -147,14 +148,70 @@ fn every_kind_of_service_as_the_checklist_says() {
     let both_masq = "10.244.1.5:8080 masq, 10.244.2.5:8080 masq";
     let flows = Flows::new(&cluster(), &ProxyConfig::default());
     flows.check(&[
-        ("C.21 pod to ClusterIP", Pod, POD, "tcp", "10.96.0.10:80", both),
-        ("D.29 outside to ClusterIP", Outside, OUTSIDE, "tcp", "10.96.0.10:80", both_masq),
-        ("D.29 host to ClusterIP", Host, NODE_IP, "tcp", "10.96.0.10:80", both_masq),
-        ("C.24 undefined port", Pod, POD, "tcp", "10.96.0.10:81", "REJECT"),
-        ("J.58 protocol is part of the key", Pod, POD, "udp", "10.96.0.10:80", "REJECT"),
-        ("C.23 no endpoints", Pod, POD, "tcp", "10.96.0.20:80", "REJECT"),
-        ("B.12 terminating endpoints are not used", Pod, POD, "tcp", "10.96.0.70:80", "10.244.2.12:8080"),
-        ("B.19 iTP=Local, none here", Pod, POD, "tcp", "10.96.0.60:80", "DROP"),
+        (
+            "C.21 pod to ClusterIP",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.10:80",
+            both,
+        ),
+        (
+            "D.29 outside to ClusterIP",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "10.96.0.10:80",
+            both_masq,
+        ),
+        (
+            "D.29 host to ClusterIP",
+            Host,
+            NODE_IP,
+            "tcp",
+            "10.96.0.10:80",
+            both_masq,
+        ),
+        (
+            "C.24 undefined port",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.10:81",
+            "REJECT",
+        ),
+        (
+            "J.58 protocol is part of the key",
+            Pod,
+            POD,
+            "udp",
+            "10.96.0.10:80",
+            "REJECT",
+        ),
+        (
+            "C.23 no endpoints",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.20:80",
+            "REJECT",
+        ),
+        (
+            "B.12 terminating endpoints are not used",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.70:80",
+            "10.244.2.12:8080",
+        ),
+        (
+            "B.19 iTP=Local, none here",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.60:80",
+            "DROP",
+        ),
         (
             "D.27 an endpoint to itself",
             Pod,
@@ -163,18 +220,102 @@ fn every_kind_of_service_as_the_checklist_says() {
             "10.96.0.10:80",
             "10.244.1.5:8080 masq, 10.244.2.5:8080",
         ),
-        ("E.33 D.31 NodePort", Outside, OUTSIDE, "tcp", "192.168.0.10:30080", "10.244.2.6:8080 masq"),
-        ("E.34 not on another address", Outside, OUTSIDE, "tcp", "203.0.113.1:30080", "203.0.113.1:30080"),
-        ("E.33 a port no service has", Outside, OUTSIDE, "tcp", "192.168.0.10:30999", "192.168.0.10:30999"),
-        ("E.37 eTP=Local, none here", Outside, OUTSIDE, "tcp", "192.168.0.10:30081", "DROP"),
-        ("F.45 pods short-circuit", Pod, POD, "tcp", "192.168.0.10:30081", "10.244.2.7:8080"),
-        ("F.46 the host short-circuits", Host, NODE_IP, "tcp", "192.168.0.10:30081", "10.244.2.7:8080 masq"),
-        ("D.32 eTP=Local keeps the source", Outside, OUTSIDE, "tcp", "192.168.0.10:30082", "10.244.1.8:8080"),
-        ("F.40 ExternalIP", Outside, OUTSIDE, "tcp", "203.0.113.50:80", "10.244.2.9:8080 masq"),
-        ("F.42 inside the source ranges", Outside, "192.0.2.7", "tcp", "198.51.100.5:80", "10.244.2.10:8080 masq"),
-        ("F.42 outside them", Outside, "198.18.0.1", "tcp", "198.51.100.5:80", "DROP"),
-        ("E.38 ranges do not guard NodePorts", Outside, "198.18.0.1", "tcp", "192.168.0.10:30090", "10.244.2.10:8080 masq"),
-        ("not a service", Pod, POD, "tcp", "10.244.2.5:8080", "10.244.2.5:8080"),
+        (
+            "E.33 D.31 NodePort",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "192.168.0.10:30080",
+            "10.244.2.6:8080 masq",
+        ),
+        (
+            "E.34 not on another address",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "203.0.113.1:30080",
+            "203.0.113.1:30080",
+        ),
+        (
+            "E.33 a port no service has",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "192.168.0.10:30999",
+            "192.168.0.10:30999",
+        ),
+        (
+            "E.37 eTP=Local, none here",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "192.168.0.10:30081",
+            "DROP",
+        ),
+        (
+            "F.45 pods short-circuit",
+            Pod,
+            POD,
+            "tcp",
+            "192.168.0.10:30081",
+            "10.244.2.7:8080",
+        ),
+        (
+            "F.46 the host short-circuits",
+            Host,
+            NODE_IP,
+            "tcp",
+            "192.168.0.10:30081",
+            "10.244.2.7:8080 masq",
+        ),
+        (
+            "D.32 eTP=Local keeps the source",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "192.168.0.10:30082",
+            "10.244.1.8:8080",
+        ),
+        (
+            "F.40 ExternalIP",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "203.0.113.50:80",
+            "10.244.2.9:8080 masq",
+        ),
+        (
+            "F.42 inside the source ranges",
+            Outside,
+            "192.0.2.7",
+            "tcp",
+            "198.51.100.5:80",
+            "10.244.2.10:8080 masq",
+        ),
+        (
+            "F.42 outside them",
+            Outside,
+            "198.18.0.1",
+            "tcp",
+            "198.51.100.5:80",
+            "DROP",
+        ),
+        (
+            "E.38 ranges do not guard NodePorts",
+            Outside,
+            "198.18.0.1",
+            "tcp",
+            "192.168.0.10:30090",
+            "10.244.2.10:8080 masq",
+        ),
+        (
+            "not a service",
+            Pod,
+            POD,
+            "tcp",
+            "10.244.2.5:8080",
+            "10.244.2.5:8080",
+        ),
     ]);
 }
 
@@ -199,7 +340,10 @@ fn a_trace_names_every_rule_it_matched() {
     let text = spread.to_string();
     assert!(text.contains("path 2 of 2:"), "{text}");
     assert!(text.contains("dnat to 10.244.2.5:8080 (2 of 2)"), "{text}");
-    assert!(text.contains("routed on to 10.244.2.5:8080, source kept"), "{text}");
+    assert!(
+        text.contains("routed on to 10.244.2.5:8080, source kept"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -258,9 +402,37 @@ fn options_and_special_services_change_the_flows() {
         ..ProxyConfig::default()
     };
     Flows::new(&view, &config).check(&[
-        ("local DNS", Pod, POD, "udp", "10.96.0.10:53", "192.168.0.10:5353"),
-        ("G.48 affinity", Pod, POD, "tcp", "10.96.0.80:80", "10.244.1.5:8080, 10.244.2.9:8080"),
-        ("J.57 IPv6", Pod, "fd00:244:1::9", "tcp", "[fd00:96::90]:80", "[fd00:244:2::5]:8080"),
-        ("J.57 IPv4 without endpoints", Pod, POD, "tcp", "10.96.0.90:80", "REJECT"),
+        (
+            "local DNS",
+            Pod,
+            POD,
+            "udp",
+            "10.96.0.10:53",
+            "192.168.0.10:5353",
+        ),
+        (
+            "G.48 affinity",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.80:80",
+            "10.244.1.5:8080, 10.244.2.9:8080",
+        ),
+        (
+            "J.57 IPv6",
+            Pod,
+            "fd00:244:1::9",
+            "tcp",
+            "[fd00:96::90]:80",
+            "[fd00:244:2::5]:8080",
+        ),
+        (
+            "J.57 IPv4 without endpoints",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.90:80",
+            "REJECT",
+        ),
     ]);
 }
