@@ -74,6 +74,8 @@ pub struct ProxyConfig {
     /// kube-proxy's `masqueradeBit`: the bit of the packet mark (0 to 31) that flags a
     /// connection for masquerade. No other program on the node may use it.
     pub masquerade_bit: u8,
+    /// kube-proxy's `conntrack` settings.
+    pub conntrack: ConntrackConfig,
 }
 
 impl Default for ProxyConfig {
@@ -83,6 +85,41 @@ impl Default for ProxyConfig {
             health_check_address: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             masquerade_all: false,
             masquerade_bit: nodus_proxy::plan::DEFAULT_MASQUERADE_MARK.trailing_zeros() as u8,
+            conntrack: ConntrackConfig::default(),
+        }
+    }
+}
+
+/// kube-proxy's `conntrack.maxPerCore`, `min`, `tcpEstablishedTimeout` and
+/// `tcpCloseWaitTimeout` (in seconds), with its defaults; 0 leaves a setting alone.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConntrackConfig {
+    pub max_per_core: u32,
+    pub min: u32,
+    pub tcp_established_timeout_seconds: u32,
+    pub tcp_close_wait_timeout_seconds: u32,
+}
+
+impl Default for ConntrackConfig {
+    fn default() -> Self {
+        let defaults = nodus_proxy::sysctls::ConntrackSettings::default();
+        ConntrackConfig {
+            max_per_core: defaults.max_per_core,
+            min: defaults.min,
+            tcp_established_timeout_seconds: defaults.tcp_established_timeout_seconds,
+            tcp_close_wait_timeout_seconds: defaults.tcp_close_wait_timeout_seconds,
+        }
+    }
+}
+
+impl ConntrackConfig {
+    pub fn settings(&self) -> nodus_proxy::sysctls::ConntrackSettings {
+        nodus_proxy::sysctls::ConntrackSettings {
+            max_per_core: self.max_per_core,
+            min: self.min,
+            tcp_established_timeout_seconds: self.tcp_established_timeout_seconds,
+            tcp_close_wait_timeout_seconds: self.tcp_close_wait_timeout_seconds,
         }
     }
 }
@@ -485,6 +522,24 @@ mod tests {
             format!("{error:#}").contains("proxy.masquerade_bit"),
             "{error:#}"
         );
+    }
+
+    #[test]
+    fn kube_proxy_conntrack_settings_have_its_defaults_and_zero_turns_one_off() {
+        let defaults = Config::parse("proxy:\n  enabled: true\n").expect("valid");
+        assert_eq!(
+            defaults.proxy.conntrack.settings(),
+            nodus_proxy::sysctls::ConntrackSettings::default()
+        );
+        let config = Config::parse(
+            "proxy:\n  conntrack:\n    max_per_core: 0\n    tcp_close_wait_timeout_seconds: 60\n",
+        )
+        .expect("valid");
+        let settings = config.proxy.conntrack.settings();
+        assert_eq!(settings.max(4), 0);
+        assert_eq!(settings.tcp_close_wait_timeout_seconds, 60);
+        assert_eq!(settings.tcp_established_timeout_seconds, 86_400);
+        assert!(Config::parse("proxy:\n  conntrack:\n    maxPerCore: 1\n").is_err());
     }
 
     #[test]

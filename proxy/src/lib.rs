@@ -7,3 +7,4 @@ pub mod metrics;
 pub mod nft;
 pub mod plan;
 pub mod subsystem;
+pub mod sysctls;

@@ -6,8 +6,10 @@
 use crate::apply::{Error, Proxy, SyncReport};
 use crate::health::HealthChecks;
 use crate::metrics::ProxyMetrics;
+use crate::sysctls::ConntrackSettings;
 use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -26,12 +28,20 @@ pub struct ProxySubsystem {
     /// multi-threaded runtime the other worker serves DNS and HTTP meanwhile.
     blocking: bool,
     pub metrics: Arc<ProxyMetrics>,
+    /// Written after the first full sync, which loads the conntrack module.
+    conntrack: Option<ConntrackSettings>,
 }
 
 impl ProxySubsystem {
     /// `health` binds health-check node ports on that address (the service proxy);
-    /// `None` for the egress masquerade alone, whose few messages commit at once.
-    pub fn new(proxy: Proxy, view: ViewReader, health: Option<IpAddr>) -> ProxySubsystem {
+    /// `None` for the egress masquerade alone, whose few messages commit at once;
+    /// `conntrack`: the sysctls the service proxy sets.
+    pub fn new(
+        proxy: Proxy,
+        view: ViewReader,
+        health: Option<IpAddr>,
+        conntrack: Option<ConntrackSettings>,
+    ) -> ProxySubsystem {
         let metrics: Arc<ProxyMetrics> = Arc::default();
         ProxySubsystem {
             proxy,
@@ -40,6 +50,7 @@ impl ProxySubsystem {
             needs_full: true,
             last_check: Instant::now(),
             metrics,
+            conntrack,
         }
     }
 
@@ -67,6 +78,9 @@ impl ProxySubsystem {
         match result {
             Ok(Some(report)) => {
                 self.needs_full = false;
+                if let Some(settings) = self.conntrack.take() {
+                    set_conntrack_sysctls(&settings);
+                }
                 self.metrics.synced(
                     &report,
                     self.proxy.programmed_services(),
@@ -84,6 +98,23 @@ impl ProxySubsystem {
                 self.needs_full = true;
                 self.metrics.sync_failed(&error);
                 tracing::error!(error = %error, "proxy sync failed; a full sync follows");
+            }
+        }
+    }
+}
+
+/// kube-proxy's conntrack sysctls (I.56); what cannot be written (a read-only `/proc/sys`
+/// in a container, the table size outside the host's network namespace) is logged.
+fn set_conntrack_sysctls(settings: &ConntrackSettings) {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    for change in settings.apply(Path::new("/proc"), Path::new("/sys"), cpus) {
+        let path = change.path.display();
+        match change.result {
+            Ok(()) => {
+                tracing::info!(%path, from = change.from, to = change.to, "conntrack setting changed")
+            }
+            Err(error) => {
+                tracing::warn!(%path, to = change.to, %error, "cannot change a conntrack setting; left as it is")
             }
         }
     }

@@ -1022,3 +1022,61 @@ fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
         });
     }
 }
+
+/// I.56: the conntrack timeouts are set in the agent's network namespace; the table size,
+/// global to the host, cannot be written from a namespace of its own, which is reported,
+/// and then the host's hash size is not touched either.
+#[test]
+fn conntrack_timeouts_are_set_and_the_hosts_table_is_left_alone_from_a_namespace() {
+    use nodus_proxy::sysctls::ConntrackSettings;
+    netns::require_root();
+    let (node, _client) = node_and_client();
+    let mut proxy = open_proxy(&node);
+    proxy
+        .full_sync(&node_view(&TWO_ENDPOINTS))
+        .expect("full sync loads conntrack");
+    let hash_size = "/sys/module/nf_conntrack/parameters/hashsize";
+    let host_hash_size = std::fs::read_to_string(hash_size).expect("hash size");
+    let settings = ConntrackSettings {
+        // More than any host here has, so that a write is needed.
+        max_per_core: 1 << 24,
+        min: 0,
+        tcp_established_timeout_seconds: 7_200,
+        tcp_close_wait_timeout_seconds: 120,
+    };
+    let changes = node
+        .enter(|| {
+            settings.apply(
+                std::path::Path::new("/proc"),
+                std::path::Path::new("/sys"),
+                2,
+            )
+        })
+        .expect("entering the node");
+    let describe = format!("{changes:?}");
+    assert_eq!(changes.len(), 3, "{describe}");
+    assert!(changes[0].path.ends_with("nf_conntrack_max"), "{describe}");
+    assert!(changes[0].result.is_err(), "{describe}");
+    assert!(
+        changes[1..].iter().all(|change| change.result.is_ok()),
+        "{describe}"
+    );
+    let read = |key: &str| {
+        node.exec("sysctl", &["-n", key])
+            .expect("sysctl")
+            .trim()
+            .to_string()
+    };
+    assert_eq!(
+        read("net.netfilter.nf_conntrack_tcp_timeout_established"),
+        "7200"
+    );
+    assert_eq!(
+        read("net.netfilter.nf_conntrack_tcp_timeout_close_wait"),
+        "120"
+    );
+    assert_eq!(
+        std::fs::read_to_string(hash_size).expect("hash size"),
+        host_hash_size
+    );
+}

@@ -170,7 +170,11 @@ fn start_proxy(
         .proxy
         .enabled
         .then_some(config.proxy.health_check_address);
-    let proxy = ProxySubsystem::new(proxy, view, health);
+    let conntrack = config
+        .proxy
+        .enabled
+        .then(|| config.proxy.conntrack.settings());
+    let proxy = ProxySubsystem::new(proxy, view, health, conntrack);
     metrics.proxy.set(proxy.metrics.clone());
     Ok(proxy)
 }

@@ -13,7 +13,6 @@ struct Flows {
     local: Vec<IpAddr>,
 }
 
-
 impl Flows {
     fn new(view: &View, config: &ProxyConfig) -> Flows {
         let planner = Planner::new(view, config);
