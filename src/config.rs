@@ -76,6 +76,32 @@ pub struct ProxyConfig {
     pub masquerade_bit: u8,
     /// kube-proxy's `conntrack` settings.
     pub conntrack: ConntrackConfig,
+    /// kube-proxy's `detectLocalMode`: how pod traffic is told from other traffic.
+    pub detect_local_mode: DetectLocalMode,
+    /// kube-proxy's `detectLocal`: the interface of the two interface modes.
+    pub detect_local: DetectLocalConfig,
+}
+
+/// kube-proxy's `detectLocalMode` values, spelled as kube-proxy spells them.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+pub enum DetectLocalMode {
+    /// `cluster_cidrs`, or without them this node's pod CIDRs.
+    #[default]
+    #[serde(rename = "ClusterCIDR")]
+    ClusterCidr,
+    #[serde(rename = "NodeCIDR")]
+    NodeCidr,
+    BridgeInterface,
+    InterfaceNamePrefix,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DetectLocalConfig {
+    /// For `BridgeInterface`: the bridge pods are attached to (`cni0`).
+    pub bridge_interface: String,
+    /// For `InterfaceNamePrefix`: how the names of pods' interfaces start (`veth`).
+    pub interface_name_prefix: String,
 }
 
 impl Default for ProxyConfig {
@@ -86,6 +112,8 @@ impl Default for ProxyConfig {
             masquerade_all: false,
             masquerade_bit: nodus_proxy::plan::DEFAULT_MASQUERADE_MARK.trailing_zeros() as u8,
             conntrack: ConntrackConfig::default(),
+            detect_local_mode: DetectLocalMode::default(),
+            detect_local: DetectLocalConfig::default(),
         }
     }
 }
@@ -363,7 +391,7 @@ impl Config {
     /// The proxy's settings. With the proxy off and the mesh's egress masquerade on,
     /// nodus's table carries that masquerade alone: another proxy serves Services.
     pub fn proxy_settings(&self) -> nodus_proxy::plan::ProxyConfig {
-        use nodus_proxy::plan::{LocalDns, TableScope};
+        use nodus_proxy::plan::{LocalDetector, LocalDns, TableScope};
         let dns = &self.dns;
         let local_dns = dns
             .cluster_dns_service()
@@ -384,6 +412,16 @@ impl Config {
             masquerade_all: self.proxy.masquerade_all,
             egress_masquerade: self.egress_masquerade(),
             local_dns,
+            local_detector: match self.proxy.detect_local_mode {
+                DetectLocalMode::ClusterCidr => LocalDetector::ClusterCidr,
+                DetectLocalMode::NodeCidr => LocalDetector::NodeCidr,
+                DetectLocalMode::BridgeInterface => {
+                    LocalDetector::BridgeInterface(self.proxy.detect_local.bridge_interface.clone())
+                }
+                DetectLocalMode::InterfaceNamePrefix => LocalDetector::InterfaceNamePrefix(
+                    self.proxy.detect_local.interface_name_prefix.clone(),
+                ),
+            },
         }
     }
 
@@ -449,6 +487,26 @@ impl Config {
             self.proxy.masquerade_bit <= 31,
             "proxy.masquerade_bit: {} is not a bit of the 32-bit packet mark (0 to 31)",
             self.proxy.masquerade_bit
+        );
+        let (key, interface) = match self.proxy.detect_local_mode {
+            DetectLocalMode::BridgeInterface => (
+                "bridge_interface",
+                &self.proxy.detect_local.bridge_interface,
+            ),
+            DetectLocalMode::InterfaceNamePrefix => (
+                "interface_name_prefix",
+                &self.proxy.detect_local.interface_name_prefix,
+            ),
+            DetectLocalMode::ClusterCidr | DetectLocalMode::NodeCidr => ("", &String::new()),
+        };
+        anyhow::ensure!(
+            key.is_empty()
+                || (!interface.is_empty()
+                    && interface.len() < 16
+                    && !interface.contains(['/', ' ', '"'])),
+            "proxy.detect_local.{key}: {interface:?} is not an interface name (1 to 15 bytes) \
+             that proxy.detect_local_mode {:?} needs",
+            self.proxy.detect_local_mode
         );
         anyhow::ensure!(
             (1..=64).contains(&self.dns.udp_threads),
@@ -540,6 +598,31 @@ mod tests {
         assert_eq!(settings.tcp_close_wait_timeout_seconds, 60);
         assert_eq!(settings.tcp_established_timeout_seconds, 86_400);
         assert!(Config::parse("proxy:\n  conntrack:\n    maxPerCore: 1\n").is_err());
+    }
+
+    #[test]
+    fn the_local_traffic_detector_takes_kube_proxys_modes_and_needs_its_interface() {
+        use nodus_proxy::plan::LocalDetector;
+        let detector = |yaml: &str| Config::parse(yaml).map(|c| c.proxy_settings().local_detector);
+        assert_eq!(detector("").expect("valid"), LocalDetector::ClusterCidr);
+        assert_eq!(
+            detector("proxy:\n  detect_local_mode: NodeCIDR\n").expect("valid"),
+            LocalDetector::NodeCidr
+        );
+        assert_eq!(
+            detector(
+                "proxy:\n  detect_local_mode: InterfaceNamePrefix\n  detect_local:\n    interface_name_prefix: veth\n"
+            )
+            .expect("valid"),
+            LocalDetector::InterfaceNamePrefix("veth".into())
+        );
+        let error =
+            detector("proxy:\n  detect_local_mode: BridgeInterface\n").expect_err("no bridge");
+        assert!(
+            format!("{error:#}").contains("proxy.detect_local.bridge_interface"),
+            "{error:#}"
+        );
+        assert!(detector("proxy:\n  detect_local_mode: Bridge\n").is_err());
     }
 
     #[test]

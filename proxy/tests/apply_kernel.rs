@@ -1080,3 +1080,71 @@ fn conntrack_timeouts_are_set_and_the_hosts_table_is_left_alone_from_a_namespace
         host_hash_size
     );
 }
+
+/// D.29 by interface (kube-proxy's `InterfaceNamePrefix` and `BridgeInterface`): a pod
+/// whose address lies outside every pod range keeps its address to a ClusterIP when it
+/// comes in through a pod interface, and is masqueraded when pods are told by CIDR.
+#[test]
+fn pods_told_by_their_interface_keep_their_address() {
+    use nodus_proxy::plan::LocalDetector;
+    netns::require_root();
+    for (detector, bridge) in [
+        (LocalDetector::InterfaceNamePrefix("vethp".into()), false),
+        (LocalDetector::BridgeInterface("podbr".into()), true),
+        (LocalDetector::ClusterCidr, false),
+    ] {
+        let (node, client) = node_and_client();
+        let pod = Netns::new("apif").expect("pod namespace");
+        netns::veth(&node, "vethpod", &pod, "eth0").expect("pod veth");
+        let gateway_device = match bridge {
+            true => {
+                node.ip(&["link", "add", "podbr", "type", "bridge"])
+                    .expect("bridge");
+                node.ip(&["link", "set", "vethpod", "master", "podbr"])
+                    .expect("enslave");
+                node.ip(&["link", "set", "podbr", "up"]).expect("bridge up");
+                "podbr"
+            }
+            false => "vethpod",
+        };
+        node.ip(&["addr", "add", "10.50.0.1/24", "dev", gateway_device])
+            .expect("gateway");
+        pod.ip(&["addr", "add", "10.50.0.9/24", "dev", "eth0"])
+            .expect("pod address");
+        pod.ip(&["route", "add", "default", "via", "10.50.0.1"])
+            .expect("pod route");
+        node.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
+        client
+            .ip(&["route", "add", "10.50.0.0/24", "via", "10.0.0.1"])
+            .expect("route back to the pod");
+        let listener = endpoint_listener(&client);
+        let mut view = node_view(&TWO_ENDPOINTS);
+        let applied = view.apply([
+            service(
+                "remote",
+                http(json!({"clusterIP": "10.96.0.98"})),
+                json!({}),
+            ),
+            slice("remote", "IPv4", &[("10.0.0.2", "node-b")], 8080),
+        ]);
+        assert!(applied.invalid.is_empty());
+        let config = ProxyConfig {
+            local_detector: detector.clone(),
+            ..ProxyConfig::default()
+        };
+        let mut proxy = node
+            .enter(|| Proxy::new(config).expect("proxy"))
+            .expect("entering the namespace");
+        proxy.full_sync(&view).expect("full sync");
+        let expected = match detector {
+            LocalDetector::ClusterCidr => "10.0.0.1",
+            _ => "10.50.0.9",
+        };
+        std::thread::scope(|scope| {
+            let server = scope.spawn(|| listener.accept().map(|(_, peer)| peer.ip()));
+            let _stream = connect(&pod, "10.96.0.98:80").expect("through the ClusterIP");
+            let peer = server.join().expect("server thread").expect("accept");
+            assert_eq!(peer.to_string(), expected, "{detector:?}");
+        });
+    }
+}

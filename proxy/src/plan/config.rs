@@ -24,6 +24,23 @@ pub enum TableScope {
     EgressOnly,
 }
 
+/// How ClusterIP traffic from this node's pods is told from other traffic (kube-proxy's
+/// `detectLocalMode`, checklist D.29): the latter is masqueraded, and pods short-circuit
+/// to the cluster chain of an external address under the Local policy (F.45).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum LocalDetector {
+    /// Sources in [`ProxyConfig::cluster_cidrs`], or without them in this node's pod CIDRs.
+    #[default]
+    ClusterCidr,
+    /// Sources in this node's pod CIDRs, whatever `cluster_cidrs` says.
+    NodeCidr,
+    /// Packets that arrive through this bridge (`detectLocal.bridgeInterface`).
+    BridgeInterface(String),
+    /// Packets that arrive through an interface whose name starts so
+    /// (`detectLocal.interfaceNamePrefix`, `veth` for many plugins).
+    InterfaceNamePrefix(String),
+}
+
 /// How the proxy is set up; the equivalent of kube-proxy's flags that nodus keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
@@ -42,6 +59,14 @@ pub struct ProxyConfig {
     /// The cluster DNS Service whose ClusterIP:53 goes to this node's own DNS listener
     /// instead of its endpoints (`dns.serve_cluster_dns_ip`).
     pub local_dns: Option<LocalDns>,
+    pub local_detector: LocalDetector,
+}
+
+/// The interface that pod traffic arrives through: one name, or a name prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PodInterface {
+    pub name: String,
+    pub prefix: bool,
 }
 
 /// The cluster DNS Service (kube-system/kube-dns by default) and the port of this node's
@@ -62,6 +87,7 @@ impl Default for ProxyConfig {
             masquerade_all: false,
             egress_masquerade: false,
             local_dns: None,
+            local_detector: LocalDetector::ClusterCidr,
         }
     }
 }
@@ -75,8 +101,11 @@ pub struct NodeFacts {
     pub node: NodeContext,
     /// The node's primary address per family: the only NodePort addresses (E.34, E.35).
     pub node_port_ips: Vec<IpAddr>,
-    /// The local-traffic detector's ranges; a family without any has no detector.
+    /// The pod ranges: the egress masquerade's sources, and the local-traffic detector's
+    /// unless it goes by interface; a family without any has no CIDR detector.
     pub pod_cidrs: Vec<Cidr>,
+    /// The detector by interface, when configured.
+    pub pod_interface: Option<PodInterface>,
     /// This node's own pod ranges: an endpoint inside them runs here, whatever node its
     /// slice names (a hand-made or mirrored slice may name none).
     pub node_pod_cidrs: Vec<Cidr>,
@@ -102,10 +131,23 @@ impl NodeFacts {
         let node_pod_cidrs = this_node
             .map(|node| node.pod_cidrs.to_vec())
             .unwrap_or_default();
-        let pod_cidrs = if config.cluster_cidrs.is_empty() {
+        let pod_cidrs = if config.cluster_cidrs.is_empty()
+            || config.local_detector == LocalDetector::NodeCidr
+        {
             node_pod_cidrs.clone()
         } else {
             config.cluster_cidrs.clone()
+        };
+        let pod_interface = match &config.local_detector {
+            LocalDetector::BridgeInterface(name) => Some(PodInterface {
+                name: name.clone(),
+                prefix: false,
+            }),
+            LocalDetector::InterfaceNamePrefix(prefix) => Some(PodInterface {
+                name: prefix.clone(),
+                prefix: true,
+            }),
+            LocalDetector::ClusterCidr | LocalDetector::NodeCidr => None,
         };
         let cluster_destinations = match (config.egress_masquerade, config.cluster_cidrs.is_empty())
         {
@@ -126,6 +168,7 @@ impl NodeFacts {
             node: view.node_context(),
             node_port_ips,
             pod_cidrs,
+            pod_interface,
             node_pod_cidrs,
             masquerade_mark: config.masquerade_mark,
             masquerade_all: config.masquerade_all,
@@ -146,6 +189,11 @@ impl NodeFacts {
 
     /// Whether pod traffic of `family` can be told from other traffic.
     pub fn detects_local(&self, family: Family) -> bool {
+        self.pod_interface.is_some() || self.has_pod_ranges(family)
+    }
+
+    /// Whether this node knows pod ranges of `family`.
+    pub fn has_pod_ranges(&self, family: Family) -> bool {
         self.pod_cidrs.iter().any(|cidr| cidr.family() == family)
     }
 

@@ -28,7 +28,10 @@ mod trace;
 #[cfg(test)]
 mod tests;
 
-pub use config::{DEFAULT_MASQUERADE_MARK, LocalDns, NodeFacts, ProxyConfig, TableScope};
+pub use config::{
+    DEFAULT_MASQUERADE_MARK, LocalDetector, LocalDns, NodeFacts, PodInterface, ProxyConfig,
+    TableScope,
+};
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{

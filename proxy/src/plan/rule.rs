@@ -9,8 +9,8 @@ use nodus_view::model::{Family, Protocol};
 
 use super::names::protocol_name;
 use crate::nft::expr::{
-    self, CmpOp, DynsetOp, FibFlags, IcmpxCode, IpFamily, NatFlags, NatKind, NumgenKind, RTN_LOCAL,
-    Reject, ct_state,
+    self, CmpOp, DynsetOp, FibFlags, IcmpxCode, IpFamily, MetaKey, NatFlags, NatKind, NumgenKind,
+    RTN_LOCAL, Reject, ct_state,
 };
 use crate::nft::{AnonymousSet, Batch, DataType, Element, Expr, Field, Register, SetRef, Value};
 use crate::nft::{Tuple, Verdict};
@@ -52,6 +52,13 @@ pub enum Stmt {
     SaddrNotInRanges {
         family: Family,
         ranges: Vec<(IpAddr, IpAddr)>,
+    },
+    /// `iifname "cni0"`, `iifname != "veth*"`: the interface the packet came in through,
+    /// by name or by prefix.
+    Iifname {
+        name: String,
+        prefix: bool,
+        negated: bool,
     },
     /// `meta l4proto tcp`
     L4Proto(Protocol),
@@ -248,6 +255,25 @@ impl Stmt {
                 out.extend(expr::load_concat(&[address_field(Addr::Source, *family)]));
                 out.push(lookup(set, None, true));
             }
+            Stmt::Iifname {
+                name,
+                prefix,
+                negated,
+            } => {
+                out.push(Expr::MetaLoad {
+                    key: MetaKey::IifName,
+                    dreg: Register::FIRST,
+                });
+                out.push(Expr::Cmp {
+                    sreg: Register::FIRST,
+                    op: if *negated { CmpOp::Neq } else { CmpOp::Eq },
+                    // A prefix compares only its own bytes, as nft encodes `"veth*"`.
+                    data: match prefix {
+                        true => name.as_bytes().to_vec(),
+                        false => expr::ifname_bytes(name),
+                    },
+                });
+            }
             Stmt::L4Proto(protocol) => {
                 out.push(Field::L4Proto.load(Register::FIRST));
                 out.push(expr::cmp_eq(
@@ -383,6 +409,16 @@ impl fmt::Display for Stmt {
                     ranges.join(", ")
                 )
             }
+            Stmt::Iifname {
+                name,
+                prefix,
+                negated,
+            } => write!(
+                f,
+                "iifname {}\"{name}{}\"",
+                if *negated { "!= " } else { "" },
+                if *prefix { "*" } else { "" }
+            ),
             Stmt::L4Proto(protocol) => write!(f, "meta l4proto {}", protocol_name(*protocol)),
             Stmt::Dport(port) => write!(f, "th dport {port}"),
             Stmt::FibSaddrLocal => f.write_str("fib saddr type local"),

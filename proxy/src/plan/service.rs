@@ -455,13 +455,21 @@ impl PortPlanner<'_, '_> {
         rules
     }
 
-    /// `ip saddr @pod-cidrs-v4` (or `!=`): the local-traffic detector.
+    /// `ip saddr @pod-cidrs-v4` or `iifname "veth*"` (or `!=`): the local-traffic
+    /// detector.
     fn source_is_pod(&self, negated: bool) -> Stmt {
-        Stmt::AddrInSet {
-            addr: Addr::Source,
-            family: self.family,
-            set: pod_cidrs_set(self.family),
-            negated,
+        match &self.facts.pod_interface {
+            Some(interface) => Stmt::Iifname {
+                name: interface.name.clone(),
+                prefix: interface.prefix,
+                negated,
+            },
+            None => Stmt::AddrInSet {
+                addr: Addr::Source,
+                family: self.family,
+                set: pod_cidrs_set(self.family),
+                negated,
+            },
         }
     }
 

@@ -108,7 +108,7 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
     let egress_families: Vec<Family> = Family::ALL
         .into_iter()
         .filter(|family| {
-            facts.detects_local(*family)
+            facts.has_pod_ranges(*family)
                 && facts
                     .cluster_destinations
                     .iter()

@@ -183,6 +183,7 @@ impl<'p> Ruleset<'p> {
             mark: 0,
             masqueraded: false,
             from_host: packet.entry == Entry::Host,
+            from_pod: packet.entry == Entry::Pod,
             looped_back: false,
             hook: first,
             base: 0,
@@ -384,6 +385,9 @@ impl<'p> Ruleset<'p> {
                             .iter()
                             .any(|(start, end)| *start <= walk.source && walk.source <= *end)
                 }
+                // Only pod traffic arrives through a pod's interface, and only before it
+                // left this host; host traffic has no input interface at all.
+                Stmt::Iifname { negated, .. } => walk.from_pod != *negated,
                 Stmt::L4Proto(protocol) => walk.protocol == *protocol,
                 Stmt::Dport(port) => walk.port == *port,
                 Stmt::FibSaddrLocal => walk.from_host || self.is_local(walk.source),
@@ -524,6 +528,8 @@ struct Walk<'p> {
     masqueraded: bool,
     /// Sent by this host: its source is local whatever address it carries.
     from_host: bool,
+    /// Sent by a pod on this node, through its interface.
+    from_pod: bool,
     /// Host traffic to this host, back in through loopback after postrouting.
     looped_back: bool,
     hook: Hook,

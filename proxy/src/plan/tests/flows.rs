@@ -435,3 +435,70 @@ fn options_and_special_services_change_the_flows() {
         ),
     ]);
 }
+
+/// D.29 by interface: pods are told by the interface their packets come in through, so a
+/// pod whose address lies outside the pod ranges is still a pod, and the host is not.
+#[test]
+fn the_local_traffic_detector_by_interface() {
+    use Entry::{Host, Pod};
+    let view = cluster();
+    for detector in [
+        LocalDetector::InterfaceNamePrefix("veth".into()),
+        LocalDetector::BridgeInterface("cni0".into()),
+    ] {
+        let config = ProxyConfig {
+            local_detector: detector.clone(),
+            ..ProxyConfig::default()
+        };
+        let flows = Flows::new(&view, &config);
+        flows.check(&[
+            (
+                "D.29 a pod outside the pod ranges",
+                Pod,
+                "10.50.0.9",
+                "tcp",
+                "10.96.0.30:80",
+                "10.244.2.6:8080",
+            ),
+            (
+                "D.29 the host",
+                Host,
+                NODE_IP,
+                "tcp",
+                "10.96.0.30:80",
+                "10.244.2.6:8080 masq",
+            ),
+            (
+                "F.45 pods short-circuit",
+                Pod,
+                "10.50.0.9",
+                "tcp",
+                "192.168.0.10:30081",
+                "10.244.2.7:8080",
+            ),
+        ]);
+        let plan = plan_with(&view, &config, "np");
+        let expected = match &detector {
+            LocalDetector::InterfaceNamePrefix(_) => {
+                "iifname != \"veth*\" jump mark-for-masquerade"
+            }
+            _ => "iifname != \"cni0\" jump mark-for-masquerade",
+        };
+        assert!(
+            rules(&plan, "service-")
+                .iter()
+                .any(|rule| rule.ends_with(expected)),
+            "{:?}",
+            rules(&plan, "service-")
+        );
+    }
+    // By CIDR, the same pod is not one, and is masqueraded.
+    Flows::new(&view, &ProxyConfig::default()).check(&[(
+        "D.29 by CIDR",
+        Pod,
+        "10.50.0.9",
+        "tcp",
+        "10.96.0.30:80",
+        "10.244.2.6:8080 masq",
+    )]);
+}
