@@ -80,6 +80,11 @@ pub struct ProxyConfig {
     pub detect_local_mode: DetectLocalMode,
     /// kube-proxy's `detectLocal`: the interface of the two interface modes.
     pub detect_local: DetectLocalConfig,
+    /// kube-proxy's `nodePortAddresses`: `[primary]` (the default: the node's primary
+    /// addresses), or ranges of this host's addresses that accept NodePorts
+    /// (`0.0.0.0/0` and `::/0` for all).
+    #[serde(deserialize_with = "node_port_addresses")]
+    pub node_port_addresses: nodus_proxy::plan::NodePortAddresses,
 }
 
 /// kube-proxy's `detectLocalMode` values, spelled as kube-proxy spells them.
@@ -114,6 +119,7 @@ impl Default for ProxyConfig {
             conntrack: ConntrackConfig::default(),
             detect_local_mode: DetectLocalMode::default(),
             detect_local: DetectLocalConfig::default(),
+            node_port_addresses: nodus_proxy::plan::NodePortAddresses::Primary,
         }
     }
 }
@@ -361,6 +367,27 @@ fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Cidr>, D::Err
         .collect()
 }
 
+/// `[primary]`, `[]` or CIDRs; `primary` among CIDRs is refused, as kube-proxy does.
+fn node_port_addresses<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<nodus_proxy::plan::NodePortAddresses, D::Error> {
+    use nodus_proxy::plan::NodePortAddresses;
+    let entries = Vec::<String>::deserialize(deserializer)?;
+    if entries.is_empty() || entries == ["primary"] {
+        return Ok(NodePortAddresses::Primary);
+    }
+    entries
+        .iter()
+        .map(|text| match text.as_str() {
+            "primary" => Err(serde::de::Error::custom(
+                "`primary` stands alone: it cannot be mixed with CIDRs",
+            )),
+            _ => text.parse().map_err(serde::de::Error::custom),
+        })
+        .collect::<Result<Vec<Cidr>, D::Error>>()
+        .map(NodePortAddresses::Cidrs)
+}
+
 impl Config {
     /// Whether nodus's table masquerades pod traffic leaving the cluster: the mesh is the
     /// pod network, and `mesh.masquerade` is on.
@@ -422,6 +449,8 @@ impl Config {
                     self.proxy.detect_local.interface_name_prefix.clone(),
                 ),
             },
+            node_port_addresses: self.proxy.node_port_addresses.clone(),
+            interface_addresses: Vec::new(),
         }
     }
 
@@ -623,6 +652,29 @@ mod tests {
             "{error:#}"
         );
         assert!(detector("proxy:\n  detect_local_mode: Bridge\n").is_err());
+    }
+
+    #[test]
+    fn node_port_addresses_are_primary_or_ranges() {
+        use nodus_proxy::plan::NodePortAddresses;
+        let addresses =
+            |yaml: &str| Config::parse(yaml).map(|c| c.proxy_settings().node_port_addresses);
+        assert_eq!(addresses("").expect("valid"), NodePortAddresses::Primary);
+        assert_eq!(
+            addresses("proxy:\n  node_port_addresses: [primary]\n").expect("valid"),
+            NodePortAddresses::Primary
+        );
+        assert_eq!(
+            addresses("proxy:\n  node_port_addresses: [10.0.0.0/8, \"::/0\"]\n").expect("valid"),
+            NodePortAddresses::Cidrs(vec![
+                "10.0.0.0/8".parse().expect("cidr"),
+                "::/0".parse().expect("cidr")
+            ])
+        );
+        let error =
+            addresses("proxy:\n  node_port_addresses: [primary, 10.0.0.0/8]\n").expect_err("mixed");
+        assert!(format!("{error:#}").contains("primary"), "{error:#}");
+        assert!(addresses("proxy:\n  node_port_addresses: [10.0.0.300/8]\n").is_err());
     }
 
     #[test]

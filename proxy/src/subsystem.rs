@@ -30,17 +30,21 @@ pub struct ProxySubsystem {
     pub metrics: Arc<ProxyMetrics>,
     /// Written after the first full sync, which loads the conntrack module.
     conntrack: Option<ConntrackSettings>,
+    /// Reads the host's interface addresses, for NodePorts that follow them.
+    host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
 }
 
 impl ProxySubsystem {
     /// `health` binds health-check node ports on that address (the service proxy);
     /// `None` for the egress masquerade alone, whose few messages commit at once;
-    /// `conntrack`: the sysctls the service proxy sets.
+    /// `conntrack`: the sysctls the service proxy sets; `host_addresses`: how to read
+    /// the host's interface addresses when `nodePortAddresses` names ranges.
     pub fn new(
         proxy: Proxy,
         view: ViewReader,
         health: Option<IpAddr>,
         conntrack: Option<ConntrackSettings>,
+        host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
     ) -> ProxySubsystem {
         let metrics: Arc<ProxyMetrics> = Arc::default();
         ProxySubsystem {
@@ -51,6 +55,7 @@ impl ProxySubsystem {
             last_check: Instant::now(),
             metrics,
             conntrack,
+            host_addresses,
         }
     }
 
@@ -58,6 +63,20 @@ impl ProxySubsystem {
     /// changes keep coming) checks that nobody changed the table.
     fn step(&mut self, view: &View, applied: &Applied) {
         self.metrics.queued(&applied.changes, SystemTime::now());
+        let checking = self.last_check.elapsed() >= CHECK_PERIOD / 2;
+        if self.proxy.follows_interface_addresses() && (self.needs_full || checking) {
+            match (self.host_addresses)() {
+                Ok(addresses) => {
+                    if self.proxy.set_interface_addresses(addresses) && !self.needs_full {
+                        tracing::info!("the host's addresses changed; NodePorts follow them");
+                        self.needs_full = true;
+                    }
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read the host's addresses; NodePorts stay where they are");
+                }
+            }
+        }
         let synced = if self.needs_full {
             self.proxy.full_sync(view).map(Some)
         } else if !applied.changes.is_empty() {
@@ -67,7 +86,7 @@ impl ProxySubsystem {
         };
         self.record(synced, &applied.changes);
         // Half the tick period: a tick a few milliseconds early must not skip a check.
-        if !self.needs_full && self.last_check.elapsed() >= CHECK_PERIOD / 2 {
+        if !self.needs_full && checking {
             self.last_check = Instant::now();
             let checked = self.proxy.check(view);
             self.record(checked, &ChangeSet::default());

@@ -1148,3 +1148,58 @@ fn pods_told_by_their_interface_keep_their_address() {
         });
     }
 }
+
+/// E.34 with `nodePortAddresses` ranges: NodePorts are served on the host's addresses
+/// inside them and nowhere else (not on the primary address), and a new address in a
+/// range serves them after the next sync.
+#[test]
+fn node_ports_follow_the_hosts_addresses_in_the_configured_ranges() {
+    use nodus_proxy::plan::NodePortAddresses;
+    netns::require_root();
+    let (node, client) = node_and_client();
+    node.ip(&["link", "add", "dum0", "type", "bridge"])
+        .expect("a device for addresses");
+    node.ip(&["link", "set", "dum0", "up"]).expect("up");
+    node.ip(&["addr", "add", "10.0.5.1/24", "dev", "dum0"])
+        .expect("address");
+    client
+        .ip(&["route", "add", "10.0.5.0/24", "via", "10.0.0.1"])
+        .expect("route to the range");
+    // The `nodeport` service's endpoint is the node itself, on 8080; a listener on the
+    // NodePort's own number shows a connection the rules left alone.
+    greeter(&node, 8080, "endpoint");
+    greeter(&node, 30080, "not a NodePort");
+    let view = node_view(&TWO_ENDPOINTS);
+    let config = ProxyConfig {
+        node_port_addresses: NodePortAddresses::Cidrs(vec!["10.0.5.0/24".parse().expect("cidr")]),
+        ..ProxyConfig::default()
+    };
+    let mut proxy = node
+        .enter(|| Proxy::new(config).expect("proxy"))
+        .expect("entering the namespace");
+    let host = |extra: &[&str]| {
+        let mut addresses: Vec<std::net::IpAddr> = ["127.0.0.1", "10.0.0.1", "10.0.5.1"]
+            .iter()
+            .chain(extra)
+            .map(|ip| ip.parse().expect("ip"))
+            .collect();
+        addresses.reverse();
+        addresses
+    };
+    assert!(proxy.follows_interface_addresses());
+    assert!(proxy.set_interface_addresses(host(&[])));
+    proxy.full_sync(&view).expect("full sync");
+    assert_eq!(greeting(&client, "10.0.5.1:30080"), "endpoint");
+    assert_eq!(greeting(&client, "10.0.0.1:30080"), "not a NodePort");
+
+    node.ip(&["addr", "add", "10.0.5.2/24", "dev", "dum0"])
+        .expect("new address");
+    assert!(
+        !proxy.set_interface_addresses(host(&[])),
+        "the same, in another order"
+    );
+    assert!(proxy.set_interface_addresses(host(&["10.0.5.2"])));
+    let report = proxy.sync(&view, &ChangeSet::default()).expect("sync");
+    assert_eq!(report.kind, SyncKind::Full, "{report:?}");
+    assert_eq!(greeting(&client, "10.0.5.2:30080"), "endpoint");
+}

@@ -174,7 +174,7 @@ fn start_proxy(
         .proxy
         .enabled
         .then(|| config.proxy.conntrack.settings());
-    let proxy = ProxySubsystem::new(proxy, view, health, conntrack);
+    let proxy = ProxySubsystem::new(proxy, view, health, conntrack, listen::host_addresses);
     metrics.proxy.set(proxy.metrics.clone());
     Ok(proxy)
 }

@@ -17,6 +17,7 @@ mod udp;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use nodus_view::{ChangeSet, ServiceName, View};
@@ -26,8 +27,8 @@ pub use footprint::Footprint;
 
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
-    ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, PlanBatch, Planner, ProxyConfig,
-    ServicePlan, Skeleton, TABLE, UdpFlows,
+    ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
+    ProxyConfig, ServicePlan, Skeleton, TABLE, UdpFlows,
 };
 use udp::StaleFlows;
 
@@ -187,6 +188,22 @@ impl Proxy {
         })
     }
 
+    /// Whether NodePorts follow the host's interface addresses (`nodePortAddresses` with
+    /// ranges), which the caller then passes to [`Proxy::set_interface_addresses`].
+    pub fn follows_interface_addresses(&self) -> bool {
+        matches!(self.config.node_port_addresses, NodePortAddresses::Cidrs(_))
+    }
+
+    /// The host's interface addresses as just read; whether they changed. The next sync
+    /// re-plans the NodePort addresses from them (a full sync, as for any node fact).
+    pub fn set_interface_addresses(&mut self, mut addresses: Vec<IpAddr>) -> bool {
+        addresses.sort();
+        addresses.dedup();
+        let changed = self.config.interface_addresses != addresses;
+        self.config.interface_addresses = addresses;
+        changed
+    }
+
     /// Services currently programmed.
     pub fn programmed_services(&self) -> usize {
         self.applied.len()
@@ -217,7 +234,7 @@ impl Proxy {
             .flat_map(|flows| flows.iter())
             .map(|flows| {
                 size_of::<UdpFlows>()
-                    + size_of::<(std::net::IpAddr, u16)>()
+                    + size_of::<(IpAddr, u16)>()
                         * (flows.service_addresses.len() + flows.serving.len())
             })
             .sum();

@@ -41,6 +41,18 @@ pub enum LocalDetector {
     InterfaceNamePrefix(String),
 }
 
+/// Which addresses of this node accept NodePorts (kube-proxy's `nodePortAddresses`,
+/// checklist E.34).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub enum NodePortAddresses {
+    /// The node's primary address per family, from its Node object.
+    #[default]
+    Primary,
+    /// Every address of this host's interfaces inside one of the ranges (`0.0.0.0/0`:
+    /// all of them), loopback excepted ([`ProxyConfig::interface_addresses`]).
+    Cidrs(Vec<Cidr>),
+}
+
 /// How the proxy is set up; the equivalent of kube-proxy's flags that nodus keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxyConfig {
@@ -60,6 +72,10 @@ pub struct ProxyConfig {
     /// instead of its endpoints (`dns.serve_cluster_dns_ip`).
     pub local_dns: Option<LocalDns>,
     pub local_detector: LocalDetector,
+    pub node_port_addresses: NodePortAddresses,
+    /// The addresses of this host's interfaces, as last read: the applier keeps them
+    /// current when [`NodePortAddresses::Cidrs`] needs them.
+    pub interface_addresses: Vec<IpAddr>,
 }
 
 /// The interface that pod traffic arrives through: one name, or a name prefix.
@@ -88,6 +104,8 @@ impl Default for ProxyConfig {
             egress_masquerade: false,
             local_dns: None,
             local_detector: LocalDetector::ClusterCidr,
+            node_port_addresses: NodePortAddresses::Primary,
+            interface_addresses: Vec::new(),
         }
     }
 }
@@ -99,7 +117,8 @@ pub struct NodeFacts {
     /// From the configuration; a plan depends on it like on the node's own facts.
     pub scope: TableScope,
     pub node: NodeContext,
-    /// The node's primary address per family: the only NodePort addresses (E.34, E.35).
+    /// The addresses that accept NodePorts: the node's primary address per family, or
+    /// the host's addresses in `nodePortAddresses` (E.34, E.35), sorted.
     pub node_port_ips: Vec<IpAddr>,
     /// The pod ranges: the egress masquerade's sources, and the local-traffic detector's
     /// unless it goes by interface; a family without any has no CIDR detector.
@@ -120,14 +139,27 @@ pub struct NodeFacts {
 impl NodeFacts {
     pub fn new(view: &View, config: &ProxyConfig) -> NodeFacts {
         let this_node = view.this_node();
-        let node_port_ips = this_node
-            .map(|node| {
-                Family::ALL
+        let node_port_ips = match &config.node_port_addresses {
+            NodePortAddresses::Primary => this_node
+                .map(|node| {
+                    Family::ALL
+                        .iter()
+                        .filter_map(|family| node.primary_ip(*family))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            NodePortAddresses::Cidrs(cidrs) => {
+                let mut ips: Vec<IpAddr> = config
+                    .interface_addresses
                     .iter()
-                    .filter_map(|family| node.primary_ip(*family))
-                    .collect()
-            })
-            .unwrap_or_default();
+                    .copied()
+                    .filter(|ip| !ip.is_loopback() && cidrs.iter().any(|cidr| cidr.contains(*ip)))
+                    .collect();
+                ips.sort();
+                ips.dedup();
+                ips
+            }
+        };
         let node_pod_cidrs = this_node
             .map(|node| node.pod_cidrs.to_vec())
             .unwrap_or_default();

@@ -29,8 +29,8 @@ mod trace;
 mod tests;
 
 pub use config::{
-    DEFAULT_MASQUERADE_MARK, LocalDetector, LocalDns, NodeFacts, PodInterface, ProxyConfig,
-    TableScope,
+    DEFAULT_MASQUERADE_MARK, LocalDetector, LocalDns, NodeFacts, NodePortAddresses, PodInterface,
+    ProxyConfig, TableScope,
 };
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
