@@ -37,6 +37,11 @@ pub enum Command {
         /// (the defaults otherwise).
         #[arg(long)]
         yes: bool,
+        /// Also remove what kube-proxy left: its `ip`/`ip6 kube-proxy` nftables tables
+        /// and its iptables chains (through `iptables-save`/`-restore` when installed);
+        /// the kubelet's chains stay.
+        #[arg(long)]
+        kube_proxy: bool,
     },
     /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
     #[cfg(feature = "sandbox")]

@@ -91,8 +91,9 @@ fn main() -> anyhow::Result<()> {
             init_logging(&args.cluster);
             runtime()?.block_on(cmd::proxy::trace(args))
         }
-        Some(Command::Cleanup { yes }) => cmd::proxy::cleanup(
+        Some(Command::Cleanup { yes, kube_proxy }) => cmd::proxy::cleanup(
             yes,
+            kube_proxy,
             &Config::load_or_default(cli.run.cluster.config.as_deref())?,
         ),
         #[cfg(feature = "sandbox")]

@@ -119,10 +119,10 @@ fn saved_view(dir: &std::path::Path, node: &str) -> anyhow::Result<View> {
     })
 }
 
-/// Deletes the proxy's table, the mesh's device and the CNI conflist, after asking on a
-/// terminal unless `yes`. Services and pod traffic between nodes stop at once on this
-/// node, which is why it asks.
-pub fn cleanup(yes: bool, config: &Config) -> anyhow::Result<()> {
+/// Deletes the proxy's table, the mesh's device and the CNI conflist (and with
+/// `kube_proxy`, what kube-proxy left), after asking on a terminal unless `yes`.
+/// Services and pod traffic between nodes stop at once on this node, which is why it asks.
+pub fn cleanup(yes: bool, kube_proxy: bool, config: &Config) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     let mesh = &config.mesh;
     if !yes {
@@ -131,10 +131,14 @@ pub fn cleanup(yes: bool, config: &Config) -> anyhow::Result<()> {
             "refusing to remove the nftables table and the mesh without --yes when not on a terminal"
         );
         print!(
-            "Remove the nftables table inet nodus, the WireGuard device {} and {}? Services and \
-             pod traffic between nodes stop working on this node. [y/N] ",
+            "Remove the nftables table inet nodus, the WireGuard device {} and {}{}? Services \
+             and pod traffic between nodes stop working on this node. [y/N] ",
             mesh.interface,
-            mesh.cni_conflist.display()
+            mesh.cni_conflist.display(),
+            match kube_proxy {
+                true => ", and kube-proxy's tables and iptables chains",
+                false => "",
+            }
         );
         std::io::stdout().flush()?;
         let mut answer = String::new();
@@ -164,5 +168,42 @@ pub fn cleanup(yes: bool, config: &Config) -> anyhow::Result<()> {
         true => println!("removed {}", mesh.cni_conflist.display()),
         false => println!("no {}", mesh.cni_conflist.display()),
     }
+    if kube_proxy {
+        remove_kube_proxy_leftovers()?;
+    }
+    Ok(())
+}
+
+/// kube-proxy's nftables tables, then its iptables chains through each backend's tools
+/// that are installed; a failure of one does not keep the others from going.
+fn remove_kube_proxy_leftovers() -> anyhow::Result<()> {
+    use nodus_proxy::leftovers::{self, IptablesOutcome};
+    let tables = leftovers::remove_kube_proxy_tables()
+        .map_err(|error| anyhow::anyhow!("removing kube-proxy's nftables tables: {error}"))?;
+    match tables.is_empty() {
+        true => println!("no kube-proxy nftables tables"),
+        false => println!("removed {}", tables.join(" and ")),
+    }
+    let mut failed = Vec::new();
+    for program in [
+        "iptables",
+        "ip6tables",
+        "iptables-legacy",
+        "ip6tables-legacy",
+    ] {
+        match leftovers::remove_kube_proxy_chains(program) {
+            Ok(IptablesOutcome::Removed(chains)) => {
+                println!("removed {chains} kube-proxy chains with {program}")
+            }
+            Ok(IptablesOutcome::Nothing) => println!("no kube-proxy chains in {program}"),
+            Ok(IptablesOutcome::NoProgram) => {}
+            Err(error) => failed.push(format!("{program}: {error}")),
+        }
+    }
+    anyhow::ensure!(
+        failed.is_empty(),
+        "kube-proxy's iptables chains were not all removed: {}",
+        failed.join("; ")
+    );
     Ok(())
 }

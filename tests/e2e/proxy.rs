@@ -187,3 +187,101 @@ fn trace_follows_a_packet_from_the_api_and_from_a_saved_view() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("no usable saved view"), "{stderr}");
 }
+
+/// `nodus cleanup --kube-proxy` also removes what kube-proxy left on the node: its
+/// nftables tables and its iptables chains with the jumps to them; the kubelet's chain
+/// and another program's rule stay, and a second run finds nothing.
+#[test]
+fn cleanup_removes_kube_proxys_leftovers_when_asked() {
+    let cluster = Cluster::new("cleanup-kp", EXAMPLE);
+    let ns = Netns::new("clkp").expect("netns");
+    for table in ["ip", "ip6"] {
+        ns.exec("nft", &["add", "table", table, "kube-proxy"])
+            .expect("kube-proxy's table");
+    }
+    let iptables = |args: &[&str]| ns.exec("iptables", args).expect("iptables");
+    for chain in [
+        "KUBE-SERVICES",
+        "KUBE-POSTROUTING",
+        "KUBE-SVC-XYZ",
+        "KUBE-SEP-ABC",
+    ] {
+        iptables(&["-t", "nat", "-N", chain]);
+    }
+    iptables(&["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"]);
+    iptables(&["-t", "nat", "-A", "POSTROUTING", "-j", "KUBE-POSTROUTING"]);
+    iptables(&[
+        "-t",
+        "nat",
+        "-A",
+        "POSTROUTING",
+        "-s",
+        "10.0.0.0/8",
+        "-j",
+        "MASQUERADE",
+    ]);
+    iptables(&[
+        "-t",
+        "nat",
+        "-A",
+        "KUBE-SERVICES",
+        "-d",
+        "10.96.0.1",
+        "-j",
+        "KUBE-SVC-XYZ",
+    ]);
+    iptables(&["-t", "nat", "-A", "KUBE-SVC-XYZ", "-j", "KUBE-SEP-ABC"]);
+    iptables(&["-t", "filter", "-N", "KUBE-FIREWALL"]);
+    iptables(&["-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"]);
+    let config = cluster.dir.join("cleanup.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "mesh:\n  interface: nodus-none\n  cni_conflist: {}\n",
+            cluster.dir.join("none.conflist").display()
+        ),
+    )
+    .expect("config");
+    let config = config.to_string_lossy().to_string();
+    let removed = ns
+        .exec(
+            crate::support::NODUS,
+            &["cleanup", "--yes", "--kube-proxy", "--config", &config],
+        )
+        .expect("cleanup");
+    assert!(
+        removed.contains("removed table ip kube-proxy and table ip6 kube-proxy"),
+        "{removed}"
+    );
+    assert!(
+        removed.contains("removed 4 kube-proxy chains with iptables"),
+        "{removed}"
+    );
+    assert!(
+        ns.exec("nft", &["list", "table", "ip", "kube-proxy"])
+            .is_err()
+    );
+    let nat = iptables(&["-t", "nat", "-S"]);
+    assert!(!nat.contains("KUBE-"), "{nat}");
+    assert!(
+        nat.contains("-A POSTROUTING -s 10.0.0.0/8 -j MASQUERADE"),
+        "{nat}"
+    );
+    let filter = iptables(&["-t", "filter", "-S"]);
+    assert!(
+        filter.contains("-A INPUT -j KUBE-FIREWALL"),
+        "the kubelet's stays: {filter}"
+    );
+
+    let again = ns
+        .exec(
+            crate::support::NODUS,
+            &["cleanup", "--yes", "--kube-proxy", "--config", &config],
+        )
+        .expect("cleanup again");
+    assert!(again.contains("no kube-proxy nftables tables"), "{again}");
+    assert!(
+        again.contains("no kube-proxy chains in iptables"),
+        "{again}"
+    );
+}

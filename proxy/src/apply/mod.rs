@@ -15,6 +15,7 @@ mod footprint;
 mod full;
 mod udp;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -58,14 +59,15 @@ pub enum Error {
     /// A netlink exchange failed during `step`; the next sync is a full one.
     #[error("{step}: {source}")]
     Netlink {
-        step: &'static str,
+        step: Cow<'static, str>,
         #[source]
         source: nft::Error,
     },
 }
 
 impl Error {
-    fn netlink(step: &'static str) -> impl FnOnce(nft::Error) -> Error {
+    pub(crate) fn netlink(step: impl Into<Cow<'static, str>>) -> impl FnOnce(nft::Error) -> Error {
+        let step = step.into();
         move |source| Error::Netlink { step, source }
     }
 }
@@ -534,19 +536,7 @@ impl Proxy {
 /// namespace (`nodus cleanup`). Returns whether there was one.
 pub fn cleanup() -> Result<bool, Error> {
     let mut socket = Socket::open().map_err(Error::Open)?;
-    let table = Table::inet(TABLE);
-    if !socket
-        .table_exists(&table)
-        .map_err(Error::netlink("looking for the nodus table"))?
-    {
-        return Ok(false);
-    }
-    let mut batch = Batch::new(table);
-    batch.delete_table();
-    socket
-        .commit(&batch)
-        .map_err(Error::netlink("deleting the nodus table"))?;
-    Ok(true)
+    crate::leftovers::delete_table(&mut socket, Table::inet(TABLE))
 }
 
 /// How many programmed services want each shared element (see

@@ -1,0 +1,264 @@
+//! What kube-proxy leaves on a node it no longer runs on (checklist K.65), removed by
+//! `nodus cleanup --kube-proxy`: the `ip kube-proxy` and `ip6 kube-proxy` tables of its
+//! nftables mode, and the chains of its iptables mode with the jumps to them from the
+//! base chains. The kubelet's own chains (`KUBE-FIREWALL`, `KUBE-KUBELET-CANARY`,
+//! `KUBE-IPTABLES-HINT`) and every rule of other programs stay.
+//!
+//! The iptables half goes through `iptables-save` and `iptables-restore --noflush` (and
+//! their `ip6` twins), as kube-proxy's own cleanup does: they speak whichever backend
+//! (legacy or nft) wrote the rules. Without those programs there is nothing of that
+//! kind to remove, or no way to; either way it is reported, never guessed at.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+
+use crate::apply::Error;
+use crate::nft::{Batch, Family, Socket, Table};
+
+/// Chains kube-proxy's iptables mode creates by name.
+const FIXED_CHAINS: [&str; 9] = [
+    "KUBE-SERVICES",
+    "KUBE-EXTERNAL-SERVICES",
+    "KUBE-NODEPORTS",
+    "KUBE-POSTROUTING",
+    "KUBE-FORWARD",
+    "KUBE-PROXY-FIREWALL",
+    "KUBE-MARK-MASQ",
+    "KUBE-PROXY-CANARY",
+    "KUBE-LOAD-BALANCER",
+];
+
+/// Prefixes of its per-service and per-endpoint chains.
+const PER_SERVICE_PREFIXES: [&str; 6] = [
+    "KUBE-SVC-",
+    "KUBE-SEP-",
+    "KUBE-FW-",
+    "KUBE-XLB-",
+    "KUBE-EXT-",
+    "KUBE-SVL-",
+];
+
+fn is_kube_proxy_chain(name: &str) -> bool {
+    FIXED_CHAINS.contains(&name) || PER_SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Deletes `table` if it exists; whether it did.
+pub(crate) fn delete_table(socket: &mut Socket, table: Table) -> Result<bool, Error> {
+    let what = format!("table {} {}", table.family.name(), table.name);
+    if !socket
+        .table_exists(&table)
+        .map_err(Error::netlink(format!("looking for {what}")))?
+    {
+        return Ok(false);
+    }
+    let mut batch = Batch::new(table);
+    batch.delete_table();
+    socket
+        .commit(&batch)
+        .map_err(Error::netlink(format!("deleting {what}")))?;
+    Ok(true)
+}
+
+/// Deletes kube-proxy's nftables tables from the calling thread's network namespace;
+/// the ones that were there.
+pub fn remove_kube_proxy_tables() -> Result<Vec<String>, Error> {
+    let mut socket = Socket::open().map_err(Error::Open)?;
+    let mut removed = Vec::new();
+    for family in [Family::Ip, Family::Ip6] {
+        let table = Table {
+            family,
+            name: "kube-proxy".into(),
+        };
+        if delete_table(&mut socket, table)? {
+            removed.push(format!("table {} kube-proxy", family.name()));
+        }
+    }
+    Ok(removed)
+}
+
+/// The `iptables-restore --noflush` input that removes kube-proxy's chains from an
+/// `iptables-save` listing, and how many chains it removes; `None` when there are none.
+/// Jumps to them are deleted first (from any chain that stays), then every one of them
+/// is flushed, then deleted, so that no chain is deleted while another still refers to it.
+pub fn removal_script(saved: &str) -> Option<(String, usize)> {
+    let mut script = String::new();
+    let mut removed = 0;
+    let mut table: Option<(&str, Vec<&str>, Vec<String>)> = None;
+    let mut finish = |table: Option<(&str, Vec<&str>, Vec<String>)>, script: &mut String| {
+        let Some((name, chains, deletions)) = table else {
+            return;
+        };
+        if chains.is_empty() {
+            return;
+        }
+        removed += chains.len();
+        script.push_str(&format!("*{name}\n"));
+        for rule in deletions {
+            script.push_str(&rule);
+            script.push('\n');
+        }
+        for chain in &chains {
+            script.push_str(&format!("-F {chain}\n"));
+        }
+        for chain in &chains {
+            script.push_str(&format!("-X {chain}\n"));
+        }
+        script.push_str("COMMIT\n");
+    };
+    for line in saved.lines() {
+        if let Some(name) = line.strip_prefix('*') {
+            finish(table.take(), &mut script);
+            table = Some((name, Vec::new(), Vec::new()));
+        } else if let Some((_, chains, deletions)) = &mut table {
+            if let Some(chain) = line.strip_prefix(':') {
+                let chain = chain.split_whitespace().next().unwrap_or_default();
+                if is_kube_proxy_chain(chain) {
+                    chains.push(chain);
+                }
+            } else if let Some(rule) = line.strip_prefix("-A ") {
+                let owner = rule.split_whitespace().next().unwrap_or_default();
+                let target = jump_target(rule);
+                if !is_kube_proxy_chain(owner) && target.is_some_and(is_kube_proxy_chain) {
+                    deletions.push(format!("-D {rule}"));
+                }
+            }
+        }
+    }
+    finish(table.take(), &mut script);
+    (removed > 0).then_some((script, removed))
+}
+
+/// The chain a rule jumps or goes to (`-j X`, `-g X`).
+fn jump_target(rule: &str) -> Option<&str> {
+    let mut words = rule.split_whitespace();
+    while let Some(word) = words.next() {
+        if word == "-j" || word == "-g" {
+            return words.next();
+        }
+    }
+    None
+}
+
+/// What the iptables half found for one of `iptables` and `ip6tables`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum IptablesOutcome {
+    /// Chains removed.
+    Removed(usize),
+    Nothing,
+    /// `<program>-save` is not installed.
+    NoProgram,
+}
+
+/// Removes kube-proxy's iptables chains with `program` (`iptables`, `ip6tables`, or a
+/// backend's own such as `iptables-legacy`).
+pub fn remove_kube_proxy_chains(program: &str) -> std::io::Result<IptablesOutcome> {
+    let save = format!("{program}-save");
+    let saved = match Command::new(&save).stderr(Stdio::piped()).output() {
+        Ok(output) if output.status.success() => {
+            String::from_utf8_lossy(&output.stdout).into_owned()
+        }
+        Ok(output) => {
+            return Err(std::io::Error::other(format!(
+                "{save}: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(IptablesOutcome::NoProgram);
+        }
+        Err(error) => return Err(std::io::Error::other(format!("{save}: {error}"))),
+    };
+    let Some((script, removed)) = removal_script(&saved) else {
+        return Ok(IptablesOutcome::Nothing);
+    };
+    let restore = format!("{program}-restore");
+    let mut child = Command::new(&restore)
+        .arg("--noflush")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|error| std::io::Error::other(format!("{restore}: {error}")))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(script.as_bytes())?;
+    }
+    let output = child.wait_with_output()?;
+    if !output.status.success() {
+        return Err(std::io::Error::other(format!(
+            "{restore} refused the removal: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )));
+    }
+    Ok(IptablesOutcome::Removed(removed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `iptables-save` of a node where kube-proxy ran in iptables mode beside the
+    /// kubelet and another program.
+    const SAVED: &str = "\
+# Generated by iptables-save v1.8.9 (nf_tables)
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-FIREWALL - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SERVICES - [0:0]
+:OTHER - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL
+-A INPUT -j KUBE-FIREWALL
+-A INPUT -j OTHER
+-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD
+-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -j DROP
+-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-SEP-ABC - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-XYZ - [0:0]
+-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING
+-A POSTROUTING -s 10.0.0.0/8 -j MASQUERADE
+-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -j KUBE-SVC-XYZ
+-A KUBE-SVC-XYZ -j KUBE-SEP-ABC
+-A KUBE-SEP-ABC -p tcp -j DNAT --to-destination 10.0.0.5:6443
+COMMIT
+*mangle
+:PREROUTING ACCEPT [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+COMMIT
+";
+
+    #[test]
+    fn k65_kube_proxys_chains_and_their_jumps_go_the_kubelets_and_others_stay() {
+        let (script, removed) = removal_script(SAVED).expect("something to remove");
+        assert_eq!(removed, 8);
+        assert_eq!(
+            script,
+            "*filter\n\
+             -D INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
+             -D FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
+             -F KUBE-FORWARD\n-F KUBE-PROXY-FIREWALL\n-F KUBE-SERVICES\n\
+             -X KUBE-FORWARD\n-X KUBE-PROXY-FIREWALL\n-X KUBE-SERVICES\n\
+             COMMIT\n\
+             *nat\n\
+             -D PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n\
+             -D POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n\
+             -F KUBE-MARK-MASQ\n-F KUBE-POSTROUTING\n-F KUBE-SEP-ABC\n-F KUBE-SERVICES\n-F KUBE-SVC-XYZ\n\
+             -X KUBE-MARK-MASQ\n-X KUBE-POSTROUTING\n-X KUBE-SEP-ABC\n-X KUBE-SERVICES\n-X KUBE-SVC-XYZ\n\
+             COMMIT\n"
+        );
+        assert_eq!(
+            removal_script("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"),
+            None
+        );
+    }
+}
