@@ -35,6 +35,7 @@ pub struct ProxyMetrics {
     transactions: AtomicU64,
     conntrack_deletions: AtomicU64,
     failures: AtomicU64,
+    cleanup_failures: AtomicU64,
     kube_proxy: KubeProxyMetrics,
     /// Since when a sync is owed: changes queued, or a failed sync to retry. `/healthz`
     /// turns unhealthy when this grows old, as kube-proxy's does.
@@ -77,6 +78,7 @@ impl Default for ProxyMetrics {
             transactions: AtomicU64::new(0),
             conntrack_deletions: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            cleanup_failures: AtomicU64::new(0),
             kube_proxy: KubeProxyMetrics {
                 sync: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
                 full: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
@@ -167,6 +169,12 @@ impl ProxyMetrics {
                     .observe(Duration::from_millis(now.saturating_sub(trigger)));
             }
         }
+    }
+
+    /// A full sync programmed its plans but could not remove a previous run's leftovers
+    /// (counted as a sync failure too).
+    pub fn cleanup_failed(&self) {
+        self.cleanup_failures.fetch_add(1, Relaxed);
     }
 
     pub fn sync_failed(&self, error: impl std::fmt::Display) {
@@ -323,6 +331,12 @@ impl ProxyMetrics {
                 "Cumulative proxy nftables sync failures.",
                 &self.failures,
             ),
+            (
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                "counter",
+                "Cumulative proxy nftables cleanup failures.",
+                &self.cleanup_failures,
+            ),
         ] {
             single(out, name, kind, help, value.load(Relaxed));
         }
@@ -380,8 +394,16 @@ mod tests {
         };
         metrics.queued(&changes, started + Duration::from_secs(1));
         metrics.sync_failed("refused");
+        metrics.cleanup_failed();
         let mut text = String::new();
         metrics.render(&mut text);
+        assert_eq!(
+            value(
+                &text,
+                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
+            ),
+            "1"
+        );
         assert_eq!(
             value(&text, "kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
             "2"

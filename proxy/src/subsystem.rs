@@ -116,6 +116,9 @@ impl ProxySubsystem {
             Err(error) => {
                 self.needs_full = true;
                 self.metrics.sync_failed(&error);
+                if error.is_cleanup() {
+                    self.metrics.cleanup_failed();
+                }
                 tracing::error!(error = %error, "proxy sync failed; a full sync follows");
             }
         }

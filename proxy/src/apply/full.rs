@@ -148,7 +148,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         self.flush()?;
         if !self.fresh {
-            self.remove_leftovers()?;
+            self.remove_leftovers()
+                .map_err(|error| Error::Leftovers(Box::new(error)))?;
         }
         keys.release_reserved();
         self.proxy.keys = keys;
@@ -513,7 +514,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
     fn commit_cleanup(&mut self, batch: PlanBatch) -> Result<(), Error> {
         self.proxy
             .commit(&batch.into_batch(), self.report)
-            .map_err(Error::netlink("removing leftovers of a previous run"))
+            .map_err(Error::netlink("committing the removal"))
     }
 }
 

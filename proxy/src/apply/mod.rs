@@ -63,9 +63,18 @@ pub enum Error {
         #[source]
         source: nft::Error,
     },
+    /// Everything planned was programmed, but what a previous run left (chains, sets,
+    /// elements no plan claims) could not all be removed; the next full sync tries again.
+    #[error("removing leftovers of a previous run: {0}")]
+    Leftovers(#[source] Box<Error>),
 }
 
 impl Error {
+    /// Whether only the removal of leftovers failed (kube-proxy's cleanup failures).
+    pub fn is_cleanup(&self) -> bool {
+        matches!(self, Error::Leftovers(_))
+    }
+
     pub(crate) fn netlink(step: impl Into<Cow<'static, str>>) -> impl FnOnce(nft::Error) -> Error {
         let step = step.into();
         move |source| Error::Netlink { step, source }
