@@ -37,9 +37,9 @@ pub enum Command {
         /// (the defaults otherwise).
         #[arg(long)]
         yes: bool,
-        /// Also remove what kube-proxy left: its `ip`/`ip6 kube-proxy` nftables tables
-        /// and its iptables chains (through `iptables-save`/`-restore` when installed);
-        /// the kubelet's chains stay.
+        /// Instead, remove what kube-proxy left, and nothing of nodus's: its `ip`/`ip6
+        /// kube-proxy` nftables tables and its iptables chains (through
+        /// `iptables-save`/`-restore` when installed); the kubelet's chains stay.
         #[arg(long)]
         kube_proxy: bool,
     },

@@ -119,27 +119,29 @@ fn saved_view(dir: &std::path::Path, node: &str) -> anyhow::Result<View> {
     })
 }
 
-/// Deletes the proxy's table, the mesh's device and the CNI conflist (and with
-/// `kube_proxy`, what kube-proxy left), after asking on a terminal unless `yes`.
-/// Services and pod traffic between nodes stop at once on this node, which is why it asks.
+/// Deletes the proxy's table, the mesh's device and the CNI conflist (with `kube_proxy`,
+/// what kube-proxy left instead), after asking on a terminal unless `yes`. Services and
+/// pod traffic between nodes stop at once on this node, which is why it asks.
 pub fn cleanup(yes: bool, kube_proxy: bool, config: &Config) -> anyhow::Result<()> {
     use std::io::IsTerminal;
     let mesh = &config.mesh;
     if !yes {
         anyhow::ensure!(
             std::io::stdin().is_terminal(),
-            "refusing to remove the nftables table and the mesh without --yes when not on a terminal"
+            "refusing to remove anything without --yes when not on a terminal"
         );
-        print!(
-            "Remove the nftables table inet nodus, the WireGuard device {} and {}{}? Services \
-             and pod traffic between nodes stop working on this node. [y/N] ",
-            mesh.interface,
-            mesh.cni_conflist.display(),
-            match kube_proxy {
-                true => ", and kube-proxy's tables and iptables chains",
-                false => "",
-            }
-        );
+        match kube_proxy {
+            true => print!(
+                "Remove kube-proxy's nftables tables and iptables chains? Services that only \
+                 kube-proxy still serves stop working on this node. [y/N] "
+            ),
+            false => print!(
+                "Remove the nftables table inet nodus, the WireGuard device {} and {}? \
+                 Services and pod traffic between nodes stop working on this node. [y/N] ",
+                mesh.interface,
+                mesh.cni_conflist.display()
+            ),
+        }
         std::io::stdout().flush()?;
         let mut answer = String::new();
         std::io::stdin().read_line(&mut answer)?;
@@ -147,6 +149,9 @@ pub fn cleanup(yes: bool, kube_proxy: bool, config: &Config) -> anyhow::Result<(
             println!("nothing removed");
             return Ok(());
         }
+    }
+    if kube_proxy {
+        return remove_kube_proxy_leftovers();
     }
     match nodus_proxy::apply::cleanup()? {
         true => println!("removed table inet nodus"),
@@ -167,9 +172,6 @@ pub fn cleanup(yes: bool, kube_proxy: bool, config: &Config) -> anyhow::Result<(
     match removed.conflist {
         true => println!("removed {}", mesh.cni_conflist.display()),
         false => println!("no {}", mesh.cni_conflist.display()),
-    }
-    if kube_proxy {
-        remove_kube_proxy_leftovers()?;
     }
     Ok(())
 }

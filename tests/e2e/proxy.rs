@@ -188,13 +188,15 @@ fn trace_follows_a_packet_from_the_api_and_from_a_saved_view() {
     assert!(stderr.contains("no usable saved view"), "{stderr}");
 }
 
-/// `nodus cleanup --kube-proxy` also removes what kube-proxy left on the node: its
-/// nftables tables and its iptables chains with the jumps to them; the kubelet's chain
-/// and another program's rule stay, and a second run finds nothing.
+/// `nodus cleanup --kube-proxy` removes what kube-proxy left on the node instead of
+/// nodus's own: its nftables tables and its iptables chains with the jumps to them; the
+/// kubelet's chain, another program's rule and nodus's table stay, and a second run
+/// finds nothing.
 #[test]
 fn cleanup_removes_kube_proxys_leftovers_when_asked() {
-    let cluster = Cluster::new("cleanup-kp", EXAMPLE);
     let ns = Netns::new("clkp").expect("netns");
+    ns.exec("nft", &["add", "table", "inet", "nodus"])
+        .expect("nodus's table");
     for table in ["ip", "ip6"] {
         ns.exec("nft", &["add", "table", table, "kube-proxy"])
             .expect("kube-proxy's table");
@@ -233,21 +235,14 @@ fn cleanup_removes_kube_proxys_leftovers_when_asked() {
     iptables(&["-t", "nat", "-A", "KUBE-SVC-XYZ", "-j", "KUBE-SEP-ABC"]);
     iptables(&["-t", "filter", "-N", "KUBE-FIREWALL"]);
     iptables(&["-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"]);
-    let config = cluster.dir.join("cleanup.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "mesh:\n  interface: nodus-none\n  cni_conflist: {}\n",
-            cluster.dir.join("none.conflist").display()
-        ),
-    )
-    .expect("config");
-    let config = config.to_string_lossy().to_string();
+    let asked = ns.exec(crate::support::NODUS, &["cleanup", "--kube-proxy"]);
+    assert!(asked.is_err(), "nothing without --yes off a terminal");
+    assert!(
+        ns.exec("nft", &["list", "table", "ip", "kube-proxy"])
+            .is_ok()
+    );
     let removed = ns
-        .exec(
-            crate::support::NODUS,
-            &["cleanup", "--yes", "--kube-proxy", "--config", &config],
-        )
+        .exec(crate::support::NODUS, &["cleanup", "--yes", "--kube-proxy"])
         .expect("cleanup");
     assert!(
         removed.contains("removed table ip kube-proxy and table ip6 kube-proxy"),
@@ -272,12 +267,13 @@ fn cleanup_removes_kube_proxys_leftovers_when_asked() {
         filter.contains("-A INPUT -j KUBE-FIREWALL"),
         "the kubelet's stays: {filter}"
     );
+    assert!(
+        ns.exec("nft", &["list", "table", "inet", "nodus"]).is_ok(),
+        "nodus's stays"
+    );
 
     let again = ns
-        .exec(
-            crate::support::NODUS,
-            &["cleanup", "--yes", "--kube-proxy", "--config", &config],
-        )
+        .exec(crate::support::NODUS, &["cleanup", "--yes", "--kube-proxy"])
         .expect("cleanup again");
     assert!(again.contains("no kube-proxy nftables tables"), "{again}");
     assert!(
