@@ -13,7 +13,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 
 use crate::apply::Error;
-use crate::nft::{Batch, Family, Socket, Table};
+use crate::nft::{Family, Socket, Table};
 
 /// Chains kube-proxy's iptables mode creates by name.
 const FIXED_CHAINS: [&str; 9] = [
@@ -42,23 +42,6 @@ fn is_kube_proxy_chain(name: &str) -> bool {
     FIXED_CHAINS.contains(&name) || PER_SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// Deletes `table` if it exists; whether it did.
-pub(crate) fn delete_table(socket: &mut Socket, table: Table) -> Result<bool, Error> {
-    let what = format!("table {} {}", table.family.name(), table.name);
-    if !socket
-        .table_exists(&table)
-        .map_err(Error::netlink(format!("looking for {what}")))?
-    {
-        return Ok(false);
-    }
-    let mut batch = Batch::new(table);
-    batch.delete_table();
-    socket
-        .commit(&batch)
-        .map_err(Error::netlink(format!("deleting {what}")))?;
-    Ok(true)
-}
-
 /// Deletes kube-proxy's nftables tables from the calling thread's network namespace;
 /// the ones that were there.
 pub fn remove_kube_proxy_tables() -> Result<Vec<String>, Error> {
@@ -69,8 +52,12 @@ pub fn remove_kube_proxy_tables() -> Result<Vec<String>, Error> {
             family,
             name: "kube-proxy".into(),
         };
-        if delete_table(&mut socket, table)? {
-            removed.push(format!("table {} kube-proxy", family.name()));
+        let name = format!("table {} kube-proxy", family.name());
+        if socket
+            .delete_table_if_exists(&table)
+            .map_err(Error::netlink(format!("deleting {name}")))?
+        {
+            removed.push(name);
         }
     }
     Ok(removed)

@@ -544,8 +544,10 @@ impl Proxy {
 /// Deletes the `nodus` table, with everything in it, from the calling thread's network
 /// namespace (`nodus cleanup`). Returns whether there was one.
 pub fn cleanup() -> Result<bool, Error> {
-    let mut socket = Socket::open().map_err(Error::Open)?;
-    crate::leftovers::delete_table(&mut socket, Table::inet(TABLE))
+    Socket::open()
+        .map_err(Error::Open)?
+        .delete_table_if_exists(&Table::inet(TABLE))
+        .map_err(Error::netlink("deleting the nodus table"))
 }
 
 /// How many programmed services want each shared element (see

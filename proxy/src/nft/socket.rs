@@ -220,6 +220,17 @@ impl Socket {
         }
     }
 
+    /// Deletes `table`, with everything in it, if it exists; whether it did.
+    pub fn delete_table_if_exists(&mut self, table: &Table) -> Result<bool> {
+        if !self.table_exists(table)? {
+            return Ok(false);
+        }
+        let mut batch = Batch::new(table.clone());
+        batch.delete_table();
+        self.commit(&batch)?;
+        Ok(true)
+    }
+
     /// The elements of set or map `set` in `table`.
     pub fn list_elements(&mut self, table: &Table, set: &str) -> Result<Vec<ListedElement>> {
         let mut elements = Vec::new();
