@@ -85,6 +85,10 @@ pub struct ProxyConfig {
     /// (`0.0.0.0/0` and `::/0` for all).
     #[serde(deserialize_with = "node_port_addresses")]
     pub node_port_addresses: nodus_proxy::plan::NodePortAddresses,
+    /// NodePorts on 127.0.0.1 as well, for this host's clients (iptables mode's
+    /// `localhost-nodeports`; nftables mode has none): sets `route_localnet` and drops
+    /// packets to 127.0.0.0/8 that arrive from other machines.
+    pub localhost_node_ports: bool,
 }
 
 /// kube-proxy's `detectLocalMode` values, spelled as kube-proxy spells them.
@@ -120,6 +124,7 @@ impl Default for ProxyConfig {
             detect_local_mode: DetectLocalMode::default(),
             detect_local: DetectLocalConfig::default(),
             node_port_addresses: nodus_proxy::plan::NodePortAddresses::Primary,
+            localhost_node_ports: false,
         }
     }
 }
@@ -450,6 +455,7 @@ impl Config {
                 ),
             },
             node_port_addresses: self.proxy.node_port_addresses.clone(),
+            localhost_node_ports: self.proxy.localhost_node_ports,
             interface_addresses: Vec::new(),
         }
     }
@@ -675,6 +681,8 @@ mod tests {
             addresses("proxy:\n  node_port_addresses: [primary, 10.0.0.0/8]\n").expect_err("mixed");
         assert!(format!("{error:#}").contains("primary"), "{error:#}");
         assert!(addresses("proxy:\n  node_port_addresses: [10.0.0.300/8]\n").is_err());
+        let localhost = Config::parse("proxy:\n  localhost_node_ports: true\n").expect("valid");
+        assert!(localhost.proxy_settings().localhost_node_ports);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use crate::apply::{Error, Proxy, SyncReport};
 use crate::health::HealthChecks;
 use crate::metrics::ProxyMetrics;
-use crate::sysctls::ConntrackSettings;
+use crate::sysctls::Sysctls;
 use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
 use std::net::IpAddr;
 use std::path::Path;
@@ -29,7 +29,7 @@ pub struct ProxySubsystem {
     blocking: bool,
     pub metrics: Arc<ProxyMetrics>,
     /// Written after the first full sync, which loads the conntrack module.
-    conntrack: Option<ConntrackSettings>,
+    sysctls: Option<Sysctls>,
     /// Reads the host's interface addresses, for NodePorts that follow them.
     host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
 }
@@ -37,13 +37,13 @@ pub struct ProxySubsystem {
 impl ProxySubsystem {
     /// `health` binds health-check node ports on that address (the service proxy);
     /// `None` for the egress masquerade alone, whose few messages commit at once;
-    /// `conntrack`: the sysctls the service proxy sets; `host_addresses`: how to read
+    /// `sysctls`: what the service proxy sets on the host; `host_addresses`: how to read
     /// the host's interface addresses when `nodePortAddresses` names ranges.
     pub fn new(
         proxy: Proxy,
         view: ViewReader,
         health: Option<IpAddr>,
-        conntrack: Option<ConntrackSettings>,
+        sysctls: Option<Sysctls>,
         host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
     ) -> ProxySubsystem {
         let metrics: Arc<ProxyMetrics> = Arc::default();
@@ -54,7 +54,7 @@ impl ProxySubsystem {
             needs_full: true,
             last_check: Instant::now(),
             metrics,
-            conntrack,
+            sysctls,
             host_addresses,
         }
     }
@@ -97,8 +97,8 @@ impl ProxySubsystem {
         match result {
             Ok(Some(report)) => {
                 self.needs_full = false;
-                if let Some(settings) = self.conntrack.take() {
-                    set_conntrack_sysctls(&settings);
+                if let Some(sysctls) = self.sysctls.take() {
+                    set_sysctls(&sysctls);
                 }
                 self.metrics.synced(
                     &report,
@@ -125,18 +125,19 @@ impl ProxySubsystem {
     }
 }
 
-/// kube-proxy's conntrack sysctls (I.56); what cannot be written (a read-only `/proc/sys`
-/// in a container, the table size outside the host's network namespace) is logged.
-fn set_conntrack_sysctls(settings: &ConntrackSettings) {
+/// kube-proxy's conntrack sysctls (I.56) and `route_localnet` (E.35); what cannot be
+/// written (a read-only `/proc/sys` in a container, the table size outside the host's
+/// network namespace) is logged.
+fn set_sysctls(sysctls: &Sysctls) {
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-    for change in settings.apply(Path::new("/proc"), Path::new("/sys"), cpus) {
+    for change in sysctls.apply(Path::new("/proc"), Path::new("/sys"), cpus) {
         let path = change.path.display();
         match change.result {
             Ok(()) => {
-                tracing::info!(%path, from = change.from, to = change.to, "conntrack setting changed")
+                tracing::info!(%path, from = change.from, to = change.to, "sysctl changed")
             }
             Err(error) => {
-                tracing::warn!(%path, to = change.to, %error, "cannot change a conntrack setting; left as it is")
+                tracing::warn!(%path, to = change.to, %error, "cannot change a sysctl; left as it is")
             }
         }
     }

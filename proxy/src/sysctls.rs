@@ -1,6 +1,7 @@
-//! kube-proxy's conntrack settings (`conntrack.maxPerCore`, `min`,
-//! `tcpEstablishedTimeout`, `tcpCloseWaitTimeout`; checklist I.56), written once the
-//! conntrack module is loaded. A value of 0 leaves that setting alone, as upstream.
+//! The sysctls the service proxy sets: kube-proxy's conntrack settings
+//! (`conntrack.maxPerCore`, `min`, `tcpEstablishedTimeout`, `tcpCloseWaitTimeout`;
+//! checklist I.56), written once the conntrack module is loaded, a value of 0 leaving that
+//! setting alone as upstream; and `route_localnet` for localhost NodePorts (E.35).
 //!
 //! Two choices differ from kube-proxy on purpose: the table size is only ever raised,
 //! never lowered below what an operator set; and the hash size, a module parameter
@@ -9,6 +10,31 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
+
+/// What the proxy sets on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sysctls {
+    pub conntrack: ConntrackSettings,
+    /// `net.ipv4.conf.all.route_localnet`: a connection from 127.0.0.1 to a NodePort,
+    /// DNATed to another host, may leave this one (it is masqueraded on the way).
+    pub route_localnet: bool,
+}
+
+impl Sysctls {
+    /// Writes what differs under `proc` (`/proc`) and `sys` (`/sys`); each change tried.
+    pub fn apply(&self, proc: &Path, sys: &Path, cpus: usize) -> Vec<SysctlChange> {
+        let mut changes = self.conntrack.apply(proc, sys, cpus);
+        if self.route_localnet {
+            write_if(
+                &proc.join(ROUTE_LOCALNET),
+                |current| current != 1,
+                1,
+                &mut changes,
+            );
+        }
+        changes
+    }
+}
 
 /// The conntrack settings, with kube-proxy's defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +70,7 @@ pub struct SysctlChange {
 const MAX: &str = "sys/net/netfilter/nf_conntrack_max";
 const ESTABLISHED: &str = "sys/net/netfilter/nf_conntrack_tcp_timeout_established";
 const CLOSE_WAIT: &str = "sys/net/netfilter/nf_conntrack_tcp_timeout_close_wait";
+const ROUTE_LOCALNET: &str = "sys/net/ipv4/conf/all/route_localnet";
 /// Under `/sys`, not `/proc`.
 const HASH_SIZE: &str = "module/nf_conntrack/parameters/hashsize";
 

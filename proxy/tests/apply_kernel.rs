@@ -1203,3 +1203,75 @@ fn node_ports_follow_the_hosts_addresses_in_the_configured_ranges() {
     assert_eq!(report.kind, SyncKind::Full, "{report:?}");
     assert_eq!(greeting(&client, "10.0.5.2:30080"), "endpoint");
 }
+
+/// E.35: with localhost NodePorts (and `route_localnet`, which the agent sets with them)
+/// the host reaches a NodePort on 127.0.0.1 whose endpoint is on another host, and the
+/// endpoint sees the node's address; without them 127.0.0.1 is no NodePort address.
+#[test]
+fn localhost_node_ports_reach_a_remote_endpoint_when_asked() {
+    use nodus_proxy::sysctls::{ConntrackSettings, Sysctls};
+    netns::require_root();
+    for enabled in [false, true] {
+        let (node, client) = node_and_client();
+        let listener = endpoint_listener(&client);
+        let mut view = node_view(&TWO_ENDPOINTS);
+        let applied = view.apply([
+            service(
+                "np-remote",
+                http(json!({
+                    "type": "NodePort", "clusterIP": "10.96.0.99",
+                    "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30199}]
+                })),
+                json!({}),
+            ),
+            slice("np-remote", "IPv4", &[("10.0.0.2", "node-b")], 8080),
+        ]);
+        assert!(applied.invalid.is_empty());
+        let config = ProxyConfig {
+            localhost_node_ports: enabled,
+            ..ProxyConfig::default()
+        };
+        let mut proxy = node
+            .enter(|| Proxy::new(config).expect("proxy"))
+            .expect("entering the namespace");
+        proxy.full_sync(&view).expect("full sync");
+        let sysctls = Sysctls {
+            conntrack: ConntrackSettings {
+                max_per_core: 0,
+                min: 0,
+                tcp_established_timeout_seconds: 0,
+                tcp_close_wait_timeout_seconds: 0,
+            },
+            route_localnet: enabled,
+        };
+        let changes = node
+            .enter(|| {
+                sysctls.apply(
+                    std::path::Path::new("/proc"),
+                    std::path::Path::new("/sys"),
+                    1,
+                )
+            })
+            .expect("entering the node");
+        assert!(
+            changes.iter().all(|change| change.result.is_ok()),
+            "{changes:?}"
+        );
+        if !enabled {
+            let refused = connect(&node, "127.0.0.1:30199").expect_err("no NodePort on loopback");
+            assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+            continue;
+        }
+        std::thread::scope(|scope| {
+            let server = scope.spawn(|| listener.accept().map(|(_, peer)| peer.ip()));
+            let _stream = connect(&node, "127.0.0.1:30199").expect("through localhost");
+            let peer = server.join().expect("server thread").expect("accept");
+            assert_eq!(peer.to_string(), "10.0.0.1");
+        });
+        assert!(
+            list_table(&node).contains("iifname != \"lo\" ip daddr { 127.0.0.0/8 } drop"),
+            "{}",
+            list_table(&node)
+        );
+    }
+}

@@ -170,11 +170,11 @@ fn start_proxy(
         .proxy
         .enabled
         .then_some(config.proxy.health_check_address);
-    let conntrack = config
-        .proxy
-        .enabled
-        .then(|| config.proxy.conntrack.settings());
-    let proxy = ProxySubsystem::new(proxy, view, health, conntrack, listen::host_addresses);
+    let sysctls = config.proxy.enabled.then(|| nodus_proxy::sysctls::Sysctls {
+        conntrack: config.proxy.conntrack.settings(),
+        route_localnet: config.proxy.localhost_node_ports,
+    });
+    let proxy = ProxySubsystem::new(proxy, view, health, sysctls, listen::host_addresses);
     metrics.proxy.set(proxy.metrics.clone());
     Ok(proxy)
 }

@@ -73,6 +73,9 @@ pub struct ProxyConfig {
     pub local_dns: Option<LocalDns>,
     pub local_detector: LocalDetector,
     pub node_port_addresses: NodePortAddresses,
+    /// NodePorts also on 127.0.0.1 (E.35; iptables mode's `localhost-nodeports`), for
+    /// this host's own clients; IPv6 has no such thing.
+    pub localhost_node_ports: bool,
     /// The addresses of this host's interfaces, as last read: the applier keeps them
     /// current when [`NodePortAddresses::Cidrs`] needs them.
     pub interface_addresses: Vec<IpAddr>,
@@ -105,6 +108,7 @@ impl Default for ProxyConfig {
             local_dns: None,
             local_detector: LocalDetector::ClusterCidr,
             node_port_addresses: NodePortAddresses::Primary,
+            localhost_node_ports: false,
             interface_addresses: Vec::new(),
         }
     }
@@ -120,6 +124,9 @@ pub struct NodeFacts {
     /// The addresses that accept NodePorts: the node's primary address per family, or
     /// the host's addresses in `nodePortAddresses` (E.34, E.35), sorted.
     pub node_port_ips: Vec<IpAddr>,
+    /// NodePorts on 127.0.0.1 too, and packets to 127.0.0.0/8 from other interfaces
+    /// dropped.
+    pub localhost_node_ports: bool,
     /// The pod ranges: the egress masquerade's sources, and the local-traffic detector's
     /// unless it goes by interface; a family without any has no CIDR detector.
     pub pod_cidrs: Vec<Cidr>,
@@ -199,6 +206,7 @@ impl NodeFacts {
             scope: config.scope,
             node: view.node_context(),
             node_port_ips,
+            localhost_node_ports: config.localhost_node_ports,
             pod_cidrs,
             pod_interface,
             node_pod_cidrs,

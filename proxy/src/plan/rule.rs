@@ -48,10 +48,13 @@ pub enum Stmt {
         set: String,
         negated: bool,
     },
-    /// `ip saddr != { 10.0.0.0-10.0.0.255, … }`: inclusive ranges, sorted and disjoint.
-    SaddrNotInRanges {
+    /// `ip saddr != { 10.0.0.0-10.0.0.255, … }`, `ip daddr { … }`: inclusive ranges,
+    /// sorted and disjoint.
+    AddrInRanges {
+        addr: Addr,
         family: Family,
         ranges: Vec<(IpAddr, IpAddr)>,
+        negated: bool,
     },
     /// `iifname "cni0"`, `iifname != "veth*"`: the interface the packet came in through,
     /// by name or by prefix.
@@ -241,7 +244,12 @@ impl Stmt {
                 out.extend(expr::load_concat(&[address_field(*addr, *family)]));
                 out.push(lookup(set_ref(set), None, *negated));
             }
-            Stmt::SaddrNotInRanges { family, ranges } => {
+            Stmt::AddrInRanges {
+                addr,
+                family,
+                ranges,
+                negated,
+            } => {
                 let elements = ranges
                     .iter()
                     .map(|(start, end)| Element::range(ip_value(*start), ip_value(*end)))
@@ -252,8 +260,8 @@ impl Stmt {
                     interval: true,
                     elements,
                 });
-                out.extend(expr::load_concat(&[address_field(Addr::Source, *family)]));
-                out.push(lookup(set, None, true));
+                out.extend(expr::load_concat(&[address_field(*addr, *family)]));
+                out.push(lookup(set, None, *negated));
             }
             Stmt::Iifname {
                 name,
@@ -397,15 +405,22 @@ impl fmt::Display for Stmt {
                 address_word(*addr),
                 if *negated { "!= " } else { "" }
             ),
-            Stmt::SaddrNotInRanges { family, ranges } => {
+            Stmt::AddrInRanges {
+                addr,
+                family,
+                ranges,
+                negated,
+            } => {
                 let ranges: Vec<String> = ranges
                     .iter()
                     .map(|(start, end)| format!("{start}-{end}"))
                     .collect();
                 write!(
                     f,
-                    "{} saddr != {{ {} }}",
+                    "{} {} {}{{ {} }}",
                     header(*family),
+                    address_word(*addr),
+                    if *negated { "!= " } else { "" },
                     ranges.join(", ")
                 )
             }

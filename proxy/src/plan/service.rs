@@ -409,9 +409,11 @@ impl PortPlanner<'_, '_> {
             .any(|ip| ranges.iter().any(|range| range.contains(ip)));
         let allowed_ips = if node_inside { lb_ips } else { &[] };
         let rule = RulePlan::new([
-            Stmt::SaddrNotInRanges {
+            Stmt::AddrInRanges {
+                addr: Addr::Source,
                 family: self.family,
                 ranges: merged_ranges(ranges, allowed_ips, self.family),
+                negated: true,
             },
             Stmt::Verdict(Verdict::Drop),
         ]);

@@ -3,6 +3,8 @@
 //! fill. See the README for the role of each chain. A table of
 //! [`TableScope::EgressOnly`] has only the egress masquerade's part of it.
 
+use std::net::{IpAddr, Ipv4Addr};
+
 use nodus_view::model::{Cidr, Family};
 
 use super::config::{NodeFacts, TableScope};
@@ -140,7 +142,7 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
             chains: vec![nat_postrouting, masquerading],
         };
     }
-    let mut chains = service_chains(facts.masquerade_mark);
+    let mut chains = service_chains(facts.masquerade_mark, facts.localhost_node_ports);
     chains.extend([nat_postrouting, masquerading]);
     let mut sets = Vec::new();
     for family in Family::ALL {
@@ -150,10 +152,15 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
                 elements: Vec::new(),
             });
         }
+        let localhost = match family {
+            Family::V4 if facts.localhost_node_ports => Some(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+            _ => None,
+        };
         sets.push(SetPlan {
             set: Set::new(node_port_ips_set(family), address_type(family)),
             elements: facts
                 .node_port_ips(family)
+                .chain(localhost)
                 .map(|ip| Element::new(ip_value(ip)))
                 .collect(),
         });
@@ -167,14 +174,39 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
 
 /// Everything the skeleton has for Services: the filter and DNAT hooks and the chains
 /// they jump to.
-fn service_chains(mark: u32) -> Vec<ChainPlan> {
+fn service_chains(mark: u32, localhost_node_ports: bool) -> Vec<ChainPlan> {
+    // With localhost NodePorts, `route_localnet` lets other machines reach 127.0.0.0/8
+    // (CVE-2020-8558): what does not come in through loopback is dropped, as kube-proxy's
+    // iptables mode does.
+    let loopback_guard = localhost_node_ports.then(|| {
+        RulePlan::new([
+            Stmt::Iifname {
+                name: "lo".into(),
+                prefix: false,
+                negated: true,
+            },
+            Stmt::AddrInRanges {
+                addr: Addr::Destination,
+                family: Family::V4,
+                ranges: vec![(
+                    IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)),
+                    IpAddr::V4(Ipv4Addr::new(127, 255, 255, 255)),
+                )],
+                negated: false,
+            },
+            Stmt::Verdict(Verdict::Drop),
+        ])
+    });
     vec![
         base(
             "filter-prerouting",
             ChainType::Filter,
             Hook::Prerouting,
             FILTER_PRIORITY,
-            vec![new_then_jump(FIREWALL_CHECK)],
+            loopback_guard
+                .into_iter()
+                .chain([new_then_jump(FIREWALL_CHECK)])
+                .collect(),
         ),
         base(
             "filter-input",

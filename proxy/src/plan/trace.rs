@@ -379,15 +379,26 @@ impl<'p> Ruleset<'p> {
                     Family::of(ip) == *family
                         && self.find(set, &Tuple::from(ip_value(ip))).is_some() != *negated
                 }
-                Stmt::SaddrNotInRanges { family, ranges } => {
-                    Family::of(walk.source) == *family
-                        && !ranges
-                            .iter()
-                            .any(|(start, end)| *start <= walk.source && walk.source <= *end)
+                Stmt::AddrInRanges {
+                    addr,
+                    family,
+                    ranges,
+                    negated,
+                } => {
+                    let ip = walk.address(*addr);
+                    Family::of(ip) == *family
+                        && ranges.iter().any(|(start, end)| *start <= ip && ip <= *end) != *negated
                 }
-                // Only pod traffic arrives through a pod's interface, and only before it
-                // left this host; host traffic has no input interface at all.
-                Stmt::Iifname { negated, .. } => walk.from_pod != *negated,
+                // The interfaces a walk knows: a pod's (the detector's names), loopback
+                // (host traffic to this host, back in), or another; host traffic on its
+                // way out has none.
+                Stmt::Iifname { name, negated, .. } => {
+                    let arrived_on = match name.as_str() {
+                        "lo" => walk.looped_back,
+                        _ => walk.from_pod,
+                    };
+                    arrived_on != *negated
+                }
                 Stmt::L4Proto(protocol) => walk.protocol == *protocol,
                 Stmt::Dport(port) => walk.port == *port,
                 Stmt::FibSaddrLocal => walk.from_host || self.is_local(walk.source),

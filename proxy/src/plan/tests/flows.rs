@@ -502,3 +502,57 @@ fn the_local_traffic_detector_by_interface() {
         "10.244.2.6:8080 masq",
     )]);
 }
+
+/// E.35: with localhost NodePorts, this host reaches a NodePort on 127.0.0.1, masqueraded
+/// so that the reply finds its way back; other machines reach nothing in 127.0.0.0/8.
+#[test]
+fn localhost_node_ports_are_for_this_host_only() {
+    use Entry::{Host, Outside};
+    let view = cluster();
+    Flows::new(&view, &ProxyConfig::default()).check(&[(
+        "E.35 off",
+        Host,
+        "127.0.0.1",
+        "tcp",
+        "127.0.0.1:30080",
+        "127.0.0.1:30080",
+    )]);
+    let config = ProxyConfig {
+        localhost_node_ports: true,
+        ..ProxyConfig::default()
+    };
+    Flows::new(&view, &config).check(&[
+        (
+            "E.35 on",
+            Host,
+            "127.0.0.1",
+            "tcp",
+            "127.0.0.1:30080",
+            "10.244.2.6:8080 masq",
+        ),
+        (
+            "E.35 eTP=Local short-circuits",
+            Host,
+            "127.0.0.1",
+            "tcp",
+            "127.0.0.1:30081",
+            "10.244.2.7:8080 masq",
+        ),
+        (
+            "CVE-2020-8558",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "127.0.0.1:30080",
+            "DROP",
+        ),
+        (
+            "E.34 the node's address still",
+            Outside,
+            OUTSIDE,
+            "tcp",
+            "192.168.0.10:30080",
+            "10.244.2.6:8080 masq",
+        ),
+    ]);
+}
