@@ -189,6 +189,18 @@ fn count_chains(plan: &ServicePlan, prefix: &str) -> usize {
         .count()
 }
 
+/// `default/kube-dns` is the cluster DNS, answered by this node's listener on port 5353.
+fn local_dns_config() -> ProxyConfig {
+    ProxyConfig {
+        local_dns: Some(LocalDns {
+            namespace: "default".into(),
+            name: "kube-dns".into(),
+            port: 5353,
+        }),
+        ..ProxyConfig::default()
+    }
+}
+
 fn two_endpoints() -> [Ep<'static>; 2] {
     [("10.244.1.5", NODE, true), ("10.244.2.9", "node-b", true)]
 }
@@ -1117,14 +1129,7 @@ fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
         ),
         http_slice("kube-dns", &two_endpoints()),
     ]);
-    let config = ProxyConfig {
-        local_dns: Some(LocalDns {
-            namespace: "default".into(),
-            name: "kube-dns".into(),
-            port: 5353,
-        }),
-        ..ProxyConfig::default()
-    };
+    let config = local_dns_config();
     let plan = plan_with(&view, &config, "kube-dns");
     let dns_chain = plan
         .chains

@@ -392,14 +392,7 @@ fn options_and_special_services_change_the_flows() {
             json!([{"name": "http", "port": 8080, "protocol": "TCP"}]),
         ),
     ]);
-    let config = ProxyConfig {
-        local_dns: Some(LocalDns {
-            namespace: "default".into(),
-            name: "kube-dns".into(),
-            port: 5353,
-        }),
-        ..ProxyConfig::default()
-    };
+    let config = local_dns_config();
     Flows::new(&view, &config).check(&[
         (
             "local DNS",
