@@ -24,6 +24,9 @@ use super::objects::{ChainPlan, ServicePlan, Skeleton};
 use super::rule::{Addr, LookupKey, RulePlan, Stmt, ip_value, node_port_key, service_key};
 use crate::nft::{ChainType, Element, ElementData, Hook, Tuple, Value, Verdict};
 
+/// Rules and chain moves one path may take before the walk gives up.
+const MAX_STEPS: usize = 100_000;
+
 /// Where a packet enters this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Entry {
@@ -196,7 +199,9 @@ impl<'p> Ruleset<'p> {
     }
 
     fn run(&self, mut walk: Walk<'p>, paths: &mut Vec<Path>) {
-        loop {
+        // The kernel refuses jump loops; a plan with one is a planner bug, and the walk
+        // ends rather than spin.
+        for _ in 0..MAX_STEPS {
             match self.advance(&mut walk) {
                 Advance::On => {}
                 Advance::Fork(walks) => {
@@ -214,6 +219,12 @@ impl<'p> Ruleset<'p> {
                 }
             }
         }
+        paths.push(Path {
+            steps: walk.steps,
+            fate: Fate::Dropped {
+                chain: format!("none: no end after {MAX_STEPS} steps (a loop in the plan)"),
+            },
+        });
     }
 
     /// One rule, or the move to the next base chain or hook.
@@ -706,5 +717,37 @@ impl fmt::Display for Trace {
             writeln!(f, "  => {}", path.fate)?;
         }
         writeln!(f, "summary: {}", self.summary())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nft::Chain;
+
+    /// A plan with a jump loop (which the kernel would refuse) ends the walk with a
+    /// dropped path that says so, rather than spinning.
+    #[test]
+    fn a_loop_in_the_plan_ends_the_walk() {
+        let jump = |chain: &str| RulePlan::new([Stmt::Verdict(Verdict::jump(chain))]);
+        let skeleton = Skeleton {
+            sets: Vec::new(),
+            chains: vec![
+                ChainPlan {
+                    chain: Chain::base("out", ChainType::Filter, Hook::Output, 0),
+                    rules: vec![jump("loop")],
+                },
+                ChainPlan::regular("loop".into(), vec![jump("loop")]),
+            ],
+        };
+        let trace = Ruleset::new(&skeleton, &[], Vec::new()).trace(Packet {
+            entry: Entry::Host,
+            source: "10.0.0.1".parse().expect("ip"),
+            destination: "10.0.0.2".parse().expect("ip"),
+            protocol: Protocol::Tcp,
+            port: 80,
+        });
+        assert_eq!(trace.summary(), "DROP");
+        assert!(trace.to_string().contains("a loop in the plan"), "{trace}");
     }
 }
