@@ -68,51 +68,61 @@ pub fn remove_kube_proxy_tables() -> Result<Vec<String>, Error> {
 /// Jumps to them are deleted first (from any chain that stays), then every one of them
 /// is flushed, then deleted, so that no chain is deleted while another still refers to it.
 pub fn removal_script(saved: &str) -> Option<(String, usize)> {
-    let mut script = String::new();
-    let mut removed = 0;
-    let mut table: Option<(&str, Vec<&str>, Vec<String>)> = None;
-    let mut finish = |table: Option<(&str, Vec<&str>, Vec<String>)>, script: &mut String| {
-        let Some((name, chains, deletions)) = table else {
-            return;
-        };
-        if chains.is_empty() {
-            return;
-        }
-        removed += chains.len();
-        script.push_str(&format!("*{name}\n"));
-        for rule in deletions {
-            script.push_str(&rule);
-            script.push('\n');
-        }
-        for chain in &chains {
-            script.push_str(&format!("-F {chain}\n"));
-        }
-        for chain in &chains {
-            script.push_str(&format!("-X {chain}\n"));
-        }
-        script.push_str("COMMIT\n");
-    };
+    let mut tables: Vec<TableRemoval<'_>> = Vec::new();
     for line in saved.lines() {
         if let Some(name) = line.strip_prefix('*') {
-            finish(table.take(), &mut script);
-            table = Some((name, Vec::new(), Vec::new()));
-        } else if let Some((_, chains, deletions)) = &mut table {
+            tables.push(TableRemoval {
+                name,
+                chains: Vec::new(),
+                jumps: Vec::new(),
+            });
+        } else if let Some(table) = tables.last_mut() {
             if let Some(chain) = line.strip_prefix(':') {
                 let chain = chain.split_whitespace().next().unwrap_or_default();
                 if is_kube_proxy_chain(chain) {
-                    chains.push(chain);
+                    table.chains.push(chain);
                 }
             } else if let Some(rule) = line.strip_prefix("-A ") {
                 let owner = rule.split_whitespace().next().unwrap_or_default();
-                let target = jump_target(rule);
-                if !is_kube_proxy_chain(owner) && target.is_some_and(is_kube_proxy_chain) {
-                    deletions.push(format!("-D {rule}"));
+                if !is_kube_proxy_chain(owner) && jump_target(rule).is_some_and(is_kube_proxy_chain)
+                {
+                    table.jumps.push(rule);
                 }
             }
         }
     }
-    finish(table.take(), &mut script);
+    let mut script = String::new();
+    let mut removed = 0;
+    for table in tables.iter().filter(|table| !table.chains.is_empty()) {
+        removed += table.chains.len();
+        table.write(&mut script);
+    }
     (removed > 0).then_some((script, removed))
+}
+
+/// What goes from one table of an `iptables-save` listing.
+struct TableRemoval<'s> {
+    name: &'s str,
+    /// kube-proxy's chains.
+    chains: Vec<&'s str>,
+    /// Rules of other chains that jump to them, as listed after `-A `.
+    jumps: Vec<&'s str>,
+}
+
+impl TableRemoval<'_> {
+    fn write(&self, script: &mut String) {
+        script.push_str(&format!("*{}\n", self.name));
+        for rule in &self.jumps {
+            script.push_str(&format!("-D {rule}\n"));
+        }
+        for chain in &self.chains {
+            script.push_str(&format!("-F {chain}\n"));
+        }
+        for chain in &self.chains {
+            script.push_str(&format!("-X {chain}\n"));
+        }
+        script.push_str("COMMIT\n");
+    }
 }
 
 /// The chain a rule jumps or goes to (`-j X`, `-g X`).
