@@ -261,3 +261,98 @@ fn the_tracer_predicts_what_the_kernel_does() {
         );
     }
 }
+
+/// C.25: an address of a ServiceCIDR that no service holds is dropped on the node instead
+/// of being routed on. Here the node's default route leads to a machine that answers on
+/// 10.96.0.200, as a real gateway might forward it anywhere; a ServiceCIDR arriving,
+/// changing and going is a partial sync that rewrites only the skeleton.
+#[test]
+fn unallocated_service_addresses_are_dropped_while_a_service_cidr_holds_them() {
+    netns::require_root();
+    let node = Netns::new("trcnd").expect("node");
+    let gateway = Netns::new("trcgw").expect("gateway");
+    netns::veth(&node, "eth0", &gateway, "eth0").expect("veth");
+    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
+        .expect("node address");
+    gateway
+        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
+        .expect("gateway address");
+    gateway
+        .ip(&["addr", "add", "10.96.0.200/32", "dev", "lo"])
+        .expect("the unallocated address, out there");
+    gateway
+        .ip(&["route", "add", "10.244.0.0/16", "via", "10.0.0.1"])
+        .expect("route back to the pods");
+    node.ip(&["route", "add", "default", "via", "10.0.0.2"])
+        .expect("node's default route");
+    node.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
+    let pod = attach(&node, "pa0", "trcpa", "10.244.1.9", "10.244.1.1", "32");
+    let endpoint = attach(&node, "pb0", "trcpb", "10.244.1.5", "10.244.1.1", "32");
+    greeter(&endpoint, "10.244.1.5", 8080);
+    greeter(&gateway, "10.96.0.200", 80);
+
+    let mut view = node_view(&[("10.244.1.5", NODE)]);
+    let config = ProxyConfig::default();
+    let mut proxy = node
+        .enter(|| Proxy::new(config.clone()).expect("proxy"))
+        .expect("entering the node");
+    proxy.full_sync(&view).expect("full sync");
+    let source: IpAddr = "10.244.1.9".parse().expect("source");
+    let outcome = |view: &nodus_view::View, destination: &str| {
+        let destination: SocketAddr = destination.parse().expect("destination");
+        let planner = Planner::new(view, &config);
+        let skeleton = planner.skeleton();
+        let plans: Vec<_> = planner.services(&mut EndpointKeys::new()).collect();
+        let traced = Ruleset::new(&skeleton, &plans, planner.node_addresses())
+            .trace(Packet {
+                entry: Entry::Pod,
+                source,
+                destination: destination.ip(),
+                protocol: Protocol::Tcp,
+                port: destination.port(),
+            })
+            .summary();
+        let observed = observe(&pod, source, destination);
+        assert_eq!(observed, traced, "{destination}: the kernel and the tracer");
+        observed
+    };
+    assert_eq!(outcome(&view, "10.96.0.200:80"), "10.96.0.200:80");
+
+    let service_cidr = |cidrs: serde_json::Value| {
+        nodus_view::Update::ServiceCidr(
+            serde_json::from_value(json!({"metadata": {"name": "kubernetes"},
+                                          "spec": {"cidrs": cidrs}}))
+            .expect("service cidr"),
+        )
+    };
+    let mut sync = |view: &mut nodus_view::View, update| {
+        let applied = view.apply([update]);
+        assert!(applied.changes.service_cidrs, "{applied:?}");
+        let report = proxy.sync(view, &applied.changes).expect("sync");
+        assert_eq!(report.kind, nodus_proxy::apply::SyncKind::Partial);
+    };
+    sync(
+        &mut view,
+        service_cidr(json!(["10.96.0.0/16", "fd00:96::/112"])),
+    );
+    assert_eq!(outcome(&view, "10.96.0.200:80"), "DROP");
+    // Allocated addresses answer as before: an endpoint, or a refusal of a port.
+    assert_eq!(outcome(&view, "10.96.0.10:80"), "10.244.1.5:8080");
+    assert_eq!(outcome(&view, "10.96.0.10:81"), "REJECT");
+    assert_eq!(outcome(&view, "10.96.0.12:80"), "REJECT");
+
+    // The range shrinks past the address, then goes: it is routed on again.
+    sync(&mut view, service_cidr(json!(["10.96.0.0/25"])));
+    assert_eq!(outcome(&view, "10.96.0.200:80"), "10.96.0.200:80");
+    sync(&mut view, service_cidr(json!(["10.96.0.0/24"])));
+    assert_eq!(outcome(&view, "10.96.0.200:80"), "DROP");
+    sync(
+        &mut view,
+        nodus_view::Update::Deleted {
+            kind: nodus_view::Kind::ServiceCidr,
+            namespace: String::new(),
+            name: "kubernetes".into(),
+        },
+    );
+    assert_eq!(outcome(&view, "10.96.0.200:80"), "10.96.0.200:80");
+}

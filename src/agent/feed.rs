@@ -140,6 +140,7 @@ pub async fn follow_cluster(
         page_size: config.watch_page_size,
         all_nodes: true,
         node_name: cluster.node_name.clone(),
+        service_cidrs: true,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let feed = Feed::new(

@@ -20,8 +20,8 @@ pub struct Metrics {
     endpoints: AtomicU64,
     nodes: AtomicU64,
     strings: AtomicU64,
-    watch_restarts: [AtomicU64; 3],
-    invalid_objects: [AtomicU64; 3],
+    watch_restarts: [AtomicU64; Kind::ALL.len()],
+    invalid_objects: [AtomicU64; Kind::ALL.len()],
     apply: Histogram<{ APPLY_BUCKETS.len() }>,
     /// Set once nodus's table is programmed (the proxy, or the mesh's egress masquerade).
     pub proxy: Latest<ProxyMetrics>,

@@ -222,6 +222,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         page_size: config.watch_page_size,
         all_nodes: config.mesh.enabled,
         node_name: node_name.clone(),
+        service_cidrs: config.proxy.enabled,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let restored = state.as_ref().and_then(StateDir::restore);

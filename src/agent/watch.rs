@@ -17,6 +17,8 @@ use serde::{Deserialize, Deserializer, de::DeserializeOwned};
 use std::borrow::Cow;
 use std::fmt::Debug;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
 
 /// A wire struct that kube-rs can list and watch.
@@ -65,6 +67,19 @@ impl WireKind for wire::Node {
     }
     fn into_update(self) -> Update {
         Update::Node(Box::new(self))
+    }
+}
+
+impl WireKind for wire::ServiceCidr {
+    const KIND: Kind = Kind::ServiceCidr;
+    const GROUP: &'static str = "networking.k8s.io";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "servicecidrs";
+    fn meta(&self) -> &wire::Meta {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::ServiceCidr(Box::new(self))
     }
 }
 
@@ -211,6 +226,8 @@ pub struct WatchSet {
     /// Watch every Node (the mesh needs them all) rather than only `node_name`.
     pub all_nodes: bool,
     pub node_name: String,
+    /// Watch ServiceCIDRs (the proxy drops their unallocated addresses).
+    pub service_cidrs: bool,
 }
 
 /// One item of the merged watch stream.
@@ -230,44 +247,101 @@ fn is_another_history(error: &watcher::Error) -> bool {
     error.to_string().contains("Too large resource version")
 }
 
+/// The list of a kind was answered 404 (a cluster before 1.33 has no ServiceCIDRs) or 403
+/// (the agent's RBAC predates the kind).
+fn is_refused(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status)) => {
+            matches!(status.code, 403 | 404)
+        }
+        _ => false,
+    }
+}
+
+/// Whether the view needs a kind to be complete.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Presence {
+    Required,
+    /// A kind the cluster may not serve, or not let nodus read: a refused list counts as
+    /// an empty one, so that the view completes without it, and the list is tried again
+    /// after [`REFUSED_RECHECK`].
+    Optional,
+}
+
+/// How long a refused optional kind waits before it is listed again: the cluster may be
+/// upgraded, or the RBAC fixed, while nodus runs.
+const REFUSED_RECHECK: Duration = Duration::from_secs(300);
+
 /// One kind's watch: kube-rs's watcher, started again (with a fresh list) when the server
-/// turns out to run another history.
+/// turns out to run another history, or after a pause when an optional kind is refused.
 fn kind_stream<T: WireKind>(
     api: Api<Lean<T>>,
     config: watcher::Config,
+    presence: Presence,
 ) -> impl Stream<Item = WatchItem> + Send {
-    stream::repeat(()).flat_map(move |()| {
-        // The error is passed on, and the watcher ends at the item after it.
-        let mut another_history = false;
+    let refused = Arc::new(AtomicBool::new(false));
+    let reported = Arc::new(AtomicBool::new(false));
+    let pause = refused.clone();
+    stream::unfold((), move |()| {
+        let pause = pause.clone();
+        async move {
+            if pause.swap(false, Relaxed) {
+                tokio::time::sleep(REFUSED_RECHECK).await;
+            }
+            Some(((), ()))
+        }
+    })
+    .flat_map(move |()| {
+        let (refused, reported) = (refused.clone(), reported.clone());
+        // The item that ends a watcher is passed on; it stops at the watcher's next item.
         watcher::watcher(api.clone(), config.clone())
             .default_backoff()
-            .take_while(move |event| {
-                let go_on = !another_history;
-                if let Err(error) = event
-                    && is_another_history(error)
-                {
-                    tracing::warn!(
-                        kind = T::KIND.as_str(),
-                        "the API server runs another resourceVersion history; listing afresh"
-                    );
-                    another_history = true;
+            .scan(false, move |ended, event| {
+                if *ended {
+                    return futures::future::ready(None);
                 }
-                futures::future::ready(go_on)
-            })
-            .map(|event| match event {
-                Ok(Event::Init) => WatchItem::Update(Update::RelistStarted(T::KIND)),
-                Ok(Event::InitApply(o) | Event::Apply(o)) => {
-                    WatchItem::Update(o.object.into_update())
-                }
-                Ok(Event::Delete(o)) => WatchItem::Update(Update::Deleted {
-                    kind: T::KIND,
-                    namespace: o.object.meta().namespace.clone().unwrap_or_default(),
-                    name: o.object.meta().name.clone(),
-                }),
-                Ok(Event::InitDone) => WatchItem::Update(Update::RelistDone(T::KIND)),
-                Err(err) => WatchItem::Restarted(T::KIND, err.to_string()),
+                let item = match event {
+                    Err(error) if is_another_history(&error) => {
+                        tracing::warn!(
+                            kind = T::KIND.as_str(),
+                            "the API server runs another resourceVersion history; listing afresh"
+                        );
+                        *ended = true;
+                        WatchItem::Restarted(T::KIND, error.to_string())
+                    }
+                    Err(error) if presence == Presence::Optional && is_refused(&error) => {
+                        if !reported.swap(true, Relaxed) {
+                            tracing::warn!(
+                                kind = T::KIND.as_str(),
+                                %error,
+                                "the API server does not serve this kind, or nodus may not \
+                                 list it; going on without it, and trying again every 5 minutes"
+                            );
+                        }
+                        refused.store(true, Relaxed);
+                        *ended = true;
+                        WatchItem::Update(Update::RelistDone(T::KIND))
+                    }
+                    event => watch_item(event),
+                };
+                futures::future::ready(Some(item))
             })
     })
+}
+
+fn watch_item<T: WireKind>(event: watcher::Result<Event<Lean<T>>>) -> WatchItem {
+    match event {
+        Ok(Event::Init) => WatchItem::Update(Update::RelistStarted(T::KIND)),
+        Ok(Event::InitApply(o) | Event::Apply(o)) => WatchItem::Update(o.object.into_update()),
+        Ok(Event::Delete(o)) => WatchItem::Update(Update::Deleted {
+            kind: T::KIND,
+            namespace: o.object.meta().namespace.clone().unwrap_or_default(),
+            name: o.object.meta().name.clone(),
+        }),
+        Ok(Event::InitDone) => WatchItem::Update(Update::RelistDone(T::KIND)),
+        Err(err) => WatchItem::Restarted(T::KIND, err.to_string()),
+    }
 }
 
 /// The merged stream of every watch nodus needs, and the kinds it must list before the
@@ -290,12 +364,28 @@ pub fn watch_all(
     };
     let mut kinds = vec![Kind::Service, Kind::EndpointSlice];
     let mut streams = vec![
-        kind_stream::<wire::Service>(Api::all(client.clone()), config.clone()).boxed(),
-        kind_stream::<wire::EndpointSlice>(Api::all(client.clone()), config).boxed(),
+        kind_stream::<wire::Service>(Api::all(client.clone()), config.clone(), Presence::Required)
+            .boxed(),
+        kind_stream::<wire::EndpointSlice>(
+            Api::all(client.clone()),
+            config.clone(),
+            Presence::Required,
+        )
+        .boxed(),
     ];
     if let Some(node_config) = nodes {
         kinds.push(Kind::Node);
-        streams.push(kind_stream::<wire::Node>(Api::all(client.clone()), node_config).boxed());
+        streams.push(
+            kind_stream::<wire::Node>(Api::all(client.clone()), node_config, Presence::Required)
+                .boxed(),
+        );
+    }
+    if set.service_cidrs {
+        kinds.push(Kind::ServiceCidr);
+        streams.push(
+            kind_stream::<wire::ServiceCidr>(Api::all(client.clone()), config, Presence::Optional)
+                .boxed(),
+        );
     }
     (stream::select_all(streams), kinds)
 }

@@ -101,7 +101,8 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         let objects = render(&Path::new(DEPLOY).join(variant.dir));
         let context = format!("deploy/{}", variant.dir);
 
-        // RBAC: read services, endpointslices and nodes; patch nodes; nothing more.
+        // RBAC: read services, endpointslices, nodes and servicecidrs; patch nodes; nothing
+        // more.
         let role = find(&objects, "ClusterRole");
         let mut rules: Vec<(String, String, Vec<&str>)> = Vec::new();
         for rule in role["rules"].as_array().expect("rules") {
@@ -122,6 +123,11 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
                 (
                     "discovery.k8s.io".into(),
                     "endpointslices".into(),
+                    vec!["list", "watch"]
+                ),
+                (
+                    "networking.k8s.io".into(),
+                    "servicecidrs".into(),
                     vec!["list", "watch"]
                 ),
             ],

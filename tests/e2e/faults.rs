@@ -1011,3 +1011,57 @@ fn sigkill_during_a_full_sync_then_restart_converges() {
         }
     }
 }
+
+/// C.25 on a cluster that does not let nodus list ServiceCIDRs (RBAC written before them;
+/// a cluster before 1.33 answers 404 the same way): the view completes without them and
+/// everything else is programmed. Allowed, the range's unallocated addresses are dropped,
+/// and a deleted ServiceCIDR takes its rule along.
+#[test]
+fn service_cidrs_the_api_refuses_are_done_without() {
+    let shape = Shape {
+        services: 20,
+        endpoints_per_service: 2,
+        nodes: 2,
+    };
+    let (ns, mut cluster) = node_with_cluster("scidr", "fault-service-cidrs", &shape);
+    cluster.apply(
+        json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",
+                         "metadata": {"name": "kubernetes"},
+                         "spec": {"cidrs": ["10.96.0.0/12"]}}),
+    );
+    let listing = || {
+        ns.exec("nft", &["list", "table", "inet", "nodus"])
+            .unwrap_or_default()
+    };
+    const DROP_RULE: &str = "ip daddr { 10.96.0.0/12 } drop";
+
+    cluster.store.forbid("list", "servicecidrs", true);
+    let (first, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
+    crate::support::wait_ready_in(&ns, http);
+    wait_for("the services programmed", || {
+        listing().contains("10.96.0.10").then_some(())
+    });
+    assert!(!listing().contains(DROP_RULE), "{}", listing());
+    let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
+    assert!(
+        log.contains("nodus may not list it; going on without it"),
+        "{log}"
+    );
+    signal(first, "TERM");
+    let _ = cluster.wait_child(first);
+
+    cluster.store.forbid("list", "servicecidrs", false);
+    let (_, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
+    crate::support::wait_ready_in(&ns, http);
+    wait_for("the unallocated addresses dropped", || {
+        listing().contains(DROP_RULE).then_some(())
+    });
+    cluster
+        .store
+        .delete("networking.k8s.io/v1", "ServiceCIDR", None, "kubernetes")
+        .expect("delete");
+    wait_for("the rule gone with its ServiceCIDR", || {
+        (!listing().contains(DROP_RULE)).then_some(())
+    });
+    assert!(listing().contains("10.96.0.10"), "{}", listing());
+}

@@ -696,7 +696,7 @@ fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
     let underlay = Underlay::new([10, 202, 0], [0xfd00, 0x202, 0, 0]).expect("underlay");
     let cluster = Cluster::new("mesh-rbac", "");
     cluster.apply(node_object("node-1", 1, &underlay));
-    cluster.store.forbid_patch("nodes", true);
+    cluster.store.forbid("patch", "nodes", true);
     let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut node = MeshNode::new(&cluster, &underlay, "node-1", 1, WIREGUARD_GO);
     node.start(&kubeconfig);
@@ -706,7 +706,7 @@ fn a_forbidden_patch_names_the_missing_permission_and_is_retried() {
             .then_some(log)
     });
     assert_eq!(node.published_key(&cluster), None);
-    cluster.store.forbid_patch("nodes", false);
+    cluster.store.forbid("patch", "nodes", false);
     let key = wait_for("the key published after the retry", || {
         node.published_key(&cluster)
     });

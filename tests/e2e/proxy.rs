@@ -151,6 +151,11 @@ fn trace_follows_a_packet_from_the_api_and_from_a_saved_view() {
         undefined_port.ends_with("summary: REJECT\n"),
         "{undefined_port}"
     );
+    let unallocated = trace(&cluster, &["10.96.0.99:80", "--from", "10.244.1.7"]);
+    assert!(
+        unallocated.ends_with("summary: DROP\n"),
+        "C.25, an address of the ServiceCIDR that no service holds: {unallocated}"
+    );
 
     let http = cluster.run_agent("node-1");
     crate::support::wait_ready(http);

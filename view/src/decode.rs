@@ -443,6 +443,41 @@ fn intern_extra(
     })
 }
 
+/// The most ranges a ServiceCIDR holds, as the API allows: one per family.
+pub const SERVICE_CIDR_RANGES_MAX: usize = 2;
+
+/// A ServiceCIDR's ranges. A malformed range refuses the whole object, so that the last good
+/// version stays in force: a range half applied could leave addresses that are in use to be
+/// dropped as unallocated.
+pub fn service_cidr(wire: &wire::ServiceCidr) -> Result<Box<[Cidr]>, InvalidObject> {
+    let cidrs = &wire.spec.cidrs;
+    if cidrs.len() > SERVICE_CIDR_RANGES_MAX {
+        return Err(invalid(
+            "ServiceCIDR",
+            &wire.metadata,
+            format!(
+                "spec.cidrs: {} ranges, more than the {SERVICE_CIDR_RANGES_MAX} allowed",
+                cidrs.len()
+            ),
+        ));
+    }
+    let parsed: Vec<Cidr> = cidrs
+        .iter()
+        .map(|text| text.trim().parse::<Cidr>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| invalid("ServiceCIDR", &wire.metadata, format!("spec.cidrs: {e}")))?;
+    if let [a, b] = parsed.as_slice()
+        && a.family() == b.family()
+    {
+        return Err(invalid(
+            "ServiceCIDR",
+            &wire.metadata,
+            "spec.cidrs: two ranges of one family".to_string(),
+        ));
+    }
+    Ok(parsed.into())
+}
+
 pub fn node(wire: &wire::Node, strings: &mut Interner) -> Result<Node, InvalidObject> {
     let checked = check_node(wire).map_err(|reason| invalid("Node", &wire.metadata, reason))?;
     Ok(Node {

@@ -1,9 +1,9 @@
-//! The node view: every Service, EndpointSlice and Node nodus watches, in compact form,
-//! updated in batches that report what they touched.
+//! The node view: every Service, EndpointSlice, Node and ServiceCIDR nodus watches, in
+//! compact form, updated in batches that report what they touched.
 
 use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
-use crate::model::{Node, Service, Slice};
+use crate::model::{Cidr, Node, Service, Slice};
 use crate::resolve::NodeContext;
 use crate::reverse::ReverseIndex;
 use crate::wire;
@@ -21,16 +21,23 @@ pub enum Kind {
     Service,
     EndpointSlice,
     Node,
+    ServiceCidr,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Service, Kind::EndpointSlice, Kind::Node];
+    pub const ALL: [Kind; 4] = [
+        Kind::Service,
+        Kind::EndpointSlice,
+        Kind::Node,
+        Kind::ServiceCidr,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::Service => "Service",
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
+            Kind::ServiceCidr => "ServiceCIDR",
         }
     }
 
@@ -46,6 +53,7 @@ pub enum Update {
     Service(Box<wire::Service>),
     EndpointSlice(Box<wire::EndpointSlice>),
     Node(Box<wire::Node>),
+    ServiceCidr(Box<wire::ServiceCidr>),
     Deleted {
         kind: Kind,
         namespace: String,
@@ -72,6 +80,8 @@ pub struct ChangeSet {
     /// This node's own labels or addresses changed: zone-dependent results may all differ
     /// (checklist B.18), so subsystems resync fully.
     pub this_node: bool,
+    /// The ServiceCIDRs changed: the ranges whose unallocated addresses are dropped.
+    pub service_cidrs: bool,
     /// When the changes behind the EndpointSlices this batch changed happened, in
     /// milliseconds since the epoch (their `endpoints.kubernetes.io/last-change-trigger-time`),
     /// for the proxy's network programming latency. At most [`TRIGGER_TIMES_MAX`].
@@ -88,7 +98,7 @@ pub const TRIGGER_TIMES_MAX: usize = 256;
 
 impl ChangeSet {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.nodes.is_empty() && !self.this_node
+        self.services.is_empty() && self.nodes.is_empty() && !self.this_node && !self.service_cidrs
     }
 }
 
@@ -139,8 +149,10 @@ pub struct View {
     /// Which service each slice belongs to, to find it again when it moves or goes.
     slice_owner: HashMap<SliceKey, Sym>,
     nodes: HashMap<Sym, Node>,
+    /// Each ServiceCIDR's ranges, by name: a cluster has one or a few.
+    service_cidrs: HashMap<Box<str>, Box<[Cidr]>>,
     /// Per kind, the objects a relist in progress has delivered so far.
-    relists: [Option<HashSet<u64>>; 3],
+    relists: [Option<HashSet<u64>>; Kind::ALL.len()],
     /// Objects that are invalid now, with the reason last reported: a new reason, or the
     /// same one after a valid version in between, is reported again. A valid update or a
     /// delete removes the object, so this holds only what is broken at present.
@@ -175,7 +187,8 @@ impl View {
             services: HashMap::new(),
             slice_owner: HashMap::new(),
             nodes: HashMap::new(),
-            relists: [None, None, None],
+            service_cidrs: HashMap::new(),
+            relists: Default::default(),
             reported: HashMap::new(),
             reverse: ReverseIndex::default(),
             external: ReverseIndex::default(),
@@ -210,6 +223,14 @@ impl View {
         self.nodes
             .iter()
             .map(|(k, n)| (self.strings.resolve(*k), n))
+    }
+
+    /// The ranges of every ServiceCIDR, sorted, without repeats.
+    pub fn service_cidrs(&self) -> Vec<Cidr> {
+        let mut cidrs: Vec<Cidr> = self.service_cidrs.values().flatten().copied().collect();
+        cidrs.sort();
+        cidrs.dedup();
+        cidrs
     }
 
     /// Every service the view knows, including slices whose Service has not arrived.
@@ -301,6 +322,7 @@ impl View {
                     self.upsert_slice(*slice, &mut report.changes, &mut partly_invalid)
                 }
                 Update::Node(node) => self.upsert_node(*node, &mut report.changes),
+                Update::ServiceCidr(cidr) => self.upsert_service_cidr(*cidr, &mut report.changes),
                 Update::Deleted {
                     kind,
                     namespace,
@@ -649,11 +671,34 @@ impl View {
         changes.nodes.insert(name);
     }
 
+    fn upsert_service_cidr(
+        &mut self,
+        wire: wire::ServiceCidr,
+        changes: &mut ChangeSet,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        self.seen(Kind::ServiceCidr, "", &wire.metadata.name);
+        let cidrs = decode::service_cidr(&wire).map_err(|e| (Kind::ServiceCidr, e))?;
+        self.put_service_cidr(wire.metadata.name.into(), cidrs, changes);
+        Ok(())
+    }
+
+    fn put_service_cidr(&mut self, name: Box<str>, cidrs: Box<[Cidr]>, changes: &mut ChangeSet) {
+        if self.service_cidrs.get(&name) != Some(&cidrs) {
+            self.service_cidrs.insert(name, cidrs);
+            changes.service_cidrs = true;
+        }
+    }
+
     fn delete(&mut self, kind: Kind, namespace: &str, name: &str, changes: &mut ChangeSet) {
         match kind {
             Kind::Service => self.delete_service(namespace, name, changes),
             Kind::EndpointSlice => self.delete_slice(namespace, name, changes),
             Kind::Node => self.delete_node(name, changes),
+            Kind::ServiceCidr => {
+                if self.service_cidrs.remove(name).is_some() {
+                    changes.service_cidrs = true;
+                }
+            }
         }
     }
 
@@ -786,6 +831,12 @@ impl View {
                     self.delete_node(&name, changes);
                 }
             }
+            Kind::ServiceCidr => {
+                let before = self.service_cidrs.len();
+                self.service_cidrs
+                    .retain(|name, _| seen.contains(&object_hash(kind, "", name)));
+                changes.service_cidrs |= self.service_cidrs.len() != before;
+            }
         }
     }
 }
@@ -796,6 +847,7 @@ fn update_key(update: &Update) -> Option<u64> {
         Update::Service(s) => (Kind::Service, &s.metadata),
         Update::EndpointSlice(s) => (Kind::EndpointSlice, &s.metadata),
         Update::Node(n) => (Kind::Node, &n.metadata),
+        Update::ServiceCidr(c) => (Kind::ServiceCidr, &c.metadata),
         Update::Deleted {
             kind,
             namespace,
@@ -893,6 +945,62 @@ mod tests {
         assert_eq!(names(&report.changes), ["default/db", "default/web"]);
         let report = view.apply([slice("default", "web-1", "web", &["10.1.0.2"], "node-a")]);
         assert_eq!(names(&report.changes), ["default/web"]);
+    }
+
+    fn service_cidr(name: &str, cidrs: &[&str]) -> Update {
+        Update::ServiceCidr(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"cidrs": cidrs}
+            }))
+            .expect("test service cidr"),
+        )
+    }
+
+    /// Checklist C.25: the ranges of every ServiceCIDR, a change reported once, and a
+    /// malformed version keeping the last good one.
+    #[test]
+    fn c25_service_cidrs_are_held_by_name() {
+        let mut view = View::new("node-a");
+        let cidr = |text: &str| text.parse::<Cidr>().expect("cidr");
+        let report = view.apply([
+            service_cidr("kubernetes", &["10.96.0.0/16", "fd00:96::/112"]),
+            service_cidr("extra", &["10.96.0.0/16"]),
+        ]);
+        assert!(report.changes.service_cidrs && !report.changes.is_empty());
+        assert_eq!(
+            view.service_cidrs(),
+            [cidr("10.96.0.0/16"), cidr("fd00:96::/112")]
+        );
+        let report = view.apply([service_cidr("extra", &["10.96.0.0/16"])]);
+        assert!(report.changes.is_empty(), "nothing changed");
+        for bad in [
+            &["10.97.0.0/33"][..],
+            &["10.97.0.0/24", "10.98.0.0/24"],
+            &["10.97.0.0/24", "fd00::/64", "fd01::/64"],
+        ] {
+            let report = view.apply([service_cidr("extra", bad)]);
+            assert_eq!(report.invalid.len(), 1, "{bad:?}");
+            assert_eq!(report.skipped, [Kind::ServiceCidr]);
+            assert!(!report.changes.service_cidrs, "{bad:?}");
+        }
+        let report = view.apply([service_cidr("extra", &["10.97.0.0/24"])]);
+        assert!(report.changes.service_cidrs);
+        assert_eq!(view.service_cidrs().len(), 3);
+        let report = view.apply([deleted(Kind::ServiceCidr, "", "kubernetes")]);
+        assert!(report.changes.service_cidrs);
+        assert_eq!(view.service_cidrs(), [cidr("10.97.0.0/24")]);
+        let report = view.apply([
+            Update::RelistStarted(Kind::ServiceCidr),
+            service_cidr("kubernetes", &["10.96.0.0/16"]),
+            Update::RelistDone(Kind::ServiceCidr),
+        ]);
+        assert!(report.changes.service_cidrs);
+        assert_eq!(
+            view.service_cidrs(),
+            [cidr("10.96.0.0/16")],
+            "extra is swept"
+        );
     }
 
     /// Checklist A.10: an update that changes nothing triggers nothing.

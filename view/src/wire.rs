@@ -406,6 +406,22 @@ pub struct NodeAddress {
     pub address: String,
 }
 
+/// A `networking.k8s.io/v1` ServiceCIDR: a range the cluster allocates service addresses
+/// from (checklist C.25).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct ServiceCidr {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default, deserialize_with = "null_default")]
+    pub spec: ServiceCidrSpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct ServiceCidrSpec {
+    #[serde(default, deserialize_with = "null_default")]
+    pub cidrs: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

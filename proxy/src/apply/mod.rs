@@ -327,9 +327,9 @@ impl Proxy {
         let mut report = SyncReport::new(SyncKind::Partial);
         if let Some(facts) = &self.facts
             && !self.needs_full_sync
-            && facts.differs_only_in_destinations(planner.facts())
+            && facts.differs_only_in_skeleton(planner.facts())
         {
-            // A Node joined or left: only the skeleton's egress ranges change.
+            // A Node joined or left, or a ServiceCIDR changed: only the skeleton changes.
             let skeleton = planner.skeleton();
             let mut batch = PlanBatch::new();
             batch.refresh_skeleton(&skeleton);

@@ -140,6 +140,9 @@ pub struct NodeFacts {
     /// With egress masquerade: the destinations that stay inside the cluster, the
     /// configured cluster CIDRs or else every Node's pod CIDRs. Empty without it.
     pub cluster_destinations: Vec<Cidr>,
+    /// The ranges of the cluster's ServiceCIDRs: traffic to an address in them that no
+    /// service holds is dropped (C.25) rather than routed on.
+    pub service_cidrs: Vec<Cidr>,
     pub local_dns: Option<LocalDns>,
 }
 
@@ -213,16 +216,19 @@ impl NodeFacts {
             masquerade_mark: config.masquerade_mark,
             masquerade_all: config.masquerade_all,
             cluster_destinations,
+            service_cidrs: view.service_cidrs(),
             local_dns: config.local_dns.clone(),
         }
     }
 
-    /// Whether `other` differs from these facts only in the cluster's destinations (a
-    /// Node joined or left): the skeleton changes, the services' plans do not.
-    pub fn differs_only_in_destinations(&self, other: &NodeFacts) -> bool {
+    /// Whether `other` differs from these facts only in what the skeleton alone reads:
+    /// the cluster's destinations (a Node joined or left) or the ServiceCIDRs. The
+    /// services' plans stay as they are.
+    pub fn differs_only_in_skeleton(&self, other: &NodeFacts) -> bool {
         self != other
             && NodeFacts {
                 cluster_destinations: other.cluster_destinations.clone(),
+                service_cidrs: other.service_cidrs.clone(),
                 ..self.clone()
             } == *other
     }

@@ -142,7 +142,7 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
             chains: vec![nat_postrouting, masquerading],
         };
     }
-    let mut chains = service_chains(facts.masquerade_mark, facts.localhost_node_ports);
+    let mut chains = service_chains(facts);
     chains.extend([nat_postrouting, masquerading]);
     let mut sets = Vec::new();
     for family in Family::ALL {
@@ -174,11 +174,12 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
 
 /// Everything the skeleton has for Services: the filter and DNAT hooks and the chains
 /// they jump to.
-fn service_chains(mark: u32, localhost_node_ports: bool) -> Vec<ChainPlan> {
+fn service_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
+    let mark = facts.masquerade_mark;
     // With localhost NodePorts, `route_localnet` lets other machines reach 127.0.0.0/8
     // (CVE-2020-8558): what does not come in through loopback is dropped, as kube-proxy's
     // iptables mode does.
-    let loopback_guard = localhost_node_ports.then(|| {
+    let loopback_guard = facts.localhost_node_ports.then(|| {
         RulePlan::new([
             Stmt::Iifname {
                 name: "lo".into(),
@@ -288,17 +289,35 @@ fn service_chains(mark: u32, localhost_node_ports: bool) -> Vec<ChainPlan> {
         ),
         regular(
             CLUSTER_IPS_CHECK,
-            per_family(|family| {
-                RulePlan::new([
-                    Stmt::AddrInSet {
-                        addr: Addr::Destination,
-                        family,
-                        set: SharedSet::new(SharedKind::ClusterIps, family).name(),
-                        negated: false,
-                    },
-                    Stmt::Reject,
-                ])
-            }),
+            Family::ALL
+                .into_iter()
+                .flat_map(|family| {
+                    let invalid_port = RulePlan::new([
+                        Stmt::AddrInSet {
+                            addr: Addr::Destination,
+                            family,
+                            set: SharedSet::new(SharedKind::ClusterIps, family).name(),
+                            negated: false,
+                        },
+                        Stmt::Reject,
+                    ]);
+                    // C.25: an address of a ServiceCIDR that no service holds. Dropped,
+                    // as upstream, rather than routed on towards the default gateway.
+                    let unallocated = merged_ranges(&facts.service_cidrs, &[], family);
+                    let unallocated = (!unallocated.is_empty()).then(|| {
+                        RulePlan::new([
+                            Stmt::AddrInRanges {
+                                addr: Addr::Destination,
+                                family,
+                                ranges: unallocated,
+                                negated: false,
+                            },
+                            Stmt::Verdict(Verdict::Drop),
+                        ])
+                    });
+                    std::iter::once(invalid_port).chain(unallocated)
+                })
+                .collect(),
         ),
         // `reject` is a statement, not a verdict, so maps reach it through this chain.
         regular(REJECT, vec![RulePlan::new([Stmt::Reject])]),

@@ -61,11 +61,16 @@ impl ApiError {
     /// 403 as RBAC answers it, for the stand-in's fixed service account.
     pub(crate) fn forbidden(verb: &str, def: &ResourceDef, name: &str) -> Self {
         let group = def.group;
+        // A list or watch names no object.
+        let object = match name {
+            "" => String::new(),
+            name => format!(" \"{name}\""),
+        };
         Self::new(
             403,
             "Forbidden",
             format!(
-                "{} \"{name}\" is forbidden: User \"{FORBIDDEN_USER}\" cannot {verb} resource \"{}\" \
+                "{}{object} is forbidden: User \"{FORBIDDEN_USER}\" cannot {verb} resource \"{}\" \
                  in API group \"{group}\" at the cluster scope",
                 qualified(def),
                 def.plural

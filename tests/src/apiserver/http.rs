@@ -391,6 +391,7 @@ async fn resource(
                 return Err(ApiError::no_route());
             }
             store.count("watch");
+            store.authorize("watch", def, "")?;
             let mut opts = WatchOptions::parse(&query, def, ns, store.config().watch_list)?;
             if let Some(name) = &target.name {
                 // Watching one object is a watch with a name field selector.
@@ -423,6 +424,7 @@ async fn resource(
         }
         (&Method::GET, None) => {
             store.count("list");
+            store.authorize("list", def, "")?;
             let opts = ListOptions::parse(&query, def, ns)?;
             let page = store.list(target.res, &opts)?;
             let body = list_body(

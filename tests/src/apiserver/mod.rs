@@ -45,8 +45,8 @@
 //! - **Discovery** is legacy (unaggregated) only, and `/openapi/*` is 404, so `kubectl apply`
 //!   needs `--validate=false`. Responses are JSON only (no `Table`, no protobuf); kubectl
 //!   prints lists as `NAME AGE`.
-//! - No TLS or authentication, and no RBAC beyond [`Store::forbid_patch`], which makes
-//!   PATCH on a resource answer 403 as a missing RBAC rule would. Accepted patches are
+//! - No TLS or authentication, and no RBAC beyond [`Store::forbid`], which makes a verb
+//!   (PATCH, list, watch) on a resource answer 403 as a missing RBAC rule would. Accepted patches are
 //!   recorded with their media type and `fieldManager` ([`Store::patches`]).
 
 mod discovery;

@@ -126,6 +126,19 @@ pub(crate) static RESOURCES: &[ResourceDef] = &[
         fields: &[],
         has_status: false,
     },
+    ResourceDef {
+        group: "networking.k8s.io",
+        version: "v1",
+        api_version: "networking.k8s.io/v1",
+        plural: "servicecidrs",
+        singular: "servicecidr",
+        kind: "ServiceCIDR",
+        list_kind: "ServiceCIDRList",
+        namespaced: false,
+        short_names: &[],
+        fields: &[],
+        has_status: true,
+    },
 ];
 
 /// The id of the `namespaces` kind (deleting a namespace deletes its contents).
@@ -183,6 +196,6 @@ mod tests {
             assert_eq!(r.list_kind, format!("{}List", r.kind));
         }
         assert_eq!(def(NAMESPACES).plural, "namespaces");
-        assert_eq!(groups(), vec!["discovery.k8s.io"]);
+        assert_eq!(groups(), vec!["discovery.k8s.io", "networking.k8s.io"]);
     }
 }

@@ -85,8 +85,8 @@ struct Inner {
     /// The latest revision, so watches wake up on writes.
     rv_tx: watch::Sender<u64>,
     counts: Mutex<BTreeMap<String, u64>>,
-    /// Resources (plural) whose patches are refused with 403, as RBAC would.
-    patch_forbidden: Mutex<BTreeSet<String>>,
+    /// Verbs on resources (plural) refused with 403, as a missing RBAC rule would.
+    forbidden: Mutex<BTreeSet<(String, String)>>,
     patches: Mutex<Vec<PatchRecord>>,
 }
 
@@ -344,7 +344,7 @@ impl Store {
                 }),
                 rv_tx,
                 counts: Mutex::new(BTreeMap::new()),
-                patch_forbidden: Mutex::new(BTreeSet::new()),
+                forbidden: Mutex::new(BTreeSet::new()),
                 patches: Mutex::new(Vec::new()),
             }),
         }
@@ -365,13 +365,29 @@ impl Store {
         lock(&self.inner.counts).clone()
     }
 
-    /// Refuses (or, with `false`, allows again) PATCH on `plural` with 403 Forbidden.
-    pub fn forbid_patch(&self, plural: &str, forbidden: bool) {
-        let mut set = lock(&self.inner.patch_forbidden);
+    /// Refuses (or, with `false`, allows again) `verb` (`patch`, `list`, `watch`) on
+    /// `plural` with 403 Forbidden.
+    pub fn forbid(&self, verb: &str, plural: &str, forbidden: bool) {
+        let mut set = lock(&self.inner.forbidden);
+        let rule = (verb.to_owned(), plural.to_owned());
         if forbidden {
-            set.insert(plural.to_owned());
+            set.insert(rule);
         } else {
-            set.remove(plural);
+            set.remove(&rule);
+        }
+    }
+
+    /// 403 if [`Store::forbid`] refuses `verb` on `def`.
+    pub(crate) fn authorize(
+        &self,
+        verb: &str,
+        def: &ResourceDef,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let rule = (verb.to_owned(), def.plural.to_owned());
+        match lock(&self.inner.forbidden).contains(&rule) {
+            true => Err(ApiError::forbidden(verb, def, name)),
+            false => Ok(()),
         }
     }
 
@@ -380,15 +396,13 @@ impl Store {
         lock(&self.inner.patches).clone()
     }
 
-    /// Checks a PATCH against [`Store::forbid_patch`] and records it when allowed.
+    /// Checks a PATCH against [`Store::forbid`] and records it when allowed.
     pub(crate) fn admit_patch(
         &self,
         def: &ResourceDef,
         record: PatchRecord,
     ) -> Result<(), ApiError> {
-        if lock(&self.inner.patch_forbidden).contains(def.plural) {
-            return Err(ApiError::forbidden("patch", def, &record.name));
-        }
+        self.authorize("patch", def, &record.name)?;
         lock(&self.inner.patches).push(record);
         Ok(())
     }

@@ -2,14 +2,18 @@
 //! the mesh keeps its peers from the last complete view until a fresh list replaces it.
 //!
 //! The format is the compact model itself, not the wire objects: slice names are only
-//! hashes in the view, and the model is ten times smaller than its JSON. Version 1:
+//! hashes in the view, and the model is ten times smaller than its JSON. Version 2:
 //!
 //! ```text
-//! magic "nodusvw\x01" · name-hash check (u64) · node name
+//! magic "nodusvw\x02" · name-hash check (u64) · node name
 //! · services: count, then per entry its namespace, name, service (if any) and slices
 //! · nodes: count, then per node its name and fields
+//! · ServiceCIDRs: count, then per object its name and ranges
 //! · FNV-1a 64 of every byte before it
 //! ```
+//!
+//! Version 1, which has no ServiceCIDRs, is still read: a new build restarts from what
+//! the old one saved.
 //!
 //! Integers are LEB128 varints (signed ones zigzag), addresses their octets behind a
 //! family byte. An interned string is written the first time it occurs and referred to by
@@ -28,7 +32,8 @@ use crate::model::{
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-const MAGIC: &[u8; 8] = b"nodusvw\x01";
+const MAGIC: &[u8; 8] = b"nodusvw\x02";
+const MAGIC_V1: &[u8; 8] = b"nodusvw\x01";
 /// What slice names hash to differs between builds of the standard library; a snapshot
 /// from a build whose hashes differ would not match the slices a fresh list delivers.
 const HASH_CHECK: &str = "nodus view snapshot";
@@ -157,6 +162,11 @@ impl View {
             w.sym(*name);
             w.node(node);
         }
+        w.len(self.service_cidrs.len());
+        for (name, cidrs) in &self.service_cidrs {
+            w.text(name);
+            w.cidrs(cidrs);
+        }
         let sum = w.out.sum;
         w.out.extend_from_slice(&sum.to_le_bytes());
         w.out.finish()
@@ -173,9 +183,11 @@ impl View {
             .checked_sub(8)
             .filter(|&n| n >= MAGIC.len() + 8)
             .ok_or(SnapshotError::Magic)?;
-        if &bytes[..MAGIC.len()] != MAGIC {
-            return Err(SnapshotError::Magic);
-        }
+        let has_service_cidrs = match &bytes[..MAGIC.len()] {
+            magic if magic == MAGIC => true,
+            magic if magic == MAGIC_V1 => false,
+            _ => return Err(SnapshotError::Magic),
+        };
         let (body, sum) = bytes.split_at(body_len);
         if sum != fnv1a(body).to_le_bytes() {
             return Err(SnapshotError::Checksum);
@@ -216,8 +228,15 @@ impl View {
             let node = r.node(&mut view.strings)?;
             view.put_node(name.to_string(), node, &mut changes);
         }
+        if has_service_cidrs {
+            for _ in 0..r.count(2)? {
+                let name = r.text()?;
+                let cidrs = r.cidrs()?;
+                view.put_service_cidr(name.into(), cidrs, &mut changes);
+            }
+        }
         if r.at != body.len() {
-            return Err(r.damaged("bytes after the last node"));
+            return Err(r.damaged("bytes after the last ServiceCIDR"));
         }
         Ok(view)
     }
@@ -774,6 +793,9 @@ mod tests {
             Some("EndpointSlice") => {
                 Update::EndpointSlice(serde_json::from_value(json).expect("slice"))
             }
+            Some("ServiceCIDR") => {
+                Update::ServiceCidr(serde_json::from_value(json).expect("service cidr"))
+            }
             _ => Update::Node(serde_json::from_value::<Box<wire::Node>>(json).expect("node")),
         }
     }
@@ -826,7 +848,11 @@ mod tests {
                                       {"type": "ExternalIP", "address": "2001:db8::1"}]}},
             {"kind": "Node", "metadata": {"name": "node-b"},
              "spec": {"podCIDR": "10.244.2.0/24"},
-             "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.2"}]}}
+             "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.2"}]}},
+            {"kind": "ServiceCIDR", "metadata": {"name": "kubernetes"},
+             "spec": {"cidrs": ["10.96.0.0/16", "fd00:96::/112"]}},
+            {"kind": "ServiceCIDR", "metadata": {"name": "extra"},
+             "spec": {"cidrs": ["10.97.0.0/24"]}}
         ]);
         let report = view.apply(
             objects
@@ -874,6 +900,12 @@ mod tests {
                 w.node(node);
             }));
         }
+        for (name, cidrs) in &view.service_cidrs {
+            entries.push(encoded(&mut |w| {
+                w.text(name);
+                w.cidrs(cidrs);
+            }));
+        }
         entries.sort();
         entries
     }
@@ -896,6 +928,22 @@ mod tests {
             "the reverse index is rebuilt"
         );
         assert!(restored.this_node().is_some_and(|n| n.leaving));
+        assert_eq!(restored.service_cidrs().len(), 3);
+    }
+
+    #[test]
+    fn a_version_1_snapshot_is_read_without_service_cidrs() {
+        let mut view = varied();
+        view.service_cidrs.clear();
+        let mut bytes = view.save().expect("save");
+        bytes[..MAGIC_V1.len()].copy_from_slice(MAGIC_V1);
+        // Version 1 ends after the nodes: drop the empty ServiceCIDR count, sum again.
+        bytes.truncate(bytes.len() - 9);
+        let sum = fnv1a(&bytes).to_le_bytes();
+        bytes.extend_from_slice(&sum);
+        let restored = View::restore("node-a", &bytes).expect("restore");
+        assert_eq!(canonical(&restored), canonical(&view));
+        assert!(restored.service_cidrs().is_empty());
     }
 
     #[test]
@@ -911,6 +959,8 @@ mod tests {
         assert!(report.changes.services.len() >= 3);
         assert_eq!(view.counts().services, 0);
         assert_eq!(view.counts().nodes, 0);
+        assert!(report.changes.service_cidrs);
+        assert!(view.service_cidrs().is_empty());
         assert_eq!(view.strings().len(), 1, "only the node's own name is left");
     }
 

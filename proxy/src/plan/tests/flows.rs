@@ -137,6 +137,7 @@ fn cluster() -> View {
                 ("10.244.2.13", "node-b", false),
             ],
         ),
+        service_cidr("kubernetes", json!(["10.96.0.0/16"])),
     ])
 }
 
@@ -178,6 +179,38 @@ fn every_kind_of_service_as_the_checklist_says() {
             "tcp",
             "10.96.0.10:81",
             "REJECT",
+        ),
+        (
+            "C.25 an unallocated address of a ServiceCIDR, from a pod",
+            Pod,
+            POD,
+            "tcp",
+            "10.96.0.200:80",
+            "DROP",
+        ),
+        (
+            "C.25 from the host",
+            Host,
+            NODE_IP,
+            "tcp",
+            "10.96.0.200:80",
+            "DROP",
+        ),
+        (
+            "C.25 from outside",
+            Outside,
+            OUTSIDE,
+            "udp",
+            "10.96.1.1:53",
+            "DROP",
+        ),
+        (
+            "C.25 outside every ServiceCIDR, routed on",
+            Pod,
+            POD,
+            "tcp",
+            "10.97.0.1:80",
+            "10.97.0.1:80",
         ),
         (
             "J.58 protocol is part of the key",
