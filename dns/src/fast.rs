@@ -97,14 +97,27 @@ fn read_u16(packet: &[u8], at: usize) -> Option<u16> {
     Some(u16::from_be_bytes([*packet.get(at)?, *packet.get(at + 1)?]))
 }
 
-/// The requester's UDP payload size when the rest of the packet is exactly one well-formed
-/// OPT record; `None` for anything else.
-fn read_opt(packet: &[u8], at: usize) -> Option<u16> {
+/// The requester's OPT: its UDP payload size and the DO bit.
+#[derive(Clone, Copy)]
+struct Opt {
+    payload: u16,
+    dnssec_ok: bool,
+}
+
+/// The requester's OPT when the rest of the packet is exactly one well-formed OPT record of
+/// version 0; `None` for anything else (a later version is the full path's BADVERS).
+fn read_opt(packet: &[u8], at: usize) -> Option<Opt> {
     // Root owner, type OPT, class = payload size, TTL = extended rcode, version and flags.
     if *packet.get(at)? != 0 || read_u16(packet, at + 1)? != TYPE_OPT {
         return None;
     }
-    let payload = read_u16(packet, at + 3)?;
+    if *packet.get(at + 6)? != 0 {
+        return None;
+    }
+    let opt = Opt {
+        payload: read_u16(packet, at + 3)?.clamp(512, MAX_UDP_PAYLOAD),
+        dnssec_ok: *packet.get(at + 7)? & 0x80 != 0,
+    };
     let rdlength = usize::from(read_u16(packet, at + 9)?);
     let mut option = at + 11;
     let end = option + rdlength;
@@ -119,7 +132,7 @@ fn read_opt(packet: &[u8], at: usize) -> Option<u16> {
         }
         option += 4 + len;
     }
-    (option == end).then_some(payload)
+    (option == end).then_some(opt)
 }
 
 /// A reply being written into a fixed buffer; every write fails once it is full.
@@ -281,8 +294,8 @@ pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option
         _ => return None,
     };
     let question = read_question(packet)?;
-    let payload = match with_opt {
-        true => Some(read_opt(packet, question.end)?.clamp(512, MAX_UDP_PAYLOAD)),
+    let opt = match with_opt {
+        true => Some(read_opt(packet, question.end)?),
         false if question.end == packet.len() => None,
         false => return None,
     };
@@ -328,7 +341,9 @@ pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option
     let target: Target<'_> = classify(view, zone, &strs[..taken]);
     let decided = common(view, &target, qtype)?;
 
-    let max = payload.map_or(512, usize::from).min(out.len());
+    let max = opt
+        .map_or(512, |opt| usize::from(opt.payload))
+        .min(out.len());
     let mut w = Writer {
         buf: &mut out[..max],
         len: 0,
@@ -367,11 +382,12 @@ pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option
             }
         }
     }
-    if let Some(payload) = payload {
-        // Root owner, OPT, our payload size, extended rcode 0, version 0, no flags, no data.
+    if let Some(opt) = opt {
+        // Root owner, OPT, our payload size, extended rcode 0, version 0, DO as asked, no
+        // data.
         w.put(&[0, 0, 41])?;
-        w.u16(payload)?;
-        w.put(&[0, 0, 0, 0, 0, 0])?;
+        w.u16(opt.payload)?;
+        w.put(&[0, 0, u8::from(opt.dnssec_ok) << 7, 0, 0, 0])?;
         additionals += 1;
     }
     w.set_u16(6, answers);

@@ -181,7 +181,8 @@ impl ClusterDns {
     }
 
     /// The reply to `request`: FORMERR without a single question, NOTIMP for other opcodes,
-    /// then the zone's answer, or the upstreams' for a name outside it.
+    /// BADVERS for an EDNS version after 0 (RFC 6891), REFUSED for zone transfers (as
+    /// CoreDNS), then the zone's answer, or the upstreams' for a name outside it.
     async fn respond(&self, request: &Request) -> Reply {
         // Our own loop probe, come back through an upstream (whichever address it comes
         // from, even before the allow-list knows this host): not forwarded again.
@@ -201,9 +202,15 @@ impl ClusterDns {
             Ok(_) if request.metadata.op_code != OpCode::Query => {
                 return Reply::Code(ResponseCode::NotImp);
             }
+            Ok(_) if request.edns.as_ref().is_some_and(|edns| edns.version() > 0) => {
+                return Reply::Code(ResponseCode::BADVERS);
+            }
             Ok(info) => info,
         };
         let query = info.query.original();
+        if matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR) {
+            return Reply::Code(ResponseCode::Refused);
+        }
         let outcome = {
             lookup(
                 &self.view.read(),
@@ -262,10 +269,12 @@ async fn send<R: ResponseHandler>(
     reply: &Reply,
     mut response_handle: R,
 ) -> Result<ResponseInfo, NetError> {
-    // Our OPT advertises what we accept, never more than the client does.
+    // Our OPT advertises what we accept, never more than the client does, and copies the
+    // DO bit (RFC 3225).
     let edns = request.edns.as_ref().map(|theirs| {
         let mut ours = Edns::new();
         ours.set_max_payload(theirs.max_payload().clamp(512, MAX_UDP_PAYLOAD));
+        ours.set_dnssec_ok(theirs.flags().dnssec_ok);
         ours
     });
     let builder = MessageResponseBuilder::new(&request.queries, edns.as_ref());
@@ -362,7 +371,12 @@ impl ResponseHandler for Capture {
         let mut bytes = Vec::with_capacity(512);
         let mut encoder = BinEncoder::new(&mut bytes);
         encoder.set_max_size(max);
-        let info = match response.destructive_emit(&mut encoder) {
+        let emitted = response.destructive_emit(&mut encoder);
+        // A record that did not fit is rolled back to the offset, but its bytes stay in
+        // the vector: the message ends at the offset.
+        let end = encoder.offset();
+        bytes.truncate(end);
+        let info = match emitted {
             Ok(info) => info,
             Err(error) => {
                 // What hickory-server sends when a response cannot be encoded.

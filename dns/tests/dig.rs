@@ -72,7 +72,12 @@ fn dig(dns: &Dns, args: &[&str]) -> Reply {
         .args(args)
         .output()
         .expect("dig is installed (dnsutils)");
-    let raw = String::from_utf8_lossy(&output.stdout).into_owned();
+    // dig warns of a malformed reply on either stream.
+    let raw = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
     let status = raw
         .split("status: ")
         .nth(1)
@@ -331,6 +336,7 @@ fn truncation_over_udp_then_the_full_answer_over_tcp() {
         &["+noedns", "+ignore", "many.default.svc.cluster.local", "A"],
     );
     assert!(udp.flags.contains("tc"), "{}", udp.raw);
+    assert!(!udp.raw.contains("extra bytes"), "{}", udp.raw);
     let tcp = dig(&dns, &["+tcp", "many.default.svc.cluster.local", "A"]);
     assert_eq!(tcp.answers.len(), 60, "{}", tcp.raw);
     assert!(!tcp.flags.contains("tc"));
@@ -345,6 +351,40 @@ fn edns_is_echoed_with_our_payload_size() {
     );
     assert!(r.raw.contains("; EDNS: version: 0"), "{}", r.raw);
     assert!(r.raw.contains("udp: 1232"), "{}", r.raw);
+}
+
+/// RFC 6891: a later EDNS version is BADVERS; RFC 3225: the DO bit is copied; zone
+/// transfers are refused, as CoreDNS refuses them.
+#[test]
+fn edns_versions_the_do_bit_and_zone_transfers() {
+    let dns = start(PodRecords::Disabled);
+    let name = "web.default.svc.cluster.local";
+    let v1 = dig(&dns, &["+edns=1", "+noednsnegotiation", name, "A"]);
+    assert_eq!(v1.status, "BADVERS", "{}", v1.raw);
+    assert!(v1.answers.is_empty(), "{}", v1.raw);
+    assert!(v1.raw.contains("; EDNS: version: 0"), "{}", v1.raw);
+    // DO copied, on the fast path (a service's A) and the full one (the apex SOA).
+    for (qname, qtype) in [(name, "A"), ("cluster.local", "SOA")] {
+        let with_do = dig(&dns, &["+dnssec", qname, qtype]);
+        assert_eq!(with_do.status, "NOERROR", "{}", with_do.raw);
+        assert!(with_do.raw.contains("flags: do;"), "{}", with_do.raw);
+        let without = dig(&dns, &[qname, qtype]);
+        assert!(!without.raw.contains("flags: do;"), "{}", without.raw);
+    }
+    for transfer in [&["cluster.local", "AXFR"][..], &["cluster.local", "IXFR=1"]] {
+        let kdig = Command::new("kdig")
+            .arg(format!("@{}", dns.addr.ip()))
+            .args(["-p", &dns.addr.port().to_string()])
+            .args(transfer)
+            .output()
+            .expect("kdig is installed (knot-dnsutils)");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&kdig.stdout),
+            String::from_utf8_lossy(&kdig.stderr)
+        );
+        assert!(text.contains("REFUSED"), "{transfer:?}: {text}");
+    }
 }
 
 #[test]

@@ -376,6 +376,10 @@ fn odd_packets_are_left_to_the_full_path() {
     z_bit[3] |= 0x40;
     let mut pointer = good.clone();
     pointer[12] = 0xC0;
+    // The OPT ends the packet (11 bytes, no options); its version is its seventh byte.
+    let mut version_1 = good.clone();
+    let version_at = good.len() - 5;
+    version_1[version_at] = 1;
     for odd in [
         &good[..11],
         &good[..20],
@@ -384,6 +388,7 @@ fn odd_packets_are_left_to_the_full_path() {
         &trailing[..],
         &z_bit[..],
         &pointer[..],
+        &version_1[..],
     ] {
         assert_eq!(fast_path(&setup, odd), None, "{odd:?}");
     }
@@ -400,6 +405,9 @@ fn odd_packets_are_left_to_the_full_path() {
         formerr.metadata.response_code,
         hickory_proto::op::ResponseCode::FormErr
     );
+    let badvers =
+        Message::from_vec(&full_path(&setup, &version_1).expect("BADVERS")).expect("parse");
+    assert_eq!(u16::from(badvers.metadata.response_code), 16, "BADVERS");
 }
 
 #[test]
