@@ -213,8 +213,9 @@ impl DnsConfig {
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
 #[serde(rename_all = "lowercase")]
 pub enum PodRecordsConfig {
-    #[default]
     Disabled,
+    /// kubeadm's and k3s's Corefiles say `pods insecure`.
+    #[default]
     Insecure,
 }
 
@@ -234,7 +235,7 @@ impl Default for DnsConfig {
             listen: vec!["127.0.0.1:53".parse().expect("valid default address")],
             allow: Vec::new(),
             ttl: 5,
-            pod_records: PodRecordsConfig::Disabled,
+            pod_records: PodRecordsConfig::Insecure,
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
             forward_timeout_ms: 2000,
             cache_entries: 10_000,
@@ -572,6 +573,11 @@ mod tests {
     fn empty_file_is_all_defaults() {
         assert_eq!(Config::parse("").expect("valid"), Config::default());
         assert_eq!(Config::parse("{}").expect("valid"), Config::default());
+        // kubeadm's Corefile: `pods insecure`.
+        assert_eq!(
+            Config::default().dns.pod_records,
+            PodRecordsConfig::Insecure
+        );
     }
 
     #[test]

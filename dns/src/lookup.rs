@@ -207,8 +207,10 @@ pub fn classify<'q>(view: &View, zone: &Zone, labels: &'q [&'q str]) -> Target<'
 }
 
 /// The `_port._proto` labels of an SRV question. A label that is only `_` leaves its part
-/// empty, which matches any port name or protocol, as CoreDNS's `matchPortAndProtocol` does.
-/// Only named ports have SRV records (spec rule 5).
+/// empty, which matches any port name or protocol, as CoreDNS's `matchPortAndProtocol` does:
+/// an unnamed port is matched only so, on the bare service name or `_._proto` (spec rule 5
+/// names only named ports; CoreDNS answers the others there too, and clients such as Go's
+/// `LookupSRV("", "", name)` rely on it).
 #[derive(Clone, Copy, Debug)]
 pub struct PortQuery<'q> {
     name: &'q str,
@@ -216,15 +218,14 @@ pub struct PortQuery<'q> {
 }
 
 impl PortQuery<'_> {
-    /// Every named port: SRV asked of the bare service name.
+    /// Every port: SRV asked of the bare service name.
     const ANY: PortQuery<'static> = PortQuery {
         name: "",
         protocol: "",
     };
 
     fn matches(&self, name: &str, protocol: Protocol) -> bool {
-        !name.is_empty()
-            && (self.name.is_empty() || name.eq_ignore_ascii_case(self.name))
+        (self.name.is_empty() || name.eq_ignore_ascii_case(self.name))
             && (self.protocol.is_empty()
                 || protocol_label(protocol).eq_ignore_ascii_case(self.protocol))
     }
@@ -335,7 +336,7 @@ fn service_srv<'a>(
     }
 }
 
-/// Whether `service` has a named port matching `query`: `_port._proto` names exist only then.
+/// Whether `service` has a port matching `query`: `_port._proto` names exist only then.
 fn has_port(view: &View, service: &Service, query: PortQuery<'_>) -> bool {
     let strings = view.strings();
     service.type_ != ServiceType::ExternalName

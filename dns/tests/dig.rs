@@ -160,11 +160,14 @@ fn spec_5_srv_for_named_ports() {
     );
     let wrong_proto = ask(&dns, "_http._udp.dual.default.svc.cluster.local", "SRV");
     assert_eq!(wrong_proto.status, "NXDOMAIN");
-    // The bare service name lists its named ports only.
+    // The bare service name lists every port, the unnamed one too, as CoreDNS does.
     let bare = ask(&dns, "dual.default.svc.cluster.local", "SRV");
     assert_eq!(
         bare.data(),
-        ["SRV 0 100 80 dual.default.svc.cluster.local."],
+        [
+            "SRV 0 50 80 dual.default.svc.cluster.local.",
+            "SRV 0 50 81 dual.default.svc.cluster.local."
+        ],
         "{}",
         bare.raw
     );
@@ -465,18 +468,18 @@ fn pod_records_need_an_existing_namespace() {
 #[test]
 fn srv_with_a_bare_underscore_label_matches_any_port_or_protocol() {
     let dns = start(PodRecords::Disabled);
-    for name in [
-        "_._tcp.dual.default.svc.cluster.local",
-        "_http._.dual.default.svc.cluster.local",
-        "_._.dual.default.svc.cluster.local",
+    let named = ["SRV 0 100 80 dual.default.svc.cluster.local."];
+    let every = [
+        "SRV 0 50 80 dual.default.svc.cluster.local.",
+        "SRV 0 50 81 dual.default.svc.cluster.local.",
+    ];
+    for (name, expected) in [
+        ("_._tcp.dual.default.svc.cluster.local", &every[..]),
+        ("_http._.dual.default.svc.cluster.local", &named[..]),
+        ("_._.dual.default.svc.cluster.local", &every[..]),
     ] {
         let r = ask(&dns, name, "SRV");
-        assert_eq!(
-            r.data(),
-            ["SRV 0 100 80 dual.default.svc.cluster.local."],
-            "{name}: {}",
-            r.raw
-        );
+        assert_eq!(r.data(), expected, "{name}: {}", r.raw);
     }
     let wrong = ask(&dns, "_._udp.dual.default.svc.cluster.local", "SRV");
     assert_eq!(wrong.status, "NXDOMAIN", "{}", wrong.raw);

@@ -329,12 +329,30 @@ fn bare_service_srv_lists_every_named_port() {
     );
 }
 
+/// As CoreDNS: the bare name has an SRV record for every port, unnamed ones too, while
+/// `_port._proto` with a name matches named ports only.
 #[test]
-fn bare_service_srv_leaves_out_unnamed_ports() {
-    let answer = Cluster::new().ask("dual.default.svc.cluster.local", RecordType::SRV);
+fn bare_service_srv_includes_unnamed_ports() {
+    let cluster = Cluster::new();
+    let answer = cluster.ask("dual.default.svc.cluster.local", RecordType::SRV);
     assert_eq!(
         lines(&answer.answers),
-        ["dual.default.svc.cluster.local. 5 IN SRV 0 100 80 dual.default.svc.cluster.local."]
+        [
+            "dual.default.svc.cluster.local. 5 IN SRV 0 50 80 dual.default.svc.cluster.local.",
+            "dual.default.svc.cluster.local. 5 IN SRV 0 50 81 dual.default.svc.cluster.local."
+        ]
+    );
+    let any_tcp = cluster.ask("_._tcp.dual.default.svc.cluster.local", RecordType::SRV);
+    assert_eq!(any_tcp.answers.len(), 2, "{:?}", lines(&any_tcp.answers));
+    let named = cluster.ask(
+        "_metrics._tcp.dual.default.svc.cluster.local",
+        RecordType::SRV,
+    );
+    assert_eq!(
+        named.rcode,
+        ResponseCode::NXDomain,
+        "{:?}",
+        lines(&named.answers)
     );
 }
 
