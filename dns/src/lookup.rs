@@ -9,7 +9,7 @@
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use nodus_view::model::{Family, Protocol, Service, ServiceType};
+use nodus_view::model::{Cidr, Family, Protocol, Service, ServiceType};
 use nodus_view::{ServiceView, View};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -46,6 +46,9 @@ pub struct Zone {
     reverse_soas: [Record; 2],
     ttl: u32,
     pods: PodRecords,
+    /// Configured cluster ranges (pods and services) besides those the view knows: reverse
+    /// names inside them are answered here, never asked upstream.
+    cluster_ranges: Vec<Cidr>,
 }
 
 /// `<origin> SOA ns.dns.<origin> hostmaster.<origin>`, as CoreDNS writes it for each zone.
@@ -90,7 +93,26 @@ impl Zone {
             origin,
             ttl,
             pods,
+            cluster_ranges: Vec::new(),
         })
+    }
+
+    /// The zone, also authoritative for reverse names inside `ranges` (the configured
+    /// `cluster_cidrs`).
+    pub fn with_cluster_ranges(mut self, ranges: Vec<Cidr>) -> Zone {
+        self.cluster_ranges = ranges;
+        self
+    }
+
+    /// Whether `ip` lies in the cluster: a configured range, a ServiceCIDR or a Node's pod
+    /// range. Reverse names of such addresses that nothing holds are NXDOMAIN here: asking
+    /// upstream would tell outside resolvers the cluster's addresses.
+    fn in_cluster(&self, view: &View, ip: IpAddr) -> bool {
+        self.cluster_ranges.iter().any(|cidr| cidr.contains(ip))
+            || view.in_service_cidrs(ip)
+            || view
+                .nodes()
+                .any(|(_, node)| node.pod_cidrs.iter().any(|cidr| cidr.contains(ip)))
     }
 
     pub fn origin(&self) -> &Name {
@@ -886,29 +908,57 @@ fn reverse_address(lower: &Name) -> Option<IpAddr> {
     }
 }
 
+/// The names `ip` has as an endpoint of `svc`: `<hostname or dashed address>.<svc>.<ns>.svc.<zone>`
+/// for each published endpoint of that address, as CoreDNS names them for any service.
+fn endpoint_names(view: &View, zone: &Zone, svc: &ServiceView<'_>, ip: IpAddr) -> Option<Name> {
+    let service = svc.service?;
+    if service.type_ == ServiceType::ExternalName {
+        return None;
+    }
+    let own = zone.service_name(svc.namespace, svc.name)?;
+    published(view, svc, service)
+        .into_iter()
+        .find(|b| b.ip == ip)
+        .and_then(|b| Name::from_labels([b.hostname.as_str()]).ok())
+        .and_then(|h| h.append_domain(&own).ok())
+}
+
 fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr) -> Outcome {
     let mut targets: Vec<Name> = Vec::new();
+    // The index holds cluster IPs and the endpoints of headless services.
     for svc in view.services_by_ip(ip) {
         let Some(service) = svc.service else { continue };
-        let Some(own) = zone.service_name(svc.namespace, svc.name) else {
-            continue;
-        };
-        let target = if service.cluster_ips.contains(&ip) {
-            Some(own)
-        } else if service.headless {
-            published(view, &svc, service)
-                .into_iter()
-                .find(|b| b.ip == ip)
-                .and_then(|b| Name::from_labels([b.hostname.as_str()]).ok())
-                .and_then(|h| h.append_domain(&own).ok())
-        } else {
-            None
+        let target = match service.cluster_ips.contains(&ip) {
+            true => zone.service_name(svc.namespace, svc.name),
+            false => endpoint_names(view, zone, &svc, ip),
         };
         targets.extend(target);
     }
     if targets.is_empty() {
-        return Outcome::NotOurs;
+        // Endpoints of other services are not indexed (it would cost memory per endpoint
+        // for a rare question): they are looked for, a read of every slice.
+        targets.extend(
+            view.services()
+                .filter(|svc| {
+                    svc.slices
+                        .iter()
+                        .any(|s| s.endpoints().any(|e| e.addr == ip))
+                })
+                .filter_map(|svc| endpoint_names(view, zone, &svc, ip)),
+        );
     }
+    if targets.is_empty() {
+        if !zone.in_cluster(view, ip) {
+            return Outcome::NotOurs;
+        }
+        return Outcome::Authoritative(Answer {
+            rcode: ResponseCode::NXDomain,
+            authority: vec![zone.reverse_soa(ip)],
+            ..Answer::default()
+        });
+    }
+    targets.sort();
+    targets.dedup();
     let mut answer = Answer::default();
     if matches!(qtype, RecordType::PTR | RecordType::ANY) {
         answer.answers = targets

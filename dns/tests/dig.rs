@@ -204,6 +204,28 @@ fn spec_6_7_13_ptr() {
         "{}",
         generated.raw
     );
+    // A dual-stack headless endpoint, by its IPv6 address.
+    let v6_endpoint = dig(&dns, &["-x", "fd00:244:1::40"]);
+    assert_eq!(
+        v6_endpoint.data(),
+        ["PTR pair-0.pair.shop.svc.cluster.local."],
+        "{}",
+        v6_endpoint.raw
+    );
+    // An endpoint of a ClusterIP service, as CoreDNS names it.
+    let behind = dig(&dns, &["-x", "10.244.1.10"]);
+    assert_eq!(
+        behind.data(),
+        ["PTR 10-244-1-10.web.default.svc.cluster.local."],
+        "{}",
+        behind.raw
+    );
+    // Addresses of the cluster that nothing holds: NXDOMAIN here, never forwarded.
+    for unheld in ["10.96.0.99", "10.244.2.99"] {
+        let r = dig(&dns, &["-x", unheld]);
+        assert_eq!(r.status, "NXDOMAIN", "{}", r.raw);
+        assert!(r.flags.contains("aa"), "{}", r.raw);
+    }
 }
 
 #[test]

@@ -95,7 +95,8 @@ async fn start_dns(
         config.dns.ttl,
         config.dns.pod_records.into(),
     )
-    .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?;
+    .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?
+    .with_cluster_ranges(config.cluster_cidrs.clone());
     // A wildcard that another resolver on the node keeps from binding becomes each of the
     // host's addresses, and that resolver stays an upstream.
     let plan = listen::plan(&config.dns.listen);
@@ -222,7 +223,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         page_size: config.watch_page_size,
         all_nodes: config.mesh.enabled,
         node_name: node_name.clone(),
-        service_cidrs: config.proxy.enabled,
+        // The proxy drops their unallocated addresses; DNS answers their reverse names.
+        service_cidrs: config.proxy.enabled || config.dns.enabled,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let restored = state.as_ref().and_then(StateDir::restore);

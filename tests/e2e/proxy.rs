@@ -175,6 +175,18 @@ fn trace_follows_a_packet_from_the_api_and_from_a_saved_view() {
         ],
     );
     assert!(saved.ends_with(spread), "{saved}");
+    let state_text = state.to_string_lossy();
+    let saved = trace(
+        &cluster,
+        &[
+            "10.96.0.99:80",
+            "--from",
+            "10.244.1.7",
+            "--saved-view",
+            &state_text,
+        ],
+    );
+    assert!(saved.ends_with("summary: DROP\n"), "{saved}");
     let state = state.to_string_lossy();
     let output = cluster
         .nodus(&[

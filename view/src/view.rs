@@ -233,6 +233,14 @@ impl View {
         cidrs
     }
 
+    /// Whether `ip` lies in a ServiceCIDR.
+    pub fn in_service_cidrs(&self, ip: IpAddr) -> bool {
+        self.service_cidrs
+            .values()
+            .flatten()
+            .any(|cidr| cidr.contains(ip))
+    }
+
     /// Every service the view knows, including slices whose Service has not arrived.
     pub fn services(&self) -> impl Iterator<Item = ServiceView<'_>> {
         self.services

@@ -451,15 +451,77 @@ fn ptr_of_a_headless_endpoint_names_the_endpoint() {
     );
 }
 
+/// A dual-stack headless endpoint with a hostname: both of its addresses name it.
+#[test]
+fn ptr_of_a_dual_stack_headless_endpoint_names_it_for_both_addresses() {
+    let cluster = Cluster::new();
+    let v4 = cluster.ask("40.1.244.10.in-addr.arpa", RecordType::PTR);
+    assert_eq!(
+        lines(&v4.answers),
+        ["40.1.244.10.in-addr.arpa. 5 IN PTR pair-0.pair.shop.svc.cluster.local."]
+    );
+    let v6_name = "0.4.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.1.0.0.0.4.4.2.0.0.0.d.f.ip6.arpa";
+    let v6 = cluster.ask(v6_name, RecordType::PTR);
+    assert_eq!(
+        lines(&v6.answers),
+        [format!(
+            "{v6_name}. 5 IN PTR pair-0.pair.shop.svc.cluster.local."
+        )]
+    );
+}
+
+/// As CoreDNS: the endpoints of any service have PTR records, not only headless ones.
+#[test]
+fn ptr_of_an_endpoint_of_a_cluster_ip_service_names_the_endpoint() {
+    let answer = Cluster::new().ask("10.1.244.10.in-addr.arpa", RecordType::PTR);
+    assert_eq!(
+        lines(&answer.answers),
+        ["10.1.244.10.in-addr.arpa. 5 IN PTR 10-244-1-10.web.default.svc.cluster.local."]
+    );
+}
+
+/// An address of the cluster (a ServiceCIDR, a Node's pod range, a configured range) that
+/// nothing holds is NXDOMAIN here: upstream resolvers never hear of it.
+#[test]
+fn reverse_names_inside_the_cluster_are_answered_here() {
+    let cluster = Cluster::new();
+    let configured = Cluster {
+        view: VIEW.reader(),
+        zone: Zone::new("cluster.local", 5, PodRecords::Disabled)
+            .expect("zone")
+            .with_cluster_ranges(vec!["172.20.0.0/16".parse().expect("cidr")]),
+    };
+    for (cluster, name) in [
+        (&cluster, "99.0.96.10.in-addr.arpa"),
+        (&cluster, "99.1.244.10.in-addr.arpa"),
+        (
+            &cluster,
+            "9.9.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.0.2.0.0.0.4.4.2.0.0.0.d.f.ip6.arpa",
+        ),
+        (&configured, "1.0.20.172.in-addr.arpa"),
+    ] {
+        let answer = cluster.ask(name, RecordType::PTR);
+        assert_eq!(answer.rcode, ResponseCode::NXDomain, "{name}");
+        assert_eq!(lines(&answer.answers), no_lines(), "{name}");
+        let [soa] = answer.authority.as_slice() else {
+            panic!("{name}: {:?}", lines(&answer.authority));
+        };
+        assert_eq!(soa.record_type(), RecordType::SOA, "{name}");
+    }
+    assert_eq!(
+        cluster.outcome("1.0.20.172.in-addr.arpa", RecordType::PTR),
+        Outcome::NotOurs,
+        "not configured, not in the view"
+    );
+}
+
 #[test]
 fn reverse_names_nodus_does_not_own_are_not_ours() {
     let cluster = Cluster::new();
     for name in [
-        // An address no service has.
+        // An address no service has, outside the cluster.
         "1.1.168.192.in-addr.arpa",
-        // An endpoint of a ClusterIP service.
-        "10.1.244.10.in-addr.arpa",
-        // A headless endpoint that is not ready.
+        // A headless endpoint that is not ready, outside every range the view knows.
         "200.9.244.10.in-addr.arpa",
         // Incomplete reverse names.
         "96.10.in-addr.arpa",
