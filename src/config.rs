@@ -185,6 +185,11 @@ pub struct DnsConfig {
     /// Caps of the forwarding cache: answers, and their wire size.
     pub cache_entries: usize,
     pub cache_bytes: usize,
+    /// Longest time, in seconds, a forwarded answer is cached and the largest TTL clients
+    /// are given for it (kubeadm's Corefile: `cache 30`).
+    pub cache_max_ttl: u32,
+    /// The same for a denial (NXDOMAIN or NODATA).
+    pub cache_max_denial_ttl: u32,
     /// Questions upstream at once; more are refused (CoreDNS's `max_concurrent`).
     pub forward_max_concurrent: usize,
     /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
@@ -240,6 +245,8 @@ impl Default for DnsConfig {
             forward_timeout_ms: 2000,
             cache_entries: 10_000,
             cache_bytes: 1 << 20,
+            cache_max_ttl: 30,
+            cache_max_denial_ttl: 30,
             // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
             forward_max_concurrent: 1000,
             udp_threads: 1,

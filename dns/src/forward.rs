@@ -6,8 +6,9 @@
 //! each upstream in turn: over UDP, again over TCP when the answer is truncated, and on to
 //! the next upstream after a timeout. When every upstream fails the client gets SERVFAIL.
 //! Answers are cached by question (name, type and class) for their TTL; negative answers
-//! for the SOA's minimum (RFC 2308); the cache is capped in entries and in the wire size of
-//! the cached answers. At most `max_concurrent` questions are upstream at once; past that a
+//! for the SOA's minimum (RFC 2308); both at most for a configured time (kubeadm's `cache
+//! 30`), which also caps the TTLs clients are given. The cache is capped in entries and in
+//! the wire size of the cached answers. At most `max_concurrent` questions are upstream at once; past that a
 //! question is refused, as CoreDNS's forward plugin answers past its `max_concurrent`.
 //!
 //! An upstream can still lead back to nodus (a node resolver that forwards to the cluster
@@ -27,10 +28,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Longest time a positive answer is cached, whatever its TTL.
-const MAX_POSITIVE_TTL: u32 = 3600;
-/// Longest time a negative answer is cached (RFC 2308 suggests at most 3 hours; CoreDNS 30 min).
-const MAX_NEGATIVE_TTL: u32 = 1800;
 /// Room for the largest UDP answer an upstream may send.
 const UDP_BUFFER: usize = 4096;
 /// How long a loop probe's name is watched for after it was sent: a loop may take a few
@@ -48,6 +45,10 @@ pub struct ForwardConfig {
     pub cache_bytes: usize,
     /// Questions upstream at once; more are refused.
     pub max_concurrent: usize,
+    /// Longest time an answer is cached, and the largest TTL a client is given for it.
+    pub max_ttl: u32,
+    /// The same for a denial (NXDOMAIN or NODATA).
+    pub max_denial_ttl: u32,
 }
 
 /// The nameservers of a resolv.conf, on port 53, without `exclude` (nodus's own listeners).
@@ -56,10 +57,55 @@ pub fn upstreams_from_resolv_conf(
     exclude: &[SocketAddr],
 ) -> std::io::Result<Vec<SocketAddr>> {
     let text = std::fs::read_to_string(path)?;
-    Ok(parse_resolv_conf(&text, exclude))
+    Ok(parse_resolv_conf(&text, exclude, interface_index))
 }
 
-pub(crate) fn parse_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<SocketAddr> {
+/// The index of the network interface `name`, from sysfs.
+fn interface_index(name: &str) -> Option<u32> {
+    if name.is_empty() || name.contains('/') || name.starts_with('.') {
+        return None;
+    }
+    std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// One `nameserver` address: a link-local IPv6 address keeps its zone (`fe80::1%eth0`, by
+/// interface name or index), without which it cannot be reached.
+fn nameserver(text: &str, interface_index: &impl Fn(&str) -> Option<u32>) -> Option<SocketAddr> {
+    let (address, zone) = match text.split_once('%') {
+        Some((address, zone)) => (address, Some(zone)),
+        None => (text, None),
+    };
+    match address.parse::<IpAddr>().ok()? {
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+            let Some(zone) = zone else {
+                tracing::warn!(
+                    nameserver = text,
+                    "a link-local nameserver without its interface (fe80::1%eth0) cannot be reached; left out"
+                );
+                return None;
+            };
+            let scope = zone.parse().ok().or_else(|| interface_index(zone));
+            let Some(scope) = scope else {
+                tracing::warn!(nameserver = text, "no such interface; left out");
+                return None;
+            };
+            Some(SocketAddr::V6(std::net::SocketAddrV6::new(
+                v6, 53, 0, scope,
+            )))
+        }
+        ip => Some(SocketAddr::new(ip, 53)),
+    }
+}
+
+pub(crate) fn parse_resolv_conf(
+    text: &str,
+    exclude: &[SocketAddr],
+    interface_index: impl Fn(&str) -> Option<u32>,
+) -> Vec<SocketAddr> {
     // A wildcard listener (`0.0.0.0:53`) is reached through loopback; any other upstream
     // is someone else's server.
     let is_ours = |ip: IpAddr| {
@@ -70,9 +116,8 @@ pub(crate) fn parse_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<Socke
     };
     text.lines()
         .filter_map(|line| line.split('#').next()?.strip_prefix("nameserver"))
-        .filter_map(|rest| rest.trim().split('%').next()?.parse::<IpAddr>().ok())
-        .filter(|ip| !is_ours(*ip))
-        .map(|ip| SocketAddr::new(ip, 53))
+        .filter_map(|rest| nameserver(rest.trim(), &interface_index))
+        .filter(|upstream| !is_ours(upstream.ip()))
         .collect()
 }
 
@@ -151,8 +196,9 @@ impl Drop for InFlight<'_> {
 }
 
 /// The TTL an answer is cached for: the smallest record TTL, or for a negative answer the
-/// SOA's minimum (bounded by the SOA's own TTL), as RFC 2308 says.
-pub fn cache_ttl(answer: &Forwarded) -> Option<u32> {
+/// SOA's minimum (bounded by the SOA's own TTL), as RFC 2308 says; at most `max_ttl` and
+/// `max_denial_ttl` (kubeadm's Corefile: `cache 30`, both 30 s).
+pub fn cache_ttl(answer: &Forwarded, max_ttl: u32, max_denial_ttl: u32) -> Option<u32> {
     // REFUSED, NOTIMP and the like say something about the upstream, not the name.
     if !matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) {
         return None;
@@ -163,7 +209,7 @@ pub fn cache_ttl(answer: &Forwarded) -> Option<u32> {
             RData::SOA(soa) => Some(soa.minimum.min(r.ttl)),
             _ => None,
         })?;
-        return Some(soa.min(MAX_NEGATIVE_TTL));
+        return Some(soa.min(max_denial_ttl));
     }
     if answer.rcode != ResponseCode::NoError {
         return None;
@@ -173,7 +219,7 @@ pub fn cache_ttl(answer: &Forwarded) -> Option<u32> {
         .iter()
         .map(|r| r.ttl)
         .min()
-        .map(|ttl| ttl.min(MAX_POSITIVE_TTL))
+        .map(|ttl| ttl.min(max_ttl))
 }
 
 impl Cache {
@@ -360,8 +406,19 @@ impl Forwarder {
             .filter(|(_, looping)| !looping.load(Relaxed));
         for (upstream, _) in usable {
             match self.ask(*upstream, query.clone()).await {
-                Ok((answer, wire_size)) => {
-                    if let Some(ttl) = cache_ttl(&answer) {
+                Ok((mut answer, wire_size)) => {
+                    let config = &self.config;
+                    if let Some(ttl) = cache_ttl(&answer, config.max_ttl, config.max_denial_ttl) {
+                        // As CoreDNS's cache: no client is told to keep an answer longer
+                        // than it is kept here.
+                        for record in answer
+                            .answers
+                            .iter_mut()
+                            .chain(answer.authorities.iter_mut())
+                            .chain(answer.additionals.iter_mut())
+                        {
+                            record.ttl = record.ttl.min(ttl);
+                        }
                         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
                             key,
                             answer.clone(),
@@ -536,7 +593,7 @@ mod tests {
         let text = "nameserver 10.0.0.2\nnameserver 127.0.0.53\n";
         let ours: SocketAddr = "0.0.0.0:53".parse().expect("addr");
         assert_eq!(
-            parse_resolv_conf(text, &[ours]),
+            parse_resolv_conf(text, &[ours], |_| None),
             ["10.0.0.2:53".parse::<SocketAddr>().expect("addr")]
         );
     }
@@ -546,12 +603,23 @@ mod tests {
         let text = "search example.org\nnameserver 10.0.0.2 # primary\nnameserver 127.0.0.1\n\
                     nameserver fe80::1%eth0\n# nameserver 9.9.9.9\noptions ndots:2\n";
         let ours: SocketAddr = "127.0.0.1:53".parse().expect("addr");
-        let upstreams = parse_resolv_conf(text, &[ours]);
+        let index = |name: &str| (name == "eth0").then_some(7);
+        let upstreams = parse_resolv_conf(text, &[ours], index);
         assert_eq!(
             upstreams,
             [
                 "10.0.0.2:53".parse::<SocketAddr>().expect("addr"),
-                "[fe80::1]:53".parse().expect("addr")
+                "[fe80::1%7]:53".parse().expect("addr")
+            ]
+        );
+        // By index; and without a zone, or with an unknown interface, left out.
+        let text = "nameserver fe80::2%3\nnameserver fe80::3\nnameserver fe80::4%wlan9\n\
+                    nameserver fd00::53\n";
+        assert_eq!(
+            parse_resolv_conf(text, &[], index),
+            [
+                "[fe80::2%3]:53".parse::<SocketAddr>().expect("addr"),
+                "[fd00::53]:53".parse().expect("addr")
             ]
         );
     }
@@ -570,13 +638,14 @@ mod tests {
             authorities: vec![soa],
             additionals: vec![],
         };
-        assert_eq!(cache_ttl(&answer), Some(60));
+        assert_eq!(cache_ttl(&answer, 30, 600), Some(60));
+        assert_eq!(cache_ttl(&answer, 600, 30), Some(30), "the denial cap");
         let no_soa = Forwarded {
             authorities: vec![],
             ..answer
         };
         assert_eq!(
-            cache_ttl(&no_soa),
+            cache_ttl(&no_soa, 30, 30),
             None,
             "without a SOA a negative answer is not cached"
         );

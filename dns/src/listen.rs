@@ -158,11 +158,15 @@ mod tests {
         let host: Vec<IpAddr> = vec!["127.0.0.1".parse().expect("ip")];
         let followed = own_addresses(&[Listen::EachAddress(addr("0.0.0.0:53"))], &host);
         assert_eq!(followed, [addr("127.0.0.1:53")]);
-        let upstreams = crate::forward::parse_resolv_conf("nameserver 127.0.0.53\n", &followed);
+        let upstreams =
+            crate::forward::parse_resolv_conf("nameserver 127.0.0.53\n", &followed, |_| None);
         assert_eq!(upstreams, [addr("127.0.0.53:53")]);
         // A bound wildcard answers on every loopback address: a nameserver there is us.
         let bound = own_addresses(&[Listen::Fixed(addr("0.0.0.0:53"))], &host);
-        assert!(crate::forward::parse_resolv_conf("nameserver 127.0.0.53\n", &bound).is_empty());
+        assert!(
+            crate::forward::parse_resolv_conf("nameserver 127.0.0.53\n", &bound, |_| None)
+                .is_empty()
+        );
     }
 
     #[test]

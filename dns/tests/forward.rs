@@ -175,6 +175,8 @@ fn setup_with(
             cache_entries: 100,
             cache_bytes: 1 << 20,
             max_concurrent,
+            max_ttl: 30,
+            max_denial_ttl: 10,
         }));
         let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
         let mut view = View::new("node-1");
@@ -241,6 +243,11 @@ fn answers_are_forwarded_then_served_from_the_cache() {
         !first.contains(" aa"),
         "not authoritative for example.org: {first}"
     );
+    // The upstream says 60 s; the cache keeps it 30 s and says so.
+    assert!(
+        first.contains("www.example.org.\t30\tIN\tA\t192.0.2.1"),
+        "{first}"
+    );
     let second = dig(s.dns, &["www.example.org", "A"]);
     assert!(second.contains("192.0.2.1"), "{second}");
     assert_eq!(
@@ -257,6 +264,14 @@ fn negative_answers_are_cached_too() {
     for _ in 0..3 {
         let reply = dig(s.dns, &["nothing.example.org", "A"]);
         assert!(reply.contains("status: NXDOMAIN"), "{reply}");
+        // The SOA says 300 s (minimum 30); the denial cap is 10 s in this setup.
+        let soa_ttl: u32 = reply
+            .lines()
+            .find(|line| line.contains("\tSOA\t"))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|ttl| ttl.parse().ok())
+            .expect("the SOA in the authority section");
+        assert!(soa_ttl <= 10, "{reply}");
     }
     assert_eq!(seen(&s, "nothing.example.org. udp"), 1);
 }

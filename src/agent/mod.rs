@@ -69,6 +69,8 @@ fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
                 cache_entries: dns.cache_entries,
                 cache_bytes: dns.cache_bytes,
                 max_concurrent: dns.forward_max_concurrent,
+                max_ttl: dns.cache_max_ttl,
+                max_denial_ttl: dns.cache_max_denial_ttl,
             })))
         }
         Ok(_) => {
