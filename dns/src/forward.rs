@@ -544,7 +544,7 @@ fn rand_id() -> u16 {
     random_u64() as u16
 }
 
-fn random_u64() -> u64 {
+pub(crate) fn random_u64() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     static STATE: std::sync::OnceLock<RandomState> = std::sync::OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);

@@ -62,6 +62,35 @@ enum Reply {
     Forwarded(Resolution),
 }
 
+impl Reply {
+    /// The answer's addresses in a random order, as kubeadm's Corefile ends in
+    /// `loadbalance`: clients that take the first address spread over all of them.
+    fn shuffle_addresses(&mut self) {
+        let answers = match self {
+            Reply::Zone(answer) => &mut answer.answers,
+            Reply::Forwarded(Resolution::Answered(upstream)) => &mut upstream.answers,
+            _ => return,
+        };
+        shuffle_addresses(answers);
+    }
+}
+
+/// Shuffles the A and AAAA records of `records` among their own positions: a CNAME chain
+/// before them stays in front.
+fn shuffle_addresses(records: &mut [Record]) {
+    let positions: Vec<usize> = records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| matches!(r.record_type(), RecordType::A | RecordType::AAAA))
+        .map(|(i, _)| i)
+        .collect();
+    // Fisher-Yates over the positions.
+    for last in (1..positions.len()).rev() {
+        let pick = (crate::forward::random_u64() % (last as u64 + 1)) as usize;
+        records.swap(positions[last], positions[pick]);
+    }
+}
+
 impl ClusterDns {
     pub fn new(view: ViewReader, zone: Zone, forwarder: Option<Arc<Forwarder>>) -> ClusterDns {
         ClusterDns {
@@ -313,7 +342,8 @@ impl RequestHandler for ClusterDns {
         response_handle: R,
     ) -> ResponseInfo {
         let started = Instant::now();
-        let reply = self.respond(request).await;
+        let mut reply = self.respond(request).await;
+        reply.shuffle_addresses();
         let info = send(request, &reply, response_handle)
             .await
             .unwrap_or_else(|error| {
@@ -392,5 +422,38 @@ impl ResponseHandler for Capture {
         };
         *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
         Ok(info)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hickory_server::proto::rr::Name;
+    use hickory_server::proto::rr::rdata::{A, CNAME};
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn shuffling_moves_addresses_only() {
+        let name = Name::from_ascii("db.example.org.").expect("name");
+        let target = Name::from_ascii("db.internal.example.org.").expect("name");
+        let mut records = vec![Record::from_rdata(
+            name.clone(),
+            5,
+            RData::CNAME(CNAME(target.clone())),
+        )];
+        records.extend((1..=8).map(|i| {
+            Record::from_rdata(target.clone(), 5, RData::A(A(Ipv4Addr::new(192, 0, 2, i))))
+        }));
+        let mut orders = std::collections::BTreeSet::new();
+        for _ in 0..20 {
+            let mut shuffled = records.clone();
+            shuffle_addresses(&mut shuffled);
+            assert_eq!(shuffled[0], records[0], "the CNAME stays in front");
+            let mut sorted = shuffled[1..].to_vec();
+            sorted.sort_by_key(ToString::to_string);
+            assert_eq!(sorted, records[1..], "the same addresses");
+            orders.insert(shuffled.iter().map(ToString::to_string).collect::<Vec<_>>());
+        }
+        assert!(orders.len() > 1, "twenty shuffles, one order");
     }
 }

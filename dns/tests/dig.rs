@@ -367,6 +367,24 @@ fn truncation_over_udp_then_the_full_answer_over_tcp() {
     assert!(!tcp.flags.contains("tc"));
 }
 
+/// kubeadm's Corefile ends in `loadbalance`: address answers come in a random order.
+#[test]
+fn address_answers_are_shuffled() {
+    let dns = start(PodRecords::Disabled);
+    let orders: std::collections::BTreeSet<Vec<String>> = (0..4)
+        .map(|_| dig(&dns, &["+tcp", "many.default.svc.cluster.local", "A"]).answers)
+        .collect();
+    assert!(orders.len() > 1, "four answers in one order: {orders:?}");
+    let sets: std::collections::BTreeSet<Vec<String>> = orders
+        .into_iter()
+        .map(|mut answers| {
+            answers.sort();
+            answers
+        })
+        .collect();
+    assert_eq!(sets.len(), 1, "the same records each time");
+}
+
 #[test]
 fn edns_is_echoed_with_our_payload_size() {
     let dns = start(PodRecords::Disabled);
