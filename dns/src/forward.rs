@@ -130,6 +130,16 @@ pub struct Forwarded {
     pub additionals: Vec<Record>,
 }
 
+impl Forwarded {
+    /// Every record of every section.
+    fn records_mut(&mut self) -> impl Iterator<Item = &mut Record> {
+        self.answers
+            .iter_mut()
+            .chain(self.authorities.iter_mut())
+            .chain(self.additionals.iter_mut())
+    }
+}
+
 /// What came of a question.
 #[derive(Debug)]
 pub enum Resolution {
@@ -231,12 +241,7 @@ impl Cache {
         }
         let elapsed = now.duration_since(entry.stored).as_secs() as u32;
         let mut answer = entry.answer.clone();
-        for record in answer
-            .answers
-            .iter_mut()
-            .chain(answer.authorities.iter_mut())
-            .chain(answer.additionals.iter_mut())
-        {
+        for record in answer.records_mut() {
             record.ttl = record.ttl.saturating_sub(elapsed);
         }
         Some(answer)
@@ -411,12 +416,7 @@ impl Forwarder {
                     if let Some(ttl) = cache_ttl(&answer, config.max_ttl, config.max_denial_ttl) {
                         // As CoreDNS's cache: no client is told to keep an answer longer
                         // than it is kept here.
-                        for record in answer
-                            .answers
-                            .iter_mut()
-                            .chain(answer.authorities.iter_mut())
-                            .chain(answer.additionals.iter_mut())
-                        {
+                        for record in answer.records_mut() {
                             record.ttl = record.ttl.min(ttl);
                         }
                         self.cache.lock().unwrap_or_else(|p| p.into_inner()).insert(
