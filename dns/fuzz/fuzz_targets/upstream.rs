@@ -25,7 +25,7 @@ fuzz_target!(|data: &[u8]| {
     let Ok(Upstream::Answer(answer)) = read_answer(data, id, &QUESTION) else {
         return;
     };
-    let _ = cache_ttl(&answer);
+    let _ = cache_ttl(&answer, 30, 30);
     let mut response = Message::new(id, MessageType::Response, OpCode::Query);
     response.metadata.response_code = answer.rcode;
     response.add_query(QUESTION.clone());
