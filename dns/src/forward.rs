@@ -162,13 +162,19 @@ struct CacheEntry {
     stored: Instant,
     expires: Instant,
     bytes: usize,
+    /// Its place in `Cache::order`.
+    seq: u64,
 }
 
 #[derive(Default)]
 struct Cache {
     entries: HashMap<CacheKey, CacheEntry>,
-    /// Insertion order, for evicting the oldest entry when a cap is reached.
-    order: VecDeque<CacheKey>,
+    /// Insertion order, for evicting the oldest entry when a cap is reached. A removed or
+    /// replaced entry leaves its place behind (its `seq` no longer matches) rather than
+    /// being searched for: removal is O(1), and the stale places are skipped when evicting
+    /// or swept once they outnumber the entries.
+    order: VecDeque<(u64, CacheKey)>,
+    next_seq: u64,
     bytes: usize,
 }
 
@@ -251,7 +257,17 @@ impl Cache {
         if let Some(old) = self.entries.remove(key) {
             self.bytes -= old.bytes;
         }
-        self.order.retain(|k| k != key);
+    }
+
+    /// Removes the oldest entry; false when there is none.
+    fn evict_oldest(&mut self) -> bool {
+        while let Some((seq, key)) = self.order.pop_front() {
+            if self.entries.get(&key).is_some_and(|entry| entry.seq == seq) {
+                self.remove(&key);
+                return true;
+            }
+        }
+        false
     }
 
     fn insert(
@@ -267,17 +283,14 @@ impl Cache {
             return;
         }
         self.remove(&key);
-        while self.entries.len() >= config.cache_entries || self.bytes + bytes > config.cache_bytes
-        {
-            let Some(oldest) = self.order.pop_front() else {
-                break;
-            };
-            if let Some(old) = self.entries.remove(&oldest) {
-                self.bytes -= old.bytes;
-            }
-        }
+        while (self.entries.len() >= config.cache_entries
+            || self.bytes + bytes > config.cache_bytes)
+            && self.evict_oldest()
+        {}
+        let seq = self.next_seq;
+        self.next_seq += 1;
         self.bytes += bytes;
-        self.order.push_back(key.clone());
+        self.order.push_back((seq, key.clone()));
         self.entries.insert(
             key,
             CacheEntry {
@@ -285,8 +298,14 @@ impl Cache {
                 stored: now,
                 expires: now + Duration::from_secs(u64::from(ttl)),
                 bytes,
+                seq,
             },
         );
+        if self.order.len() > 2 * self.entries.len() + 64 {
+            let entries = &self.entries;
+            self.order
+                .retain(|(seq, key)| entries.get(key).is_some_and(|entry| entry.seq == *seq));
+        }
     }
 }
 
@@ -622,6 +641,51 @@ mod tests {
                 "[fd00::53]:53".parse().expect("addr")
             ]
         );
+    }
+
+    #[test]
+    fn the_cache_evicts_the_oldest_and_keeps_its_order_bounded() {
+        let config = ForwardConfig {
+            upstreams: Vec::new(),
+            timeout: Duration::from_secs(1),
+            cache_entries: 3,
+            cache_bytes: 1 << 20,
+            max_concurrent: 1,
+            max_ttl: 30,
+            max_denial_ttl: 30,
+        };
+        let key = |name: &str| CacheKey {
+            name: Name::from_ascii(name).expect("name"),
+            qtype: RecordType::A,
+            qclass: DNSClass::IN,
+        };
+        let empty = Forwarded {
+            rcode: ResponseCode::NoError,
+            answers: vec![],
+            authorities: vec![],
+            additionals: vec![],
+        };
+        let now = Instant::now();
+        let mut cache = Cache::default();
+        for name in ["a.", "b.", "c."] {
+            cache.insert(key(name), empty.clone(), 10, 30, &config, now);
+        }
+        // Stored again, `a.` is the newest: `b.` goes first.
+        cache.insert(key("a."), empty.clone(), 10, 30, &config, now);
+        cache.insert(key("d."), empty.clone(), 10, 30, &config, now);
+        let held = |cache: &mut Cache, name: &str| cache.get(&key(name), now).is_some();
+        assert!(!held(&mut cache, "b."));
+        for name in ["a.", "c.", "d."] {
+            assert!(held(&mut cache, name), "{name}");
+        }
+        assert_eq!(cache.bytes, 30);
+        // A key stored over and over leaves stale places, swept as they pile up.
+        for _ in 0..1000 {
+            cache.insert(key("a."), empty.clone(), 10, 30, &config, now);
+        }
+        assert!(cache.order.len() <= 2 * cache.entries.len() + 65);
+        assert_eq!(cache.entries.len(), 3);
+        assert_eq!(cache.bytes, 30);
     }
 
     #[test]
