@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use nodus_proxy::apply::Proxy;
-use nodus_proxy::plan::{EndpointKeys, Entry, Packet, Planner, ProxyConfig, Ruleset};
+use nodus_proxy::plan::{Entry, Packet, Planner, ProxyConfig};
 use nodus_testbed::netns::{self, Netns};
 use nodus_view::model::Protocol;
 use serde_json::json;
@@ -43,6 +43,23 @@ fn attach(
     ns.ip(&["route", "add", "default", "via", gateway])
         .expect("default route");
     ns
+}
+
+/// A node (10.0.0.1 on `eth0`) and the machine beside it (10.0.0.2), which is the node's
+/// default route; the node forwards.
+fn node_and_neighbour(node_tag: &str, neighbour_tag: &str) -> (Netns, Netns) {
+    let node = Netns::new(node_tag).expect("node");
+    let neighbour = Netns::new(neighbour_tag).expect("neighbour");
+    netns::veth(&node, "eth0", &neighbour, "eth0").expect("veth");
+    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
+        .expect("node address");
+    neighbour
+        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
+        .expect("neighbour address");
+    node.ip(&["route", "add", "default", "via", "10.0.0.2"])
+        .expect("node's default route");
+    node.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
+    (node, neighbour)
 }
 
 /// Answers every connection on `port` with its own address and the peer's.
@@ -91,22 +108,12 @@ fn the_tracer_predicts_what_the_kernel_does() {
     netns::require_root();
     // node-a: 10.0.0.1 towards the outside client (10.0.0.2), pods 10.244.1.0/24 behind
     // it; node-b's pods (10.244.2.0/24) stand behind a link of their own.
-    let node = Netns::new("trnd").expect("node");
-    let outside = Netns::new("trout").expect("outside client");
-    netns::veth(&node, "eth0", &outside, "eth0").expect("veth");
-    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
-        .expect("node address");
-    outside
-        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
-        .expect("client address");
+    let (node, outside) = node_and_neighbour("trnd", "trout");
     for range in ["10.96.0.0/16", "192.0.2.0/24", "198.51.100.0/24"] {
         outside
             .ip(&["route", "add", range, "via", "10.0.0.1"])
             .expect("route to the node");
     }
-    node.ip(&["route", "add", "default", "via", "10.0.0.2"])
-        .expect("node's default route");
-    node.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
     let pod = attach(&node, "pa0", "trpa", "10.244.1.9", "10.244.1.1", "32");
     let endpoint = attach(&node, "pb0", "trpb", "10.244.1.5", "10.244.1.1", "32");
     let remote = attach(&node, "far0", "trfar", "10.244.2.5", "10.244.2.1", "24");
@@ -197,9 +204,6 @@ fn the_tracer_predicts_what_the_kernel_does() {
     assert!(report.refused.is_empty(), "{report:?}");
 
     let planner = Planner::new(&view, &config);
-    let skeleton = planner.skeleton();
-    let plans: Vec<_> = planner.services(&mut EndpointKeys::new()).collect();
-    let ruleset = Ruleset::new(&skeleton, &plans, planner.node_addresses());
 
     let flows: [(Entry, &Netns, &str, &str); 16] = [
         (Entry::Pod, &pod, "10.244.1.9", "10.96.0.10:80"),
@@ -225,7 +229,7 @@ fn the_tracer_predicts_what_the_kernel_does() {
     for (entry, client, source, destination) in flows {
         let source: IpAddr = source.parse().expect("source");
         let destination: SocketAddr = destination.parse().expect("destination");
-        let trace = ruleset.trace(Packet {
+        let trace = planner.trace(Packet {
             entry,
             source,
             destination: destination.ip(),
@@ -269,23 +273,13 @@ fn the_tracer_predicts_what_the_kernel_does() {
 #[test]
 fn unallocated_service_addresses_are_dropped_while_a_service_cidr_holds_them() {
     netns::require_root();
-    let node = Netns::new("trcnd").expect("node");
-    let gateway = Netns::new("trcgw").expect("gateway");
-    netns::veth(&node, "eth0", &gateway, "eth0").expect("veth");
-    node.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
-        .expect("node address");
-    gateway
-        .ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
-        .expect("gateway address");
+    let (node, gateway) = node_and_neighbour("trcnd", "trcgw");
     gateway
         .ip(&["addr", "add", "10.96.0.200/32", "dev", "lo"])
         .expect("the unallocated address, out there");
     gateway
         .ip(&["route", "add", "10.244.0.0/16", "via", "10.0.0.1"])
         .expect("route back to the pods");
-    node.ip(&["route", "add", "default", "via", "10.0.0.2"])
-        .expect("node's default route");
-    node.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
     let pod = attach(&node, "pa0", "trcpa", "10.244.1.9", "10.244.1.1", "32");
     let endpoint = attach(&node, "pb0", "trcpb", "10.244.1.5", "10.244.1.1", "32");
     greeter(&endpoint, "10.244.1.5", 8080);
@@ -300,10 +294,7 @@ fn unallocated_service_addresses_are_dropped_while_a_service_cidr_holds_them() {
     let source: IpAddr = "10.244.1.9".parse().expect("source");
     let outcome = |view: &nodus_view::View, destination: &str| {
         let destination: SocketAddr = destination.parse().expect("destination");
-        let planner = Planner::new(view, &config);
-        let skeleton = planner.skeleton();
-        let plans: Vec<_> = planner.services(&mut EndpointKeys::new()).collect();
-        let traced = Ruleset::new(&skeleton, &plans, planner.node_addresses())
+        let traced = Planner::new(view, &config)
             .trace(Packet {
                 entry: Entry::Pod,
                 source,

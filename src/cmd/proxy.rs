@@ -6,7 +6,7 @@ use crate::agent::feed::complete_view;
 use crate::agent::state::StateDir;
 use crate::cli::{ClusterArgs, TraceArgs, TraceEntry, TraceProtocol};
 use crate::config::Config;
-use nodus_proxy::plan::{EndpointKeys, Entry, Packet, Planner, Ruleset, render};
+use nodus_proxy::plan::{EndpointKeys, Entry, Packet, Planner, render};
 use nodus_view::View;
 use nodus_view::model::{Family, Protocol};
 use std::io::Write;
@@ -52,8 +52,6 @@ pub async fn trace(args: TraceArgs) -> anyhow::Result<()> {
         }
     };
     let planner = Planner::new(view, &config.proxy_settings());
-    let skeleton = planner.skeleton();
-    let plans: Vec<_> = planner.services(&mut EndpointKeys::new()).collect();
     let local = planner.node_addresses();
     let destination = args.destination.ip();
     let source = match args.from {
@@ -95,7 +93,7 @@ pub async fn trace(args: TraceArgs) -> anyhow::Result<()> {
         TraceProtocol::Udp => Protocol::Udp,
         TraceProtocol::Sctp => Protocol::Sctp,
     };
-    let trace = Ruleset::new(&skeleton, &plans, local).trace(Packet {
+    let trace = planner.trace(Packet {
         entry,
         source,
         destination,

@@ -103,6 +103,14 @@ impl<'v> Planner<'v> {
 
     /// Every address of this node's Node object, primary ones first: what [`Ruleset`]
     /// delivers here.
+    /// Where `packet` goes through this node's whole planned ruleset: every service planned,
+    /// then walked as the kernel would (`trace.rs`).
+    pub fn trace(&self, packet: Packet) -> Trace {
+        let skeleton = self.skeleton();
+        let plans: Vec<ServicePlan> = self.services(&mut EndpointKeys::new()).collect();
+        Ruleset::new(&skeleton, &plans, self.node_addresses()).trace(packet)
+    }
+
     pub fn node_addresses(&self) -> Vec<IpAddr> {
         let mut addresses = self.facts.node_port_ips.clone();
         if let Some(node) = self.view.this_node() {

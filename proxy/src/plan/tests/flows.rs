@@ -6,20 +6,15 @@
 
 use super::*;
 
-/// This node's plan of every service, and the tracer over it.
-struct Flows {
-    skeleton: Skeleton,
-    plans: Vec<ServicePlan>,
-    local: Vec<IpAddr>,
+/// This node's planner, whose tracer the flows ask.
+struct Flows<'v> {
+    planner: Planner<'v>,
 }
 
-impl Flows {
-    fn new(view: &View, config: &ProxyConfig) -> Flows {
-        let planner = Planner::new(view, config);
+impl<'v> Flows<'v> {
+    fn new(view: &'v View, config: &ProxyConfig) -> Flows<'v> {
         Flows {
-            skeleton: planner.skeleton(),
-            plans: planner.services(&mut EndpointKeys::new()).collect(),
-            local: planner.node_addresses(),
+            planner: Planner::new(view, config),
         }
     }
 
@@ -30,7 +25,7 @@ impl Flows {
             "udp" => Protocol::Udp,
             _ => Protocol::Sctp,
         };
-        Ruleset::new(&self.skeleton, &self.plans, self.local.clone()).trace(Packet {
+        self.planner.trace(Packet {
             entry,
             source: source.parse().expect("source"),
             destination: destination.ip(),
@@ -146,7 +141,8 @@ fn every_kind_of_service_as_the_checklist_says() {
     use Entry::{Host, Outside, Pod};
     let both = "10.244.1.5:8080, 10.244.2.5:8080";
     let both_masq = "10.244.1.5:8080 masq, 10.244.2.5:8080 masq";
-    let flows = Flows::new(&cluster(), &ProxyConfig::default());
+    let view = cluster();
+    let flows = Flows::new(&view, &ProxyConfig::default());
     flows.check(&[
         (
             "C.21 pod to ClusterIP",
@@ -353,7 +349,8 @@ fn every_kind_of_service_as_the_checklist_says() {
 
 #[test]
 fn a_trace_names_every_rule_it_matched() {
-    let flows = Flows::new(&cluster(), &ProxyConfig::default());
+    let view = cluster();
+    let flows = Flows::new(&view, &ProxyConfig::default());
     let trace = flows.trace(Entry::Outside, "198.18.0.1", "tcp", "198.51.100.5:80");
     let text = trace.to_string();
     for expected in [
