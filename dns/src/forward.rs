@@ -8,8 +8,9 @@
 //! Answers are cached by question (name, type and class) for their TTL; negative answers
 //! for the SOA's minimum (RFC 2308); both at most for a configured time (kubeadm's `cache
 //! 30`), which also caps the TTLs clients are given. The cache is capped in entries and in
-//! the wire size of the cached answers. At most `max_concurrent` questions are upstream at once; past that a
-//! question is refused, as CoreDNS's forward plugin answers past its `max_concurrent`.
+//! the wire size of the cached answers. At most `max_concurrent` questions are upstream at
+//! once; past that a question is refused, as CoreDNS's forward plugin answers past its
+//! `max_concurrent`.
 //!
 //! An upstream can still lead back to nodus (a node resolver that forwards to the cluster
 //! DNS, a NodeLocal-style cache): every miss would then circle until it times out. At start,
@@ -259,10 +260,15 @@ impl Cache {
         }
     }
 
+    /// Whether a place in `order` is still its entry's, not one left behind.
+    fn is_current(entries: &HashMap<CacheKey, CacheEntry>, seq: u64, key: &CacheKey) -> bool {
+        entries.get(key).is_some_and(|entry| entry.seq == seq)
+    }
+
     /// Removes the oldest entry; false when there is none.
     fn evict_oldest(&mut self) -> bool {
         while let Some((seq, key)) = self.order.pop_front() {
-            if self.entries.get(&key).is_some_and(|entry| entry.seq == seq) {
+            if Cache::is_current(&self.entries, seq, &key) {
                 self.remove(&key);
                 return true;
             }
@@ -304,7 +310,7 @@ impl Cache {
         if self.order.len() > 2 * self.entries.len() + 64 {
             let entries = &self.entries;
             self.order
-                .retain(|(seq, key)| entries.get(key).is_some_and(|entry| entry.seq == *seq));
+                .retain(|(seq, key)| Cache::is_current(entries, *seq, key));
         }
     }
 }

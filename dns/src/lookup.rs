@@ -908,9 +908,9 @@ fn reverse_address(lower: &Name) -> Option<IpAddr> {
     }
 }
 
-/// The names `ip` has as an endpoint of `svc`: `<hostname or dashed address>.<svc>.<ns>.svc.<zone>`
-/// for each published endpoint of that address, as CoreDNS names them for any service.
-fn endpoint_names(view: &View, zone: &Zone, svc: &ServiceView<'_>, ip: IpAddr) -> Option<Name> {
+/// The name `ip` has as a published endpoint of `svc`, as CoreDNS names it for any
+/// service: `<hostname or dashed address>.<svc>.<ns>.svc.<zone>`.
+fn endpoint_name(view: &View, zone: &Zone, svc: &ServiceView<'_>, ip: IpAddr) -> Option<Name> {
     let service = svc.service?;
     if service.type_ == ServiceType::ExternalName {
         return None;
@@ -930,7 +930,7 @@ fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr
         let Some(service) = svc.service else { continue };
         let target = match service.cluster_ips.contains(&ip) {
             true => zone.service_name(svc.namespace, svc.name),
-            false => endpoint_names(view, zone, &svc, ip),
+            false => endpoint_name(view, zone, &svc, ip),
         };
         targets.extend(target);
     }
@@ -944,7 +944,7 @@ fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr
                         .iter()
                         .any(|s| s.endpoints().any(|e| e.addr == ip))
                 })
-                .filter_map(|svc| endpoint_names(view, zone, &svc, ip)),
+                .filter_map(|svc| endpoint_name(view, zone, &svc, ip)),
         );
     }
     if targets.is_empty() {

@@ -110,6 +110,21 @@ fn dig(dns: &Dns, args: &[&str]) -> Reply {
     }
 }
 
+/// `kdig`'s output, both streams, for the checks `dig` cannot make.
+fn kdig(dns: &Dns, args: &[&str]) -> String {
+    let output = Command::new("kdig")
+        .arg(format!("@{}", dns.addr.ip()))
+        .args(["-p", &dns.addr.port().to_string()])
+        .args(args)
+        .output()
+        .expect("kdig is installed (knot-dnsutils)");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
 fn ask(dns: &Dns, name: &str, qtype: &str) -> Reply {
     dig(dns, &[name, qtype])
 }
@@ -415,17 +430,7 @@ fn edns_versions_the_do_bit_and_zone_transfers() {
         assert!(!without.raw.contains("flags: do;"), "{}", without.raw);
     }
     for transfer in [&["cluster.local", "AXFR"][..], &["cluster.local", "IXFR=1"]] {
-        let kdig = Command::new("kdig")
-            .arg(format!("@{}", dns.addr.ip()))
-            .args(["-p", &dns.addr.port().to_string()])
-            .args(transfer)
-            .output()
-            .expect("kdig is installed (knot-dnsutils)");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&kdig.stdout),
-            String::from_utf8_lossy(&kdig.stderr)
-        );
+        let text = kdig(&dns, transfer);
         assert!(text.contains("REFUSED"), "{transfer:?}: {text}");
     }
 }
@@ -446,18 +451,7 @@ fn odd_questions_get_protocol_answers() {
     );
     assert_eq!(status.status, "NOTIMP", "{}", status.raw);
     // kdig, a second client, over TCP.
-    let kdig = Command::new("kdig")
-        .arg(format!("@{}", dns.addr.ip()))
-        .args([
-            "-p",
-            &dns.addr.port().to_string(),
-            "+tcp",
-            "web.default.svc.cluster.local",
-            "AAAA",
-        ])
-        .output()
-        .expect("kdig is installed (knot-dnsutils)");
-    let text = String::from_utf8_lossy(&kdig.stdout);
+    let text = kdig(&dns, &["+tcp", "web.default.svc.cluster.local", "AAAA"]);
     assert!(
         text.contains("NOERROR") && text.contains("fd00:96::20"),
         "{text}"

@@ -226,7 +226,8 @@ pub struct WatchSet {
     /// Watch every Node (the mesh needs them all) rather than only `node_name`.
     pub all_nodes: bool,
     pub node_name: String,
-    /// Watch ServiceCIDRs (the proxy drops their unallocated addresses).
+    /// Watch ServiceCIDRs (the proxy drops their unallocated addresses; DNS answers their
+    /// reverse names).
     pub service_cidrs: bool,
 }
 

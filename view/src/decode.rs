@@ -450,30 +450,26 @@ pub const SERVICE_CIDR_RANGES_MAX: usize = 2;
 /// version stays in force: a range half applied could leave addresses that are in use to be
 /// dropped as unallocated.
 pub fn service_cidr(wire: &wire::ServiceCidr) -> Result<Box<[Cidr]>, InvalidObject> {
+    check_service_cidr(wire).map_err(|reason| invalid("ServiceCIDR", &wire.metadata, reason))
+}
+
+fn check_service_cidr(wire: &wire::ServiceCidr) -> Result<Box<[Cidr]>, String> {
     let cidrs = &wire.spec.cidrs;
     if cidrs.len() > SERVICE_CIDR_RANGES_MAX {
-        return Err(invalid(
-            "ServiceCIDR",
-            &wire.metadata,
-            format!(
-                "spec.cidrs: {} ranges, more than the {SERVICE_CIDR_RANGES_MAX} allowed",
-                cidrs.len()
-            ),
+        return Err(format!(
+            "spec.cidrs: {} ranges, more than the {SERVICE_CIDR_RANGES_MAX} allowed",
+            cidrs.len()
         ));
     }
     let parsed: Vec<Cidr> = cidrs
         .iter()
         .map(|text| text.trim().parse::<Cidr>())
         .collect::<Result<_, _>>()
-        .map_err(|e| invalid("ServiceCIDR", &wire.metadata, format!("spec.cidrs: {e}")))?;
+        .map_err(|e| format!("spec.cidrs: {e}"))?;
     if let [a, b] = parsed.as_slice()
         && a.family() == b.family()
     {
-        return Err(invalid(
-            "ServiceCIDR",
-            &wire.metadata,
-            "spec.cidrs: two ranges of one family".to_string(),
-        ));
+        return Err("spec.cidrs: two ranges of one family".to_string());
     }
     Ok(parsed.into())
 }
