@@ -7,6 +7,7 @@
 use anyhow::Context;
 use nodus_view::model::Cidr;
 use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
@@ -192,6 +193,21 @@ pub struct DnsConfig {
     pub cache_max_denial_ttl: u32,
     /// Questions upstream at once; more are refused (CoreDNS's `max_concurrent`).
     pub forward_max_concurrent: usize,
+    /// In which order upstreams are asked: `random` (CoreDNS's default), `round_robin` or
+    /// `sequential`. Those that are down are asked last whatever the policy.
+    pub forward_policy: ForwardPolicy,
+    /// Stub domains: the names of a zone go to its own upstreams (`10.0.0.5`,
+    /// `10.0.0.5:8600`), the longest zone first.
+    pub forward_zones: BTreeMap<String, Vec<String>>,
+    /// Seconds a failure of every upstream is remembered: retries get SERVFAIL (or a stale
+    /// answer) at once instead of waiting on dead upstreams again (CoreDNS: `servfail 5s`).
+    pub cache_servfail_ttl: u32,
+    /// Seconds past its TTL an answer is served, with a TTL of 30 s, while every upstream
+    /// fails (RFC 8767); 0 never.
+    pub cache_serve_stale: u32,
+    /// Fresh answers after which a name is fetched again in the last tenth of its TTL, so
+    /// that popular names never miss (CoreDNS's `prefetch`); 0 never.
+    pub cache_prefetch: u32,
     /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
     pub udp_threads: usize,
     /// UDP responses per second to one client prefix (/24, /56); 0 turns limiting off.
@@ -205,6 +221,28 @@ pub struct DnsConfig {
 }
 
 impl DnsConfig {
+    /// `forward_zones` read: none may hold the cluster domain, which the view answers.
+    pub fn stub_domains(
+        &self,
+        cluster_domain: &str,
+    ) -> anyhow::Result<Vec<(nodus_dns::forward::Name, Vec<SocketAddr>)>> {
+        let cluster = format!("{}.", cluster_domain.trim_end_matches('.').to_lowercase());
+        self.forward_zones
+            .iter()
+            .map(|(zone, upstreams)| {
+                let (name, upstreams) = nodus_dns::forward::stub_domain(zone, upstreams)
+                    .map_err(|error| anyhow::anyhow!("dns.forward_zones: {error}"))?;
+                let text = name.to_ascii();
+                anyhow::ensure!(
+                    text != cluster && !text.ends_with(&format!(".{cluster}")),
+                    "dns.forward_zones: {zone:?} is in the cluster domain, which nodus answers \
+                     from the cluster itself"
+                );
+                Ok((name, upstreams))
+            })
+            .collect()
+    }
+
     /// `cluster_dns_service` split into namespace and name.
     pub fn cluster_dns_service(&self) -> Option<(&str, &str)> {
         self.cluster_dns_service
@@ -212,6 +250,25 @@ impl DnsConfig {
             .filter(|(namespace, name)| {
                 !namespace.is_empty() && !name.is_empty() && !name.contains('/')
             })
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardPolicy {
+    Sequential,
+    #[default]
+    Random,
+    RoundRobin,
+}
+
+impl From<ForwardPolicy> for nodus_dns::forward::Policy {
+    fn from(value: ForwardPolicy) -> Self {
+        match value {
+            ForwardPolicy::Sequential => nodus_dns::forward::Policy::Sequential,
+            ForwardPolicy::Random => nodus_dns::forward::Policy::Random,
+            ForwardPolicy::RoundRobin => nodus_dns::forward::Policy::RoundRobin,
+        }
     }
 }
 
@@ -249,6 +306,12 @@ impl Default for DnsConfig {
             cache_max_denial_ttl: 30,
             // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
             forward_max_concurrent: 1000,
+            forward_policy: ForwardPolicy::Random,
+            forward_zones: BTreeMap::new(),
+            cache_servfail_ttl: 5,
+            // CoreDNS's `serve_stale` duration.
+            cache_serve_stale: 3600,
+            cache_prefetch: 0,
             udp_threads: 1,
             rate_limit: nodus_dns::rate::RateLimitSettings::default().responses_per_second,
             rate_limit_slip: nodus_dns::rate::RateLimitSettings::default().slip,
@@ -557,6 +620,17 @@ impl Config {
             self.dns.udp_threads
         );
         anyhow::ensure!(
+            self.dns.cache_servfail_ttl <= 300,
+            "dns.cache_servfail_ttl: {} is over 300 seconds",
+            self.dns.cache_servfail_ttl
+        );
+        anyhow::ensure!(
+            self.dns.cache_serve_stale <= 3 * 86400,
+            "dns.cache_serve_stale: {} is over three days (RFC 8767's longest)",
+            self.dns.cache_serve_stale
+        );
+        self.dns.stub_domains(&self.cluster_domain)?;
+        anyhow::ensure!(
             !self.mesh.enabled || !self.cluster_cidrs.is_empty(),
             "mesh.enabled needs cluster_cidrs, the cluster's pod ranges (kubeadm's \
              networking.podSubnet, k3s's --cluster-cidr): a peer's pod CIDRs are routed only \
@@ -762,6 +836,35 @@ mod tests {
         assert_eq!(threads.dns.udp_threads, 2);
         assert!(Config::parse("dns:\n  listen: []\n").is_err());
         assert!(Config::parse("dns:\n  pod_records: verified\n").is_err());
+        let stubs = Config::parse(
+            "dns:\n  forward_policy: round_robin\n  forward_zones:\n    consul: ['10.0.0.3:8600']\n\
+             \x20   corp.example.: [10.0.0.5, 'fd00::5']\n",
+        )
+        .expect("valid");
+        assert_eq!(stubs.dns.forward_policy, ForwardPolicy::RoundRobin);
+        let zones = stubs.dns.stub_domains("cluster.local").expect("valid");
+        assert_eq!(zones.len(), 2);
+        assert_eq!(zones[0].0.to_ascii(), "consul.");
+        assert_eq!(
+            zones[0].1,
+            ["10.0.0.3:8600".parse::<SocketAddr>().expect("addr")]
+        );
+        for (yaml, names) in [
+            (
+                "dns:\n  forward_zones:\n    svc.cluster.local: [10.0.0.3]\n",
+                "cluster domain",
+            ),
+            ("dns:\n  forward_zones:\n    consul: []\n", "no upstream"),
+            (
+                "dns:\n  forward_zones:\n    consul: [dns.example]\n",
+                "not an address",
+            ),
+            ("dns:\n  forward_policy: fastest\n", "forward_policy"),
+            ("dns:\n  cache_serve_stale: 999999\n", "cache_serve_stale"),
+        ] {
+            let error = format!("{:#}", Config::parse(yaml).expect_err(yaml));
+            assert!(error.contains(names), "{yaml}: {error}");
+        }
         assert!(Config::parse("mesh:\n  interface: a-name-far-too-long\n").is_err());
         assert!(Config::parse("mesh:\n  backend: boringtun\n").is_err());
         for (text, backend) in [

@@ -9,7 +9,7 @@
 //! after it: nothing here knows them.
 
 use crate::allow::AllowList;
-use crate::forward::{Forwarder, Resolution};
+use crate::forward::{Dnssec, Forwarder, Resolution};
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
 use crate::metrics::DnsMetrics;
 use crate::rate::{RateLimit, RateLimitSettings};
@@ -237,6 +237,13 @@ impl ClusterDns {
             Ok(info) => info,
         };
         let query = info.query.original();
+        let dnssec = Dnssec {
+            ok: request
+                .edns
+                .as_ref()
+                .is_some_and(|edns| edns.flags().dnssec_ok),
+            checking_disabled: request.metadata.checking_disabled,
+        };
         if matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR) {
             return Reply::Code(ResponseCode::Refused);
         }
@@ -256,20 +263,20 @@ impl ClusterDns {
                 Reply::Code(ResponseCode::ServFail)
             }
             Outcome::Authoritative(mut answer) => {
-                self.chase_outside(&mut answer, query).await;
+                self.chase_outside(&mut answer, query, dnssec).await;
                 Reply::Zone(answer)
             }
             Outcome::NotOurs => match &self.forwarder {
                 // Without upstreams, refuse, as a non-recursive server does.
                 None => Reply::Code(ResponseCode::Refused),
-                Some(forwarder) => Reply::Forwarded(forwarder.resolve(query).await),
+                Some(forwarder) => Reply::Forwarded(forwarder.resolve(query, dnssec).await),
             },
         }
     }
 
     /// An ExternalName's CNAME to a name outside the zone: stub resolvers do not follow
     /// it, so the target's records are fetched upstream and appended (spec rule 14).
-    async fn chase_outside(&self, answer: &mut Answer, query: &Query) {
+    async fn chase_outside(&self, answer: &mut Answer, query: &Query, dnssec: Dnssec) {
         if query.query_type() == RecordType::CNAME {
             return;
         }
@@ -285,7 +292,7 @@ impl ClusterDns {
         let mut chased = Query::query(target.0.clone(), query.query_type());
         chased.set_query_class(query.query_class());
         // Over the forwarding cap, or without an answer, the CNAME stands alone.
-        if let Resolution::Answered(upstream) = forwarder.resolve(&chased).await {
+        if let Resolution::Answered(upstream) = forwarder.resolve(&chased, dnssec).await {
             answer.rcode = upstream.rcode;
             answer.answers.extend(upstream.answers);
         }
@@ -310,6 +317,14 @@ async fn send<R: ResponseHandler>(
     let mut metadata = Metadata::response_from_request(&request.metadata);
     metadata.authoritative = matches!(reply, Reply::Zone(_));
     metadata.recursion_available = matches!(reply, Reply::Forwarded(_));
+    // The upstream's AD, to a client that understands it (DO or AD set, RFC 6840 §5.8).
+    let understands_ad = request.metadata.authentic_data
+        || request
+            .edns
+            .as_ref()
+            .is_some_and(|edns| edns.flags().dnssec_ok);
+    metadata.authentic_data = understands_ad
+        && matches!(reply, Reply::Forwarded(Resolution::Answered(upstream)) if upstream.authentic_data);
     let none: &[Record] = &[];
     let (rcode, answers, authority, additionals) = match reply {
         Reply::Code(code) => (*code, none, none, none),

@@ -1,5 +1,6 @@
 //! DNS metrics: requests by type, responses by code, latency, forwarding and the cache.
 
+use crate::codes::{RCODES, rcode_index};
 use crate::forward::Forwarder;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
@@ -10,9 +11,6 @@ use std::time::Duration;
 
 const QTYPES: [&str; 10] = [
     "A", "AAAA", "SRV", "PTR", "TXT", "SOA", "NS", "CNAME", "ANY", "other",
-];
-const RCODES: [&str; 7] = [
-    "NOERROR", "NXDOMAIN", "SERVFAIL", "REFUSED", "NOTIMP", "FORMERR", "other",
 ];
 /// Upper bounds of the latency histogram, in seconds: loopback answers take microseconds,
 /// forwarded ones milliseconds.
@@ -42,19 +40,6 @@ fn qtype_index(qtype: RecordType) -> usize {
         RecordType::CNAME => 7,
         RecordType::ANY => 8,
         _ => QTYPES.len() - 1,
-    }
-}
-
-/// Indexes into [`RCODES`].
-fn rcode_index(rcode: ResponseCode) -> usize {
-    match rcode {
-        ResponseCode::NoError => 0,
-        ResponseCode::NXDomain => 1,
-        ResponseCode::ServFail => 2,
-        ResponseCode::Refused => 3,
-        ResponseCode::NotImp => 4,
-        ResponseCode::FormErr => 5,
-        _ => RCODES.len() - 1,
     }
 }
 

@@ -48,8 +48,8 @@ pub struct DnsServer {
     /// Follows the host's addresses: the listeners of a followed wildcard, and the
     /// allow-list.
     follower: tokio::task::JoinHandle<()>,
-    /// Asks the upstreams for our loop probes once the listeners are up.
-    loop_probe: Option<tokio::task::JoinHandle<()>>,
+    /// Looks after the upstreams once the listeners are up: loop probes, health checks.
+    upstream_watch: Option<tokio::task::JoinHandle<()>>,
     pub metrics: Arc<DnsMetrics>,
     handler: ClusterDns,
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
@@ -112,8 +112,8 @@ impl Handover {
 impl Drop for DnsServer {
     fn drop(&mut self) {
         self.follower.abort();
-        if let Some(probe) = &self.loop_probe {
-            probe.abort();
+        if let Some(watch) = &self.upstream_watch {
+            watch.abort();
         }
     }
 }
@@ -293,14 +293,14 @@ pub async fn serve_planned(
             }
         }
     });
-    let loop_probe = handler
+    let upstream_watch = handler
         .forwarder()
         .cloned()
-        .map(|forwarder| tokio::spawn(async move { forwarder.probe_for_loops().await }));
+        .map(|forwarder| tokio::spawn(async move { forwarder.watch_upstreams().await }));
     Ok(DnsServer {
         listeners,
         follower,
-        loop_probe,
+        upstream_watch,
         metrics: handler.metrics.clone(),
         handler,
         addrs,

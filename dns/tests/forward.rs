@@ -1,18 +1,20 @@
-//! Forwarding through nodus to a local upstream test server: answers, the cache (visible in
-//! the upstream's query count), negative caching, truncation retried over TCP, a dead
-//! upstream skipped, SERVFAIL when none answers, and the zone never forwarded.
+//! Forwarding through nodus to local upstream test servers: answers, the cache (visible in
+//! the upstreams' query counts), negative caching, truncation retried over TCP, dead
+//! upstreams skipped then asked last, a lost datagram asked again, SERVFAIL when none
+//! answers (remembered a moment), serve-stale, prefetch, DNSSEC bits relayed, stub domains,
+//! the policies, loops, and the zone never forwarded.
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::rdata::{A, SOA};
+use hickory_proto::rr::rdata::{A, NULL, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
-use nodus_dns::forward::{ForwardConfig, Forwarder};
+use nodus_dns::forward::{ForwardConfig, Forwarder, Policy};
 use nodus_dns::server::{DnsServer, serve};
 use nodus_dns::{PodRecords, Zone};
 use nodus_view::{View, ViewWriter};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::Command;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,9 +36,34 @@ fn answer(query: &Message, tcp: bool) -> Message {
     reply.add_query(question.clone());
     let name = question.name().to_lowercase().to_ascii();
     let record = |ip: Ipv4Addr| Record::from_rdata(question.name().clone(), 60, RData::A(A(ip)));
+    let dnssec_ok = query
+        .edns
+        .as_ref()
+        .is_some_and(|edns| edns.flags().dnssec_ok);
     match name.as_str() {
-        "www.example.org." => {
+        // As a validating resolver answers a signed name: the signature to DO, and AD.
+        "www.example.org." | "signed.example.org." => {
             reply.add_answer(record(Ipv4Addr::new(192, 0, 2, 1)));
+            if name.starts_with("signed") {
+                reply.metadata.authentic_data = query.metadata.authentic_data || dnssec_ok;
+                if dnssec_ok {
+                    reply.add_answer(Record::from_rdata(
+                        question.name().clone(),
+                        60,
+                        RData::Unknown {
+                            code: RecordType::RRSIG,
+                            rdata: NULL::with(rrsig()),
+                        },
+                    ));
+                }
+            }
+        }
+        // A name whose signatures do not validate: SERVFAIL unless the client checks.
+        "bogus.example.org." if !query.metadata.checking_disabled => {
+            reply.metadata.response_code = ResponseCode::ServFail;
+        }
+        "bogus.example.org." => {
+            reply.add_answer(record(Ipv4Addr::new(192, 0, 2, 66)));
         }
         "big.example.org." if !tcp => reply.metadata.truncation = true,
         "big.example.org." => {
@@ -57,8 +84,28 @@ fn answer(query: &Message, tcp: bool) -> Message {
     reply
 }
 
+/// The wire form of an RRSIG over an A record, signed by example.org. (its signature is
+/// not checked by anyone here).
+fn rrsig() -> Vec<u8> {
+    let mut rdata = vec![0, 1, 13, 3, 0, 0, 0, 60];
+    rdata.extend_from_slice(&0x7000_0000u32.to_be_bytes());
+    rdata.extend_from_slice(&0x6000_0000u32.to_be_bytes());
+    rdata.extend_from_slice(&12345u16.to_be_bytes());
+    rdata.extend_from_slice(b"\x07example\x03org\x00");
+    rdata.extend_from_slice(&[0xab; 64]);
+    rdata
+}
+
+/// How a test upstream behaves besides answering.
+#[derive(Clone, Default)]
+struct Behaviour {
+    /// While set, it reads questions and answers none.
+    mute: Arc<AtomicBool>,
+}
+
 /// A tiny authoritative server for example.org over UDP and TCP, counting what it is asked.
-async fn upstream(seen: Seen) -> SocketAddr {
+/// The first UDP question for a `lossy.` name is lost.
+async fn upstream(seen: Seen, behaviour: Behaviour) -> SocketAddr {
     // The kernel picks a free UDP port; another test may hold the same port for TCP.
     let (udp, tcp) = loop {
         let udp = tokio::net::UdpSocket::bind("127.0.0.1:0")
@@ -94,6 +141,17 @@ async fn upstream(seen: Seen) -> SocketAddr {
                 continue;
             };
             count(&udp_seen, &query, "udp");
+            if behaviour.mute.load(Ordering::Relaxed) {
+                continue;
+            }
+            let lossy = query.queries.first().is_some_and(|q| {
+                let name = q.name().to_lowercase().to_ascii();
+                name.starts_with("lossy.")
+                    && udp_seen.lock().expect("lock")[&format!("{name} udp")] == 1
+            });
+            if lossy {
+                continue;
+            }
             if let Ok(bytes) = answer(&query, false).to_vec() {
                 let _ = udp.send_to(&bytes, from).await;
             }
@@ -127,7 +185,9 @@ async fn upstream(seen: Seen) -> SocketAddr {
 
 struct Setup {
     dns: SocketAddr,
-    seen: Seen,
+    /// What each live upstream was asked, in order.
+    seen: Vec<Seen>,
+    behaviour: Behaviour,
     forwarder: Arc<Forwarder>,
     _server: DnsServer,
     _rt: tokio::runtime::Runtime,
@@ -158,26 +218,41 @@ fn setup_with(
     synced: bool,
     max_concurrent: usize,
 ) -> Setup {
+    start(synced, usize::from(with_live), |config, live| {
+        config.upstreams = leading;
+        config.upstreams.extend(live);
+        config.max_concurrent = max_concurrent;
+    })
+}
+
+/// nodus DNS forwarding as `tune` sets it up, given the addresses of `live` working
+/// upstreams (sequential, a 300 ms timeout, a 10 s denial cap unless tuned).
+fn start(
+    synced: bool,
+    live: usize,
+    tune: impl FnOnce(&mut ForwardConfig, Vec<SocketAddr>),
+) -> Setup {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .expect("runtime");
-    let seen = Seen::default();
+    let seen: Vec<Seen> = (0..live).map(|_| Seen::default()).collect();
+    let behaviour = Behaviour::default();
     let (server, forwarder) = rt.block_on(async {
-        let mut upstreams = leading;
-        if with_live {
-            upstreams.push(upstream(seen.clone()).await);
+        let mut addrs = Vec::new();
+        for seen in &seen {
+            addrs.push(upstream(seen.clone(), behaviour.clone()).await);
         }
-        let forwarder = Arc::new(Forwarder::new(ForwardConfig {
-            upstreams,
+        let mut config = ForwardConfig {
+            policy: Policy::Sequential,
             timeout: Duration::from_millis(300),
             cache_entries: 100,
-            cache_bytes: 1 << 20,
-            max_concurrent,
-            max_ttl: 30,
             max_denial_ttl: 10,
-        }));
+            ..ForwardConfig::default()
+        };
+        tune(&mut config, addrs);
+        let forwarder = Arc::new(Forwarder::new(config));
         let zone = Zone::new("cluster.local", 5, PodRecords::Disabled).expect("zone");
         let mut view = View::new("node-1");
         view.apply([nodus_view::Update::Service(
@@ -204,6 +279,7 @@ fn setup_with(
     Setup {
         dns: server.addrs[0],
         seen,
+        behaviour,
         forwarder,
         _server: server,
         _rt: rt,
@@ -220,14 +296,13 @@ fn dig(dns: SocketAddr, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
+/// How often the first live upstream was asked `key` ("name transport").
 fn seen(setup: &Setup, key: &str) -> usize {
-    setup
-        .seen
-        .lock()
-        .expect("lock")
-        .get(key)
-        .copied()
-        .unwrap_or(0)
+    seen_by(&setup.seen[0], key)
+}
+
+fn seen_by(seen: &Seen, key: &str) -> usize {
+    seen.lock().expect("lock").get(key).copied().unwrap_or(0)
 }
 
 #[test]
@@ -311,7 +386,7 @@ fn the_cluster_zone_is_never_forwarded() {
         assert!(reply.contains(" aa"), "{reply}");
     }
     assert!(
-        s.seen.lock().expect("lock").is_empty(),
+        s.seen[0].lock().expect("lock").is_empty(),
         "the upstream was asked about the zone"
     );
 }
@@ -383,8 +458,9 @@ fn questions_over_max_concurrent_are_refused() {
     let refused = dig(s.dns, &["other.example.org", "A"]);
     assert!(refused.contains("status: REFUSED"), "{refused}");
     assert_eq!(s.forwarder.stats.refused.load(Ordering::Relaxed), 1);
-    // Once it has failed, the next question goes upstream again (and fails).
-    std::thread::sleep(Duration::from_millis(400));
+    // Once it has failed (asked twice, as the only upstream), the next question goes
+    // upstream again (and fails).
+    std::thread::sleep(Duration::from_millis(800));
     let failed = dig(s.dns, &["other.example.org", "A"]);
     assert!(failed.contains("status: SERVFAIL"), "{failed}");
 }
@@ -457,4 +533,196 @@ fn an_upstream_that_leads_back_here_is_found_at_start_and_left_out() {
         metrics.contains("nodus_dns_upstreams_looping 1"),
         "{metrics}"
     );
+}
+
+/// The requests a given upstream got from questions (not health checks).
+fn requests_to(s: &Setup, upstream: SocketAddr) -> u64 {
+    s.forwarder
+        .upstreams()
+        .iter()
+        .find(|u| u.addr == upstream)
+        .map(|u| u.stats.requests.load(Ordering::Relaxed))
+        .expect("a configured upstream")
+}
+
+#[test]
+fn a_dead_upstream_is_asked_last_after_two_failures_and_health_checked() {
+    let dead = silent_upstreams(1);
+    let s = setup_with(dead.clone(), true, true, 100);
+    for i in 0..5 {
+        let reply = dig(s.dns, &[&format!("www{i}.example.org"), "A"]);
+        assert!(reply.contains("status: NXDOMAIN"), "{reply}");
+    }
+    assert_eq!(
+        requests_to(&s, dead[0]),
+        2,
+        "down after two failures in a row: the live upstream is asked first"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let checks = || {
+        s.forwarder.upstreams()[0]
+            .stats
+            .healthcheck_failures
+            .load(Ordering::Relaxed)
+    };
+    while checks() == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(checks() > 0, "the dead upstream is health-checked");
+    assert!(s.forwarder.upstreams()[0].is_down());
+}
+
+#[test]
+fn a_lost_datagram_to_the_only_upstream_is_asked_again() {
+    let s = setup(0, true);
+    let reply = dig(s.dns, &["lossy.example.org", "A"]);
+    assert!(reply.contains("status: NXDOMAIN"), "{reply}");
+    assert_eq!(seen(&s, "lossy.example.org. udp"), 2);
+}
+
+#[test]
+fn a_failure_of_every_upstream_is_remembered_for_a_moment() {
+    let dead = silent_upstreams(2);
+    let s = setup_with(dead.clone(), false, true, 100);
+    for _ in 0..3 {
+        let reply = dig(s.dns, &["www.example.org", "A"]);
+        assert!(reply.contains("status: SERVFAIL"), "{reply}");
+    }
+    assert_eq!(
+        requests_to(&s, dead[0]) + requests_to(&s, dead[1]),
+        2,
+        "the retries were answered from the remembered failure"
+    );
+}
+
+#[test]
+fn an_expired_answer_is_served_stale_while_the_upstreams_fail() {
+    let s = start(true, 1, |config, live| {
+        config.upstreams = live;
+        config.max_ttl = 1;
+        config.serve_stale = 60;
+    });
+    let fresh = dig(s.dns, &["www.example.org", "A"]);
+    assert!(
+        fresh.contains("www.example.org.\t1\tIN\tA\t192.0.2.1"),
+        "{fresh}"
+    );
+    s.behaviour.mute.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(1200));
+    for _ in 0..2 {
+        // RFC 8767: the stale answer with a TTL of 30 s.
+        let stale = dig(s.dns, &["www.example.org", "A"]);
+        assert!(
+            stale.contains("status: NOERROR")
+                && stale.contains("www.example.org.\t30\tIN\tA\t192.0.2.1"),
+            "{stale}"
+        );
+    }
+    assert_eq!(s.forwarder.stats.served_stale.load(Ordering::Relaxed), 2);
+    assert_eq!(
+        seen(&s, "www.example.org. udp"),
+        3,
+        "asked once, then twice as the only upstream; the second stale answer came at once"
+    );
+    s.behaviour.mute.store(false, Ordering::Relaxed);
+    let without = start(true, 1, |config, live| {
+        config.upstreams = live;
+        config.max_ttl = 1;
+    });
+    assert!(dig(without.dns, &["www.example.org", "A"]).contains("192.0.2.1"));
+    without.behaviour.mute.store(true, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(1200));
+    let failed = dig(without.dns, &["www.example.org", "A"]);
+    assert!(
+        failed.contains("status: SERVFAIL"),
+        "serve-stale off: {failed}"
+    );
+}
+
+#[test]
+fn a_popular_answer_is_fetched_again_before_it_expires() {
+    let s = start(true, 1, |config, live| {
+        config.upstreams = live;
+        config.max_ttl = 2;
+        config.prefetch_hits = 2;
+    });
+    for _ in 0..3 {
+        assert!(dig(s.dns, &["www.example.org", "A"]).contains("192.0.2.1"));
+    }
+    // In its last second: answered from the cache, and fetched again behind it.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(dig(s.dns, &["www.example.org", "A"]).contains("192.0.2.1"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    while seen(&s, "www.example.org. udp") < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(seen(&s, "www.example.org. udp"), 2);
+    assert_eq!(s.forwarder.stats.prefetches.load(Ordering::Relaxed), 1);
+    assert_eq!(s.forwarder.stats.cache_misses.load(Ordering::Relaxed), 1);
+    // The prefetched answer is fresh past the first one's end.
+    std::thread::sleep(Duration::from_millis(1000));
+    let later = dig(s.dns, &["www.example.org", "A"]);
+    assert!(later.contains("192.0.2.1"), "{later}");
+    assert_eq!(seen(&s, "www.example.org. udp"), 2);
+}
+
+#[test]
+fn dnssec_bits_go_upstream_and_ad_comes_back() {
+    let s = setup(0, true);
+    let signed = dig(s.dns, &["+dnssec", "signed.example.org", "A"]);
+    assert!(signed.contains("RRSIG"), "the signature: {signed}");
+    assert!(signed.contains(" ad"), "AD relayed: {signed}");
+    assert!(
+        signed.contains("; EDNS: version: 0, flags: do;"),
+        "{signed}"
+    );
+    let plain = dig(s.dns, &["+noadflag", "signed.example.org", "A"]);
+    assert!(plain.contains("192.0.2.1"), "{plain}");
+    assert!(!plain.contains("RRSIG"), "no DO, no signature: {plain}");
+    assert!(
+        !plain.contains(" ad"),
+        "the client did not ask for AD: {plain}"
+    );
+    assert_eq!(
+        seen(&s, "signed.example.org. udp"),
+        2,
+        "with and without DO are two questions to the cache"
+    );
+    let bogus = dig(s.dns, &["bogus.example.org", "A"]);
+    assert!(bogus.contains("status: SERVFAIL"), "{bogus}");
+    let unchecked = dig(s.dns, &["+cd", "bogus.example.org", "A"]);
+    assert!(
+        unchecked.contains("status: NOERROR") && unchecked.contains("192.0.2.66"),
+        "CD reaches the upstream: {unchecked}"
+    );
+}
+
+#[test]
+fn stub_domains_go_to_their_own_upstreams() {
+    let s = start(true, 2, |config, live| {
+        config.upstreams = vec![live[0]];
+        config.zones = vec![(
+            Name::from_ascii("corp.example.").expect("name"),
+            vec![live[1]],
+        )];
+    });
+    dig(s.dns, &["www.example.org", "A"]);
+    dig(s.dns, &["db.Corp.Example", "A"]);
+    assert_eq!(seen_by(&s.seen[0], "www.example.org. udp"), 1);
+    assert_eq!(seen_by(&s.seen[0], "db.corp.example. udp"), 0);
+    assert_eq!(seen_by(&s.seen[1], "db.corp.example. udp"), 1);
+    assert_eq!(seen_by(&s.seen[1], "www.example.org. udp"), 0);
+}
+
+#[test]
+fn round_robin_spreads_questions_over_the_upstreams() {
+    let s = start(true, 2, |config, live| {
+        config.upstreams = live;
+        config.policy = Policy::RoundRobin;
+    });
+    for i in 0..4 {
+        dig(s.dns, &[&format!("rr{i}.example.org"), "A"]);
+    }
+    let asked = |seen: &Seen| seen.lock().expect("lock").values().sum::<usize>();
+    assert_eq!((asked(&s.seen[0]), asked(&s.seen[1])), (2, 2));
 }

@@ -56,32 +56,44 @@ fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
 }
 
 /// The forwarder for names outside the zone, from `dns.resolv_conf`, leaving out the
-/// nameservers that are nodus itself (`own`). Without a usable upstream nodus still
-/// serves the zone, and refuses the rest.
+/// nameservers that are nodus itself (`own`), and the stub domains. Without a usable
+/// upstream nodus still serves the zone, and refuses the rest.
 fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
     let dns = &config.dns;
-    match upstreams_from_resolv_conf(&dns.resolv_conf, own) {
-        Ok(upstreams) if !upstreams.is_empty() => {
-            tracing::info!(?upstreams, "forwarding names outside the cluster zone");
-            Some(Arc::new(Forwarder::new(ForwardConfig {
-                upstreams,
-                timeout: Duration::from_millis(dns.forward_timeout_ms),
-                cache_entries: dns.cache_entries,
-                cache_bytes: dns.cache_bytes,
-                max_concurrent: dns.forward_max_concurrent,
-                max_ttl: dns.cache_max_ttl,
-                max_denial_ttl: dns.cache_max_denial_ttl,
-            })))
+    let path = dns.resolv_conf.display();
+    let upstreams = match upstreams_from_resolv_conf(&dns.resolv_conf, own) {
+        Ok(upstreams) if upstreams.is_empty() => {
+            tracing::warn!(%path, "no upstream nameserver; names outside the zone are refused");
+            upstreams
         }
-        Ok(_) => {
-            tracing::warn!(path = %dns.resolv_conf.display(), "no upstream nameserver; names outside the zone are refused");
-            None
+        Ok(upstreams) => {
+            tracing::info!(?upstreams, "forwarding names outside the cluster zone");
+            upstreams
         }
         Err(error) => {
-            tracing::warn!(path = %dns.resolv_conf.display(), %error, "cannot read upstreams; names outside the zone are refused");
-            None
+            tracing::warn!(%path, %error, "cannot read upstreams; names outside the zone are refused");
+            Vec::new()
         }
+    };
+    // Checked with the rest of the configuration at start.
+    let zones = dns.stub_domains(&config.cluster_domain).ok()?;
+    if upstreams.is_empty() && zones.is_empty() {
+        return None;
     }
+    Some(Arc::new(Forwarder::new(ForwardConfig {
+        upstreams,
+        zones,
+        policy: dns.forward_policy.into(),
+        timeout: Duration::from_millis(dns.forward_timeout_ms),
+        cache_entries: dns.cache_entries,
+        cache_bytes: dns.cache_bytes,
+        max_concurrent: dns.forward_max_concurrent,
+        max_ttl: dns.cache_max_ttl,
+        max_denial_ttl: dns.cache_max_denial_ttl,
+        failure_ttl: dns.cache_servfail_ttl,
+        serve_stale: dns.cache_serve_stale,
+        prefetch_hits: dns.cache_prefetch,
+    })))
 }
 
 /// Binds the DNS server on every `dns.listen` address; it serves for as long as the

@@ -8,7 +8,7 @@
 use hickory_server::proto::op::{Message, MessageType, OpCode, Query};
 use hickory_server::proto::rr::{Name, RecordType};
 use libfuzzer_sys::fuzz_target;
-use nodus_dns::forward::{Upstream, cache_ttl, read_answer};
+use nodus_dns::forward::{Reply, cache_ttl, read_answer};
 use std::sync::LazyLock;
 
 static QUESTION: LazyLock<Query> = LazyLock::new(|| {
@@ -22,7 +22,7 @@ fuzz_target!(|data: &[u8]| {
     let Some(id) = data.get(..2).map(|id| u16::from_be_bytes([id[0], id[1]])) else {
         return;
     };
-    let Ok(Upstream::Answer(answer)) = read_answer(data, id, &QUESTION) else {
+    let Ok(Reply::Answer(answer)) = read_answer(data, id, &QUESTION) else {
         return;
     };
     let _ = cache_ttl(&answer, 30, 30);
