@@ -205,6 +205,11 @@ pub struct DnsConfig {
     /// Seconds past its TTL an answer is served, with a TTL of 30 s, while every upstream
     /// fails (RFC 8767); 0 never.
     pub cache_serve_stale: u32,
+    /// Host records answered before the upstreams, as hosts-file lines (`10.0.0.1 registry.lan`);
+    /// CoreDNS's `hosts` plugin.
+    pub hosts: Vec<String>,
+    /// A hosts file read with them, and again whenever it changes (k3s's `NodeHosts`).
+    pub hosts_file: Option<PathBuf>,
     /// Fresh answers after which a name is fetched again in the last tenth of its TTL, so
     /// that popular names never miss (CoreDNS's `prefetch`); 0 never.
     pub cache_prefetch: u32,
@@ -312,6 +317,8 @@ impl Default for DnsConfig {
             // CoreDNS's `serve_stale` duration.
             cache_serve_stale: 3600,
             cache_prefetch: 0,
+            hosts: Vec::new(),
+            hosts_file: None,
             udp_threads: 1,
             rate_limit: nodus_dns::rate::RateLimitSettings::default().responses_per_second,
             rate_limit_slip: nodus_dns::rate::RateLimitSettings::default().slip,
@@ -630,6 +637,13 @@ impl Config {
             self.dns.cache_serve_stale
         );
         self.dns.stub_domains(&self.cluster_domain)?;
+        for line in &self.dns.hosts {
+            let (_, skipped) = nodus_dns::hosts::Hosts::parse([line.as_str()]);
+            anyhow::ensure!(
+                skipped == 0,
+                "dns.hosts: {line:?} is not a hosts-file line (`10.0.0.1 registry.lan [alias…]`)"
+            );
+        }
         anyhow::ensure!(
             !self.mesh.enabled || !self.cluster_cidrs.is_empty(),
             "mesh.enabled needs cluster_cidrs, the cluster's pod ranges (kubeadm's \
@@ -860,6 +874,7 @@ mod tests {
                 "not an address",
             ),
             ("dns:\n  forward_policy: fastest\n", "forward_policy"),
+            ("dns:\n  hosts: ['registry.lan 10.0.0.1']\n", "dns.hosts"),
             ("dns:\n  cache_serve_stale: 999999\n", "cache_serve_stale"),
         ] {
             let error = format!("{:#}", Config::parse(yaml).expect_err(yaml));

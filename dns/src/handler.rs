@@ -10,6 +10,7 @@
 
 use crate::allow::AllowList;
 use crate::forward::{Dnssec, Forwarder, Resolution};
+use crate::hosts::HostsSource;
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
 use crate::metrics::DnsMetrics;
 use crate::rate::{RateLimit, RateLimitSettings};
@@ -46,6 +47,8 @@ pub struct ClusterDns {
     allow_inputs: Arc<Mutex<(Vec<Cidr>, Vec<IpAddr>)>>,
     pub(crate) zone: Arc<Zone>,
     forwarder: Option<Arc<Forwarder>>,
+    /// Host records, asked before the upstreams ([`crate::hosts`]).
+    hosts: Option<Arc<HostsSource>>,
     pub(crate) metrics: Arc<DnsMetrics>,
     /// UDP responses per client prefix ([`crate::rate`]).
     pub(crate) rate: Arc<RateLimit>,
@@ -100,6 +103,7 @@ impl ClusterDns {
             view,
             zone: Arc::new(zone),
             forwarder,
+            hosts: None,
             rate: Arc::new(RateLimit::new(RateLimitSettings::default())),
         }
     }
@@ -108,6 +112,19 @@ impl ClusterDns {
     pub fn with_rate_limit(mut self, settings: RateLimitSettings) -> ClusterDns {
         self.rate = Arc::new(RateLimit::new(settings));
         self
+    }
+
+    /// The same, answering the names of `hosts` before asking the upstreams.
+    pub fn with_hosts(mut self, hosts: HostsSource) -> ClusterDns {
+        self.hosts = Some(Arc::new(hosts));
+        self
+    }
+
+    /// Reads the hosts file again if it changed.
+    pub(crate) fn reload_hosts(&self) {
+        if let Some(hosts) = &self.hosts {
+            hosts.reload();
+        }
     }
 
     pub(crate) fn forwarder(&self) -> Option<&Arc<Forwarder>> {
@@ -266,11 +283,25 @@ impl ClusterDns {
                 self.chase_outside(&mut answer, query, dnssec).await;
                 Reply::Zone(answer)
             }
-            Outcome::NotOurs => match &self.forwarder {
-                // Without upstreams, refuse, as a non-recursive server does.
-                None => Reply::Code(ResponseCode::Refused),
-                Some(forwarder) => Reply::Forwarded(forwarder.resolve(query, dnssec).await),
-            },
+            Outcome::NotOurs => {
+                let held = self
+                    .hosts
+                    .as_ref()
+                    .and_then(|hosts| hosts.current().answer(query.name(), query.query_type()));
+                if let Some(answer) = held {
+                    return Reply::Zone(answer);
+                }
+                self.forward(query, dnssec).await
+            }
+        }
+    }
+
+    /// A name outside the zone and the host records: the upstreams' answer.
+    async fn forward(&self, query: &Query, dnssec: Dnssec) -> Reply {
+        match &self.forwarder {
+            // Without upstreams, refuse, as a non-recursive server does.
+            None => Reply::Code(ResponseCode::Refused),
+            Some(forwarder) => Reply::Forwarded(forwarder.resolve(query, dnssec).await),
         }
     }
 

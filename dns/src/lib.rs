@@ -11,6 +11,7 @@ mod codes;
 pub mod fast;
 pub mod forward;
 pub mod handler;
+pub mod hosts;
 pub mod listen;
 pub mod lookup;
 pub mod metrics;

@@ -884,7 +884,7 @@ fn srv_weight(records: usize) -> u16 {
 }
 
 /// The address a reverse name (`in-addr.arpa`, `ip6.arpa`) asks about, if it is complete.
-fn reverse_address(lower: &Name) -> Option<IpAddr> {
+pub(crate) fn reverse_address(lower: &Name) -> Option<IpAddr> {
     let labels: Vec<&[u8]> = lower.iter().collect();
     match labels.as_slice() {
         [d, c, b, a, b"in-addr", b"arpa"] => {

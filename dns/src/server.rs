@@ -308,8 +308,8 @@ pub async fn serve_planned(
     })
 }
 
-/// What follows the host's addresses: the listeners of the followed wildcards, and the
-/// host's addresses in the allow-list (local clients use them as sources).
+/// What follows the host: the listeners of the followed wildcards, the host's addresses in
+/// the allow-list (local clients use them as sources), and the hosts file.
 struct Following {
     followed: Vec<Listen>,
     listeners: Listeners,
@@ -321,6 +321,7 @@ struct Following {
 
 impl Following {
     async fn step(&mut self) -> std::io::Result<()> {
+        self.shared.handler.reload_hosts();
         let host = listen::host_addresses()?;
         if !self.followed.is_empty() {
             self.follow_listeners(&host).await;

@@ -8,7 +8,10 @@ use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::rdata::{A, NULL, SOA};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
 use nodus_dns::forward::{ForwardConfig, Forwarder, Policy};
-use nodus_dns::server::{DnsServer, serve};
+use nodus_dns::handler::ClusterDns;
+use nodus_dns::hosts::HostsSource;
+use nodus_dns::listen;
+use nodus_dns::server::{DnsServer, serve_planned};
 use nodus_dns::{PodRecords, Zone};
 use nodus_view::{View, ViewWriter};
 use std::collections::HashMap;
@@ -232,6 +235,16 @@ fn start(
     live: usize,
     tune: impl FnOnce(&mut ForwardConfig, Vec<SocketAddr>),
 ) -> Setup {
+    start_with_hosts(synced, live, tune, None)
+}
+
+/// As [`start`], answering `hosts` before the upstreams.
+fn start_with_hosts(
+    synced: bool,
+    live: usize,
+    tune: impl FnOnce(&mut ForwardConfig, Vec<SocketAddr>),
+    hosts: Option<HostsSource>,
+) -> Setup {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -266,14 +279,14 @@ fn start(
         if synced {
             view.mark_complete();
         }
-        let server = serve(
-            view.reader(),
-            zone,
-            Some(forwarder.clone()),
-            &["127.0.0.1:0".parse().expect("addr")],
-        )
-        .await
-        .expect("serve");
+        let mut handler = ClusterDns::new(view.reader(), zone, Some(forwarder.clone()));
+        if let Some(hosts) = hosts {
+            handler = handler.with_hosts(hosts);
+        }
+        let listen = listen::plan(&["127.0.0.1:0".parse().expect("addr")]);
+        let server = serve_planned(handler, &listen, 1, Default::default())
+            .await
+            .expect("serve");
         (server, forwarder)
     });
     Setup {
@@ -725,4 +738,45 @@ fn round_robin_spreads_questions_over_the_upstreams() {
     }
     let asked = |seen: &Seen| seen.lock().expect("lock").values().sum::<usize>();
     assert_eq!((asked(&s.seen[0]), asked(&s.seen[1])), (2, 2));
+}
+
+#[test]
+fn host_records_answer_before_the_upstreams() {
+    let s = start_with_hosts(
+        true,
+        1,
+        |config, live| config.upstreams = live,
+        Some(HostsSource::new(
+            vec![
+                "10.0.0.1 node-1 registry.lan".into(),
+                "fd00::1 node-1".into(),
+            ],
+            None,
+        )),
+    );
+    let a = dig(s.dns, &["Registry.LAN", "A"]);
+    let words = a.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        a.contains("status: NOERROR") && words.contains("Registry.LAN. 60 IN A 10.0.0.1"),
+        "{a}"
+    );
+    let aaaa = dig(s.dns, &["node-1", "AAAA"]);
+    assert!(aaaa.contains("fd00::1"), "{aaaa}");
+    let none = dig(s.dns, &["registry.lan", "AAAA"]);
+    assert!(
+        none.contains("status: NOERROR") && none.contains("ANSWER: 0"),
+        "a held name, another type: {none}"
+    );
+    let ptr = dig(s.dns, &["-x", "10.0.0.1"]);
+    assert!(
+        ptr.contains("PTR\tnode-1."),
+        "the first name of its line: {ptr}"
+    );
+    assert!(
+        s.seen[0].lock().expect("lock").is_empty(),
+        "no upstream asked"
+    );
+    let other = dig(s.dns, &["www.example.org", "A"]);
+    assert!(other.contains("192.0.2.1"), "{other}");
+    assert_eq!(seen(&s, "www.example.org. udp"), 1);
 }

@@ -119,12 +119,18 @@ async fn start_dns(
         false => Vec::new(),
     };
     let forwarder = forwarder(config, &listen::own_addresses(&plan, &host));
-    let handler = nodus_dns::handler::ClusterDns::new(view, zone, forwarder).with_rate_limit(
+    let mut handler = nodus_dns::handler::ClusterDns::new(view, zone, forwarder).with_rate_limit(
         nodus_dns::rate::RateLimitSettings {
             responses_per_second: config.dns.rate_limit,
             slip: config.dns.rate_limit_slip,
         },
     );
+    if !config.dns.hosts.is_empty() || config.dns.hosts_file.is_some() {
+        handler = handler.with_hosts(nodus_dns::hosts::HostsSource::new(
+            config.dns.hosts.clone(),
+            config.dns.hosts_file.clone(),
+        ));
+    }
     let mut server =
         nodus_dns::server::serve_planned(handler, &plan, config.dns.udp_threads, inherited)
             .await
