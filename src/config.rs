@@ -205,6 +205,9 @@ pub struct DnsConfig {
     /// Seconds past its TTL an answer is served, with a TTL of 30 s, while every upstream
     /// fails (RFC 8767); 0 never.
     pub cache_serve_stale: u32,
+    /// One query in this many is logged at info level (client, name, type, transport, rcode,
+    /// time), as CoreDNS's `log` plugin; 1 logs every query, 0 none.
+    pub query_log_one_in: u32,
     /// Host records answered before the upstreams, as hosts-file lines (`10.0.0.1 registry.lan`);
     /// CoreDNS's `hosts` plugin.
     pub hosts: Vec<String>,
@@ -319,6 +322,7 @@ impl Default for DnsConfig {
             cache_prefetch: 0,
             hosts: Vec::new(),
             hosts_file: None,
+            query_log_one_in: 0,
             udp_threads: 1,
             rate_limit: nodus_dns::rate::RateLimitSettings::default().responses_per_second,
             rate_limit_slip: nodus_dns::rate::RateLimitSettings::default().slip,

@@ -12,7 +12,8 @@ use crate::allow::AllowList;
 use crate::forward::{Dnssec, Forwarder, Resolution};
 use crate::hosts::HostsSource;
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
-use crate::metrics::DnsMetrics;
+use crate::metrics::{DnsMetrics, Transport};
+use crate::querylog::QueryLog;
 use crate::rate::{RateLimit, RateLimitSettings};
 use hickory_server::net::NetError;
 use hickory_server::net::runtime::{Time, TokioTime};
@@ -52,6 +53,8 @@ pub struct ClusterDns {
     pub(crate) metrics: Arc<DnsMetrics>,
     /// UDP responses per client prefix ([`crate::rate`]).
     pub(crate) rate: Arc<RateLimit>,
+    /// Which queries are logged ([`crate::querylog`]).
+    pub(crate) query_log: Arc<QueryLog>,
 }
 
 /// What a request gets, decided before anything is encoded or sent.
@@ -105,12 +108,19 @@ impl ClusterDns {
             forwarder,
             hosts: None,
             rate: Arc::new(RateLimit::new(RateLimitSettings::default())),
+            query_log: Arc::default(),
         }
     }
 
     /// The same, with `settings` for UDP responses instead of the defaults.
     pub fn with_rate_limit(mut self, settings: RateLimitSettings) -> ClusterDns {
         self.rate = Arc::new(RateLimit::new(settings));
+        self
+    }
+
+    /// The same, logging one query in `every` (none with 0).
+    pub fn with_query_log(mut self, every: u32) -> ClusterDns {
+        self.query_log = Arc::new(QueryLog::new(every));
         self
     }
 
@@ -210,8 +220,9 @@ impl ClusterDns {
         let Ok(request) = Request::from_bytes(packet, src, protocol) else {
             let mut metadata = Metadata::response_from_request(&header.metadata);
             metadata.response_code = ResponseCode::FormErr;
+            let transport = Transport::of(src, protocol == Protocol::Tcp);
             self.metrics
-                .answered(None, ResponseCode::FormErr, Duration::ZERO);
+                .answered(None, transport, ResponseCode::FormErr, Duration::ZERO);
             return encode_header(metadata);
         };
         if request.metadata.message_type == MessageType::Response {
@@ -401,9 +412,22 @@ impl RequestHandler for ClusterDns {
                     counts: HeaderCounts::default(),
                 })
             });
-        let qtype = request.request_info().ok().map(|i| i.query.query_type());
-        self.metrics
-            .answered(qtype, info.response_code, started.elapsed());
+        let question = request.request_info().ok().map(|i| i.query);
+        let tcp = request.protocol() == Protocol::Tcp;
+        let took = started.elapsed();
+        if let Some(question) = &question
+            && self.query_log.sampled()
+        {
+            let (name, qtype) = (question.name(), question.query_type());
+            QueryLog::log(request.src(), name, qtype, tcp, info.response_code, took);
+        }
+        let transport = Transport::of(request.src(), tcp);
+        self.metrics.answered(
+            question.map(|q| q.query_type()),
+            transport,
+            info.response_code,
+            took,
+        );
         info
     }
 }

@@ -15,6 +15,7 @@ pub mod hosts;
 pub mod listen;
 pub mod lookup;
 pub mod metrics;
+pub mod querylog;
 pub mod rate;
 pub mod server;
 pub mod tcp;

@@ -1,10 +1,13 @@
-//! DNS metrics: requests by type, responses by code, latency, forwarding and the cache.
+//! DNS metrics: requests by type, responses by code, latency, forwarding and the cache;
+//! nodus's own names, and CoreDNS's ([`DnsMetrics::render_coredns`]) so that the dashboards
+//! and alerts of a cluster that ran CoreDNS keep working.
 
 use crate::codes::{RCODES, rcode_index};
 use crate::forward::Forwarder;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
 use nodus_prom::{Histogram, family, sample, single};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
@@ -18,8 +21,46 @@ const LATENCY_BUCKETS: [f64; 9] = [
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.005, 0.025, 0.1, 1.0,
 ];
 
+/// The labels CoreDNS puts on its series for kubeadm's server block `.:53`.
+const COREDNS_SERVER: &str = "server=\"dns://:53\",zone=\".\"";
+const COREDNS_CACHE: &str = "server=\"dns://:53\",zones=\".\"";
+
+/// How a request came (CoreDNS's `proto` and `family` labels).
+#[derive(Clone, Copy, Debug)]
+pub struct Transport {
+    pub tcp: bool,
+    pub ipv6: bool,
+}
+
+impl Transport {
+    /// A request from `client`, over TCP or UDP.
+    pub fn of(client: SocketAddr, tcp: bool) -> Transport {
+        Transport {
+            tcp,
+            ipv6: client.ip().to_canonical().is_ipv6(),
+        }
+    }
+
+    const ALL: usize = 4;
+
+    fn index(self) -> usize {
+        usize::from(self.tcp) * 2 + usize::from(self.ipv6)
+    }
+
+    /// CoreDNS's labels for the transport of `index`.
+    fn labels(index: usize) -> &'static str {
+        [
+            "proto=\"udp\",family=\"1\"",
+            "proto=\"udp\",family=\"2\"",
+            "proto=\"tcp\",family=\"1\"",
+            "proto=\"tcp\",family=\"2\"",
+        ][index]
+    }
+}
+
 pub struct DnsMetrics {
-    requests: [AtomicU64; QTYPES.len()],
+    /// By query type, and by transport.
+    requests: [[AtomicU64; Transport::ALL]; QTYPES.len()],
     responses: [AtomicU64; RCODES.len()],
     latency: Histogram<{ LATENCY_BUCKETS.len() }>,
     forwarder: Option<Arc<Forwarder>>,
@@ -55,16 +96,23 @@ impl DnsMetrics {
     }
 
     /// One answered request; `qtype` is `None` when the request had no single question.
-    pub fn answered(&self, qtype: Option<RecordType>, rcode: ResponseCode, took: Duration) {
+    pub fn answered(
+        &self,
+        qtype: Option<RecordType>,
+        transport: Transport,
+        rcode: ResponseCode,
+        took: Duration,
+    ) {
         let q = qtype.map_or(QTYPES.len() - 1, qtype_index);
-        self.requests[q].fetch_add(1, Relaxed);
+        self.requests[q][transport.index()].fetch_add(1, Relaxed);
         self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);
         self.latency.observe(took);
     }
 
     /// One request the UDP fast path answered; its time is observed per batch.
-    pub fn counted(&self, qtype: RecordType, rcode: ResponseCode) {
-        self.requests[qtype_index(qtype)].fetch_add(1, Relaxed);
+    pub fn counted(&self, qtype: RecordType, ipv6: bool, rcode: ResponseCode) {
+        let transport = Transport { tcp: false, ipv6 };
+        self.requests[qtype_index(qtype)][transport.index()].fetch_add(1, Relaxed);
         self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);
     }
 
@@ -85,12 +133,12 @@ impl DnsMetrics {
             "counter",
             "DNS requests by query type.",
         );
-        for (qtype, count) in QTYPES.iter().zip(&self.requests) {
+        for (qtype, counts) in QTYPES.iter().zip(&self.requests) {
             sample(
                 out,
                 "nodus_dns_requests_total",
                 &format!("qtype=\"{qtype}\""),
-                count.load(Relaxed),
+                counts.iter().map(|c| c.load(Relaxed)).sum::<u64>(),
             );
         }
         family(
@@ -158,6 +206,13 @@ impl DnsMetrics {
             );
             single(
                 out,
+                "nodus_dns_upstreams_down",
+                "gauge",
+                "Upstreams that failed twice in a row and have not answered a health check since.",
+                forwarder.upstreams().iter().filter(|u| u.is_down()).count(),
+            );
+            single(
+                out,
                 "nodus_dns_upstreams_looping",
                 "gauge",
                 "Upstreams left out because they sent our loop probe back to us.",
@@ -179,5 +234,144 @@ impl DnsMetrics {
                 bytes,
             );
         }
+    }
+
+    /// The same counts under CoreDNS's names and labels (its `metrics`, `cache` and
+    /// `forward` plugins), as kubeadm's Corefile serves them. Series that never counted
+    /// are left out, as CoreDNS leaves them out.
+    pub fn render_coredns(&self, out: &mut String) {
+        family(
+            out,
+            "coredns_dns_requests_total",
+            "counter",
+            "Counter of DNS requests made per zone, protocol and family.",
+        );
+        for (qtype, counts) in QTYPES.iter().zip(&self.requests) {
+            for (transport, count) in counts.iter().enumerate() {
+                let count = count.load(Relaxed);
+                if count > 0 {
+                    let transport = Transport::labels(transport);
+                    let labels = format!("{COREDNS_SERVER},{transport},type=\"{qtype}\"");
+                    sample(out, "coredns_dns_requests_total", &labels, count);
+                }
+            }
+        }
+        family(
+            out,
+            "coredns_dns_responses_total",
+            "counter",
+            "Counter of response status codes.",
+        );
+        for (rcode, count) in RCODES.iter().zip(&self.responses) {
+            let count = count.load(Relaxed);
+            if count > 0 {
+                let labels = format!("{COREDNS_SERVER},rcode=\"{rcode}\"");
+                sample(out, "coredns_dns_responses_total", &labels, count);
+            }
+        }
+        family(
+            out,
+            "coredns_dns_request_duration_seconds",
+            "histogram",
+            "Histogram of the time (in seconds) each request took.",
+        );
+        self.latency
+            .samples(out, "coredns_dns_request_duration_seconds", COREDNS_SERVER);
+        let Some(forwarder) = &self.forwarder else {
+            return;
+        };
+        let stats = &forwarder.stats;
+        let (entries, _) = forwarder.cache_size();
+        let denials = forwarder.cached_denials();
+        family(
+            out,
+            "coredns_cache_entries",
+            "gauge",
+            "The number of elements in the cache.",
+        );
+        for (kind, count) in [("success", entries - denials), ("denial", denials)] {
+            let labels = format!("{COREDNS_CACHE},type=\"{kind}\"");
+            sample(out, "coredns_cache_entries", &labels, count);
+        }
+        family(
+            out,
+            "coredns_cache_hits_total",
+            "counter",
+            "The count of cache hits.",
+        );
+        let hits = stats.cache_hits.load(Relaxed);
+        let denial_hits = stats.cache_denial_hits.load(Relaxed);
+        for (kind, count) in [("success", hits - denial_hits), ("denial", denial_hits)] {
+            let labels = format!("{COREDNS_CACHE},type=\"{kind}\"");
+            sample(out, "coredns_cache_hits_total", &labels, count);
+        }
+        for (name, help, count) in [
+            (
+                "coredns_cache_misses_total",
+                "The count of cache misses.",
+                &stats.cache_misses,
+            ),
+            (
+                "coredns_cache_served_stale_total",
+                "The number of requests served from stale cache entries.",
+                &stats.served_stale,
+            ),
+            (
+                "coredns_cache_prefetch_total",
+                "The number of times the cache has prefetched a cached item.",
+                &stats.prefetches,
+            ),
+        ] {
+            family(out, name, "counter", help);
+            sample(out, name, COREDNS_CACHE, count.load(Relaxed));
+        }
+        let upstreams = forwarder.upstreams();
+        family(
+            out,
+            "coredns_proxy_request_duration_seconds",
+            "histogram",
+            "Histogram of the time each request took.",
+        );
+        for upstream in &upstreams {
+            for (rcode, latency) in RCODES.iter().zip(&upstream.stats.latency) {
+                if latency.count() > 0 {
+                    let labels = format!(
+                        "proxy_name=\"forward\",to=\"{}\",rcode=\"{rcode}\"",
+                        upstream.addr
+                    );
+                    latency.samples(out, "coredns_proxy_request_duration_seconds", &labels);
+                }
+            }
+        }
+        family(
+            out,
+            "coredns_proxy_healthcheck_failures_total",
+            "counter",
+            "Count of failed health checks per upstream.",
+        );
+        for upstream in &upstreams {
+            let labels = format!("proxy_name=\"forward\",to=\"{}\"", upstream.addr);
+            let failures = upstream.stats.healthcheck_failures.load(Relaxed);
+            sample(
+                out,
+                "coredns_proxy_healthcheck_failures_total",
+                &labels,
+                failures,
+            );
+        }
+        single(
+            out,
+            "coredns_forward_healthcheck_broken_total",
+            "counter",
+            "Counter of the number of complete failures of the health checks.",
+            stats.all_down.load(Relaxed),
+        );
+        single(
+            out,
+            "coredns_forward_max_concurrent_rejects_total",
+            "counter",
+            "Counter of the number of queries rejected because the concurrent queries were at maximum.",
+            stats.refused.load(Relaxed),
+        );
     }
 }

@@ -23,6 +23,7 @@
 use crate::fast;
 use crate::handler::ClusterDns;
 use crate::lookup::MAX_UDP_PAYLOAD;
+use crate::querylog::QueryLog;
 use crate::rate::Verdict;
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -468,11 +469,15 @@ fn fast_loop(
     stop: &AtomicBool,
 ) {
     let mut batch = Batch::new();
-    let mut answered = [fast::Reply {
-        len: 0,
-        qtype: hickory_proto::rr::RecordType::A,
-        rcode: hickory_proto::op::ResponseCode::NoError,
-    }; BATCH];
+    // Each reply, and the index of its query in the batch.
+    let mut answered = [(
+        fast::Reply {
+            len: 0,
+            qtype: hickory_proto::rr::RecordType::A,
+            rcode: hickory_proto::op::ResponseCode::NoError,
+        },
+        0,
+    ); BATCH];
     while !stop.load(Relaxed) {
         let received = match batch.receive(socket) {
             Ok(n) => n,
@@ -537,7 +542,7 @@ fn fast_loop(
                             &mut batch.send_control[replies],
                             destination_of(&header.msg_hdr),
                         );
-                        answered[replies] = reply;
+                        answered[replies] = (reply, i);
                         replies += 1;
                     }
                     None => {
@@ -550,8 +555,23 @@ fn fast_loop(
         }
         batch.send(socket, replies);
         let took = started.elapsed();
-        for reply in &answered[..replies] {
-            handler.metrics.counted(reply.qtype, reply.rcode);
+        for &(reply, i) in &answered[..replies] {
+            let header = &batch.receive[i];
+            let Some(src) = socket_addr(&batch.sources[i], header.msg_hdr.msg_namelen) else {
+                continue;
+            };
+            handler
+                .metrics
+                .counted(reply.qtype, src.ip().to_canonical().is_ipv6(), reply.rcode);
+            if handler.query_log.sampled() {
+                let packet = &batch.received[i * RECEIVE_BUFFER..][..header.msg_len as usize];
+                let question = hickory_proto::op::Message::from_vec(packet)
+                    .ok()
+                    .and_then(|message| message.queries.into_iter().next());
+                if let Some(question) = question {
+                    QueryLog::log(src, question.name(), reply.qtype, false, reply.rcode, took);
+                }
+            }
         }
         handler.metrics.observed(took, replies as u64);
     }

@@ -780,3 +780,32 @@ fn host_records_answer_before_the_upstreams() {
     assert!(other.contains("192.0.2.1"), "{other}");
     assert_eq!(seen(&s, "www.example.org. udp"), 1);
 }
+
+/// CoreDNS's series, as its dashboards and kube-prometheus' alerts read them.
+#[test]
+fn coredns_metric_names_count_what_happened() {
+    let s = setup(0, true);
+    for _ in 0..2 {
+        dig(s.dns, &["www.example.org", "A"]);
+    }
+    dig(s.dns, &["+tcp", "nothing.example.org", "AAAA"]);
+    dig(s.dns, &["nothing.example.org", "AAAA"]);
+    let mut text = String::new();
+    s._server.metrics.render_coredns(&mut text);
+    let upstream = s.forwarder.upstreams()[0].addr;
+    for line in [
+        "coredns_dns_requests_total{server=\"dns://:53\",zone=\".\",proto=\"udp\",family=\"1\",type=\"A\"} 2".to_string(),
+        "coredns_dns_requests_total{server=\"dns://:53\",zone=\".\",proto=\"tcp\",family=\"1\",type=\"AAAA\"} 1".into(),
+        "coredns_dns_responses_total{server=\"dns://:53\",zone=\".\",rcode=\"NXDOMAIN\"} 2".into(),
+        "coredns_dns_request_duration_seconds_count{server=\"dns://:53\",zone=\".\"} 4".into(),
+        "coredns_cache_hits_total{server=\"dns://:53\",zones=\".\",type=\"success\"} 1".into(),
+        "coredns_cache_hits_total{server=\"dns://:53\",zones=\".\",type=\"denial\"} 1".into(),
+        "coredns_cache_misses_total{server=\"dns://:53\",zones=\".\"} 2".into(),
+        "coredns_cache_entries{server=\"dns://:53\",zones=\".\",type=\"denial\"} 1".into(),
+        format!("coredns_proxy_request_duration_seconds_count{{proxy_name=\"forward\",to=\"{upstream}\",rcode=\"NOERROR\"}} 1"),
+        format!("coredns_proxy_request_duration_seconds_count{{proxy_name=\"forward\",to=\"{upstream}\",rcode=\"NXDOMAIN\"}} 1"),
+        "coredns_forward_max_concurrent_rejects_total 0".into(),
+    ] {
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+}

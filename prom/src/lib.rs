@@ -76,21 +76,31 @@ impl<const N: usize> Histogram<N> {
 
     pub fn render(&self, out: &mut String, name: &str, help: &str) {
         family(out, name, "histogram", help);
+        self.samples(out, name, "");
+    }
+
+    /// The histogram's lines without its family's header, with `labels` (empty or
+    /// `key="value",…`) on each: one series of a labelled family.
+    pub fn samples(&self, out: &mut String, name: &str, labels: &str) {
+        let (before_le, braces) = match labels.is_empty() {
+            true => (String::new(), String::new()),
+            false => (format!("{labels},"), format!("{{{labels}}}")),
+        };
         for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
             let _ = writeln!(
                 out,
-                "{name}_bucket{{le=\"{bound}\"}} {}",
+                "{name}_bucket{{{before_le}le=\"{bound}\"}} {}",
                 bucket.load(Relaxed)
             );
         }
         let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_bucket{{{before_le}le=\"+Inf\"}} {count}");
         let _ = writeln!(
             out,
-            "{name}_sum {}",
+            "{name}_sum{braces} {}",
             self.sum_nanos.load(Relaxed) as f64 / 1e9
         );
-        let _ = writeln!(out, "{name}_count {count}");
+        let _ = writeln!(out, "{name}_count{braces} {count}");
     }
 }
 

@@ -299,6 +299,7 @@ impl Metrics {
         }
         if let Some(dns) = self.dns.get() {
             dns.render(&mut out);
+            dns.render_coredns(&mut out);
         }
         if let Some(mesh) = self.mesh.get() {
             mesh.render(&mut out);
@@ -362,7 +363,12 @@ mod tests {
             // kube-proxy's series keep kube-proxy's names, for its dashboards: one gauge of
             // them ends in _total.
             let kube_proxy = name.starts_with("kubeproxy_");
-            assert!(name.starts_with("nodus_") || kube_proxy, "{name}");
+            // And CoreDNS's keep CoreDNS's.
+            let coredns = name.starts_with("coredns_");
+            assert!(
+                name.starts_with("nodus_") || kube_proxy || coredns,
+                "{name}"
+            );
             match kind {
                 "counter" => assert!(name.ends_with("_total"), "{name}"),
                 "histogram" => assert!(name.ends_with("_seconds"), "{name}: unit in the name"),
@@ -377,6 +383,7 @@ mod tests {
             "nodus_proxy_sync_failures_total",
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "nodus_dns_requests_total",
+            "coredns_dns_request_duration_seconds_bucket{server=\"dns://:53\",zone=\".\",le=",
         ] {
             assert!(text.contains(rendered), "{rendered} in\n{text}");
         }

@@ -125,6 +125,7 @@ async fn start_dns(
             slip: config.dns.rate_limit_slip,
         },
     );
+    handler = handler.with_query_log(config.dns.query_log_one_in);
     if !config.dns.hosts.is_empty() || config.dns.hosts_file.is_some() {
         handler = handler.with_hosts(nodus_dns::hosts::HostsSource::new(
             config.dns.hosts.clone(),

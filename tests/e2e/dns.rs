@@ -521,3 +521,73 @@ fn a_flood_from_one_prefix_is_rate_limited_with_truncated_slips_and_tcp_still_an
     let slipped = metric(&metrics, "nodus_dns_rate_limited_total{action=\"slip\"}").unwrap_or(0.0);
     assert_eq!(slipped as usize, truncated, "{metrics}");
 }
+
+/// What operators set in a Corefile, through `nodus run`'s configuration: host records
+/// inline and from a file read again when it changes (k3s's NodeHosts), a stub domain to
+/// another resolver, the query log, and CoreDNS's metric names beside nodus's own.
+#[test]
+fn corefile_settings_hosts_stub_domains_query_log_and_coredns_metrics() {
+    let mut cluster = Cluster::new("corefile", EXAMPLE);
+    let ns = Netns::new("crfl").expect("netns");
+    let resolver = OtherResolver::start(&ns);
+    let hosts_file = cluster.dir.join("NodeHosts");
+    std::fs::write(&hosts_file, "10.0.0.1 node-1\n").expect("hosts file");
+    // The stub domain's upstream is the resolv.conf's resolver too: that its setting is
+    // read and used is what this shows (the forwarder's tests tell the routes apart).
+    let http = run_node_1_with_dns_config(
+        &mut cluster,
+        &ns,
+        "[\"127.0.0.1:53\"]",
+        &format!(
+            "  hosts: ['10.1.0.1 registry.lan']\n  hosts_file: {}\n  query_log_one_in: 1\n\
+             \x20 forward_zones:\n    corp.example: ['127.0.0.53']\n",
+            hosts_file.display()
+        ),
+    );
+    assert_eq!(dig_in(&ns, "127.0.0.1", "registry.lan"), "10.1.0.1");
+    assert_eq!(dig_in(&ns, "127.0.0.1", "node-1"), "10.0.0.1");
+    assert_eq!(
+        resolver.questions.load(Relaxed),
+        0,
+        "host records stay here"
+    );
+    std::fs::write(&hosts_file, "10.0.0.2 node-2 node-2.lan\n").expect("hosts file");
+    wait_for("the changed hosts file to be read", || {
+        (dig_in(&ns, "127.0.0.1", "node-2.lan") == "10.0.0.2").then_some(())
+    });
+    assert_eq!(
+        dig_in(&ns, "127.0.0.1", "node-1"),
+        "192.0.2.53",
+        "gone from the file: forwarded"
+    );
+    assert_eq!(dig_in(&ns, "127.0.0.1", "db.corp.example"), "192.0.2.53");
+    let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).expect("log");
+    for name in ["registry.lan.", "node-2.lan.", "db.corp.example."] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("query") && l.contains(name) && l.contains("NOERROR")),
+            "{name} logged:\n{log}"
+        );
+    }
+    let (_, metrics) = ns
+        .enter(|| {
+            http_get(
+                SocketAddr::from((Ipv4Addr::LOCALHOST, http)),
+                "/metrics",
+                Duration::from_secs(5),
+            )
+        })
+        .expect("entering the node")
+        .expect("metrics");
+    for series in [
+        "coredns_dns_requests_total{server=\"dns://:53\",zone=\".\",proto=\"udp\",family=\"1\",type=\"A\"}",
+        "coredns_dns_responses_total{server=\"dns://:53\",zone=\".\",rcode=\"NOERROR\"}",
+        "coredns_dns_request_duration_seconds_count{server=\"dns://:53\",zone=\".\"}",
+        "coredns_proxy_request_duration_seconds_count{proxy_name=\"forward\",to=\"127.0.0.53:53\",rcode=\"NOERROR\"}",
+    ] {
+        assert!(
+            metric(&metrics, series).is_some_and(|v| v >= 1.0),
+            "{series}:\n{metrics}"
+        );
+    }
+}

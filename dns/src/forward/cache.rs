@@ -51,6 +51,15 @@ struct CacheEntry {
     seq: u64,
 }
 
+impl CacheEntry {
+    /// An answer that says the name or type does not exist.
+    fn is_denial(&self) -> bool {
+        self.answer
+            .as_ref()
+            .is_some_and(|answer| answer.is_denial())
+    }
+}
+
 /// What the cache holds for a question.
 pub(crate) enum Cached {
     /// An answer within its TTL (the TTLs aged); `prefetch` when it is popular and about
@@ -76,6 +85,8 @@ pub(crate) struct Cache {
     order: VecDeque<(u64, CacheKey)>,
     next_seq: u64,
     pub(crate) bytes: usize,
+    /// Entries that hold a denial, for metrics.
+    pub(crate) denials: usize,
 }
 
 /// The TTL an answer is cached for: the smallest record TTL, or for a negative answer the
@@ -86,8 +97,7 @@ pub fn cache_ttl(answer: &Forwarded, max_ttl: u32, max_denial_ttl: u32) -> Optio
     if !matches!(answer.rcode, ResponseCode::NoError | ResponseCode::NXDomain) {
         return None;
     }
-    let negative = answer.rcode == ResponseCode::NXDomain || answer.answers.is_empty();
-    if negative {
+    if answer.is_denial() {
         let soa = answer.authorities.iter().find_map(|r| match &r.data {
             RData::SOA(soa) => Some(soa.minimum.min(r.ttl)),
             _ => None,
@@ -169,6 +179,7 @@ impl Cache {
     fn remove(&mut self, key: &CacheKey) {
         if let Some(old) = self.entries.remove(key) {
             self.bytes -= old.bytes;
+            self.denials -= usize::from(old.is_denial());
         }
     }
 
@@ -251,6 +262,7 @@ impl Cache {
         entry.seq = self.next_seq;
         self.next_seq += 1;
         self.bytes += entry.bytes;
+        self.denials += usize::from(entry.is_denial());
         self.order.push_back((entry.seq, key.clone()));
         self.entries.insert(key, entry);
         if self.order.len() > 2 * self.entries.len() + 64 {

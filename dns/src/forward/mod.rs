@@ -60,6 +60,8 @@ const HEALTH_CHECK_PERIOD: Duration = Duration::from_millis(500);
 pub struct ForwardStats {
     pub forwarded: AtomicU64,
     pub cache_hits: AtomicU64,
+    /// Of the hits, those that were denials (NXDOMAIN, NODATA).
+    pub cache_denial_hits: AtomicU64,
     pub cache_misses: AtomicU64,
     pub failures: AtomicU64,
     /// Questions refused over `max_concurrent`.
@@ -283,6 +285,11 @@ impl Forwarder {
         (cache.len(), cache.bytes)
     }
 
+    /// Entries of the cache that hold a denial (NXDOMAIN, NODATA).
+    pub fn cached_denials(&self) -> usize {
+        self.cache().denials
+    }
+
     /// Answers `query` from the cache or the upstreams.
     pub async fn resolve(self: &Arc<Self>, query: &Query, dnssec: Dnssec) -> Resolution {
         let key = CacheKey::new(query, dnssec);
@@ -294,6 +301,9 @@ impl Forwarder {
         let stale = match cached {
             Cached::Fresh { answer, prefetch } => {
                 self.stats.cache_hits.fetch_add(1, Relaxed);
+                if answer.is_denial() {
+                    self.stats.cache_denial_hits.fetch_add(1, Relaxed);
+                }
                 if prefetch {
                     self.prefetch(key, query.clone(), dnssec);
                 }

@@ -85,6 +85,11 @@ pub struct Forwarded {
 }
 
 impl Forwarded {
+    /// NXDOMAIN or NODATA.
+    pub fn is_denial(&self) -> bool {
+        self.rcode == ResponseCode::NXDomain || self.answers.is_empty()
+    }
+
     /// Every record of every section.
     pub(crate) fn records_mut(&mut self) -> impl Iterator<Item = &mut Record> {
         self.answers

@@ -103,12 +103,12 @@ pub struct Upstream {
     pub stats: UpstreamStats,
 }
 
-/// What one upstream was asked and answered, for CoreDNS's `coredns_forward_*` series.
+/// What one upstream was asked and answered, for CoreDNS's `coredns_proxy_*` series.
 pub struct UpstreamStats {
+    /// Questions put to it, answered or not.
     pub requests: AtomicU64,
-    /// Replies by response code ([`RCODES`]).
-    pub responses: [AtomicU64; RCODES.len()],
-    pub latency: Histogram<{ LATENCY_BUCKETS.len() }>,
+    /// The time replies took, by their response code ([`RCODES`]).
+    pub latency: [Histogram<{ LATENCY_BUCKETS.len() }>; RCODES.len()],
     pub healthcheck_failures: AtomicU64,
 }
 
@@ -131,8 +131,7 @@ impl Upstream {
             looping: AtomicBool::new(false),
             stats: UpstreamStats {
                 requests: AtomicU64::new(0),
-                responses: Default::default(),
-                latency: Histogram::new(LATENCY_BUCKETS),
+                latency: [const { Histogram::new(LATENCY_BUCKETS) }; RCODES.len()],
                 healthcheck_failures: AtomicU64::new(0),
             },
         }
@@ -184,8 +183,7 @@ impl Upstream {
         let outcome = self.exchange(query, dnssec, timeout).await;
         self.record_health(&outcome);
         if let Ok((answer, _)) = &outcome {
-            self.stats.responses[rcode_index(answer.rcode)].fetch_add(1, Relaxed);
-            self.stats.latency.observe(started.elapsed());
+            self.stats.latency[rcode_index(answer.rcode)].observe(started.elapsed());
         }
         outcome
     }
