@@ -205,6 +205,9 @@ pub struct DnsConfig {
     /// Seconds past its TTL an answer is served, with a TTL of 30 s, while every upstream
     /// fails (RFC 8767); 0 never.
     pub cache_serve_stale: u32,
+    /// The cluster's DNS ConfigMap, `namespace/name`, whose `stubDomains` and
+    /// `upstreamNameservers` are used as kube-dns and NodeLocal DNSCache use them; empty: none.
+    pub config_map: String,
     /// One query in this many is logged at info level (client, name, type, transport, rcode,
     /// time), as CoreDNS's `log` plugin; 1 logs every query, 0 none.
     pub query_log_one_in: u32,
@@ -229,6 +232,10 @@ pub struct DnsConfig {
 }
 
 impl DnsConfig {
+    /// `config_map` split into namespace and name; None when it is empty.
+    pub fn config_map(&self) -> Option<(&str, &str)> {
+        namespaced(&self.config_map)
+    }
     /// `forward_zones` read: none may hold the cluster domain, which the view answers.
     pub fn stub_domains(
         &self,
@@ -253,12 +260,15 @@ impl DnsConfig {
 
     /// `cluster_dns_service` split into namespace and name.
     pub fn cluster_dns_service(&self) -> Option<(&str, &str)> {
-        self.cluster_dns_service
-            .split_once('/')
-            .filter(|(namespace, name)| {
-                !namespace.is_empty() && !name.is_empty() && !name.contains('/')
-            })
+        namespaced(&self.cluster_dns_service)
     }
+}
+
+/// `namespace/name` split in two.
+fn namespaced(text: &str) -> Option<(&str, &str)> {
+    text.split_once('/').filter(|(namespace, name)| {
+        !namespace.is_empty() && !name.is_empty() && !name.contains('/')
+    })
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -323,6 +333,7 @@ impl Default for DnsConfig {
             hosts: Vec::new(),
             hosts_file: None,
             query_log_one_in: 0,
+            config_map: "kube-system/kube-dns".into(),
             udp_threads: 1,
             rate_limit: nodus_dns::rate::RateLimitSettings::default().responses_per_second,
             rate_limit_slip: nodus_dns::rate::RateLimitSettings::default().slip,
@@ -641,6 +652,11 @@ impl Config {
             self.dns.cache_serve_stale
         );
         self.dns.stub_domains(&self.cluster_domain)?;
+        anyhow::ensure!(
+            self.dns.config_map.is_empty() || self.dns.config_map().is_some(),
+            "dns.config_map: {:?} is not namespace/name (or empty for none)",
+            self.dns.config_map
+        );
         for line in &self.dns.hosts {
             let (_, skipped) = nodus_dns::hosts::Hosts::parse([line.as_str()]);
             anyhow::ensure!(

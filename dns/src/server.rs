@@ -55,9 +55,16 @@ pub struct DnsServer {
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
     handed_over: Arc<AtomicBool>,
+    /// Tasks that serve this server and stop with it ([`DnsServer::keep_task`]).
+    tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl DnsServer {
+    /// Stops `task` when the server stops (a task that feeds its forwarder, say).
+    pub fn keep_task(&mut self, task: tokio::task::JoinHandle<()>) {
+        self.tasks.push(task);
+    }
+
     /// The handler behind both paths, for tests that compare them.
     pub fn handler(&self) -> &ClusterDns {
         &self.handler
@@ -114,6 +121,9 @@ impl Drop for DnsServer {
         self.follower.abort();
         if let Some(watch) = &self.upstream_watch {
             watch.abort();
+        }
+        for task in &self.tasks {
+            task.abort();
         }
     }
 }
@@ -305,6 +315,7 @@ pub async fn serve_planned(
         handler,
         addrs,
         handed_over,
+        tasks: Vec::new(),
     })
 }
 

@@ -11,6 +11,7 @@ pub mod feed;
 pub mod handover;
 pub mod health;
 pub mod http;
+pub mod kube_dns;
 pub mod metrics;
 pub mod on_change;
 pub mod retry;
@@ -55,10 +56,9 @@ fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
     })
 }
 
-/// The forwarder for names outside the zone, from `dns.resolv_conf`, leaving out the
-/// nameservers that are nodus itself (`own`), and the stub domains. Without a usable
-/// upstream nodus still serves the zone, and refuses the rest.
-fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
+/// The upstreams of the configuration: `dns.resolv_conf`'s nameservers, leaving out those
+/// that are nodus itself (`own`), and the stub domains.
+fn configured_routes(config: &Config, own: &[SocketAddr]) -> kube_dns::Routes {
     let dns = &config.dns;
     let path = dns.resolv_conf.display();
     let upstreams = match upstreams_from_resolv_conf(&dns.resolv_conf, own) {
@@ -75,14 +75,23 @@ fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
             Vec::new()
         }
     };
-    // Checked with the rest of the configuration at start.
-    let zones = dns.stub_domains(&config.cluster_domain).ok()?;
-    if upstreams.is_empty() && zones.is_empty() {
+    kube_dns::Routes {
+        upstreams,
+        // Checked with the rest of the configuration at start.
+        zones: dns.stub_domains(&config.cluster_domain).unwrap_or_default(),
+    }
+}
+
+/// The forwarder for names outside the zone, to `routes`. Without a usable upstream nodus
+/// still serves the zone, and refuses the rest.
+fn forwarder(config: &Config, routes: &kube_dns::Routes) -> Option<Arc<Forwarder>> {
+    let dns = &config.dns;
+    if routes.upstreams.is_empty() && routes.zones.is_empty() {
         return None;
     }
     Some(Arc::new(Forwarder::new(ForwardConfig {
-        upstreams,
-        zones,
+        upstreams: routes.upstreams.clone(),
+        zones: routes.zones.clone(),
         policy: dns.forward_policy.into(),
         timeout: Duration::from_millis(dns.forward_timeout_ms),
         cache_entries: dns.cache_entries,
@@ -101,6 +110,7 @@ fn forwarder(config: &Config, own: &[SocketAddr]) -> Option<Arc<Forwarder>> {
 async fn start_dns(
     config: &Config,
     view: ViewReader,
+    client: kube::Client,
     metrics: &Metrics,
     inherited: BTreeMap<SocketAddr, BoundSockets>,
 ) -> anyhow::Result<DnsServer> {
@@ -118,13 +128,13 @@ async fn start_dns(
         true => listen::host_addresses().context("reading this host's addresses")?,
         false => Vec::new(),
     };
-    let forwarder = forwarder(config, &listen::own_addresses(&plan, &host));
-    let mut handler = nodus_dns::handler::ClusterDns::new(view, zone, forwarder).with_rate_limit(
-        nodus_dns::rate::RateLimitSettings {
+    let routes = configured_routes(config, &listen::own_addresses(&plan, &host));
+    let forwarder = forwarder(config, &routes);
+    let mut handler = nodus_dns::handler::ClusterDns::new(view, zone, forwarder.clone())
+        .with_rate_limit(nodus_dns::rate::RateLimitSettings {
             responses_per_second: config.dns.rate_limit,
             slip: config.dns.rate_limit_slip,
-        },
-    );
+        });
     handler = handler.with_query_log(config.dns.query_log_one_in);
     if !config.dns.hosts.is_empty() || config.dns.hosts_file.is_some() {
         handler = handler.with_hosts(nodus_dns::hosts::HostsSource::new(
@@ -144,6 +154,15 @@ async fn start_dns(
             .copied()
             .collect(),
     );
+    if let (Some(forwarder), Some((namespace, name))) = (forwarder, config.dns.config_map()) {
+        server.keep_task(tokio::spawn(kube_dns::follow(
+            client,
+            (namespace.to_string(), name.to_string()),
+            config.cluster_domain.clone(),
+            forwarder,
+            routes,
+        )));
+    }
     tracing::info!(listen = ?server.addrs, zone = %config.cluster_domain, "DNS serving");
     metrics.dns.set(server.metrics.clone());
     let _ = metrics.status.dns_addrs.set(server.addrs.clone());
@@ -283,8 +302,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let (config, view, metrics) = (config.clone(), feed.reader(), metrics.clone());
         let inherited = Arc::new(Mutex::new(inherited.dns));
         let handover = dns_handover.clone();
+        let client = client.clone();
         let start = move || {
             let (config, view, metrics) = (config.clone(), view.clone(), metrics.clone());
+            let client = client.clone();
             let inherited = std::mem::take(
                 &mut *inherited
                     .lock()
@@ -292,7 +313,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             );
             let handover = handover.clone();
             async move {
-                let server = start_dns(&config, view, &metrics, inherited).await?;
+                let server = start_dns(&config, view, client, &metrics, inherited).await?;
                 handover.set(Arc::new(server.handover()));
                 Ok(server)
             }

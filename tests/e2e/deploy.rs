@@ -135,12 +135,22 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         );
         let binding = find(&objects, "ClusterRoleBinding");
         let account = find(&objects, "ServiceAccount");
+        let subject = json!({"kind": "ServiceAccount", "name": account["metadata"]["name"],
+                             "namespace": account["metadata"]["namespace"]});
         assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
+        assert_eq!(binding["subjects"][0], subject);
+        // In kube-system, the cluster's DNS ConfigMap and nothing else.
+        let dns_role = find(&objects, "Role");
         assert_eq!(
-            binding["subjects"][0],
-            json!({"kind": "ServiceAccount", "name": account["metadata"]["name"],
-                   "namespace": account["metadata"]["namespace"]})
+            dns_role["rules"],
+            json!([{"apiGroups": [""], "resources": ["configmaps"],
+                    "resourceNames": ["kube-dns"], "verbs": ["get", "list", "watch"]}]),
+            "{context}"
         );
+        let dns_binding = find(&objects, "RoleBinding");
+        assert_eq!(dns_binding["roleRef"]["name"], dns_role["metadata"]["name"]);
+        assert_eq!(dns_binding["metadata"]["namespace"], "kube-system");
+        assert_eq!(dns_binding["subjects"][0], subject);
 
         // The admission policy: nodus's own account, its own Node, the annotations the
         // mesh publishes (the ones the code names).

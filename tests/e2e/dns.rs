@@ -129,12 +129,16 @@ struct OtherResolver {
 
 impl OtherResolver {
     fn start(ns: &Netns) -> OtherResolver {
-        let addr = SocketAddr::from(([127, 0, 0, 53], 53));
+        OtherResolver::start_on(ns, SocketAddr::from(([127, 0, 0, 53], 53)))
+    }
+
+    /// The same resolver on `addr`.
+    fn start_on(ns: &Netns, addr: SocketAddr) -> OtherResolver {
         let (udp, tcp) = ns
             .enter(|| {
                 (
-                    UdpSocket::bind(addr).expect("udp 127.0.0.53:53"),
-                    std::net::TcpListener::bind(addr).expect("tcp 127.0.0.53:53"),
+                    UdpSocket::bind(addr).expect("udp resolver address"),
+                    std::net::TcpListener::bind(addr).expect("tcp resolver address"),
                 )
             })
             .expect("entering the namespace");
@@ -590,4 +594,84 @@ fn corefile_settings_hosts_stub_domains_query_log_and_coredns_metrics() {
             "{series}:\n{metrics}"
         );
     }
+}
+
+/// The `kube-system/kube-dns` ConfigMap, as NodeLocal DNSCache reads it: its stub domains
+/// and upstream nameservers are followed as they change, a version that does not read is
+/// reported and the last good one kept, and deleting it goes back to the configuration.
+#[test]
+fn the_kube_dns_config_map_stub_domains_and_upstreams_are_followed() {
+    let mut cluster = Cluster::new("kubedns", EXAMPLE);
+    let ns = Netns::new("kdns").expect("netns");
+    let node_resolver = OtherResolver::start(&ns);
+    let stub = OtherResolver::start_on(&ns, SocketAddr::from(([127, 0, 0, 54], 53)));
+    run_node_1_with_dns(&mut cluster, &ns, "[\"127.0.0.1:53\"]");
+    let config_map = |data: serde_json::Value| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system"},
+            "data": data
+        })
+    };
+    let asked = |resolver: &OtherResolver| resolver.questions.load(Relaxed);
+    cluster.apply(config_map(json!({"stubDomains": "{\"acme.local\": [\"127.0.0.54\"]}"})));
+    let mut attempt = 0;
+    wait_for("the stub domain to be followed", || {
+        attempt += 1;
+        dig_in(&ns, "127.0.0.1", &format!("db{attempt}.acme.local"));
+        (asked(&stub) > 0).then_some(())
+    });
+    let before = (asked(&node_resolver), asked(&stub));
+    dig_in(&ns, "127.0.0.1", "www.example.org");
+    assert_eq!(
+        (asked(&node_resolver), asked(&stub)),
+        (before.0 + 1, before.1),
+        "other names still go to resolv.conf's resolver"
+    );
+    cluster.apply(config_map(json!({
+        "stubDomains": "{\"acme.local\": [\"127.0.0.54\"]}",
+        "upstreamNameservers": "[\"127.0.0.54\"]"
+    })));
+    wait_for("the upstream nameservers to replace resolv.conf's", || {
+        attempt += 1;
+        let before = asked(&stub);
+        dig_in(&ns, "127.0.0.1", &format!("www{attempt}.example.org"));
+        (asked(&stub) > before).then_some(())
+    });
+    cluster.apply(config_map(json!({"upstreamNameservers": "127.0.0.54"})));
+    wait_for("the bad version to be reported", || {
+        let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).unwrap_or_default();
+        log.contains("last good version stays").then_some(())
+    });
+    let before = asked(&stub);
+    dig_in(&ns, "127.0.0.1", "kept.example.org");
+    assert_eq!(asked(&stub), before + 1, "the last good version is kept");
+    cluster
+        .store
+        .delete("v1", "ConfigMap", Some("kube-system"), "kube-dns")
+        .expect("delete");
+    wait_for("the configuration's upstreams to come back", || {
+        attempt += 1;
+        let before = asked(&node_resolver);
+        dig_in(&ns, "127.0.0.1", &format!("back{attempt}.acme.local"));
+        (asked(&node_resolver) > before).then_some(())
+    });
+}
+
+/// RBAC from before nodus read the ConfigMap: the list is refused, which is reported once,
+/// and DNS forwards to the configuration's upstreams as before.
+#[test]
+fn a_kube_dns_config_map_the_api_refuses_is_done_without() {
+    let mut cluster = Cluster::new("kubedns-refused", EXAMPLE);
+    cluster.store.forbid("list", "configmaps", true);
+    let ns = Netns::new("kdnr").expect("netns");
+    let node_resolver = OtherResolver::start(&ns);
+    run_node_1_with_dns(&mut cluster, &ns, "[\"127.0.0.1:53\"]");
+    assert_eq!(dig_in(&ns, "127.0.0.1", "www.example.org"), "192.0.2.53");
+    assert!(node_resolver.questions.load(Relaxed) >= 1);
+    wait_for("the refusal to be reported", || {
+        let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).unwrap_or_default();
+        let warnings = log.matches("cannot read the cluster's DNS ConfigMap").count();
+        (warnings == 1).then_some(())
+    });
 }
