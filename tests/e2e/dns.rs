@@ -512,18 +512,23 @@ fn a_flood_from_one_prefix_is_rate_limited_with_truncated_slips_and_tcp_still_an
         ("NOERROR".to_string(), "10.96.0.20".to_string()),
         "over TCP"
     );
-    let (_, metrics) = node
-        .enter(|| {
-            http_get(
-                SocketAddr::from((Ipv4Addr::LOCALHOST, http)),
-                "/metrics",
-                Duration::from_secs(5),
-            )
-        })
-        .expect("entering the node")
-        .expect("metrics");
+    let metrics = metrics_in(&node, http);
     let slipped = metric(&metrics, "nodus_dns_rate_limited_total{action=\"slip\"}").unwrap_or(0.0);
     assert_eq!(slipped as usize, truncated, "{metrics}");
+}
+
+/// The `/metrics` of the nodus in `ns` whose HTTP port is `port`.
+fn metrics_in(ns: &Netns, port: u16) -> String {
+    ns.enter(|| {
+        http_get(
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            "/metrics",
+            Duration::from_secs(5),
+        )
+    })
+    .expect("entering the node")
+    .expect("metrics")
+    .1
 }
 
 /// What operators set in a Corefile, through `nodus run`'s configuration: host records
@@ -573,16 +578,7 @@ fn corefile_settings_hosts_stub_domains_query_log_and_coredns_metrics() {
             "{name} logged:\n{log}"
         );
     }
-    let (_, metrics) = ns
-        .enter(|| {
-            http_get(
-                SocketAddr::from((Ipv4Addr::LOCALHOST, http)),
-                "/metrics",
-                Duration::from_secs(5),
-            )
-        })
-        .expect("entering the node")
-        .expect("metrics");
+    let metrics = metrics_in(&ns, http);
     for series in [
         "coredns_dns_requests_total{server=\"dns://:53\",zone=\".\",proto=\"udp\",family=\"1\",type=\"A\"}",
         "coredns_dns_responses_total{server=\"dns://:53\",zone=\".\",rcode=\"NOERROR\"}",
@@ -614,7 +610,9 @@ fn the_kube_dns_config_map_stub_domains_and_upstreams_are_followed() {
         })
     };
     let asked = |resolver: &OtherResolver| resolver.questions.load(Relaxed);
-    cluster.apply(config_map(json!({"stubDomains": "{\"acme.local\": [\"127.0.0.54\"]}"})));
+    cluster.apply(config_map(
+        json!({"stubDomains": "{\"acme.local\": [\"127.0.0.54\"]}"}),
+    ));
     let mut attempt = 0;
     wait_for("the stub domain to be followed", || {
         attempt += 1;
@@ -671,7 +669,9 @@ fn a_kube_dns_config_map_the_api_refuses_is_done_without() {
     assert!(node_resolver.questions.load(Relaxed) >= 1);
     wait_for("the refusal to be reported", || {
         let log = std::fs::read_to_string(cluster.dir.join("nodus-0.log")).unwrap_or_default();
-        let warnings = log.matches("cannot read the cluster's DNS ConfigMap").count();
+        let warnings = log
+            .matches("cannot read the cluster's DNS ConfigMap")
+            .count();
         (warnings == 1).then_some(())
     });
 }
