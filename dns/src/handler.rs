@@ -22,7 +22,7 @@ use hickory_server::proto::op::Query;
 use hickory_server::proto::op::{
     Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode,
 };
-use hickory_server::proto::rr::{RData, Record, RecordType};
+use hickory_server::proto::rr::{DNSClass, RData, Record, RecordType};
 use hickory_server::proto::serialize::binary::{
     BinDecodable, BinDecoder, BinEncodable, BinEncoder,
 };
@@ -275,13 +275,20 @@ impl ClusterDns {
         if matches!(query.query_type(), RecordType::AXFR | RecordType::IXFR) {
             return Reply::Code(ResponseCode::Refused);
         }
-        let outcome = {
-            lookup(
+        // The zone and the host records hold class IN only: another class about the zone
+        // is refused, about any other name forwarded.
+        let internet = query.query_class() == DNSClass::IN;
+        if !internet && self.zone.origin().zone_of(&query.name().to_lowercase()) {
+            return Reply::Code(ResponseCode::Refused);
+        }
+        let outcome = match internet {
+            true => lookup(
                 &self.view.read(),
                 &self.zone,
                 query.name(),
                 query.query_type(),
-            )
+            ),
+            false => Outcome::NotOurs,
         };
         match outcome {
             Outcome::Authoritative(answer)
@@ -298,6 +305,7 @@ impl ClusterDns {
                 let held = self
                     .hosts
                     .as_ref()
+                    .filter(|_| internet)
                     .and_then(|hosts| hosts.current().answer(query.name(), query.query_type()));
                 if let Some(answer) = held {
                     return Reply::Zone(answer);
@@ -336,6 +344,10 @@ impl ClusterDns {
         // Over the forwarding cap, or without an answer, the CNAME stands alone.
         if let Resolution::Answered(upstream) = forwarder.resolve(&chased, dnssec).await {
             answer.rcode = upstream.rcode;
+            // A denial of the target carries the target zone's SOA (RFC 2308).
+            if upstream.answers.is_empty() {
+                answer.authority = upstream.authorities;
+            }
             answer.answers.extend(upstream.answers);
         }
     }

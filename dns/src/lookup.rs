@@ -765,16 +765,22 @@ impl Resolver<'_> {
         if qtype == RecordType::CNAME || depth >= 8 {
             return;
         }
-        // Chase a target inside the zone, as CoreDNS does; outside it the resolver follows.
+        // Chase a target inside the zone (a service, an endpoint's or a pod's name), as
+        // CoreDNS does; outside it the resolver follows.
         let lower = target.to_lowercase();
         if self.zone.origin.zone_of(&lower) {
             let mut buffer = [""; MAX_LABELS];
-            if let [svc, ns, "svc"] = *relative_labels(&lower, self.zone, &mut buffer) {
-                let before = self.answer.rcode;
-                self.service(ns, svc, &target, qtype, depth + 1);
-                // The CNAME itself exists even when its target does not.
-                self.answer.rcode = before;
+            let labels = relative_labels(&lower, self.zone, &mut buffer);
+            let before = self.answer.rcode;
+            match classify(self.view, self.zone, labels) {
+                // Through `service`, which counts the depth of a chain of ExternalNames.
+                Target::Service { namespace, service } => {
+                    self.service(namespace, service, &target, qtype, depth + 1)
+                }
+                chased => self.answer_target(chased, &target, qtype),
             }
+            // The CNAME itself exists even when its target does not.
+            self.answer.rcode = before;
         }
     }
 

@@ -433,6 +433,12 @@ fn edns_versions_the_do_bit_and_zone_transfers() {
         let text = kdig(&dns, transfer);
         assert!(text.contains("REFUSED"), "{transfer:?}: {text}");
     }
+    // The zone is class IN: a CHAOS question about it gets no IN records.
+    for class in ["CH", "HS"] {
+        let other = dig(&dns, &["-c", class, name, "A"]);
+        assert_eq!(other.status, "REFUSED", "{class}: {}", other.raw);
+        assert!(other.answers.is_empty(), "{}", other.raw);
+    }
 }
 
 #[test]

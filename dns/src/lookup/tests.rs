@@ -587,6 +587,24 @@ fn external_name_inside_the_zone_is_chased() {
 }
 
 #[test]
+fn external_name_to_an_endpoint_name_is_chased() {
+    let answer = Cluster::new().ask("primary.shop.svc.cluster.local", RecordType::A);
+    assert_eq!(answer.rcode, ResponseCode::NoError);
+    assert_eq!(
+        lines(&answer.answers),
+        [
+            "primary.shop.svc.cluster.local. 5 IN CNAME pair-0.pair.shop.svc.cluster.local.",
+            "pair-0.pair.shop.svc.cluster.local. 5 IN A 10.244.1.40",
+        ]
+    );
+    let aaaa = Cluster::new().ask("primary.shop.svc.cluster.local", RecordType::AAAA);
+    assert_eq!(
+        lines(&aaaa.answers)[1],
+        "pair-0.pair.shop.svc.cluster.local. 5 IN AAAA fd00:244:1::40"
+    );
+}
+
+#[test]
 fn cname_question_about_an_external_name_is_not_chased() {
     let answer = Cluster::new().ask("inner.shop.svc.cluster.local", RecordType::CNAME);
     assert_eq!(
