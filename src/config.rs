@@ -241,19 +241,11 @@ impl DnsConfig {
         &self,
         cluster_domain: &str,
     ) -> anyhow::Result<Vec<(nodus_dns::forward::Name, Vec<SocketAddr>)>> {
-        let cluster = format!("{}.", cluster_domain.trim_end_matches('.').to_lowercase());
         self.forward_zones
             .iter()
             .map(|(zone, upstreams)| {
-                let (name, upstreams) = nodus_dns::forward::stub_domain(zone, upstreams)
-                    .map_err(|error| anyhow::anyhow!("dns.forward_zones: {error}"))?;
-                let text = name.to_ascii();
-                anyhow::ensure!(
-                    text != cluster && !text.ends_with(&format!(".{cluster}")),
-                    "dns.forward_zones: {zone:?} is in the cluster domain, which nodus answers \
-                     from the cluster itself"
-                );
-                Ok((name, upstreams))
+                nodus_dns::forward::stub_domain(zone, upstreams, cluster_domain)
+                    .map_err(|error| anyhow::anyhow!("dns.forward_zones: {error}"))
             })
             .collect()
     }

@@ -25,6 +25,29 @@ const LATENCY_BUCKETS: [f64; 9] = [
 const COREDNS_SERVER: &str = "server=\"dns://:53\",zone=\".\"";
 const COREDNS_CACHE: &str = "server=\"dns://:53\",zones=\".\"";
 
+/// A family of CoreDNS's cache split by its `type` label: `success` (of `all`) and `denial`.
+/// The two counters are read one after the other, so the difference saturates.
+fn coredns_cache_types(
+    out: &mut String,
+    (name, kind): (&str, &str),
+    help: &str,
+    all: u64,
+    denials: u64,
+) {
+    family(out, name, kind, help);
+    for (type_, count) in [
+        ("success", all.saturating_sub(denials)),
+        ("denial", denials),
+    ] {
+        sample(
+            out,
+            name,
+            &format!("{COREDNS_CACHE},type=\"{type_}\""),
+            count,
+        );
+    }
+}
+
 /// How a request came (CoreDNS's `proto` and `family` labels).
 #[derive(Clone, Copy, Debug)]
 pub struct Transport {
@@ -110,8 +133,7 @@ impl DnsMetrics {
     }
 
     /// One request the UDP fast path answered; its time is observed per batch.
-    pub fn counted(&self, qtype: RecordType, ipv6: bool, rcode: ResponseCode) {
-        let transport = Transport { tcp: false, ipv6 };
+    pub fn counted(&self, qtype: RecordType, transport: Transport, rcode: ResponseCode) {
         self.requests[qtype_index(qtype)][transport.index()].fetch_add(1, Relaxed);
         self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);
     }
@@ -281,30 +303,21 @@ impl DnsMetrics {
             return;
         };
         let stats = &forwarder.stats;
-        let (entries, _) = forwarder.cache_size();
-        let denials = forwarder.cached_denials();
-        family(
+        let (entries, denials) = forwarder.cache_entries_and_denials();
+        coredns_cache_types(
             out,
-            "coredns_cache_entries",
-            "gauge",
+            ("coredns_cache_entries", "gauge"),
             "The number of elements in the cache.",
+            entries as u64,
+            denials as u64,
         );
-        for (kind, count) in [("success", entries - denials), ("denial", denials)] {
-            let labels = format!("{COREDNS_CACHE},type=\"{kind}\"");
-            sample(out, "coredns_cache_entries", &labels, count);
-        }
-        family(
+        coredns_cache_types(
             out,
-            "coredns_cache_hits_total",
-            "counter",
+            ("coredns_cache_hits_total", "counter"),
             "The count of cache hits.",
+            stats.cache_hits.load(Relaxed),
+            stats.cache_denial_hits.load(Relaxed),
         );
-        let hits = stats.cache_hits.load(Relaxed);
-        let denial_hits = stats.cache_denial_hits.load(Relaxed);
-        for (kind, count) in [("success", hits - denial_hits), ("denial", denial_hits)] {
-            let labels = format!("{COREDNS_CACHE},type=\"{kind}\"");
-            sample(out, "coredns_cache_hits_total", &labels, count);
-        }
         for (name, help, count) in [
             (
                 "coredns_cache_misses_total",

@@ -45,17 +45,15 @@ type Listeners = Arc<Mutex<BTreeMap<SocketAddr, Listener>>>;
 pub struct DnsServer {
     /// Held: every listener serves until the server drops.
     listeners: Listeners,
-    /// Follows the host's addresses: the listeners of a followed wildcard, and the
-    /// allow-list.
-    follower: tokio::task::JoinHandle<()>,
-    /// Looks after the upstreams once the listeners are up: loop probes, health checks.
-    upstream_watch: Option<tokio::task::JoinHandle<()>>,
     pub metrics: Arc<DnsMetrics>,
     handler: ClusterDns,
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
     handed_over: Arc<AtomicBool>,
-    /// Tasks that serve this server and stop with it ([`DnsServer::keep_task`]).
+    /// Tasks that serve this server and stop with it: the one following the host (the
+    /// listeners of a followed wildcard, the allow-list, the hosts file), the one looking
+    /// after the upstreams (loop probes, health checks), and those of
+    /// [`DnsServer::keep_task`].
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
@@ -118,10 +116,6 @@ impl Handover {
 
 impl Drop for DnsServer {
     fn drop(&mut self) {
-        self.follower.abort();
-        if let Some(watch) = &self.upstream_watch {
-            watch.abort();
-        }
         for task in &self.tasks {
             task.abort();
         }
@@ -303,19 +297,19 @@ pub async fn serve_planned(
             }
         }
     });
-    let upstream_watch = handler
-        .forwarder()
-        .cloned()
-        .map(|forwarder| tokio::spawn(async move { forwarder.watch_upstreams().await }));
+    let mut tasks = vec![follower];
+    if let Some(forwarder) = handler.forwarder().cloned() {
+        tasks.push(tokio::spawn(
+            async move { forwarder.watch_upstreams().await },
+        ));
+    }
     Ok(DnsServer {
         listeners,
-        follower,
-        upstream_watch,
         metrics: handler.metrics.clone(),
         handler,
         addrs,
         handed_over,
-        tasks: Vec::new(),
+        tasks,
     })
 }
 

@@ -23,6 +23,7 @@
 use crate::fast;
 use crate::handler::ClusterDns;
 use crate::lookup::MAX_UDP_PAYLOAD;
+use crate::metrics::Transport;
 use crate::querylog::QueryLog;
 use crate::rate::Verdict;
 use std::io;
@@ -469,7 +470,7 @@ fn fast_loop(
     stop: &AtomicBool,
 ) {
     let mut batch = Batch::new();
-    // Each reply, and the index of its query in the batch.
+    // Each reply, the index of its query in the batch, and its client.
     let mut answered = [(
         fast::Reply {
             len: 0,
@@ -477,6 +478,7 @@ fn fast_loop(
             rcode: hickory_proto::op::ResponseCode::NoError,
         },
         0,
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
     ); BATCH];
     while !stop.load(Relaxed) {
         let received = match batch.receive(socket) {
@@ -542,7 +544,7 @@ fn fast_loop(
                             &mut batch.send_control[replies],
                             destination_of(&header.msg_hdr),
                         );
-                        answered[replies] = (reply, i);
+                        answered[replies] = (reply, i, src);
                         replies += 1;
                     }
                     None => {
@@ -555,16 +557,13 @@ fn fast_loop(
         }
         batch.send(socket, replies);
         let took = started.elapsed();
-        for &(reply, i) in &answered[..replies] {
-            let header = &batch.receive[i];
-            let Some(src) = socket_addr(&batch.sources[i], header.msg_hdr.msg_namelen) else {
-                continue;
-            };
+        for &(reply, i, src) in &answered[..replies] {
             handler
                 .metrics
-                .counted(reply.qtype, src.ip().to_canonical().is_ipv6(), reply.rcode);
+                .counted(reply.qtype, Transport::of(src, false), reply.rcode);
             if handler.query_log.sampled() {
-                let packet = &batch.received[i * RECEIVE_BUFFER..][..header.msg_len as usize];
+                let len = batch.receive[i].msg_len as usize;
+                let packet = &batch.received[i * RECEIVE_BUFFER..][..len];
                 let question = hickory_proto::op::Message::from_vec(packet)
                     .ok()
                     .and_then(|message| message.queries.into_iter().next());

@@ -55,20 +55,15 @@ pub fn read(data: &BTreeMap<String, String>, cluster_domain: &str) -> Result<Rou
                 stubs.len()
             ));
         }
-        let cluster = format!("{}.", cluster_domain.trim_end_matches('.').to_lowercase());
         for (zone, nameservers) in &stubs {
             if nameservers.len() > MAX_STUB_NAMESERVERS {
                 return Err(format!(
                     "stubDomains: {zone} lists more than {MAX_STUB_NAMESERVERS} nameservers"
                 ));
             }
-            let (name, upstreams) =
-                stub_domain(zone, nameservers).map_err(|error| format!("stubDomains: {error}"))?;
-            let text = name.to_ascii();
-            if text == cluster || text.ends_with(&format!(".{cluster}")) {
-                return Err(format!("stubDomains: {zone} is in the cluster domain"));
-            }
-            routes.zones.push((name, upstreams));
+            let stub = stub_domain(zone, nameservers, cluster_domain)
+                .map_err(|error| format!("stubDomains: {error}"))?;
+            routes.zones.push(stub);
         }
     }
     Ok(routes)

@@ -134,8 +134,8 @@ async fn start_dns(
         .with_rate_limit(nodus_dns::rate::RateLimitSettings {
             responses_per_second: config.dns.rate_limit,
             slip: config.dns.rate_limit_slip,
-        });
-    handler = handler.with_query_log(config.dns.query_log_one_in);
+        })
+        .with_query_log(config.dns.query_log_one_in);
     if !config.dns.hosts.is_empty() || config.dns.hosts_file.is_some() {
         handler = handler.with_hosts(nodus_dns::hosts::HostsSource::new(
             config.dns.hosts.clone(),

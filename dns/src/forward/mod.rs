@@ -285,18 +285,16 @@ impl Forwarder {
         (cache.len(), cache.bytes)
     }
 
-    /// Entries of the cache that hold a denial (NXDOMAIN, NODATA).
-    pub fn cached_denials(&self) -> usize {
-        self.cache().denials
+    /// Entries in the cache, and of them those that hold a denial (NXDOMAIN, NODATA), read
+    /// together.
+    pub fn cache_entries_and_denials(&self) -> (usize, usize) {
+        let cache = self.cache();
+        (cache.len(), cache.denials)
     }
 
     /// Answers `query` from the cache or the upstreams.
     pub async fn resolve(self: &Arc<Self>, query: &Query, dnssec: Dnssec) -> Resolution {
         let key = CacheKey::new(query, dnssec);
-        // Only stub domains, and a name outside them: refused, as a non-recursive server.
-        if self.routes().for_name(&key.name).is_empty() {
-            return Resolution::Refused;
-        }
         let cached = self.cache().lookup(&key, Instant::now(), &self.config);
         let stale = match cached {
             Cached::Fresh { answer, prefetch } => {
@@ -316,13 +314,20 @@ impl Forwarder {
             Cached::Stale(stale) => Some(stale),
             Cached::Miss => None,
         };
+        // Only stub domains, and a name outside them: refused, as a non-recursive server.
+        // (Such a name is never cached: a change of routes empties the cache.)
+        let routes = self.routes();
+        let upstreams = routes.for_name(&key.name);
+        if upstreams.is_empty() {
+            return Resolution::Refused;
+        }
         self.stats.cache_misses.fetch_add(1, Relaxed);
         let Some(_slot) = self.take_slot() else {
             self.stats.refused.fetch_add(1, Relaxed);
             return Resolution::Refused;
         };
         self.stats.forwarded.fetch_add(1, Relaxed);
-        match self.ask_upstreams(query, dnssec).await {
+        match self.ask_upstreams(upstreams, query, dnssec).await {
             Some((answer, wire_size)) => Resolution::Answered(self.store(key, answer, wire_size)),
             None => {
                 self.stats.failures.fetch_add(1, Relaxed);
@@ -370,18 +375,25 @@ impl Forwarder {
                 return;
             };
             forwarder.stats.prefetches.fetch_add(1, Relaxed);
-            if let Some((answer, wire_size)) = forwarder.ask_upstreams(&query, dnssec).await {
+            let routes = forwarder.routes();
+            let upstreams = routes.for_name(&key.name);
+            if let Some((answer, wire_size)) =
+                forwarder.ask_upstreams(upstreams, &query, dnssec).await
+            {
                 forwarder.store(key, answer, wire_size);
             }
         });
     }
 
-    /// The first answer of the upstreams for `query`'s name, asked in the policy's order,
-    /// those that are up first; a SERVFAIL is passed over like silence.
-    async fn ask_upstreams(&self, query: &Query, dnssec: Dnssec) -> Option<(Forwarded, usize)> {
-        let routes = self.routes();
-        let order = self.order(routes.for_name(&query.name().to_lowercase()));
-        for upstream in order {
+    /// The first answer of `upstreams` (those of `query`'s name), asked in the policy's
+    /// order, those that are up first; a SERVFAIL is passed over like silence.
+    async fn ask_upstreams(
+        &self,
+        upstreams: &[Arc<Upstream>],
+        query: &Query,
+        dnssec: Dnssec,
+    ) -> Option<(Forwarded, usize)> {
+        for upstream in self.order(upstreams) {
             match upstream.ask(query, dnssec, self.config.timeout).await {
                 Ok((answer, _)) if answer.rcode == ResponseCode::ServFail => {
                     tracing::debug!(upstream = %upstream.addr, name = %query.name(), "upstream answered SERVFAIL");
@@ -451,8 +463,13 @@ pub fn upstream_address(text: &str) -> Result<SocketAddr, String> {
         .map_err(|_| format!("{text:?} is not an address (10.0.0.5, 10.0.0.5:8600, fd00::5)"))
 }
 
-/// A stub domain as configured: its zone, and the upstreams its names go to.
-pub fn stub_domain(zone: &str, upstreams: &[String]) -> Result<(Name, Vec<SocketAddr>), String> {
+/// A stub domain as configured: its zone, and the upstreams its names go to. None may be in
+/// `cluster_domain`, which nodus answers from the cluster.
+pub fn stub_domain(
+    zone: &str,
+    upstreams: &[String],
+    cluster_domain: &str,
+) -> Result<(Name, Vec<SocketAddr>), String> {
     let name = Name::from_ascii(zone)
         .ok()
         .filter(|name| !name.is_root())
@@ -467,6 +484,13 @@ pub fn stub_domain(zone: &str, upstreams: &[String]) -> Result<(Name, Vec<Socket
         .map_err(|error| format!("{zone}: {error}"))?;
     let mut name = name.to_lowercase();
     name.set_fqdn(true);
+    let cluster = format!("{}.", cluster_domain.trim_end_matches('.').to_lowercase());
+    let text = name.to_ascii();
+    if text == cluster || text.ends_with(&format!(".{cluster}")) {
+        return Err(format!(
+            "{zone:?} is in the cluster domain, which nodus answers from the cluster itself"
+        ));
+    }
     Ok((name, upstreams))
 }
 
@@ -526,6 +550,7 @@ mod tests {
                 "fd00::53".into(),
                 " 10.0.0.4 ".into(),
             ],
+            "cluster.local",
         )
         .expect("valid");
         assert_eq!(zone, Name::from_ascii("consul.").expect("name"));
@@ -533,14 +558,20 @@ mod tests {
             upstreams,
             addrs(&["10.0.0.3:8600", "[fd00::53]:53", "10.0.0.4:53"])
         );
-        assert!(stub_domain("consul", &[]).is_err());
-        assert!(stub_domain(".", &["10.0.0.3".into()]).is_err());
-        assert!(stub_domain("a..b", &["10.0.0.3".into()]).is_err());
-        let error = stub_domain("consul", &["dns.example".into()]).expect_err("a name");
+        assert!(stub_domain("consul", &[], "cluster.local").is_err());
+        assert!(stub_domain(".", &["10.0.0.3".into()], "cluster.local").is_err());
+        assert!(stub_domain("a..b", &["10.0.0.3".into()], "cluster.local").is_err());
+        let error =
+            stub_domain("consul", &["dns.example".into()], "cluster.local").expect_err("a name");
         assert!(
             error.contains("consul") && error.contains("dns.example"),
             "{error}"
         );
+        for zone in ["svc.Cluster.Local", "cluster.local."] {
+            let error = stub_domain(zone, &["10.0.0.3".into()], "cluster.local").expect_err(zone);
+            assert!(error.contains("cluster domain"), "{error}");
+        }
+        assert!(stub_domain("notcluster.local", &["10.0.0.3".into()], "cluster.local").is_ok());
     }
 
     #[test]
