@@ -216,6 +216,11 @@ pub struct DnsConfig {
     pub hosts: Vec<String>,
     /// A hosts file read with them, and again whenever it changes (k3s's `NodeHosts`).
     pub hosts_file: Option<PathBuf>,
+    /// Walk the search list of this node's `ClusterFirst` pods for them (autopath): the
+    /// first question of an outside name gets a CNAME to the name of the list that exists.
+    /// Needs this node's Pods (list and watch); the node's search domains come from
+    /// `resolv_conf`, the file kubelet gives pods too.
+    pub autopath: bool,
     /// Fresh answers after which a name is fetched again in the last tenth of its TTL, so
     /// that popular names never miss (CoreDNS's `prefetch`); 0 never.
     pub cache_prefetch: u32,
@@ -322,6 +327,7 @@ impl Default for DnsConfig {
             // CoreDNS's `serve_stale` duration.
             cache_serve_stale: 3600,
             cache_prefetch: 0,
+            autopath: true,
             hosts: Vec::new(),
             hosts_file: None,
             query_log_one_in: 0,

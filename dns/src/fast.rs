@@ -275,7 +275,15 @@ pub fn truncated(packet: &[u8], out: &mut [u8]) -> Option<Reply> {
     })
 }
 
-pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option<Reply> {
+/// `client` sent the packet: a miss in its own namespace may be the first name of its
+/// search list, which autopath walks on the full path.
+pub fn answer(
+    view: &View,
+    zone: &Zone,
+    client: IpAddr,
+    packet: &[u8],
+    out: &mut [u8],
+) -> Option<Reply> {
     let header = packet.get(..HEADER)?;
     let (flags, codes) = (header[2], header[3]);
     // A query (QR clear), opcode QUERY, the Z bit clear.
@@ -340,6 +348,9 @@ pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option
     }
     let target: Target<'_> = classify(view, zone, &strs[..taken]);
     let decided = common(view, &target, qtype)?;
+    if matches!(decided, Common::NxDomain) && first_of_search_list(view, zone, client, &question) {
+        return None;
+    }
 
     let max = opt
         .map_or(512, |opt| usize::from(opt.payload))
@@ -398,6 +409,22 @@ pub fn answer(view: &View, zone: &Zone, packet: &[u8], out: &mut [u8]) -> Option
         qtype,
         rcode,
     })
+}
+
+/// Whether autopath may walk on from the question: it is on, and the question is
+/// `X.<ns>.svc.<zone>` from a `ClusterFirst` pod of this node in namespace `ns`
+/// ([`crate::autopath::search_after`] decides the rest).
+fn first_of_search_list(view: &View, zone: &Zone, client: IpAddr, question: &Question<'_>) -> bool {
+    let below_zone = question.count - zone.origin().num_labels() as usize;
+    zone.autopath().is_some()
+        && below_zone >= 3
+        && question.label(below_zone - 1).eq_ignore_ascii_case(b"svc")
+        && view.local_pod(client).is_some_and(|pod| {
+            pod.pod.cluster_search
+                && question
+                    .label(below_zone - 2)
+                    .eq_ignore_ascii_case(pod.namespace.as_bytes())
+        })
 }
 
 /// The zone's SOA, as negative answers carry it.

@@ -9,6 +9,7 @@
 //! after it: nothing here knows them.
 
 use crate::allow::AllowList;
+use crate::autopath::{self, Walked};
 use crate::forward::{Dnssec, Forwarder, Resolution};
 use crate::hosts::HostsSource;
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
@@ -22,7 +23,8 @@ use hickory_server::proto::op::Query;
 use hickory_server::proto::op::{
     Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode,
 };
-use hickory_server::proto::rr::{DNSClass, RData, Record, RecordType};
+use hickory_server::proto::rr::rdata::CNAME;
+use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
 use hickory_server::proto::serialize::binary::{
     BinDecodable, BinDecoder, BinEncodable, BinEncoder,
 };
@@ -281,6 +283,27 @@ impl ClusterDns {
         if !internet && self.zone.origin().zone_of(&query.name().to_lowercase()) {
             return Reply::Code(ResponseCode::Refused);
         }
+        let reply = self.answer(query, dnssec).await;
+        let missed =
+            matches!(&reply, Reply::Zone(answer) if answer.rcode == ResponseCode::NXDomain);
+        let path = self
+            .zone
+            .autopath()
+            .filter(|_| missed)
+            .and_then(|node_search| {
+                let origin = self.zone.origin();
+                let client = request.src().ip();
+                autopath::search_after(&self.view.read(), node_search, origin, client, query.name())
+            });
+        match path {
+            Some(path) => self.walk(query, path, dnssec).await.unwrap_or(reply),
+            None => reply,
+        }
+    }
+
+    /// The zone's answer to `query`, else the host records', else the upstreams'.
+    async fn answer(&self, query: &Query, dnssec: Dnssec) -> Reply {
+        let internet = query.query_class() == DNSClass::IN;
         let outcome = match internet {
             true => lookup(
                 &self.view.read(),
@@ -313,6 +336,47 @@ impl ClusterDns {
                 self.forward(query, dnssec).await
             }
         }
+    }
+
+    /// Autopath ([`crate::autopath`]): the first name of `path` (the asker's search list
+    /// after `query`'s name) that is not NXDOMAIN, behind a CNAME from the asked name. None
+    /// when every name is NXDOMAIN or an upstream fails on the way: the asked name's own
+    /// answer goes out, and the pod walks its list itself.
+    async fn walk(&self, query: &Query, path: Vec<Name>, dnssec: Dnssec) -> Option<Reply> {
+        for target in path {
+            let mut asked = Query::query(target.clone(), query.query_type());
+            asked.set_query_class(query.query_class());
+            let mut reply = self.answer(&asked, dnssec).await;
+            let (rcode, answers) = match &mut reply {
+                Reply::Zone(answer) => (answer.rcode, &mut answer.answers),
+                Reply::Forwarded(Resolution::Answered(upstream)) => {
+                    // Our CNAME in front is not something the upstream validated.
+                    upstream.authentic_data = false;
+                    (upstream.rcode, &mut upstream.answers)
+                }
+                Reply::Code(_) | Reply::Forwarded(_) => (ResponseCode::ServFail, &mut Vec::new()),
+            };
+            match rcode {
+                ResponseCode::NXDomain => continue,
+                ResponseCode::NoError => {
+                    // As long as the zone's own records: whether the asked name would
+                    // lead elsewhere depends on the cluster.
+                    let alias = RData::CNAME(CNAME(target));
+                    answers.insert(
+                        0,
+                        Record::from_rdata(query.name().clone(), self.zone.ttl(), alias),
+                    );
+                    self.metrics.walked(Walked::Answered);
+                    return Some(reply);
+                }
+                _ => {
+                    self.metrics.walked(Walked::GaveUp);
+                    return None;
+                }
+            }
+        }
+        self.metrics.walked(Walked::NxDomain);
+        None
     }
 
     /// A name outside the zone and the host records: the upstreams' answer.

@@ -7,6 +7,7 @@
 //! common questions from the packet bytes and leaves the rest to the handler.
 
 pub mod allow;
+pub mod autopath;
 mod codes;
 pub mod fast;
 pub mod forward;

@@ -6,6 +6,7 @@
 //! view's reverse index. Nothing is stored twice and nothing is scanned, so a miss costs
 //! the same as a hit. Pure code: no sockets here.
 
+use crate::autopath::NodeSearch;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::rdata::{A, AAAA, CNAME, NS, PTR, SOA, SRV, TXT};
 use hickory_proto::rr::{Name, RData, Record, RecordType};
@@ -49,6 +50,8 @@ pub struct Zone {
     /// Configured cluster ranges (pods and services) besides those the view knows: reverse
     /// names inside them are answered here, never asked upstream.
     cluster_ranges: Vec<Cidr>,
+    /// Autopath's node search domains ([`crate::autopath`]); None when it is off.
+    autopath: Option<NodeSearch>,
 }
 
 /// `<origin> SOA ns.dns.<origin> hostmaster.<origin>`, as CoreDNS writes it for each zone.
@@ -94,6 +97,7 @@ impl Zone {
             ttl,
             pods,
             cluster_ranges: Vec::new(),
+            autopath: None,
         })
     }
 
@@ -113,6 +117,17 @@ impl Zone {
             || view
                 .nodes()
                 .any(|(_, node)| node.pod_cidrs.iter().any(|cidr| cidr.contains(ip)))
+    }
+
+    /// The zone, walking the search lists of this node's `ClusterFirst` pods for them, with
+    /// `node_search` after the cluster's own domains ([`crate::autopath`]).
+    pub fn with_autopath(mut self, node_search: NodeSearch) -> Zone {
+        self.autopath = Some(node_search);
+        self
+    }
+
+    pub fn autopath(&self) -> Option<&NodeSearch> {
+        self.autopath.as_ref()
     }
 
     pub fn origin(&self) -> &Name {

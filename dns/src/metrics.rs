@@ -2,6 +2,7 @@
 //! nodus's own names, and CoreDNS's ([`DnsMetrics::render_coredns`]) so that the dashboards
 //! and alerts of a cluster that ran CoreDNS keep working.
 
+use crate::autopath::Walked;
 use crate::codes::{RCODES, rcode_index};
 use crate::forward::Forwarder;
 use hickory_proto::op::ResponseCode;
@@ -89,6 +90,8 @@ pub struct DnsMetrics {
     forwarder: Option<Arc<Forwarder>>,
     /// Responses over the rate limit ([`crate::rate`]): dropped, and sent truncated.
     rate_limited: [AtomicU64; 2],
+    /// Autopath walks by how they ended ([`Walked`]).
+    walks: [AtomicU64; Walked::ALL.len()],
 }
 
 /// Indexes into [`QTYPES`]; a match, not a search, because every query counts.
@@ -115,6 +118,7 @@ impl DnsMetrics {
             latency: Histogram::new(LATENCY_BUCKETS),
             forwarder,
             rate_limited: Default::default(),
+            walks: Default::default(),
         }
     }
 
@@ -146,6 +150,10 @@ impl DnsMetrics {
     /// One response over the rate limit: dropped, or sent truncated (`slipped`).
     pub fn rate_limited(&self, slipped: bool) {
         self.rate_limited[usize::from(slipped)].fetch_add(1, Relaxed);
+    }
+
+    pub fn walked(&self, walked: Walked) {
+        self.walks[walked as usize].fetch_add(1, Relaxed);
     }
 
     pub fn render(&self, out: &mut String) {
@@ -188,6 +196,21 @@ impl DnsMetrics {
                 out,
                 "nodus_dns_rate_limited_total",
                 &format!("action=\"{action}\""),
+                count.load(Relaxed),
+            );
+        }
+        family(
+            out,
+            "nodus_dns_autopath_total",
+            "counter",
+            "Questions of a pod's search list walked by the server (autopath), by outcome.",
+        );
+        for (walked, count) in Walked::ALL.iter().zip(&self.walks) {
+            let labels = format!("result=\"{}\"", walked.as_str());
+            sample(
+                out,
+                "nodus_dns_autopath_total",
+                &labels,
                 count.load(Relaxed),
             );
         }
@@ -291,6 +314,18 @@ impl DnsMetrics {
                 sample(out, "coredns_dns_responses_total", &labels, count);
             }
         }
+        family(
+            out,
+            "coredns_autopath_success_total",
+            "counter",
+            "Counter of requests that did autopath.",
+        );
+        sample(
+            out,
+            "coredns_autopath_success_total",
+            "server=\"dns://:53\"",
+            self.walks[Walked::Answered as usize].load(Relaxed),
+        );
         family(
             out,
             "coredns_dns_request_duration_seconds",

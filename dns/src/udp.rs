@@ -532,7 +532,7 @@ fn fast_loop(
                     Verdict::Send => view
                         .as_ref()
                         .filter(|_| allow.contains(src.ip()))
-                        .and_then(|view| fast::answer(view, &handler.zone, packet, out)),
+                        .and_then(|view| fast::answer(view, &handler.zone, src.ip(), packet, out)),
                 };
                 match reply {
                     Some(reply) => {

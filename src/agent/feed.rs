@@ -81,7 +81,7 @@ impl Feed {
         let took = start.elapsed();
         self.metrics.batch_applied(took);
         // Counting walks the view (about 1 ms at 10,000 services), so only after a change.
-        if !report.changes.is_empty() {
+        if !report.changes.is_empty() || report.pods {
             self.metrics.set_counts(&view.counts());
         }
         drop(view);
@@ -122,7 +122,8 @@ impl Feed {
     }
 }
 
-/// Connects to the cluster, watches every kind the view holds (every Node included), and
+/// Connects to the cluster, watches every kind the view holds (every Node included, but not
+/// this node's Pods, which only DNS reads), and
 /// returns the feed with the watch streams, before any item is applied: for the commands
 /// that print the view.
 pub async fn follow_cluster(
@@ -141,6 +142,7 @@ pub async fn follow_cluster(
         all_nodes: true,
         node_name: cluster.node_name.clone(),
         service_cidrs: true,
+        local_pods: false,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let feed = Feed::new(

@@ -19,6 +19,8 @@ pub struct Metrics {
     endpoint_slices: AtomicU64,
     endpoints: AtomicU64,
     nodes: AtomicU64,
+    /// This node's pods.
+    pods: AtomicU64,
     strings: AtomicU64,
     watch_restarts: [AtomicU64; Kind::ALL.len()],
     invalid_objects: [AtomicU64; Kind::ALL.len()],
@@ -55,6 +57,7 @@ impl Default for Metrics {
             endpoint_slices: AtomicU64::new(0),
             endpoints: AtomicU64::new(0),
             nodes: AtomicU64::new(0),
+            pods: AtomicU64::new(0),
             strings: AtomicU64::new(0),
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
@@ -127,6 +130,7 @@ impl Metrics {
             .store(counts.endpoint_slices as u64, Relaxed);
         self.endpoints.store(counts.endpoints as u64, Relaxed);
         self.nodes.store(counts.nodes as u64, Relaxed);
+        self.pods.store(counts.pods as u64, Relaxed);
         self.strings.store(counts.strings as u64, Relaxed);
     }
 
@@ -161,12 +165,13 @@ impl Metrics {
     }
 
     /// Objects in the view by kind, as `nodus_view_objects` labels them.
-    pub fn view_objects(&self) -> [(&'static str, u64); 4] {
+    pub fn view_objects(&self) -> [(&'static str, u64); 5] {
         [
             ("service", &self.services),
             ("endpointslice", &self.endpoint_slices),
             ("endpoint", &self.endpoints),
             ("node", &self.nodes),
+            ("pod", &self.pods),
         ]
         .map(|(kind, value)| (kind, value.load(Relaxed)))
     }

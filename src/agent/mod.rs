@@ -28,7 +28,8 @@ use futures::Stream;
 use handover::Sockets;
 use metrics::{Latest, Metrics};
 use nodus_dns::Zone;
-use nodus_dns::forward::{ForwardConfig, Forwarder, upstreams_from_resolv_conf};
+use nodus_dns::autopath::NodeSearch;
+use nodus_dns::forward::{ForwardConfig, Forwarder, Name, upstreams_from_resolv_conf};
 use nodus_dns::listen::{self, Listen};
 use nodus_dns::server::BoundSockets;
 use nodus_dns::server::DnsServer;
@@ -121,6 +122,20 @@ async fn start_dns(
     )
     .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?
     .with_cluster_ranges(config.cluster_cidrs.clone());
+    let zone = match config.dns.autopath {
+        // Unreadable, it has no search domains (and no upstreams, which is reported).
+        true => {
+            let resolv_conf = std::fs::read_to_string(&config.dns.resolv_conf).unwrap_or_default();
+            let node_search = NodeSearch::from_resolv_conf(&resolv_conf, zone.origin());
+            let domains: Vec<String> = node_search.domains().iter().map(Name::to_string).collect();
+            tracing::info!(
+                node_search = %domains.join(" "),
+                "autopath walks the search lists of this node's pods"
+            );
+            zone.with_autopath(node_search)
+        }
+        false => zone,
+    };
     // A wildcard that another resolver on the node keeps from binding becomes each of the
     // host's addresses, and that resolver stays an upstream.
     let plan = listen::plan(&config.dns.listen);
@@ -265,6 +280,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_name: node_name.clone(),
         // The proxy drops their unallocated addresses; DNS answers their reverse names.
         service_cidrs: config.proxy.enabled || config.dns.enabled,
+        local_pods: config.dns.enabled && config.dns.autopath,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let restored = state.as_ref().and_then(StateDir::restore);

@@ -83,6 +83,19 @@ impl WireKind for wire::ServiceCidr {
     }
 }
 
+impl WireKind for wire::Pod {
+    const KIND: Kind = Kind::Pod;
+    const GROUP: &'static str = "";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "pods";
+    fn meta(&self) -> &wire::Meta {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::Pod(Box::new(self))
+    }
+}
+
 /// A wire object with the bit of `ObjectMeta` that kube-rs's watcher reads.
 #[derive(Clone, Debug)]
 pub struct Lean<T> {
@@ -229,7 +242,13 @@ pub struct WatchSet {
     /// Watch ServiceCIDRs (the proxy drops their unallocated addresses; DNS answers their
     /// reverse names).
     pub service_cidrs: bool,
+    /// Watch this node's Pods (DNS tells who asks by them).
+    pub local_pods: bool,
 }
+
+/// Pods come in pages of at most this many: a Pod is ten times the size of the other
+/// objects, and kube-rs holds a whole page's text while it decodes it.
+const POD_PAGE_MAX: u32 = 50;
 
 /// One item of the merged watch stream.
 #[derive(Debug)]
@@ -379,6 +398,15 @@ pub fn watch_all(
         streams.push(
             kind_stream::<wire::Node>(Api::all(client.clone()), node_config, Presence::Required)
                 .boxed(),
+        );
+    }
+    if set.local_pods && !set.node_name.is_empty() {
+        let pods = watcher::Config::default()
+            .page_size(set.page_size.min(POD_PAGE_MAX))
+            .fields(&format!("spec.nodeName={}", set.node_name));
+        kinds.push(Kind::Pod);
+        streams.push(
+            kind_stream::<wire::Pod>(Api::all(client.clone()), pods, Presence::Optional).boxed(),
         );
     }
     if set.service_cidrs {

@@ -101,8 +101,8 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         let objects = render(&Path::new(DEPLOY).join(variant.dir));
         let context = format!("deploy/{}", variant.dir);
 
-        // RBAC: read services, endpointslices, nodes and servicecidrs; patch nodes; nothing
-        // more.
+        // RBAC: read services, endpointslices, nodes, servicecidrs and pods; patch nodes;
+        // nothing more.
         let role = find(&objects, "ClusterRole");
         let mut rules: Vec<(String, String, Vec<&str>)> = Vec::new();
         for rule in role["rules"].as_array().expect("rules") {
@@ -119,6 +119,7 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
             rules,
             vec![
                 ("".into(), "nodes".into(), vec!["list", "patch", "watch"]),
+                ("".into(), "pods".into(), vec!["list", "watch"]),
                 ("".into(), "services".into(), vec!["list", "watch"]),
                 (
                     "discovery.k8s.io".into(),

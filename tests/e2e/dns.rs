@@ -675,3 +675,86 @@ fn a_kube_dns_config_map_the_api_refuses_is_done_without() {
         (warnings == 1).then_some(())
     });
 }
+
+/// Autopath with glibc's own resolver in a pod: kubelet's resolv.conf for a pod of `shop`
+/// (ndots:5), asked through `getent`. Before nodus has the Pod, glibc walks the search
+/// list itself, a question per name; once nodus has it, an outside name costs one
+/// question, a name of the pod's own namespace still wins, and another namespace's
+/// service comes before the world (the upstream here answers every name).
+#[test]
+fn autopath_resolves_a_pods_outside_name_in_one_question() {
+    let mut cluster = Cluster::new("autopath", EXAMPLE);
+    let (node, client) = node_and_client("apth");
+    // The pod asks from its pod address, as a pod does.
+    client
+        .ip(&[
+            "route",
+            "replace",
+            "10.77.0.1/32",
+            "dev",
+            "eth0",
+            "src",
+            "10.244.1.50",
+        ])
+        .expect("route from the pod address");
+    client
+        .set_resolv_conf(
+            "nameserver 10.77.0.1\nsearch shop.svc.cluster.local svc.cluster.local \
+             cluster.local\noptions ndots:5\n",
+        )
+        .expect("the pod's resolv.conf");
+    let _resolver = OtherResolver::start(&node);
+    let http = run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\"]");
+    let resolve = |name: &str| {
+        client
+            .exec("getent", &["ahostsv4", name])
+            .ok()
+            .and_then(|out| out.split_whitespace().next().map(str::to_string))
+            .unwrap_or_default()
+    };
+    // Questions nodus was asked, and search lists it walked.
+    let counts = || {
+        let metrics = metrics_in(&node, http);
+        let questions = "coredns_dns_requests_total{server=\"dns://:53\",zone=\".\",\
+                         proto=\"udp\",family=\"1\",type=\"A\"}";
+        (
+            metric(&metrics, questions).unwrap_or(0.0),
+            metric(&metrics, "nodus_dns_autopath_total{result=\"answered\"}").unwrap_or(0.0),
+        )
+    };
+
+    let before = counts();
+    assert_eq!(resolve("www.example.org"), "192.0.2.53");
+    let after = counts();
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1),
+        (4.0, 0.0),
+        "a pod nodus does not know walks its list itself"
+    );
+
+    cluster.apply(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "client", "namespace": "shop"},
+        "spec": {"nodeName": "node-1", "dnsPolicy": "ClusterFirst"},
+        "status": {"phase": "Running", "podIP": "10.244.1.50",
+                   "podIPs": [{"ip": "10.244.1.50"}]}}));
+    wait_for("node-1's pod in the view", || {
+        let metrics = metrics_in(&node, http);
+        (metric(&metrics, "nodus_view_objects{kind=\"pod\"}") == Some(1.0)).then_some(())
+    });
+    for (name, address, walked) in [
+        ("mail.example.org", "192.0.2.53", 1.0),
+        // `api.shop` exists: the pod's own namespace wins over the world.
+        ("api", "10.96.0.30", 0.0),
+        // `web.default.shop.svc…` does not; `web.default.svc…` is the next name of the list.
+        ("web.default", "10.96.0.20", 1.0),
+    ] {
+        let before = counts();
+        assert_eq!(resolve(name), address, "{name}");
+        let after = counts();
+        assert_eq!(
+            (after.0 - before.0, after.1 - before.1),
+            (1.0, walked),
+            "{name}: one question"
+        );
+    }
+}

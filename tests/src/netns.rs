@@ -196,6 +196,16 @@ impl Netns {
         run("ip", &full)
     }
 
+    /// The resolv.conf that programs run through [`Netns::command`] and [`Netns::exec`] see:
+    /// `ip netns exec` mounts `/etc/netns/<name>/resolv.conf` over `/etc/resolv.conf`.
+    /// Removed with the namespace.
+    pub fn set_resolv_conf(&self, text: &str) -> anyhow::Result<()> {
+        let dir = Path::new("/etc/netns").join(&self.name);
+        std::fs::create_dir_all(&dir)?;
+        std::fs::write(dir.join("resolv.conf"), text)?;
+        Ok(())
+    }
+
     pub fn sysctl(&self, key: &str, value: &str) -> anyhow::Result<()> {
         self.exec("sysctl", &["-qw", &format!("{key}={value}")])
             .map(drop)
@@ -315,6 +325,7 @@ impl Drop for Netns {
         // the namespace; they are ours too, since nothing else runs in it.
         kill_processes_in(&self.name);
         let _ = run("ip", &["netns", "del", &self.name]);
+        let _ = std::fs::remove_dir_all(Path::new("/etc/netns").join(&self.name));
     }
 }
 

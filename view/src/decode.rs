@@ -6,7 +6,7 @@
 
 use crate::intern::{Interner, Sym};
 use crate::model::{
-    Cidr, EndpointExtra, Endpoints, Family, LoadBalancerIngress, Node, NodeAddress,
+    Cidr, EndpointExtra, Endpoints, Family, LoadBalancerIngress, LocalPod, Node, NodeAddress,
     NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
     TrafficDistribution, TrafficPolicy, conditions,
 };
@@ -472,6 +472,66 @@ fn check_service_cidr(wire: &wire::ServiceCidr) -> Result<Box<[Cidr]>, String> {
         return Err("spec.cidrs: two ranges of one family".to_string());
     }
     Ok(parsed.into())
+}
+
+/// This node's Pod `wire`, for node `node_name`. A pod of another node, or with an address
+/// that does not parse, is refused whole: an address misread would let DNS take another
+/// pod's questions for this one's.
+pub fn pod(
+    wire: &wire::Pod,
+    node_name: &str,
+    strings: &mut Interner,
+) -> Result<LocalPod, InvalidObject> {
+    let (ips, cluster_search) =
+        check_pod(wire, node_name).map_err(|reason| invalid("Pod", &wire.metadata, reason))?;
+    Ok(LocalPod {
+        namespace: strings.intern(wire.metadata.namespace.as_deref().unwrap_or_default()),
+        ips,
+        cluster_search,
+    })
+}
+
+fn check_pod(wire: &wire::Pod, node_name: &str) -> Result<(Box<[IpAddr]>, bool), String> {
+    let node = wire.spec.node_name.as_deref().unwrap_or_default();
+    if node != node_name {
+        return Err(format!("spec.nodeName {node:?} is not this node"));
+    }
+    let host_network = wire.spec.host_network == Some(true);
+    let ended = matches!(wire.status.phase.as_deref(), Some("Succeeded" | "Failed"));
+    let mut texts: Vec<&str> = wire.status.pod_ips.iter().map(|p| p.ip.as_str()).collect();
+    if texts.is_empty() {
+        texts.extend(wire.status.pod_ip.as_deref().filter(|ip| !ip.is_empty()));
+    }
+    let mut ips = Vec::with_capacity(texts.len());
+    for text in texts {
+        let ip = parse_ip("status.podIPs", text)?;
+        if ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
+            return Err(format!("status.podIPs: {ip} cannot be a pod's address"));
+        }
+        if ips
+            .iter()
+            .any(|other: &IpAddr| other.is_ipv4() == ip.is_ipv4())
+        {
+            return Err("status.podIPs: two addresses of one family".to_string());
+        }
+        ips.push(ip);
+    }
+    if host_network || ended {
+        ips.clear();
+    }
+    // kubelet's search list for these policies: the cluster's three domains, then the
+    // node's; `dnsConfig.searches` would add its own after them.
+    let cluster_first = match wire.spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
+        "ClusterFirst" => !host_network,
+        "ClusterFirstWithHostNet" => true,
+        _ => false,
+    };
+    let own_searches = wire
+        .spec
+        .dns_config
+        .as_ref()
+        .is_some_and(|config| !config.searches.is_empty());
+    Ok((ips.into(), cluster_first && !own_searches))
 }
 
 pub fn node(wire: &wire::Node, strings: &mut Interner) -> Result<Node, InvalidObject> {

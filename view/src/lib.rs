@@ -1,7 +1,8 @@
 //! The node view: what every Service means on this node.
 //!
-//! nodus watches the API server once and keeps Services, EndpointSlices and Nodes here in a
-//! compact form ([`model`]), decoded lean from the wire ([`wire`], [`decode`]). The rules of
+//! nodus watches the API server once and keeps Services, EndpointSlices, Nodes and this
+//! node's Pods here in a compact form ([`model`]), decoded lean from the wire ([`wire`],
+//! [`decode`]). The rules of
 //! [`resolve`] turn it into per-port endpoint sets for this node, the same answer for the
 //! proxy, DNS, the mesh and external backends ([`output`]). The process shares it through
 //! one writer and many readers ([`shared`]), and every subsystem consumes it through one
@@ -26,5 +27,6 @@ pub use intern::{Interner, Sym};
 pub use shared::{ViewReader, ViewWriter};
 pub use subsystem::{Applied, Subsystem};
 pub use view::{
-    ApplyReport, ChangeSet, Counts, Kind, ServiceName, ServiceView, SnapshotError, Update, View,
+    ApplyReport, ChangeSet, Counts, Kind, LocalPodView, ServiceName, ServiceView, SnapshotError,
+    Update, View,
 };

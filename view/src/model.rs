@@ -540,6 +540,26 @@ impl Node {
     }
 }
 
+/// A Pod of this node, as DNS needs it to tell who asks: its namespace, the addresses it
+/// sends from, and whether its search list is kubelet's for `ClusterFirst`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPod {
+    pub namespace: Sym,
+    /// Its own addresses, one per family; none for a host-network pod (it sends from the
+    /// node's) or a pod that has ended (its addresses may already be another's).
+    pub ips: Box<[IpAddr]>,
+    /// Its resolv.conf searches `<ns>.svc.<zone> svc.<zone> <zone>` and then the node's
+    /// own search domains, nothing else (`dnsPolicy: ClusterFirst` without
+    /// `dnsConfig.searches`).
+    pub cluster_search: bool,
+}
+
+impl LocalPod {
+    pub(crate) fn release(&self, strings: &mut Interner) {
+        strings.release(self.namespace);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

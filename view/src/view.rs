@@ -1,9 +1,9 @@
-//! The node view: every Service, EndpointSlice, Node and ServiceCIDR nodus watches, in
-//! compact form, updated in batches that report what they touched.
+//! The node view: every Service, EndpointSlice, Node and ServiceCIDR nodus watches, and
+//! this node's Pods, in compact form, updated in batches that report what they touched.
 
 use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
-use crate::model::{Cidr, Node, Service, Slice};
+use crate::model::{Cidr, LocalPod, Node, Service, Slice};
 use crate::resolve::NodeContext;
 use crate::reverse::ReverseIndex;
 use crate::wire;
@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 
+mod pods;
 mod snapshot;
 pub use snapshot::{MAX_BYTES as SNAPSHOT_MAX_BYTES, SnapshotError};
 
@@ -22,14 +23,17 @@ pub enum Kind {
     EndpointSlice,
     Node,
     ServiceCidr,
+    /// This node's pods only.
+    Pod,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Node,
         Kind::ServiceCidr,
+        Kind::Pod,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -38,6 +42,7 @@ impl Kind {
             Kind::EndpointSlice => "EndpointSlice",
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
+            Kind::Pod => "Pod",
         }
     }
 
@@ -54,6 +59,7 @@ pub enum Update {
     EndpointSlice(Box<wire::EndpointSlice>),
     Node(Box<wire::Node>),
     ServiceCidr(Box<wire::ServiceCidr>),
+    Pod(Box<wire::Pod>),
     Deleted {
         kind: Kind,
         namespace: String,
@@ -70,6 +76,13 @@ pub enum Update {
 pub struct ServiceName {
     pub namespace: String,
     pub name: String,
+}
+
+/// A pod of this node, with its namespace's name.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalPodView<'a> {
+    pub namespace: &'a str,
+    pub pod: &'a LocalPod,
 }
 
 /// What a batch touched, so that each subsystem re-plans only that.
@@ -110,6 +123,9 @@ pub struct ApplyReport {
     pub invalid: Vec<InvalidObject>,
     /// The kind of every object skipped in this batch, repeats included.
     pub skipped: Vec<Kind>,
+    /// This node's pods changed; no subsystem re-plans for them (DNS reads them per
+    /// question), so they are not in `changes`.
+    pub pods: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,6 +155,8 @@ pub struct Counts {
     pub endpoint_slices: usize,
     pub endpoints: usize,
     pub nodes: usize,
+    /// This node's pods.
+    pub pods: usize,
     pub strings: usize,
 }
 
@@ -167,6 +185,7 @@ pub struct View {
     /// Service entries per namespace, so that `<ns>.svc.<zone>` can tell an existing
     /// namespace from a missing one without a namespace watch.
     namespaces: HashMap<Sym, u32>,
+    pods: pods::LocalPods,
 }
 
 fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
@@ -193,6 +212,7 @@ impl View {
             reverse: ReverseIndex::default(),
             external: ReverseIndex::default(),
             namespaces: HashMap::new(),
+            pods: pods::LocalPods::default(),
         }
     }
 
@@ -274,6 +294,14 @@ impl View {
             .is_some_and(|ns| self.namespaces.contains_key(&ns))
     }
 
+    /// The pod of this node that sends from `ip`, if the view knows one.
+    pub fn local_pod(&self, ip: IpAddr) -> Option<LocalPodView<'_>> {
+        self.pods.at(ip).map(|pod| LocalPodView {
+            namespace: self.strings.resolve(pod.namespace),
+            pod,
+        })
+    }
+
     /// The services that own `ip`: through a cluster IP, or an endpoint of a headless
     /// service.
     pub fn services_by_ip(&self, ip: IpAddr) -> impl Iterator<Item = ServiceView<'_>> {
@@ -300,6 +328,7 @@ impl View {
     pub fn counts(&self) -> Counts {
         let mut counts = Counts {
             nodes: self.nodes.len(),
+            pods: self.pods.len(),
             strings: self.strings.len(),
             ..Counts::default()
         };
@@ -331,12 +360,16 @@ impl View {
                 }
                 Update::Node(node) => self.upsert_node(*node, &mut report.changes),
                 Update::ServiceCidr(cidr) => self.upsert_service_cidr(*cidr, &mut report.changes),
+                Update::Pod(pod) => self.upsert_pod(*pod, &mut report.pods),
                 Update::Deleted {
                     kind,
                     namespace,
                     name,
                 } => {
+                    let pods = self.pods.len();
                     self.delete(kind, &namespace, &name, &mut report.changes);
+                    // Deletes and sweeps only remove: a pod went when the count fell.
+                    report.pods |= self.pods.len() != pods;
                     Ok(())
                 }
                 Update::RelistStarted(kind) => {
@@ -344,7 +377,9 @@ impl View {
                     Ok(())
                 }
                 Update::RelistDone(kind) => {
+                    let pods = self.pods.len();
                     self.finish_relist(kind, &mut report.changes);
+                    report.pods |= self.pods.len() != pods;
                     Ok(())
                 }
             };
@@ -697,6 +732,29 @@ impl View {
         }
     }
 
+    /// Pods change nothing any subsystem plans: DNS reads them per question.
+    fn upsert_pod(
+        &mut self,
+        wire: wire::Pod,
+        changed: &mut bool,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
+        let key = object_hash(Kind::Pod, namespace, &wire.metadata.name);
+        self.seen(Kind::Pod, namespace, &wire.metadata.name);
+        let node_name = self.strings.resolve(self.node_name).to_string();
+        match decode::pod(&wire, &node_name, &mut self.strings) {
+            Ok(pod) => {
+                *changed |= self.pods.put(key, pod, &mut self.strings);
+                Ok(())
+            }
+            Err(error) => {
+                // What the last version claimed is not trusted past a version that is wrong.
+                *changed |= self.pods.remove(key, &mut self.strings);
+                Err((Kind::Pod, error))
+            }
+        }
+    }
+
     fn delete(&mut self, kind: Kind, namespace: &str, name: &str, changes: &mut ChangeSet) {
         match kind {
             Kind::Service => self.delete_service(namespace, name, changes),
@@ -706,6 +764,10 @@ impl View {
                 if self.service_cidrs.remove(name).is_some() {
                     changes.service_cidrs = true;
                 }
+            }
+            Kind::Pod => {
+                self.pods
+                    .remove(object_hash(kind, namespace, name), &mut self.strings);
             }
         }
     }
@@ -845,6 +907,9 @@ impl View {
                     .retain(|name, _| seen.contains(&object_hash(kind, "", name)));
                 changes.service_cidrs |= self.service_cidrs.len() != before;
             }
+            Kind::Pod => {
+                self.pods.retain(&seen, &mut self.strings);
+            }
         }
     }
 }
@@ -856,6 +921,7 @@ fn update_key(update: &Update) -> Option<u64> {
         Update::EndpointSlice(s) => (Kind::EndpointSlice, &s.metadata),
         Update::Node(n) => (Kind::Node, &n.metadata),
         Update::ServiceCidr(c) => (Kind::ServiceCidr, &c.metadata),
+        Update::Pod(p) => (Kind::Pod, &p.metadata),
         Update::Deleted {
             kind,
             namespace,
@@ -1262,5 +1328,114 @@ mod tests {
             }
         );
         assert_eq!(view.strings().len(), 1);
+    }
+
+    fn pod(ns: &str, name: &str, node: &str, ips: &[&str], spec: serde_json::Value) -> Update {
+        let mut spec = spec;
+        spec["nodeName"] = node.into();
+        let ips: Vec<_> = ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
+        Update::Pod(
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": ns},
+                "spec": spec,
+                "status": {"phase": "Running", "podIPs": ips}
+            }))
+            .expect("test pod"),
+        )
+    }
+
+    fn asker(view: &View, ip: &str) -> Option<(String, bool)> {
+        let ip: IpAddr = ip.parse().expect("ip");
+        view.local_pod(ip)
+            .map(|p| (p.namespace.to_string(), p.pod.cluster_search))
+    }
+
+    #[test]
+    fn this_nodes_pods_are_found_by_their_addresses_with_their_search_list() {
+        let mut view = View::new("node-a");
+        let none = serde_json::json!({});
+        let report = view.apply([
+            pod(
+                "shop",
+                "web-0",
+                "node-a",
+                &["10.244.0.5", "fd00::5"],
+                none.clone(),
+            ),
+            pod(
+                "shop",
+                "own",
+                "node-a",
+                &["10.244.0.6"],
+                serde_json::json!({"dnsConfig": {"searches": ["corp.example"]}}),
+            ),
+            pod(
+                "shop",
+                "plain",
+                "node-a",
+                &["10.244.0.7"],
+                serde_json::json!({"dnsPolicy": "Default"}),
+            ),
+            pod(
+                "kube-system",
+                "agent",
+                "node-a",
+                &["192.168.1.10"],
+                serde_json::json!({"hostNetwork": true, "dnsPolicy": "ClusterFirstWithHostNet"}),
+            ),
+            pod("shop", "elsewhere", "node-b", &["10.244.1.5"], none.clone()),
+            pod("shop", "bad", "node-a", &["10.244.0.300"], none.clone()),
+            pod("shop", "lo", "node-a", &["127.0.0.1"], none.clone()),
+        ]);
+        let skipped: Vec<&str> = report.invalid.iter().map(|e| e.object.as_str()).collect();
+        assert_eq!(skipped, ["shop/elsewhere", "shop/bad", "shop/lo"]);
+        assert_eq!(asker(&view, "10.244.0.5"), Some(("shop".into(), true)));
+        assert_eq!(asker(&view, "fd00::5"), Some(("shop".into(), true)));
+        assert_eq!(asker(&view, "10.244.0.6"), Some(("shop".into(), false)));
+        assert_eq!(asker(&view, "10.244.0.7"), Some(("shop".into(), false)));
+        // A host-network pod sends from the node's address: it is not told by it.
+        assert_eq!(asker(&view, "192.168.1.10"), None);
+        assert_eq!(asker(&view, "10.244.1.5"), None);
+        assert_eq!(view.counts().pods, 4);
+        assert!(report.changes.is_empty(), "pods re-plan nothing");
+
+        // The address passes from an ended pod to a new one of another namespace.
+        let ended = serde_json::json!({"metadata": {"name": "web-0", "namespace": "shop"},
+            "spec": {"nodeName": "node-a"},
+            "status": {"phase": "Succeeded", "podIPs": [{"ip": "10.244.0.5"}]}});
+        view.apply([
+            Update::Pod(serde_json::from_value(ended).expect("pod")),
+            pod("blog", "api-0", "node-a", &["10.244.0.5"], none.clone()),
+        ]);
+        assert_eq!(asker(&view, "10.244.0.5"), Some(("blog".into(), true)));
+        assert_eq!(
+            asker(&view, "fd00::5"),
+            None,
+            "an ended pod holds no address"
+        );
+        // Two live pods claim one address: neither is trusted.
+        view.apply([pod(
+            "shop",
+            "clash",
+            "node-a",
+            &["10.244.0.5"],
+            none.clone(),
+        )]);
+        assert_eq!(asker(&view, "10.244.0.5"), None);
+        view.apply([deleted(Kind::Pod, "shop", "clash")]);
+        assert_eq!(asker(&view, "10.244.0.5"), Some(("blog".into(), true)));
+
+        // A relist that delivers one pod sweeps the others, and their strings.
+        view.apply([
+            Update::RelistStarted(Kind::Pod),
+            pod("blog", "api-0", "node-a", &["10.244.0.9"], none),
+            Update::RelistDone(Kind::Pod),
+        ]);
+        assert_eq!(asker(&view, "10.244.0.5"), None);
+        assert_eq!(asker(&view, "10.244.0.9"), Some(("blog".into(), true)));
+        assert_eq!(view.counts().pods, 1);
+        view.apply([deleted(Kind::Pod, "blog", "api-0")]);
+        assert_eq!(view.counts().pods, 0);
+        assert_eq!(view.strings().len(), 1, "only the node's own name is left");
     }
 }

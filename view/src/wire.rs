@@ -422,6 +422,50 @@ pub struct ServiceCidrSpec {
     pub cidrs: Vec<String>,
 }
 
+/// A Pod of this node: who sends DNS questions from which address, and which search list
+/// kubelet gave it (DNS autopath). Containers, volumes and status conditions are skipped
+/// while parsing.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Pod {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default, deserialize_with = "null_default")]
+    pub spec: PodSpec,
+    #[serde(default, deserialize_with = "null_default")]
+    pub status: PodStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    pub node_name: Option<String>,
+    pub host_network: Option<bool>,
+    pub dns_policy: Option<String>,
+    pub dns_config: Option<PodDnsConfig>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PodDnsConfig {
+    #[serde(default, deserialize_with = "null_default")]
+    pub searches: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    pub phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pub pod_ip: Option<String>,
+    #[serde(rename = "podIPs", default, deserialize_with = "null_default")]
+    pub pod_ips: Vec<PodIp>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PodIp {
+    #[serde(default)]
+    pub ip: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -55,7 +55,7 @@ fuzz_target!(|data: &[u8]| {
     let full = RUNTIME.block_on(HANDLER.answer_datagram(data.to_vec(), src));
     let view = HANDLER.view().read();
     let mut out = [0u8; 1232];
-    if let Some(reply) = fast::answer(&view, HANDLER.zone(), data, &mut out) {
+    if let Some(reply) = fast::answer(&view, HANDLER.zone(), src.ip(), data, &mut out) {
         let fast = Message::from_vec(&out[..reply.len]).expect("the fast path's reply parses");
         let full = full.expect("the full path answers what the fast path answers");
         let full = Message::from_vec(&full).expect("the full path's reply parses");
