@@ -6,20 +6,34 @@
 //! PTR of endpoints of ClusterIP services, which are not indexed and read every slice. Two agents serve the same cluster: one with one UDP
 //! thread (as NSD here has one server process) and one with two (`dns.udp_threads`).
 //! Besides QPS and latency it prints the CPU time each server spent per query, which does not
-//! depend on how loaded the shared machine was. It prints figures and asserts nothing.
+//! depend on how loaded the shared machine was.
 //!
-//! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]`
-//! (needs `dnsperf` and `nsd` from Debian).
+//! Autopath: a pod of the agent's node (one of its 110) resolves outside names as an
+//! application does, through glibc's `getaddrinfo` (A and AAAA) with the resolv.conf kubelet
+//! writes (`ndots:5`, the cluster's three search domains and the node's), against two agents
+//! that differ only in `dns.autopath`; NSD, in the node's namespace, is the world. It
+//! prints the names resolved per second with autopath on and off, every answer checked, and
+//! checks names of the pod's own namespace (which the world holds too, with other
+//! addresses) and of another namespace once through each agent. It prints figures and
+//! asserts nothing.
+//!
+//! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]
+//! [--only dnsperf|autopath]` (needs `dnsperf` and `nsd` from Debian, and root for the
+//! namespaces).
 
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
 use anyhow::{Context, bail};
-use nodus_testbed::bench::{BenchCluster, free_port};
+use nodus_testbed::bench::{Agent, BenchCluster, free_port};
+use nodus_testbed::netns::{self, Netns};
 use nodus_testbed::scale::{self, Shape, proc_memory};
 use std::fmt::Write as _;
+use std::net::{Ipv4Addr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 struct Options {
     services: usize,
@@ -27,6 +41,8 @@ struct Options {
     /// Alternating runs per server and query set; the medians are reported.
     runs: usize,
     nodus: PathBuf,
+    /// Only one part: `dnsperf` or `autopath`.
+    only: Option<String>,
 }
 
 fn options() -> anyhow::Result<Options> {
@@ -35,6 +51,7 @@ fn options() -> anyhow::Result<Options> {
         seconds: 10,
         runs: 3,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
+        only: None,
     };
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
@@ -44,6 +61,7 @@ fn options() -> anyhow::Result<Options> {
             "--seconds" => opts.seconds = value()?.parse()?,
             "--runs" => opts.runs = value()?.parse::<usize>()?.max(1),
             "--nodus" => opts.nodus = value()?.into(),
+            "--only" => opts.only = Some(value()?),
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -130,44 +148,72 @@ impl Drop for Nsd {
     }
 }
 
-fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Nsd> {
+/// NSD's configuration in `dir` (its state and log there too): `zones` (name, file) on
+/// 127.0.0.1:`port`, one server process.
+fn nsd_conf(dir: &Path, port: u16, zones: &[(&str, PathBuf)]) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
     let d = dir.display();
-    let conf = format!(
+    let mut conf = format!(
         "server:\n  ip-address: 127.0.0.1\n  port: {port}\n  server-count: 1\n  username: \"\"\n  \
          chroot: \"\"\n  zonesdir: \"{d}\"\n  database: \"\"\n  pidfile: \"{d}/nsd.pid\"\n  \
          xfrdfile: \"{d}/xfrd.state\"\n  zonelistfile: \"{d}/zone.list\"\n  logfile: \"{d}/nsd.log\"\n  \
-         rrl-ratelimit: 0\nremote-control:\n  control-enable: no\nzone:\n  name: cluster.local\n  \
-         zonefile: \"{}\"\n",
-        zone.display()
+         rrl-ratelimit: 0\nremote-control:\n  control-enable: no\n"
     );
+    for (name, file) in zones {
+        writeln!(
+            conf,
+            "zone:\n  name: {name}\n  zonefile: \"{}\"",
+            file.display()
+        )?;
+    }
     let path = dir.join("nsd.conf");
     std::fs::write(&path, conf)?;
+    Ok(path)
+}
+
+/// Waits until `dig` (run by `run`, in whichever namespace) gets an answer for `probe` from
+/// 127.0.0.1:`port`.
+fn wait_answering(
+    run: impl Fn(&[&str]) -> anyhow::Result<String>,
+    port: u16,
+    probe: &str,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let port = port.to_string();
+    for _ in 0..200 {
+        let args = [
+            "@127.0.0.1",
+            "-p",
+            &port,
+            "+short",
+            "+time=1",
+            "+tries=1",
+            probe,
+        ];
+        if run(&args).is_ok_and(|out| !out.trim().is_empty()) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    bail!("nsd did not answer; see {}/nsd.log", dir.display())
+}
+
+fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Nsd> {
+    let conf = nsd_conf(dir, port, &[("cluster.local", zone.to_path_buf())])?;
     let child = Command::new("nsd")
         .args(["-d", "-c"])
-        .arg(&path)
+        .arg(&conf)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .context("starting nsd (Debian package nsd)")?;
     let nsd = Nsd(child);
-    for _ in 0..200 {
-        let probe = Command::new("dig")
-            .args([
-                "@127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "+short",
-                "+time=1",
-                "+tries=1",
-            ])
-            .arg(service_fqdn(0))
-            .output()?;
-        if !probe.stdout.is_empty() {
-            return Ok(nsd);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    bail!("nsd did not answer; see {d}/nsd.log")
+    let dig = |args: &[&str]| {
+        let out = Command::new("dig").args(args).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    wait_answering(dig, port, &service_fqdn(0), dir)?;
+    Ok(nsd)
 }
 
 struct Perf {
@@ -273,13 +319,30 @@ fn median(mut runs: Vec<Perf>) -> Perf {
 }
 
 fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some(CLIENT_FLAG) {
+        return resolve_client(&args[2..]);
+    }
     let opts = options()?;
     let shape = Shape {
         services: opts.services,
         endpoints_per_service: 10,
         nodes: 100,
     };
-    let cluster = BenchCluster::new(10_000, scale::cluster(&shape))?;
+    // The agents' node runs its 110 pods; the autopath bench's client is the first.
+    let pods = (0..scale::PODS_PER_NODE).map(|k| scale::pod(0, k, &scale::namespace(k)));
+    let cluster = BenchCluster::new(10_000, scale::cluster(&shape).chain(pods))?;
+    if opts.only.as_deref() != Some("autopath") {
+        dnsperf_bench(&opts, &cluster)?;
+    }
+    if opts.only.as_deref() != Some("dnsperf") {
+        autopath_bench(&opts, &cluster)?;
+    }
+    Ok(())
+}
+
+/// dnsperf's query sets against two agents (one and two UDP threads) and NSD.
+fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
     // (UDP threads, port, agent), started one after the other.
     let mut agents = Vec::new();
     for threads in [1, 2] {
@@ -375,5 +438,281 @@ fn main() -> anyhow::Result<()> {
             after.peak_rss_kib as f64 / 1024.0
         );
     }
+    Ok(())
+}
+
+/// The first argument that makes this binary the autopath bench's client.
+const CLIENT_FLAG: &str = "--resolve-client";
+
+/// The pod's side of the autopath bench, run in the pod's namespace as
+/// `--resolve-client FILE SECONDS THREADS`: resolves the names of FILE (`name address` per
+/// line) with `getaddrinfo`, as an application does (A and AAAA, through the search list of
+/// the namespace's resolv.conf), from THREADS threads, each starting at its own place in
+/// the list, for SECONDS (0: each name once). Prints `resolved wrong failed seconds`.
+fn resolve_client(args: &[String]) -> anyhow::Result<()> {
+    let [file, seconds, threads] = args else {
+        bail!("{CLIENT_FLAG} FILE SECONDS THREADS");
+    };
+    let names: Vec<(String, Ipv4Addr)> = std::fs::read_to_string(file)?
+        .lines()
+        .filter_map(|line| {
+            let (name, address) = line.split_once(' ')?;
+            Some((name.to_string(), address.parse().ok()?))
+        })
+        .collect();
+    let (seconds, threads): (f64, usize) = (seconds.parse()?, threads.parse::<usize>()?.max(1));
+    let names = Arc::new(names);
+    let stop = Arc::new(AtomicBool::new(false));
+    // Resolved with the right address, with another, and not at all.
+    let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
+    let started = Instant::now();
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let (names, stop, counts) = (names.clone(), stop.clone(), counts.clone());
+            std::thread::spawn(move || {
+                let first = t * names.len() / threads;
+                let share = match seconds > 0.0 {
+                    true => usize::MAX,
+                    false => (t + 1) * names.len() / threads - first,
+                };
+                for (name, expected) in names.iter().cycle().skip(first).take(share) {
+                    if stop.load(Relaxed) {
+                        break;
+                    }
+                    let outcome = match (name.as_str(), 0).to_socket_addrs() {
+                        Ok(mut found) => usize::from(!found.any(|a| a.ip() == *expected)),
+                        Err(_) => 2,
+                    };
+                    counts[outcome].fetch_add(1, Relaxed);
+                }
+            })
+        })
+        .collect();
+    if seconds > 0.0 {
+        std::thread::sleep(Duration::from_secs_f64(seconds));
+        stop.store(true, Relaxed);
+    }
+    for worker in workers {
+        let _ = worker.join();
+    }
+    let [right, wrong, failed] = &*counts;
+    println!(
+        "{} {} {} {}",
+        right.load(Relaxed),
+        wrong.load(Relaxed),
+        failed.load(Relaxed),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What one client run resolved.
+struct Resolved {
+    right: u64,
+    wrong: u64,
+    failed: u64,
+    per_second: f64,
+}
+
+/// Runs the client in `pod` on `file`, with `nameserver` in its resolv.conf.
+fn resolve_in(
+    pod: &Netns,
+    resolv_conf: &str,
+    file: &Path,
+    seconds: f64,
+    threads: usize,
+) -> anyhow::Result<Resolved> {
+    pod.set_resolv_conf(resolv_conf)?;
+    let output = pod
+        .command(&std::env::current_exe()?.to_string_lossy())
+        .arg(CLIENT_FLAG)
+        .arg(file)
+        .args([seconds.to_string(), threads.to_string()])
+        .output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let fields: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let [right, wrong, failed, took] = fields[..] else {
+        bail!(
+            "the client printed {text:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    Ok(Resolved {
+        right: right as u64,
+        wrong: wrong as u64,
+        failed: failed as u64,
+        per_second: right / took.max(1e-9),
+    })
+}
+
+/// Autopath on and off: names resolved per second by a pod through its search list.
+fn autopath_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
+    const OUTSIDE: usize = 1000;
+    const THREADS: usize = 4;
+    let dir = cluster.dir.join("autopath");
+    std::fs::create_dir_all(&dir)?;
+    let node = Arc::new(Netns::new("apn")?);
+    let pod = Netns::new("app")?;
+    netns::veth(&node, "eth1", &pod, "eth0")?;
+    let pod_ip = scale::local_pod_ip(0, 0);
+    let namespace = scale::namespace(0);
+    let servers = ["10.78.0.1", "10.78.0.2"];
+    for server in servers {
+        node.ip(&["addr", "add", &format!("{server}/32"), "dev", "eth1"])?;
+    }
+    node.ip(&["route", "add", &format!("{pod_ip}/32"), "dev", "eth1"])?;
+    pod.ip(&["addr", "add", &format!("{pod_ip}/32"), "dev", "eth0"])?;
+    pod.ip(&["route", "add", "10.78.0.0/24", "dev", "eth0"])?;
+
+    // The world, in the node's namespace: `api-<i>.example.com`, and the node's search
+    // domain, which also holds the short names of the pod's own namespace (to other
+    // addresses: the namespace's must win).
+    let outside_ip = |i: usize| Ipv4Addr::new(10, 200, (i / 250) as u8, (i % 250 + 1) as u8);
+    let soa = |zone: &str| {
+        format!(
+            "$ORIGIN {zone}.\n$TTL 30\n@ IN SOA ns.{zone}. hostmaster.{zone}. 1 7200 1800 86400 30\n@ IN NS ns.{zone}.\nns IN A 127.0.0.1\n"
+        )
+    };
+    let (mut world, mut internal) = (soa("example.com"), soa("example.internal"));
+    let (mut outside, mut own, mut other) = (String::new(), String::new(), String::new());
+    for i in 0..OUTSIDE {
+        writeln!(world, "api-{i} IN A {}", outside_ip(i))?;
+        writeln!(outside, "api-{i}.example.com {}", outside_ip(i))?;
+    }
+    for i in 0..opts.services.min(2000) {
+        let (name, ip) = (scale::service_name(i), scale::cluster_ip(i));
+        if scale::namespace(i) == namespace {
+            writeln!(internal, "{name} IN A {}", outside_ip(i + OUTSIDE))?;
+            writeln!(own, "{name} {ip}")?;
+        } else {
+            writeln!(other, "{name}.{} {ip}", scale::namespace(i))?;
+        }
+    }
+    let mut zones = Vec::new();
+    for (zone, text) in [("example.com", world), ("example.internal", internal)] {
+        let path = dir.join(format!("{zone}.zone"));
+        std::fs::write(&path, text)?;
+        zones.push((zone, path));
+    }
+    let mut files = Vec::new();
+    for (label, text) in [("outside", outside), ("own", own), ("other", other)] {
+        let path = dir.join(format!("{label}.txt"));
+        std::fs::write(&path, text)?;
+        files.push(path);
+    }
+    let conf = nsd_conf(&dir.join("nsd"), 53, &zones)?;
+    let mut nsd = node.command("nsd");
+    nsd.args(["-d", "-c"])
+        .arg(&conf)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    node.spawn(nsd)
+        .context("starting nsd (Debian package nsd)")?;
+    let dig = |args: &[&str]| node.exec("dig", args);
+    wait_answering(dig, 53, "api-0.example.com", &dir.join("nsd"))?;
+
+    let node_resolv_conf = dir.join("node-resolv.conf");
+    std::fs::write(
+        &node_resolv_conf,
+        "nameserver 127.0.0.1\nsearch example.internal\n",
+    )?;
+    let mut agents: Vec<(bool, &str, Agent)> = Vec::new();
+    for (autopath, server) in [(true, servers[0]), (false, servers[1])] {
+        let config = format!(
+            "dns:\n  listen: [\"{server}:53\"]\n  resolv_conf: {}\n  autopath: {autopath}\n",
+            node_resolv_conf.display()
+        );
+        let agent = cluster.start_agent_in_alone(
+            node.clone(),
+            &opts.nodus,
+            &scale::node_name(0),
+            &config,
+        )?;
+        agent.wait_ready(Duration::from_secs(600))?;
+        agents.push((autopath, server, agent));
+    }
+    let pods = r#"nodus_view_objects{kind="pod"}"#;
+    for _ in 0..200 {
+        if agents[0]
+            .2
+            .metric(pods)
+            .is_ok_and(|n| n == scale::PODS_PER_NODE as f64)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let resolv_conf = |server: &str| {
+        format!(
+            "nameserver {server}\nsearch {namespace}.svc.cluster.local svc.cluster.local \
+             cluster.local example.internal\noptions ndots:5\n"
+        )
+    };
+
+    println!(
+        "\nDNS autopath: a pod of the agent's node ({} pods in the view) resolves names with \
+         getaddrinfo (A and AAAA), ndots:5 and kubelet's search list plus one node domain; \
+         {THREADS} threads, {} s runs, median of {} alternating runs",
+        agents[0].2.metric(pods).unwrap_or(0.0),
+        opts.seconds,
+        opts.runs
+    );
+    for (autopath, server, _) in &agents {
+        let mut line = format!(
+            "autopath {:<3} checked once:",
+            if *autopath { "on" } else { "off" }
+        );
+        for (label, file) in ["outside names", "own namespace", "other namespace"]
+            .iter()
+            .zip(&files)
+        {
+            let once = resolve_in(&pod, &resolv_conf(server), file, 0.0, THREADS)?;
+            let _ = write!(
+                line,
+                " {label} {} right, {} wrong, {} failed;",
+                once.right, once.wrong, once.failed
+            );
+        }
+        println!("{line}");
+    }
+    let mut runs: Vec<Vec<Resolved>> = vec![Vec::new(), Vec::new()];
+    for _ in 0..opts.runs {
+        for ((_, server, _), runs) in agents.iter().zip(&mut runs) {
+            runs.push(resolve_in(
+                &pod,
+                &resolv_conf(server),
+                &files[0],
+                f64::from(opts.seconds),
+                THREADS,
+            )?);
+        }
+    }
+    let medians: Vec<Resolved> = runs
+        .into_iter()
+        .map(|mut runs| {
+            runs.sort_by(|a, b| a.per_second.total_cmp(&b.per_second));
+            runs.swap_remove(runs.len() / 2)
+        })
+        .collect();
+    for ((autopath, _, agent), median) in agents.iter().zip(&medians) {
+        let memory = proc_memory(agent.pid())?;
+        println!(
+            "autopath {:<3} {:>8.0} outside names/s ({} wrong, {} failed in that run) | RSS {:.1} MiB, anon {:.1} MiB, peak {:.1} MiB",
+            if *autopath { "on" } else { "off" },
+            median.per_second,
+            median.wrong,
+            median.failed,
+            memory.rss_kib as f64 / 1024.0,
+            memory.anon_kib as f64 / 1024.0,
+            memory.peak_rss_kib as f64 / 1024.0,
+        );
+    }
+    println!(
+        "autopath on / off: {:.2}×",
+        medians[0].per_second / medians[1].per_second.max(1e-9)
+    );
     Ok(())
 }

@@ -104,7 +104,15 @@ impl BenchCluster {
     }
 
     pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
-        self.start(Command::new(nodus), &self.kubeconfig, None, node, config)
+        let state = self.dir.join("state");
+        self.start(
+            Command::new(nodus),
+            &self.kubeconfig,
+            None,
+            node,
+            config,
+            &state,
+        )
     }
 
     /// As [`BenchCluster::start_agent`], inside `ns` (which gets its own API listener), so
@@ -116,11 +124,36 @@ impl BenchCluster {
         node: &str,
         config: &str,
     ) -> anyhow::Result<Agent> {
+        self.start_in(ns, nodus, node, config, &self.dir.join("state"))
+    }
+
+    /// As [`BenchCluster::start_agent_in`], with a state directory of its own: beside
+    /// another agent of the same node, it neither takes that one's sockets over nor
+    /// restores its view.
+    pub fn start_agent_in_alone(
+        &self,
+        ns: Arc<Netns>,
+        nodus: &Path,
+        node: &str,
+        config: &str,
+    ) -> anyhow::Result<Agent> {
+        let state = self.dir.join(format!("state-{}", free_port()?));
+        self.start_in(ns, nodus, node, config, &state)
+    }
+
+    fn start_in(
+        &self,
+        ns: Arc<Netns>,
+        nodus: &Path,
+        node: &str,
+        config: &str,
+        state: &Path,
+    ) -> anyhow::Result<Agent> {
         let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         let kubeconfig = self.listen_in(&ns, api)?;
         let mut command = Command::new("ip");
         command.args(["netns", "exec", ns.name()]).arg(nodus);
-        self.start(command, &kubeconfig, Some(ns), node, config)
+        self.start(command, &kubeconfig, Some(ns), node, config, state)
     }
 
     fn start(
@@ -130,6 +163,7 @@ impl BenchCluster {
         ns: Option<Arc<Netns>>,
         node: &str,
         config: &str,
+        state: &Path,
     ) -> anyhow::Result<Agent> {
         let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         let config_path = self.dir.join(format!("config-{}.yaml", http.port()));
@@ -143,7 +177,7 @@ impl BenchCluster {
             .arg(&config_path)
             .env("NODUS_LOG", "warn")
             .env("NODUS_ALLOW_HTTP_API", "true")
-            .env("NODUS_STATE_DIR", self.dir.join("state"))
+            .env("NODUS_STATE_DIR", state)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log)?)
             .spawn()

@@ -170,6 +170,80 @@ pub fn slice(i: usize, shape: &Shape, generation: usize) -> Value {
     })
 }
 
+/// Pods kubelet runs at most on one node by default (`maxPods`).
+pub const PODS_PER_NODE: usize = 110;
+
+/// The address of pod `k` of node `node`, in the node's pod CIDR.
+pub fn local_pod_ip(node: usize, k: usize) -> Ipv4Addr {
+    Ipv4Addr::new(
+        10,
+        (128 + node / 256) as u8,
+        (node % 256) as u8,
+        (k % 250 + 2) as u8,
+    )
+}
+
+/// Pod `k` of node `node`, of a service's deployment in namespace `namespace`, as the API
+/// serves a running pod (containers, conditions and managed fields included, which nodus
+/// skips while parsing).
+pub fn pod(node: usize, k: usize, namespace: &str) -> Value {
+    let name = format!("app-{k}-7d9f8c6b5-x{k:04}");
+    let ip = local_pod_ip(node, k).to_string();
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": namespace,
+            "uid": format!("0000{node:08x}-0000-4000-8000-{k:012x}"),
+            "labels": {"app": format!("app-{k}"), "pod-template-hash": "7d9f8c6b5"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                 "name": format!("app-{k}-7d9f8c6b5"), "controller": true,
+                                 "uid": format!("0000{k:08x}-0000-4000-8000-000000000000")}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update",
+                               "apiVersion": "v1", "time": "2026-11-22T00:00:00Z",
+                               "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:metadata": {"f:labels": {}}, "f:spec": {"f:containers": {}}}},
+                              {"manager": "kubelet", "operation": "Update", "subresource": "status",
+                               "apiVersion": "v1", "time": "2026-11-22T00:00:05Z",
+                               "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:status": {"f:conditions": {}, "f:podIPs": {}}}}]
+        },
+        "spec": {
+            "nodeName": node_name(node), "dnsPolicy": "ClusterFirst", "restartPolicy": "Always",
+            "serviceAccountName": "default", "terminationGracePeriodSeconds": 30,
+            "containers": [{
+                "name": "app", "image": "registry.example/app:1.4.2",
+                "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+                "env": [{"name": "LOG_LEVEL", "value": "info"},
+                        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
+                              "limits": {"memory": "128Mi"}},
+                "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 5},
+                "volumeMounts": [{"name": "kube-api-access", "readOnly": true,
+                                  "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+            }],
+            "volumes": [{"name": "kube-api-access", "projected": {"sources": [
+                {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}],
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                             "effect": "NoExecute", "tolerationSeconds": 300}]
+        },
+        "status": {
+            "phase": "Running", "hostIP": format!("172.31.{}.{}", node / 250, node % 250 + 1),
+            "podIP": ip, "podIPs": [{"ip": ip}], "qosClass": "Burstable",
+            "startTime": "2026-11-22T00:00:01Z",
+            "conditions": [{"type": "Ready", "status": "True",
+                            "lastTransitionTime": "2026-11-22T00:00:05Z"},
+                           {"type": "ContainersReady", "status": "True",
+                            "lastTransitionTime": "2026-11-22T00:00:05Z"}],
+            "containerStatuses": [{"name": "app", "ready": true, "restartCount": 0,
+                                   "image": "registry.example/app:1.4.2",
+                                   "imageID": "registry.example/app@sha256:0123456789abcdef",
+                                   "containerID": format!("containerd://{k:064x}"),
+                                   "started": true,
+                                   "state": {"running": {"startedAt": "2026-11-22T00:00:03Z"}}}]
+        }
+    })
+}
+
 /// Every object of a cluster of `shape`, nodes first.
 pub fn cluster(shape: &Shape) -> impl Iterator<Item = Value> + '_ {
     (0..shape.nodes)

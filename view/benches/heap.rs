@@ -47,6 +47,7 @@ fn update(object: serde_json::Value) -> Update {
         Some("EndpointSlice") => Update::EndpointSlice(
             serde_json::from_value::<Box<wire::EndpointSlice>>(object).expect("slice"),
         ),
+        Some("Pod") => Update::Pod(serde_json::from_value::<Box<wire::Pod>>(object).expect("pod")),
         _ => Update::Node(serde_json::from_value::<Box<wire::Node>>(object).expect("node")),
     }
 }
@@ -64,7 +65,9 @@ fn apply_in_pages(view: &mut View, objects: impl Iterator<Item = serde_json::Val
     view.apply(page);
 }
 
-fn measure(shape: Shape, churn: usize) -> (usize, usize) {
+/// The view's heap after the initial lists, after `churn` slice updates, and what this
+/// node's 110 pods add to it.
+fn measure(shape: Shape, churn: usize) -> (usize, usize, usize) {
     let before = LIVE.load(Relaxed);
     // Every Node is in the view, as when the mesh is on: the larger case.
     let mut view = View::new(&scale::node_name(0));
@@ -75,14 +78,21 @@ fn measure(shape: Shape, churn: usize) -> (usize, usize) {
         (0..churn).map(|k| scale::slice(k % shape.services, &shape, k / shape.services + 1)),
     );
     let churned = LIVE.load(Relaxed) - before;
+    // This node's pods, for DNS autopath, over the view of the cluster.
+    let pods =
+        (0..scale::PODS_PER_NODE).map(|k| scale::pod(0, k, &scale::namespace(k % shape.services)));
+    let without = LIVE.load(Relaxed);
+    apply_in_pages(&mut view, pods);
+    let pods = LIVE.load(Relaxed) - without;
     let counts = view.counts();
+    assert_eq!(counts.pods, scale::PODS_PER_NODE);
     assert_eq!(counts.services, shape.services);
     assert_eq!(
         counts.endpoints,
         shape.services * shape.endpoints_per_service
     );
     drop(view);
-    (synced, churned)
+    (synced, churned, pods)
 }
 
 /// The view saved and restored ([`View::save`], [`View::restore`]): the file's size, the
@@ -115,8 +125,8 @@ fn snapshot(shape: Shape) {
 pub fn main() {
     println!("node view heap (live bytes, counting allocator)");
     println!(
-        "{:<14} {:>14} {:>16} {:>12}",
-        "shape S×E×N", "after sync", "after 1000 churn", "per endpoint"
+        "{:<14} {:>14} {:>16} {:>12} {:>14}",
+        "shape S×E×N", "after sync", "after 1000 churn", "per endpoint", "110 pods"
     );
     let mut over_budget = false;
     for (services, endpoints, nodes) in [(100, 3, 3), (1000, 10, 100), (10_000, 10, 100)] {
@@ -125,13 +135,14 @@ pub fn main() {
             endpoints_per_service: endpoints,
             nodes,
         };
-        let (synced, churned) = measure(shape, 1000);
+        let (synced, churned, pods) = measure(shape, 1000);
         println!(
-            "{:<14} {:>10.2} MiB {:>12.2} MiB {:>10} B",
+            "{:<14} {:>10.2} MiB {:>12.2} MiB {:>10} B {:>10.1} KiB",
             format!("{services}×{endpoints}×{nodes}"),
             synced as f64 / (1 << 20) as f64,
             churned as f64 / (1 << 20) as f64,
             synced / (services * endpoints),
+            pods as f64 / 1024.0,
         );
         if services == 10_000 && synced.max(churned) > BUDGET_BYTES {
             over_budget = true;
