@@ -71,15 +71,31 @@ enum Reply {
 }
 
 impl Reply {
+    fn rcode(&self) -> ResponseCode {
+        match self {
+            Reply::Code(code) => *code,
+            Reply::Zone(answer) => answer.rcode,
+            Reply::Forwarded(Resolution::Answered(upstream)) => upstream.rcode,
+            Reply::Forwarded(Resolution::Failed) => ResponseCode::ServFail,
+            Reply::Forwarded(Resolution::Refused) => ResponseCode::Refused,
+        }
+    }
+
+    /// The answer section, when the reply has records.
+    fn answers_mut(&mut self) -> Option<&mut Vec<Record>> {
+        match self {
+            Reply::Zone(answer) => Some(&mut answer.answers),
+            Reply::Forwarded(Resolution::Answered(upstream)) => Some(&mut upstream.answers),
+            _ => None,
+        }
+    }
+
     /// The answer's addresses in a random order, as kubeadm's Corefile ends in
     /// `loadbalance`: clients that take the first address spread over all of them.
     fn shuffle_addresses(&mut self) {
-        let answers = match self {
-            Reply::Zone(answer) => &mut answer.answers,
-            Reply::Forwarded(Resolution::Answered(upstream)) => &mut upstream.answers,
-            _ => return,
-        };
-        shuffle_addresses(answers);
+        if let Some(answers) = self.answers_mut() {
+            shuffle_addresses(answers);
+        }
     }
 }
 
@@ -347,25 +363,20 @@ impl ClusterDns {
             let mut asked = Query::query(target.clone(), query.query_type());
             asked.set_query_class(query.query_class());
             let mut reply = self.answer(&asked, dnssec).await;
-            let (rcode, answers) = match &mut reply {
-                Reply::Zone(answer) => (answer.rcode, &mut answer.answers),
-                Reply::Forwarded(Resolution::Answered(upstream)) => {
-                    // Our CNAME in front is not something the upstream validated.
-                    upstream.authentic_data = false;
-                    (upstream.rcode, &mut upstream.answers)
-                }
-                Reply::Code(_) | Reply::Forwarded(_) => (ResponseCode::ServFail, &mut Vec::new()),
-            };
-            match rcode {
+            match reply.rcode() {
                 ResponseCode::NXDomain => continue,
                 ResponseCode::NoError => {
+                    if let Reply::Forwarded(Resolution::Answered(upstream)) = &mut reply {
+                        // Our CNAME in front is not something the upstream validated.
+                        upstream.authentic_data = false;
+                    }
                     // As long as the zone's own records: whether the asked name would
                     // lead elsewhere depends on the cluster.
                     let alias = RData::CNAME(CNAME(target));
-                    answers.insert(
-                        0,
-                        Record::from_rdata(query.name().clone(), self.zone.ttl(), alias),
-                    );
+                    let cname = Record::from_rdata(query.name().clone(), self.zone.ttl(), alias);
+                    if let Some(answers) = reply.answers_mut() {
+                        answers.insert(0, cname);
+                    }
                     self.metrics.walked(Walked::Answered);
                     return Some(reply);
                 }
@@ -444,24 +455,20 @@ async fn send<R: ResponseHandler>(
     metadata.authentic_data = understands_ad
         && matches!(reply, Reply::Forwarded(Resolution::Answered(upstream)) if upstream.authentic_data);
     let none: &[Record] = &[];
-    let (rcode, answers, authority, additionals) = match reply {
-        Reply::Code(code) => (*code, none, none, none),
+    let (answers, authority, additionals) = match reply {
         Reply::Zone(answer) => (
-            answer.rcode,
             &answer.answers[..],
             &answer.authority[..],
             &answer.additionals[..],
         ),
         Reply::Forwarded(Resolution::Answered(upstream)) => (
-            upstream.rcode,
             &upstream.answers[..],
             &upstream.authorities[..],
             &upstream.additionals[..],
         ),
-        Reply::Forwarded(Resolution::Failed) => (ResponseCode::ServFail, none, none, none),
-        Reply::Forwarded(Resolution::Refused) => (ResponseCode::Refused, none, none, none),
+        Reply::Code(_) | Reply::Forwarded(_) => (none, none, none),
     };
-    metadata.response_code = rcode;
+    metadata.response_code = reply.rcode();
     response_handle
         .send_response(builder.build(metadata, answers, authority, none, additionals))
         .await
