@@ -57,18 +57,25 @@ fn ticks(period: Duration) -> impl Stream<Item = WatchItem> {
     })
 }
 
-/// The upstreams of the configuration: `dns.resolv_conf`'s nameservers, leaving out those
-/// that are nodus itself (`own`), and the stub domains.
-fn configured_routes(config: &Config, own: &[SocketAddr]) -> kube_dns::Routes {
+/// The upstreams of the configuration: the nameservers of `resolv_conf` (`dns.resolv_conf`
+/// as read), leaving out those that are nodus itself (`own`), and the stub domains.
+fn configured_routes(
+    config: &Config,
+    resolv_conf: &std::io::Result<String>,
+    own: &[SocketAddr],
+) -> kube_dns::Routes {
     let dns = &config.dns;
     let path = dns.resolv_conf.display();
-    let upstreams = match upstreams_from_resolv_conf(&dns.resolv_conf, own) {
-        Ok(upstreams) if upstreams.is_empty() => {
-            tracing::warn!(%path, "no upstream nameserver; names outside the zone are refused");
-            upstreams
-        }
-        Ok(upstreams) => {
-            tracing::info!(?upstreams, "forwarding names outside the cluster zone");
+    let upstreams = match resolv_conf {
+        Ok(text) => {
+            let upstreams = upstreams_from_resolv_conf(text, own);
+            match upstreams.is_empty() {
+                true => tracing::warn!(
+                    %path,
+                    "no upstream nameserver; names outside the zone are refused"
+                ),
+                false => tracing::info!(?upstreams, "forwarding names outside the cluster zone"),
+            }
             upstreams
         }
         Err(error) => {
@@ -122,11 +129,13 @@ async fn start_dns(
     )
     .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?
     .with_cluster_ranges(config.cluster_cidrs.clone());
+    // Read once: its nameservers are the upstreams, its search line the node's domains.
+    let resolv_conf = std::fs::read_to_string(&config.dns.resolv_conf);
     let zone = match config.dns.autopath {
         // Unreadable, it has no search domains (and no upstreams, which is reported).
         true => {
-            let resolv_conf = std::fs::read_to_string(&config.dns.resolv_conf).unwrap_or_default();
-            let node_search = NodeSearch::from_resolv_conf(&resolv_conf, zone.origin());
+            let text = resolv_conf.as_deref().unwrap_or_default();
+            let node_search = NodeSearch::from_resolv_conf(text, zone.origin());
             let domains: Vec<String> = node_search.domains().iter().map(Name::to_string).collect();
             tracing::info!(
                 node_search = %domains.join(" "),
@@ -143,7 +152,7 @@ async fn start_dns(
         true => listen::host_addresses().context("reading this host's addresses")?,
         false => Vec::new(),
     };
-    let routes = configured_routes(config, &listen::own_addresses(&plan, &host));
+    let routes = configured_routes(config, &resolv_conf, &listen::own_addresses(&plan, &host));
     let forwarder = forwarder(config, &routes);
     let mut handler = nodus_dns::handler::ClusterDns::new(view, zone, forwarder.clone())
         .with_rate_limit(nodus_dns::rate::RateLimitSettings {

@@ -8,7 +8,6 @@ use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};
 use hickory_proto::rr::{Name, RecordType};
 use nodus_prom::Histogram;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,13 +20,10 @@ pub(crate) const MAX_FAILS: u32 = 2;
 /// alerts at a p99 of 4 s).
 const LATENCY_BUCKETS: [f64; 8] = [0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 4.0];
 
-/// The nameservers of a resolv.conf, on port 53, without `exclude` (nodus's own listeners).
-pub fn upstreams_from_resolv_conf(
-    path: &Path,
-    exclude: &[SocketAddr],
-) -> std::io::Result<Vec<SocketAddr>> {
-    let text = std::fs::read_to_string(path)?;
-    Ok(parse_resolv_conf(&text, exclude, interface_index))
+/// The nameservers of a resolv.conf's `text`, on port 53, without `exclude` (nodus's own
+/// listeners).
+pub fn upstreams_from_resolv_conf(text: &str, exclude: &[SocketAddr]) -> Vec<SocketAddr> {
+    parse_resolv_conf(text, exclude, interface_index)
 }
 
 /// The index of the network interface `name`, from sysfs.
