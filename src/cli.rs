@@ -109,6 +109,9 @@ pub struct ClusterArgs {
     /// else ~/.kube/config.
     #[arg(long, global = true)]
     pub kubeconfig: Option<PathBuf>,
+    /// The API server's URL, overriding the configuration's `api_server` (empty: unset).
+    #[arg(long, env = "NODUS_API_SERVER", global = true, value_name = "URL")]
+    pub api_server: Option<String>,
     /// The name of the Node nodus runs on.
     #[arg(long, env = "NODE_NAME", global = true, default_value = "")]
     pub node_name: String,

@@ -12,10 +12,20 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:10256";
+/// The configuration schema this nodus reads.
+pub const API_VERSION: &str = "nodus.dev/v1alpha1";
+pub const KIND: &str = "NodusConfiguration";
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
+    /// The schema of this file: [`API_VERSION`]. A file without it is read as that
+    /// version; another version is refused, so that a file written for a newer nodus is
+    /// never half-understood.
+    #[serde(rename = "apiVersion")]
+    pub api_version: Option<String>,
+    /// [`KIND`], when given.
+    pub kind: Option<String>,
     /// The DNS zone of the cluster.
     pub cluster_domain: String,
     /// Pod address ranges of the whole cluster; empty means "from the Nodes' pod CIDRs",
@@ -46,6 +56,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
+            api_version: None,
+            kind: None,
             cluster_domain: "cluster.local".into(),
             cluster_cidrs: Vec::new(),
             api_server: None,
@@ -433,29 +445,6 @@ impl MeshConfig {
     }
 }
 
-/// serde_yaml names the line of an unknown key, except for a key on the document's first
-/// line: find that key's line in the text.
-fn with_line(yaml: &str, error: serde_yaml::Error) -> anyhow::Error {
-    let message = error.to_string();
-    let unknown = message
-        .strip_prefix("unknown field `")
-        .and_then(|rest| rest.split_once('`'))
-        .map(|(key, _)| key);
-    // Its Display leaves out a position at the very start of the document.
-    let line = unknown
-        .filter(|_| !message.contains(" at line "))
-        .and_then(|key| {
-            yaml.lines().position(|line| {
-                line.strip_prefix(key)
-                    .is_some_and(|rest| rest.trim_start().starts_with(':'))
-            })
-        });
-    match line {
-        Some(index) => anyhow::anyhow!("{message} at line {}", index + 1),
-        None => error.into(),
-    }
-}
-
 fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Cidr>, D::Error> {
     Vec::<String>::deserialize(deserializer)?
         .iter()
@@ -501,7 +490,8 @@ impl Config {
         if yaml.trim().is_empty() {
             return Ok(Config::default());
         }
-        let config: Config = serde_yaml::from_str(yaml).map_err(|error| with_line(yaml, error))?;
+        // serde-saphyr's errors name the line and column, and quote the line.
+        let config: Config = serde_saphyr::from_str(yaml)?;
         config.validate()?;
         Ok(config)
     }
@@ -558,6 +548,16 @@ impl Config {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        if let Some(version) = &self.api_version {
+            anyhow::ensure!(
+                version == API_VERSION,
+                "apiVersion: {version:?} is not a version this nodus reads ({API_VERSION}); \
+                 it was written for another release"
+            );
+        }
+        if let Some(kind) = &self.kind {
+            anyhow::ensure!(kind == KIND, "kind: {kind:?} is not {KIND}");
+        }
         anyhow::ensure!(
             !self.cluster_domain.is_empty() && !self.cluster_domain.starts_with('.'),
             "cluster_domain: {:?} is not a domain name",
@@ -669,13 +669,93 @@ impl Config {
              inside them, so that no Node can claim another range"
         );
         if let Some(url) = &self.api_server {
-            anyhow::ensure!(
-                url.starts_with("https://") || url.starts_with("http://"),
-                "api_server: {url:?} must be an http:// or https:// URL"
-            );
+            check_api_server(url)?;
         }
         Ok(())
     }
+
+    /// Replaces `api_server` with `--api-server` (`NODUS_API_SERVER`) when given; an empty
+    /// value, as a DaemonSet's unset variable reads, changes nothing.
+    pub fn with_api_server(mut self, flag: Option<&str>) -> anyhow::Result<Config> {
+        if let Some(url) = flag.filter(|url| !url.is_empty()) {
+            check_api_server(url).context("--api-server (NODUS_API_SERVER)")?;
+            self.api_server = Some(url.to_string());
+        }
+        Ok(self)
+    }
+
+    /// Refuses a proxy that could reach the API server only through the `kubernetes`
+    /// Service, which it programs itself: on a new node, or after a reboot (the table
+    /// does not survive one), nothing would program that Service, and nodus would wait
+    /// for itself forever.
+    pub fn check_bootstrap(&self, discovery: &ApiDiscovery) -> anyhow::Result<()> {
+        if !self.proxy.enabled || self.api_server.is_some() || discovery.reaches_api_directly() {
+            return Ok(());
+        }
+        anyhow::bail!(
+            "api_server: proxy.enabled needs the API server's own address, not the \
+             `kubernetes` Service's cluster IP that the in-cluster account uses: nodus \
+             programs that Service itself, so a new or rebooted node could never reach the \
+             API. Set `api_server` (or --api-server, NODUS_API_SERVER): kubeadm's \
+             controlPlaneEndpoint, https://127.0.0.1:6443 on a k3s server, Talos's KubePrism \
+             https://localhost:7445; or name a kubeconfig on the host (--kubeconfig)"
+        )
+    }
+}
+
+/// How the process would find the API server when `api_server` is unset.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApiDiscovery {
+    /// A kubeconfig is named: `--kubeconfig` or `$KUBECONFIG`.
+    pub kubeconfig: bool,
+    /// `$KUBERNETES_SERVICE_HOST`, the in-cluster account's address.
+    pub service_host: Option<String>,
+    /// `$KUBERNETES_PORT` (`tcp://10.96.0.1:443`), which kubelet sets from the
+    /// `kubernetes` Service beside `$KUBERNETES_SERVICE_HOST`. A DaemonSet that sets
+    /// `KUBERNETES_SERVICE_HOST` itself (as Cilium's does) leaves this one alone.
+    pub service_port: Option<String>,
+}
+
+impl ApiDiscovery {
+    pub fn of_process(kubeconfig_flag: bool) -> ApiDiscovery {
+        let var = |name| std::env::var(name).ok().filter(|v| !v.is_empty());
+        ApiDiscovery {
+            kubeconfig: kubeconfig_flag || var("KUBECONFIG").is_some(),
+            service_host: var("KUBERNETES_SERVICE_HOST"),
+            service_port: var("KUBERNETES_PORT"),
+        }
+    }
+
+    /// A kubeconfig, or an in-cluster address other than the one kubelet gave from the
+    /// `kubernetes` Service.
+    fn reaches_api_directly(&self) -> bool {
+        let cluster_ip = self.service_port.as_deref().and_then(|port| {
+            let address = port.strip_prefix("tcp://")?;
+            let (host, _) = address.rsplit_once(':')?;
+            Some(host.trim_start_matches('[').trim_end_matches(']'))
+        });
+        self.kubeconfig
+            || self
+                .service_host
+                .as_deref()
+                .is_some_and(|host| Some(host) != cluster_ip)
+    }
+}
+
+/// An `http(s)://` URL whose host is not the placeholder the deploy files ship.
+fn check_api_server(url: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        url.starts_with("https://") || url.starts_with("http://"),
+        "api_server: {url:?} must be an http:// or https:// URL"
+    );
+    let host = url
+        .split_once("://")
+        .map_or("", |(_, rest)| rest.split(['/', ':']).next().unwrap_or(""));
+    anyhow::ensure!(
+        !host.ends_with(".invalid"),
+        "api_server: {url:?} is the deploy files' placeholder: set the API server's address"
+    );
+    Ok(())
 }
 
 #[cfg(test)]
@@ -823,19 +903,25 @@ mod tests {
         let err = Config::parse("cluster_domain: a.b\ndns:\n  enabled: false\n  lisen: []\n")
             .expect_err("unknown key");
         let text = format!("{err:#}");
-        assert!(text.contains("lisen"), "{text}");
-        assert!(text.contains("line 4"), "{text}");
+        assert!(
+            text.contains("line 4 column 3: unknown field `lisen`"),
+            "{text}"
+        );
 
         let err = Config::parse("# nodus\ncluster_domain: a.b\nclusterdomain: c\n")
             .expect_err("unknown key");
         let text = format!("{err:#}");
-        assert!(text.contains("`clusterdomain`"), "{text}");
-        assert!(text.contains("at line 3"), "{text}");
+        assert!(
+            text.contains("line 3 column 1: unknown field `clusterdomain`"),
+            "{text}"
+        );
 
-        // serde_yaml leaves the position out for the first line of the document.
         let err = Config::parse("clusterdomain: c\n").expect_err("unknown key");
         let text = format!("{err:#}");
-        assert!(text.ends_with("`mesh` at line 1"), "{text}");
+        assert!(
+            text.contains("line 1 column 1: unknown field `clusterdomain`"),
+            "{text}"
+        );
 
         let err = Config::parse("mesh:\n  enabled: true\n  key_dir: /x\n").expect_err("unknown");
         let without_ranges = Config::parse("mesh:\n  enabled: true\n").expect_err("no ranges");
@@ -844,8 +930,81 @@ mod tests {
             "{without_ranges:#}"
         );
         let text = format!("{err:#}");
-        assert!(text.contains("mesh: unknown field `key_dir`"), "{text}");
-        assert!(text.contains("line 3"), "{text}");
+        assert!(
+            text.contains("line 3 column 3: unknown field `key_dir`"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_schema_version_is_checked_when_given() {
+        let config = Config::parse(
+            "apiVersion: nodus.dev/v1alpha1\nkind: NodusConfiguration\ncluster_domain: a.b\n",
+        )
+        .expect("valid");
+        assert_eq!(config.cluster_domain, "a.b");
+        let error = Config::parse("apiVersion: nodus.dev/v2\n").expect_err("newer schema");
+        assert!(
+            format!("{error:#}").contains("apiVersion: \"nodus.dev/v2\""),
+            "{error:#}"
+        );
+        assert!(Config::parse("apiVersion: nodus.dev/v1alpha1\nkind: ConfigMap\n").is_err());
+    }
+
+    #[test]
+    fn a_proxy_needs_an_api_server_that_is_not_its_own_service() {
+        let proxy = Config::parse("proxy:\n  enabled: true\n").expect("valid");
+        // kubelet's variables in a pod: the address is the `kubernetes` Service's.
+        let in_cluster = ApiDiscovery {
+            kubeconfig: false,
+            service_host: Some("10.96.0.1".into()),
+            service_port: Some("tcp://10.96.0.1:443".into()),
+        };
+        let error = proxy
+            .check_bootstrap(&in_cluster)
+            .expect_err("chicken and egg");
+        assert!(
+            format!("{error:#}").starts_with("api_server: "),
+            "{error:#}"
+        );
+        assert!(proxy.check_bootstrap(&ApiDiscovery::default()).is_err());
+        // The DaemonSet set KUBERNETES_SERVICE_HOST itself, a kubeconfig is named, or the
+        // file or the flag names the server.
+        let direct = ApiDiscovery {
+            service_host: Some("192.168.1.10".into()),
+            ..in_cluster.clone()
+        };
+        proxy.check_bootstrap(&direct).expect("a direct address");
+        let kubeconfig = ApiDiscovery {
+            kubeconfig: true,
+            ..in_cluster.clone()
+        };
+        proxy.check_bootstrap(&kubeconfig).expect("a kubeconfig");
+        let flagged = proxy
+            .clone()
+            .with_api_server(Some("https://10.0.0.1:6443"))
+            .expect("valid");
+        flagged.check_bootstrap(&in_cluster).expect("the flag");
+        // An empty variable is no flag; the placeholder and other schemes are refused.
+        assert!(
+            proxy
+                .clone()
+                .with_api_server(Some(""))
+                .expect("unset")
+                .api_server
+                .is_none()
+        );
+        assert!(
+            proxy
+                .clone()
+                .with_api_server(Some("https://control-plane.invalid:6443"))
+                .is_err()
+        );
+        assert!(Config::parse("api_server: https://control-plane.invalid:6443\n").is_err());
+        // Without the proxy the Service is someone else's.
+        Config::default()
+            .check_bootstrap(&in_cluster)
+            .expect("no proxy");
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod cli;
 mod cmd;
 mod config;
 
+use anyhow::Context as _;
 use clap::Parser;
 use cli::{Cli, ClusterArgs, Command, LogFormat, ProxyCommand, RunArgs};
 use config::Config;
@@ -79,7 +80,13 @@ fn main() -> anyhow::Result<()> {
             cmd::status::print(addr)
         }
         Some(Command::CheckConfig { file }) => {
-            Config::load(&file)?;
+            let cluster = &cli.run.cluster;
+            Config::load(&file)?
+                .with_api_server(cluster.api_server.as_deref())?
+                .check_bootstrap(&config::ApiDiscovery::of_process(
+                    cluster.kubeconfig.is_some(),
+                ))
+                .with_context(|| format!("invalid configuration {}", file.display()))?;
             println!("{}: valid", file.display());
             Ok(())
         }

@@ -129,7 +129,8 @@ impl Feed {
 pub async fn follow_cluster(
     cluster: &ClusterArgs,
 ) -> anyhow::Result<(Feed, impl Stream<Item = WatchItem> + use<>)> {
-    let config = Config::load_or_default(cluster.config.as_deref())?;
+    let config = Config::load_or_default(cluster.config.as_deref())?
+        .with_api_server(cluster.api_server.as_deref())?;
     // Printing the view programs nothing: a plain http:// server is the user's choice.
     let client = watch::connect(
         cluster.kubeconfig.as_deref(),

@@ -21,7 +21,7 @@ pub mod status;
 pub mod watch;
 
 use crate::cli::RunArgs;
-use crate::config::Config;
+use crate::config::{ApiDiscovery, Config};
 use anyhow::Context;
 use feed::Feed;
 use futures::Stream;
@@ -245,7 +245,9 @@ fn start_proxy(
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let mut config = Config::load_or_default(args.cluster.config.as_deref())?;
+    let mut config = Config::load_or_default(args.cluster.config.as_deref())?
+        .with_api_server(args.cluster.api_server.as_deref())?;
+    config.check_bootstrap(&ApiDiscovery::of_process(args.cluster.kubeconfig.is_some()))?;
     if let Some(addr) = args.http_addr {
         config.http_addr = addr;
     }

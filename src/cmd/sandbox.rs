@@ -400,10 +400,10 @@ struct PodPlan {
 }
 
 fn parse_documents(yaml: &str) -> anyhow::Result<Vec<Value>> {
-    use serde::Deserialize;
     let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let value = Value::deserialize(doc).context("parsing the cluster YAML")?;
+    let documents: Vec<Value> =
+        serde_saphyr::from_multiple(yaml).context("parsing the cluster YAML")?;
+    for value in documents {
         match value.get("kind").and_then(Value::as_str) {
             None => {}
             Some("List") => docs.extend(value["items"].as_array().cloned().unwrap_or_default()),

@@ -51,9 +51,7 @@ fn render(dir: &Path) -> Vec<Value> {
         String::from_utf8_lossy(&output.stderr)
     );
     let text = String::from_utf8(output.stdout).expect("UTF-8");
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|doc| Value::deserialize(doc).expect("rendered YAML parses"))
-        .collect()
+    serde_saphyr::from_multiple(&text).expect("rendered YAML parses")
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
@@ -70,7 +68,7 @@ fn strings(value: &Value) -> Vec<&str> {
 }
 
 /// The ConfigMap's file, checked by the built binary; returns it parsed.
-fn check_config(config_map: &Value, scratch: &Path) -> serde_yaml::Value {
+fn check_config(config_map: &Value, scratch: &Path) -> Value {
     let text = config_map["data"]["nodus.yaml"]
         .as_str()
         .expect("the ConfigMap holds nodus.yaml");
@@ -86,10 +84,10 @@ fn check_config(config_map: &Value, scratch: &Path) -> serde_yaml::Value {
         "nodus check-config refused the ConfigMap:\n{text}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    serde_yaml::from_str(text).expect("YAML")
+    serde_saphyr::from_str(text).expect("YAML")
 }
 
-fn enabled(config: &serde_yaml::Value, section: &str) -> bool {
+fn enabled(config: &Value, section: &str) -> bool {
     config[section]["enabled"].as_bool().unwrap_or(false)
 }
 
@@ -289,7 +287,7 @@ fn the_replace_overlay_backs_kube_dns_and_names_the_api_server() {
     let data = find(&objects, "ConfigMap")["data"]["nodus.yaml"]
         .as_str()
         .expect("config");
-    let config: serde_yaml::Value = serde_yaml::from_str(data).expect("YAML");
+    let config: Value = serde_saphyr::from_str(data).expect("YAML");
     assert!(
         config["api_server"].as_str().is_some(),
         "the proxy cannot reach the API server through the Service it programs"

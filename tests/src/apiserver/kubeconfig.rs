@@ -24,7 +24,7 @@ pub fn write_kubeconfig(path: &Path, server_url: &str) -> anyhow::Result<()> {
         "current-context": CONTEXT,
         "preferences": {},
     });
-    let text = serde_yaml::to_string(&config).context("rendering the kubeconfig")?;
+    let text = serde_saphyr::to_string(&config).context("rendering the kubeconfig")?;
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", Path::new(&tmp).display()))?;

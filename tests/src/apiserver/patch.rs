@@ -48,7 +48,7 @@ impl PatchType {
 pub(crate) fn decode_body(body: &[u8], allow_yaml: bool) -> Result<Value, ApiError> {
     match serde_json::from_slice::<Value>(body) {
         Ok(v) => Ok(v),
-        Err(json_err) if allow_yaml => serde_yaml::from_slice::<Value>(body).map_err(|e| {
+        Err(json_err) if allow_yaml => serde_saphyr::from_slice::<Value>(body).map_err(|e| {
             ApiError::bad_request(format!(
                 "the body of the request could not be decoded as JSON ({json_err}) or YAML ({e})"
             ))

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use anyhow::Context as _;
 use base64::Engine as _;
-use serde::Deserialize as _;
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 
@@ -1084,9 +1083,9 @@ impl Store {
     /// any `…List` with `items`) is unpacked. Returns the number of objects stored.
     pub fn load_yaml_str(&self, yaml: &str) -> anyhow::Result<usize> {
         let mut count = 0;
-        for (i, doc) in serde_yaml::Deserializer::from_str(yaml).enumerate() {
-            let value = Value::deserialize(doc)
-                .with_context(|| format!("parsing YAML document {}", i + 1))?;
+        let documents: Vec<Value> =
+            serde_saphyr::from_multiple(yaml).context("parsing the YAML documents")?;
+        for (i, value) in documents.into_iter().enumerate() {
             if value.is_null() {
                 continue;
             }
