@@ -369,6 +369,15 @@ pub struct MeshConfig {
     pub wireguard_go: PathBuf,
     /// Which node address peers use as endpoint when a node has both: `ipv4` or `ipv6`.
     pub endpoint_family: EndpointFamily,
+    /// Which address of its Node each node publishes for peers: `internal` (its
+    /// InternalIP) or `external` (its ExternalIP where it has one: nodes on other sites, or
+    /// behind a one-to-one NAT). A Node's `nodus.dev/force-endpoint` annotation (`IP` or
+    /// `IP:port`, set by the operator) wins over both.
+    pub endpoint: MeshEndpoint,
+    /// Seconds between keepalives to each peer; 0 for none. They keep the mapping of a NAT
+    /// in front of a node open, so that peers can reach a node that cannot be reached
+    /// first (WireGuard's recommended 25 s; k3s's WireGuard backend does the same).
+    pub persistent_keepalive: u16,
     /// A fixed device MTU; unset takes the underlay link's MTU minus `mtu_overhead`.
     pub mtu: Option<u32>,
     pub mtu_overhead: u32,
@@ -388,6 +397,8 @@ impl Default for MeshConfig {
             backend: MeshBackend::Auto,
             wireguard_go: PathBuf::from("wireguard-go"),
             endpoint_family: EndpointFamily::Ipv4,
+            endpoint: MeshEndpoint::Internal,
+            persistent_keepalive: 25,
             mtu: None,
             mtu_overhead: 80,
             cni_conflist: PathBuf::from("/etc/cni/net.d/10-nodus.conflist"),
@@ -408,6 +419,14 @@ pub enum MeshBackend {
     #[serde(rename = "wireguard-go", alias = "userspace")]
     WireguardGo,
     Embedded,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
+#[serde(rename_all = "lowercase")]
+pub enum MeshEndpoint {
+    #[default]
+    Internal,
+    External,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -441,6 +460,11 @@ impl MeshConfig {
             mtu_overhead: self.mtu_overhead,
             cni_conflist: self.cni_conflist.clone(),
             cluster_cidrs: cluster_cidrs.to_vec(),
+            endpoint: match self.endpoint {
+                MeshEndpoint::Internal => nodus_mesh::plan::EndpointChoice::Internal,
+                MeshEndpoint::External => nodus_mesh::plan::EndpointChoice::External,
+            },
+            persistent_keepalive: self.persistent_keepalive,
         }
     }
 }

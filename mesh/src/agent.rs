@@ -11,10 +11,13 @@ use crate::cni;
 use crate::key::{Key, KeyPair};
 use crate::links::{Link, Links};
 use crate::metrics::MeshMetrics;
-use crate::plan::{Desired, Peer, PeerChange, PlanSettings, peer_changes, set_changes};
+use crate::metrics::RECENT_HANDSHAKE;
+use crate::plan::{
+    Desired, EndpointChoice, Peer, PeerChange, PlanSettings, peer_changes, set_changes,
+};
 use nodus_view::model::{Cidr, Family};
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -38,6 +41,10 @@ pub struct MeshSettings {
     pub cni_conflist: PathBuf,
     /// The cluster's pod ranges; every peer's pod CIDRs must lie inside them.
     pub cluster_cidrs: Vec<Cidr>,
+    /// Which of its addresses this node publishes.
+    pub endpoint: EndpointChoice,
+    /// Seconds between keepalives to each peer; 0 for none.
+    pub persistent_keepalive: u16,
 }
 
 /// What one sync changed.
@@ -82,6 +89,11 @@ pub struct Mesh {
     peers: BTreeMap<Key, Peer>,
     routes: BTreeSet<Cidr>,
     addresses: BTreeSet<Cidr>,
+    /// The endpoints of live sessions, as the device learned them from the peers' packets:
+    /// kept over the planned ones (see [`peer_changes`]).
+    learned: BTreeMap<Key, SocketAddr>,
+    /// The node each peer stands for, as last planned (for `nodus status`).
+    peer_nodes: BTreeMap<Key, Box<str>>,
     pub metrics: Arc<MeshMetrics>,
 }
 
@@ -103,6 +115,8 @@ impl Mesh {
             peers: BTreeMap::new(),
             routes: BTreeSet::new(),
             addresses: BTreeSet::new(),
+            learned: BTreeMap::new(),
+            peer_nodes: BTreeMap::new(),
             metrics,
             settings,
         };
@@ -189,6 +203,8 @@ impl Mesh {
             listen_port: self.settings.listen_port,
             endpoint_family: self.settings.endpoint_family,
             cluster_cidrs: self.settings.cluster_cidrs.clone(),
+            endpoint: self.settings.endpoint,
+            persistent_keepalive: self.settings.persistent_keepalive,
         }
     }
 
@@ -209,7 +225,18 @@ impl Mesh {
             .iter()
             .map(|(k, p)| (*k, p.peer.clone()))
             .collect();
-        self.metrics.observe(&state, SystemTime::now());
+        let now = SystemTime::now();
+        self.learned = state
+            .peers
+            .iter()
+            .filter(|(_, p)| {
+                p.last_handshake
+                    .and_then(|at| now.duration_since(at).ok())
+                    .is_some_and(|age| age < RECENT_HANDSHAKE)
+            })
+            .filter_map(|(k, p)| Some((*k, p.peer.endpoint?)))
+            .collect();
+        self.metrics.observe(&state, now, &self.peer_nodes);
         Ok(state)
     }
 
@@ -258,7 +285,10 @@ impl Mesh {
             self.links.remove_route(link.index, *route).await?;
             self.routes.remove(route);
         }
-        let changes = peer_changes(&self.peers, &desired.peers);
+        let changes = peer_changes(&self.peers, &desired.peers, &self.learned);
+        if self.peer_nodes != desired.peer_nodes {
+            self.peer_nodes.clone_from(&desired.peer_nodes);
+        }
         self.device()?.apply(&changes).await?;
         for change in &changes {
             match change {

@@ -112,7 +112,7 @@ async fn follow(
             let wanted = own_annotations(
                 mesh.public_key(),
                 settings.listen_port,
-                desired.own_endpoint,
+                desired.published_endpoint,
             );
             let missing = needs_publish(view.this_node(), &wanted);
             (desired, wanted, view.node_name().to_string(), missing)

@@ -2,7 +2,10 @@
 //! and each device poll, so that rendering never waits on the device.
 
 use crate::backend::DeviceState;
+use crate::key::Key;
 use nodus_prom::{Heartbeat, family, sample, single};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, SystemTime};
@@ -11,12 +14,31 @@ use std::time::{Duration, SystemTime};
 /// while traffic flows and drops a session after three.
 pub const RECENT_HANDSHAKE: Duration = Duration::from_secs(180);
 
+/// The most peers `nodus status` lists, those without a recent handshake first.
+pub const STATUS_PEERS_MAX: usize = 256;
+
+/// One peer as `nodus status` lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerStatus {
+    pub node: String,
+    pub endpoint: Option<SocketAddr>,
+    pub last_handshake_unix_s: Option<u64>,
+    pub received_bytes: u64,
+    pub sent_bytes: u64,
+}
+
 #[derive(Default)]
 pub struct MeshMetrics {
     peers: AtomicU64,
     peers_recent_handshake: AtomicU64,
+    /// Bytes through the tunnel since nodus started: each poll adds what every peer's
+    /// counters grew by, so that a peer that leaves takes nothing away.
     rx_bytes: AtomicU64,
     tx_bytes: AtomicU64,
+    /// Each peer's counters at the last poll.
+    peer_bytes: Mutex<BTreeMap<Key, (u64, u64)>>,
+    /// The peers as the last poll found them, for `nodus status`.
+    peer_table: Mutex<Vec<PeerStatus>>,
     routes: AtomicU64,
     /// Unix seconds of the last change made to the device or routes; 0 before any.
     last_change: AtomicU64,
@@ -41,6 +63,8 @@ pub struct MeshStatus {
     pub last_sync_duration: Duration,
     pub failures: u64,
     pub last_error: Option<(SystemTime, String)>,
+    /// At most [`STATUS_PEERS_MAX`], those without a recent handshake first.
+    pub peers_listed: Vec<PeerStatus>,
 }
 
 fn unix_now() -> u64 {
@@ -50,23 +74,61 @@ fn unix_now() -> u64 {
 }
 
 impl MeshMetrics {
-    /// Records what a device poll returned.
-    pub fn observe(&self, state: &DeviceState, now: SystemTime) {
+    /// Records what a device poll returned; `names` are the nodes the peers stand for.
+    pub fn observe(&self, state: &DeviceState, now: SystemTime, names: &BTreeMap<Key, Box<str>>) {
+        let is_recent = |at: Option<SystemTime>| {
+            at.and_then(|t| now.duration_since(t).ok())
+                .is_some_and(|age| age < RECENT_HANDSHAKE)
+        };
         let recent = state
             .peers
             .values()
-            .filter(|p| {
-                p.last_handshake
-                    .and_then(|t| now.duration_since(t).ok())
-                    .is_some_and(|age| age < RECENT_HANDSHAKE)
-            })
+            .filter(|p| is_recent(p.last_handshake))
             .count();
         self.peers.store(state.peers.len() as u64, Relaxed);
         self.peers_recent_handshake.store(recent as u64, Relaxed);
-        self.rx_bytes
-            .store(state.peers.values().map(|p| p.rx_bytes).sum(), Relaxed);
-        self.tx_bytes
-            .store(state.peers.values().map(|p| p.tx_bytes).sum(), Relaxed);
+        if let Ok(mut last) = self.peer_bytes.lock() {
+            let (mut rx, mut tx) = (0, 0);
+            for (key, peer) in &state.peers {
+                let (old_rx, old_tx) = last.get(key).copied().unwrap_or_default();
+                // A counter that went down belongs to a peer made again: all of it is new.
+                rx += peer.rx_bytes.checked_sub(old_rx).unwrap_or(peer.rx_bytes);
+                tx += peer.tx_bytes.checked_sub(old_tx).unwrap_or(peer.tx_bytes);
+            }
+            self.rx_bytes.fetch_add(rx, Relaxed);
+            self.tx_bytes.fetch_add(tx, Relaxed);
+            *last = state
+                .peers
+                .iter()
+                .map(|(key, peer)| (*key, (peer.rx_bytes, peer.tx_bytes)))
+                .collect();
+        }
+        let mut table: Vec<(bool, PeerStatus)> = state
+            .peers
+            .iter()
+            .map(|(key, peer)| {
+                let status = PeerStatus {
+                    node: names
+                        .get(key)
+                        .map_or_else(|| key.to_base64(), |name| name.to_string()),
+                    endpoint: peer.peer.endpoint,
+                    last_handshake_unix_s: peer
+                        .last_handshake
+                        .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
+                        .map(|since| since.as_secs()),
+                    received_bytes: peer.rx_bytes,
+                    sent_bytes: peer.tx_bytes,
+                };
+                (is_recent(peer.last_handshake), status)
+            })
+            .collect();
+        table.sort_unstable_by(|(a_recent, a), (b_recent, b)| {
+            (a_recent, &a.node).cmp(&(b_recent, &b.node))
+        });
+        table.truncate(STATUS_PEERS_MAX);
+        if let Ok(mut listed) = self.peer_table.lock() {
+            *listed = table.into_iter().map(|(_, status)| status).collect();
+        }
     }
 
     /// Records a sync that took `took`, changed `peer_changes` peers and left `peers`
@@ -115,6 +177,11 @@ impl MeshMetrics {
             last_sync_duration: Duration::from_micros(self.last_sync_micros.load(Relaxed)),
             failures: self.sync_failures.load(Relaxed),
             last_error: self.last_error.lock().ok().and_then(|last| last.clone()),
+            peers_listed: self
+                .peer_table
+                .lock()
+                .map(|table| table.clone())
+                .unwrap_or_default(),
         }
     }
 
@@ -135,14 +202,14 @@ impl MeshMetrics {
         );
         family(
             out,
-            "nodus_mesh_peer_bytes",
-            "gauge",
-            "Bytes through the tunnel, summed over the current peers.",
+            "nodus_mesh_bytes_total",
+            "counter",
+            "Bytes through the tunnel since nodus started, over every peer it had.",
         );
         for (direction, value) in [("received", &self.rx_bytes), ("sent", &self.tx_bytes)] {
             sample(
                 out,
-                "nodus_mesh_peer_bytes",
+                "nodus_mesh_bytes_total",
                 &format!("direction=\"{direction}\""),
                 value.load(Relaxed),
             );
@@ -196,42 +263,71 @@ mod tests {
     use crate::plan::Peer;
 
     #[test]
-    fn recent_handshakes_and_bytes_are_summed() {
+    fn recent_handshakes_are_counted_and_bytes_only_grow() {
         let now = SystemTime::now();
         let peer = |age: Option<u64>, rx, tx| PeerState {
-            peer: Peer {
-                endpoint: None,
-                allowed_ips: Vec::new(),
-            },
+            peer: Peer::default(),
             last_handshake: age.map(|a| now - Duration::from_secs(a)),
             rx_bytes: rx,
             tx_bytes: tx,
         };
-        let state = DeviceState {
+        let state = |peers: Vec<(u8, PeerState)>| DeviceState {
             private_key: None,
             listen_port: 51820,
-            peers: [
-                (Key([1; 32]), peer(Some(5), 100, 10)),
-                (Key([2; 32]), peer(Some(600), 1, 2)),
-                (Key([3; 32]), peer(None, 0, 0)),
-            ]
-            .into(),
+            peers: peers.into_iter().map(|(k, p)| (Key([k; 32]), p)).collect(),
         };
+        let names = BTreeMap::from([
+            (Key([1; 32]), "node-1".into()),
+            (Key([2; 32]), "node-2".into()),
+        ]);
         let metrics = MeshMetrics::default();
-        metrics.observe(&state, now);
+        metrics.observe(
+            &state(vec![
+                (1, peer(Some(5), 100, 10)),
+                (2, peer(Some(600), 1, 2)),
+                (3, peer(None, 0, 0)),
+            ]),
+            now,
+            &names,
+        );
         metrics.synced(Duration::from_millis(2), 3, true, 3, 4);
-        let mut text = String::new();
-        metrics.render(&mut text);
+        let rendered = || {
+            let mut text = String::new();
+            metrics.render(&mut text);
+            text
+        };
+        let text = rendered();
         for line in [
             "nodus_mesh_peers 3",
             "nodus_mesh_peers_recent_handshake 1",
-            "nodus_mesh_peer_bytes{direction=\"received\"} 101",
-            "nodus_mesh_peer_bytes{direction=\"sent\"} 12",
+            "nodus_mesh_bytes_total{direction=\"received\"} 101",
+            "nodus_mesh_bytes_total{direction=\"sent\"} 12",
             "nodus_mesh_routes 4",
             "nodus_mesh_seconds_since_last_change 0",
             "nodus_mesh_peer_changes_total 3",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
         }
+        // Peer 1 leaves, peer 2 grows and peer 3 is made again: the totals never drop.
+        metrics.observe(
+            &state(vec![(2, peer(Some(600), 11, 2)), (3, peer(None, 5, 0))]),
+            now,
+            &names,
+        );
+        let text = rendered();
+        assert!(
+            text.contains("nodus_mesh_bytes_total{direction=\"received\"} 116"),
+            "{text}"
+        );
+        assert!(
+            text.contains("nodus_mesh_bytes_total{direction=\"sent\"} 12"),
+            "{text}"
+        );
+        // Those without a recent handshake first; a peer without a known node by its key.
+        let listed = metrics.status().peers_listed;
+        assert_eq!(listed.len(), 2);
+        let nodes: Vec<&str> = listed.iter().map(|p| p.node.as_str()).collect();
+        assert_eq!(nodes, [Key([3; 32]).to_base64().as_str(), "node-2"]);
+        assert_eq!(listed[1].received_bytes, 11);
     }
 }

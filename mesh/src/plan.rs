@@ -7,8 +7,11 @@ use nodus_view::model::{Cidr, Family, Node};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use nodus_view::model::NodeAddressKind;
 /// The annotations every node publishes on its own Node object (the view keeps these).
-pub use nodus_view::wire::{ANNOTATION_ENDPOINT, ANNOTATION_PORT, ANNOTATION_PUBLIC_KEY};
+pub use nodus_view::wire::{
+    ANNOTATION_ENDPOINT, ANNOTATION_FORCE_ENDPOINT, ANNOTATION_PORT, ANNOTATION_PUBLIC_KEY,
+};
 
 /// What planning needs besides the view.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -20,6 +23,23 @@ pub struct PlanSettings {
     /// The cluster's pod ranges: a peer's pod CIDRs must lie inside them, or the peer is
     /// left out. Without them nothing is routed: any Node could claim any range.
     pub cluster_cidrs: Vec<Cidr>,
+    /// Which of its addresses this node publishes for peers.
+    pub endpoint: EndpointChoice,
+    /// Seconds between keepalives to each peer, 0 for none: they keep the mapping of a
+    /// NAT in front of either node open, so that the peer can reach it at any time.
+    pub persistent_keepalive: u16,
+}
+
+/// Which address a node publishes for peers to reach it. A Node's `nodus.dev/force-endpoint`
+/// annotation wins over it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EndpointChoice {
+    /// Its InternalIP of the endpoint family (else its ExternalIP).
+    #[default]
+    Internal,
+    /// Its ExternalIP of the endpoint family (else its InternalIP): nodes on other sites
+    /// or behind a one-to-one NAT (k3s's `--flannel-external-ip`).
+    External,
 }
 
 /// A peer as the device holds it.
@@ -34,6 +54,8 @@ pub struct Peer {
     /// tunnel, and WireGuard drops a source outside the sender's allowed IPs. No route sends
     /// node addresses into the device; they only make such packets acceptable.
     pub allowed_ips: Vec<Cidr>,
+    /// Persistent keepalive in seconds, 0 for none.
+    pub keepalive: u16,
 }
 
 /// The desired state for one view.
@@ -49,8 +71,11 @@ pub struct Desired {
     pub own_cidrs: Vec<Cidr>,
     /// The first address of each own pod CIDR, as a host prefix: the device's addresses.
     pub device_addresses: BTreeSet<Cidr>,
-    /// Our own address for peers to reach, of the preferred family.
+    /// Our own node address of the preferred family: the underlay, whose MTU the device's
+    /// follows.
     pub own_endpoint: Option<IpAddr>,
+    /// Where peers reach us: what we publish.
+    pub published_endpoint: Option<SocketAddr>,
     /// Nodes left out, with why (no key, a bad key, a key shared with another node…).
     pub skipped: Vec<(Box<str>, &'static str)>,
 }
@@ -63,6 +88,7 @@ pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
         plan.own_cidrs = own.pod_cidrs.to_vec();
         plan.device_addresses = own.pod_cidrs.iter().filter_map(first_host).collect();
         plan.own_endpoint = endpoint_ip(own, settings.endpoint_family);
+        plan.published_endpoint = own_endpoint(own, settings);
     }
     let mut claimed: BTreeSet<Cidr> = plan.own_cidrs.iter().copied().collect();
     if let Some(own) = view.this_node() {
@@ -125,14 +151,56 @@ fn peer_of(
         .annotation(ANNOTATION_PORT)
         .and_then(|p| p.parse().ok())
         .unwrap_or(settings.listen_port);
-    let endpoint = endpoint_ip(node, settings.endpoint_family).map(|ip| SocketAddr::new(ip, port));
+    // What the node published (its ExternalIP, a forced address), else its own address.
+    let endpoint = node
+        .annotation(ANNOTATION_ENDPOINT)
+        .and_then(|text| text.parse().ok())
+        .filter(|endpoint: &SocketAddr| reachable(endpoint.ip()))
+        .or_else(|| {
+            endpoint_ip(node, settings.endpoint_family).map(|ip| SocketAddr::new(ip, port))
+        });
     Ok((
         key,
         Peer {
             endpoint,
             allowed_ips,
+            keepalive: settings.persistent_keepalive,
         },
     ))
+}
+
+/// Whether a published address can be another node's: not loopback, unspecified or
+/// multicast, which would turn a peer's packets back on itself or scatter them.
+fn reachable(ip: IpAddr) -> bool {
+    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast())
+        && !matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+}
+
+/// Where peers should reach `own`: its `nodus.dev/force-endpoint` (`IP` or `IP:port`),
+/// else the address `settings.endpoint` picks, at our listen port.
+fn own_endpoint(own: &Node, settings: &PlanSettings) -> Option<SocketAddr> {
+    let forced = own.annotation(ANNOTATION_FORCE_ENDPOINT).and_then(|text| {
+        text.parse::<SocketAddr>()
+            .ok()
+            .or_else(|| Some(SocketAddr::new(text.parse().ok()?, settings.listen_port)))
+    });
+    if let Some(forced) = forced.filter(|endpoint| reachable(endpoint.ip())) {
+        return Some(forced);
+    }
+    let external = own
+        .addresses
+        .iter()
+        .filter(|a| a.kind == NodeAddressKind::ExternalIP)
+        .map(|a| a.address);
+    let external = external
+        .clone()
+        .find(|ip| Family::of(*ip) == settings.endpoint_family)
+        .or_else(|| external.clone().next());
+    let ip = match settings.endpoint {
+        EndpointChoice::External => external.or_else(|| endpoint_ip(own, settings.endpoint_family)),
+        EndpointChoice::Internal => endpoint_ip(own, settings.endpoint_family),
+    }?;
+    Some(SocketAddr::new(ip, settings.listen_port))
 }
 
 /// The node's addresses as host prefixes.
@@ -238,18 +306,27 @@ pub enum PeerChange {
 
 /// The per-peer changes that turn `current` into `desired`: removals first, so that an
 /// allowed IP moving from an old key to a new one is never claimed twice.
+///
+/// `learned` holds the endpoints of live sessions: WireGuard moves a peer's endpoint to the
+/// source of its authenticated packets, and while the session lives that address is kept
+/// over the planned one. Behind a NAT it is the only address that reaches the peer;
+/// resetting it at every poll would cut the peer off until its next keepalive.
 pub fn peer_changes(
     current: &BTreeMap<Key, Peer>,
     desired: &BTreeMap<Key, Peer>,
+    learned: &BTreeMap<Key, SocketAddr>,
 ) -> Vec<PeerChange> {
     let removed = current
         .keys()
         .filter(|k| !desired.contains_key(k))
         .map(|k| PeerChange::Remove(*k));
-    let upserted = desired
-        .iter()
-        .filter(|(k, peer)| current.get(k) != Some(peer))
-        .map(|(k, peer)| PeerChange::Upsert(*k, peer.clone()));
+    let upserted = desired.iter().filter_map(|(k, peer)| {
+        let mut wanted = std::borrow::Cow::Borrowed(peer);
+        if let Some(endpoint) = learned.get(k).filter(|e| peer.endpoint != Some(**e)) {
+            wanted.to_mut().endpoint = Some(*endpoint);
+        }
+        (current.get(k) != Some(&*wanted)).then(|| PeerChange::Upsert(*k, wanted.into_owned()))
+    });
     removed.chain(upserted).collect()
 }
 
@@ -268,17 +345,14 @@ pub fn set_changes<T: Ord + Copy>(
 pub fn own_annotations(
     public: &Key,
     listen_port: u16,
-    endpoint: Option<IpAddr>,
+    endpoint: Option<SocketAddr>,
 ) -> BTreeMap<&'static str, String> {
     let mut wanted = BTreeMap::from([
         (ANNOTATION_PUBLIC_KEY, public.to_base64()),
         (ANNOTATION_PORT, listen_port.to_string()),
     ]);
-    if let Some(ip) = endpoint {
-        wanted.insert(
-            ANNOTATION_ENDPOINT,
-            SocketAddr::new(ip, listen_port).to_string(),
-        );
+    if let Some(endpoint) = endpoint {
+        wanted.insert(ANNOTATION_ENDPOINT, endpoint.to_string());
     }
     wanted
 }
@@ -308,6 +382,8 @@ mod tests {
             listen_port: 51820,
             endpoint_family: Family::V4,
             cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:10:244::/56")],
+            endpoint: EndpointChoice::Internal,
+            persistent_keepalive: 25,
         }
     }
 
@@ -584,6 +660,7 @@ mod tests {
         let peer = |ep: &str, ips: &[&str]| Peer {
             endpoint: Some(ep.parse().expect("addr")),
             allowed_ips: ips.iter().map(|c| cidr(c)).collect(),
+            keepalive: 25,
         };
         let current = BTreeMap::from([
             (key(2), peer("192.168.1.2:51820", &["10.244.2.0/24"])),
@@ -595,15 +672,38 @@ mod tests {
             (key(3), peer("192.168.1.33:51820", &["10.244.3.0/24"])),
             (key(9), peer("192.168.1.4:51820", &["10.244.4.0/24"])),
         ]);
+        let none = BTreeMap::new();
         assert_eq!(
-            peer_changes(&current, &desired),
+            peer_changes(&current, &desired, &none),
             vec![
                 PeerChange::Remove(key(4)),
                 PeerChange::Upsert(key(3), desired[&key(3)].clone()),
                 PeerChange::Upsert(key(9), desired[&key(9)].clone()),
             ]
         );
-        assert!(peer_changes(&desired, &desired).is_empty());
+        assert!(peer_changes(&desired, &desired, &none).is_empty());
+        // A live session's endpoint, learned from the peer's packets (its NAT's address),
+        // is kept over the planned one, also when something else of the peer changes.
+        let learned = BTreeMap::from([(key(3), "203.0.113.9:40000".parse().expect("addr"))]);
+        let behind_nat = BTreeMap::from([(key(3), peer("203.0.113.9:40000", &["10.244.3.0/24"]))]);
+        let planned = BTreeMap::from([(key(3), peer("192.168.1.33:51820", &["10.244.3.0/24"]))]);
+        assert!(peer_changes(&behind_nat, &planned, &learned).is_empty());
+        let grown = BTreeMap::from([(
+            key(3),
+            peer("192.168.1.33:51820", &["10.244.3.0/24", "10.244.33.0/24"]),
+        )]);
+        assert_eq!(
+            peer_changes(&behind_nat, &grown, &learned),
+            vec![PeerChange::Upsert(
+                key(3),
+                peer("203.0.113.9:40000", &["10.244.3.0/24", "10.244.33.0/24"])
+            )]
+        );
+        // Without a live session the planned endpoint comes back.
+        assert_eq!(
+            peer_changes(&behind_nat, &planned, &none),
+            vec![PeerChange::Upsert(key(3), planned[&key(3)].clone())]
+        );
         let (add, remove) = set_changes(
             &BTreeSet::from([cidr("10.0.1.0/24"), cidr("10.0.2.0/24")]),
             &BTreeSet::from([cidr("10.0.2.0/24"), cidr("10.0.3.0/24")]),
@@ -657,7 +757,11 @@ mod tests {
 
     #[test]
     fn annotations_are_published_until_the_node_carries_them() {
-        let wanted = own_annotations(&key(1), 51820, Some("192.168.1.1".parse().expect("ip")));
+        let wanted = own_annotations(
+            &key(1),
+            51820,
+            Some("192.168.1.1:51820".parse().expect("addr")),
+        );
         assert_eq!(wanted[ANNOTATION_ENDPOINT], "192.168.1.1:51820");
         let patch = annotations_patch(&wanted);
         assert_eq!(
@@ -683,5 +787,98 @@ mod tests {
         let without_endpoint = own_annotations(&key(1), 51820, None);
         assert!(!needs_publish(done.this_node(), &without_endpoint));
         assert!(needs_publish(done.this_node(), &wanted));
+    }
+
+    /// A node with `annotations` besides its key, and an ExternalIP when `external` is set.
+    fn node_with(
+        name: &str,
+        i: u8,
+        annotations: &[(&str, &str)],
+        external: Option<&str>,
+    ) -> Update {
+        let mut addresses = vec![serde_json::json!({
+            "type": "InternalIP", "address": format!("192.168.1.{i}")
+        })];
+        if let Some(ip) = external {
+            addresses.push(serde_json::json!({"type": "ExternalIP", "address": ip}));
+        }
+        let mut map = serde_json::Map::new();
+        map.insert(ANNOTATION_PUBLIC_KEY.into(), key(i).to_base64().into());
+        for (k, v) in annotations {
+            map.insert((*k).into(), (*v).into());
+        }
+        let json = serde_json::json!({
+            "metadata": {"name": name, "annotations": map},
+            "spec": {"podCIDRs": [format!("10.244.{i}.0/24")]},
+            "status": {"addresses": addresses},
+        });
+        Update::Node(Box::new(serde_json::from_value(json).expect("node")))
+    }
+
+    #[test]
+    fn peers_are_reached_where_they_publish_and_nodes_publish_what_they_are_told() {
+        let own = || node_with("n1", 1, &[], Some("198.51.100.1"));
+        let published = node_with(
+            "n2",
+            2,
+            &[(ANNOTATION_ENDPOINT, "198.51.100.2:51999")],
+            None,
+        );
+        let lying = node_with("n3", 3, &[(ANNOTATION_ENDPOINT, "127.0.0.1:51820")], None);
+        let plan = desired(&view(vec![own(), published, lying]), &settings(), &key(1));
+        assert_eq!(
+            plan.peers[&key(2)].endpoint,
+            Some("198.51.100.2:51999".parse().expect("addr"))
+        );
+        // A loopback endpoint is no node's: the node's own address is used instead.
+        assert_eq!(
+            plan.peers[&key(3)].endpoint,
+            Some("192.168.1.3:51820".parse().expect("addr"))
+        );
+        assert_eq!(plan.peers[&key(2)].keepalive, 25);
+        assert_eq!(
+            plan.published_endpoint,
+            Some("192.168.1.1:51820".parse().expect("addr"))
+        );
+        assert_eq!(plan.own_endpoint, Some("192.168.1.1".parse().expect("ip")));
+
+        let external_settings = PlanSettings {
+            endpoint: EndpointChoice::External,
+            ..settings()
+        };
+        let plan = desired(&view(vec![own()]), &external_settings, &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("198.51.100.1:51820".parse().expect("addr"))
+        );
+        // The underlay, whose MTU the device takes, is still the internal address.
+        assert_eq!(plan.own_endpoint, Some("192.168.1.1".parse().expect("ip")));
+        // Without an ExternalIP, `external` publishes the InternalIP.
+        let internal_only = node_with("n1", 1, &[], None);
+        let plan = desired(&view(vec![internal_only]), &external_settings, &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("192.168.1.1:51820".parse().expect("addr"))
+        );
+        // The operator's annotation wins, with our port when it names none.
+        for (forced, expected) in [
+            ("203.0.113.5", "203.0.113.5:51820"),
+            ("203.0.113.5:4000", "203.0.113.5:4000"),
+            ("0.0.0.0", "198.51.100.1:51820"),
+            ("nonsense", "198.51.100.1:51820"),
+        ] {
+            let forced_node = node_with(
+                "n1",
+                1,
+                &[(ANNOTATION_FORCE_ENDPOINT, forced)],
+                Some("198.51.100.1"),
+            );
+            let plan = desired(&view(vec![forced_node]), &external_settings, &key(1));
+            assert_eq!(
+                plan.published_endpoint,
+                Some(expected.parse().expect("addr")),
+                "{forced}"
+            );
+        }
     }
 }

@@ -42,6 +42,20 @@ pub struct Status {
     pub started_unix_ms: u64,
     pub ready: bool,
     pub subsystems: Vec<Subsystem>,
+    /// The mesh's peers (at most 256, those without a recent handshake first).
+    #[serde(default)]
+    pub mesh_peers: Vec<MeshPeer>,
+}
+
+/// One WireGuard peer: the node, where the device sends to it, its last handshake and
+/// the bytes of its session.
+#[derive(Debug, Deserialize, Serialize)]
+pub struct MeshPeer {
+    pub node: String,
+    pub endpoint: Option<SocketAddr>,
+    pub last_handshake_unix_s: Option<u64>,
+    pub received_bytes: u64,
+    pub sent_bytes: u64,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -148,8 +162,23 @@ pub fn status(metrics: &Metrics) -> Status {
         (Some(_), _) => Subsystem::not_started("dns", board),
         _ => Subsystem::disabled("dns", None),
     });
+    let mut mesh_peers = Vec::new();
     subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
-        (Some(_), Some(mesh)) if !pending("mesh") => mesh_subsystem(&mesh.status()),
+        (Some(_), Some(mesh)) if !pending("mesh") => {
+            let status = mesh.status();
+            mesh_peers = status
+                .peers_listed
+                .iter()
+                .map(|peer| MeshPeer {
+                    node: peer.node.clone(),
+                    endpoint: peer.endpoint,
+                    last_handshake_unix_s: peer.last_handshake_unix_s,
+                    received_bytes: peer.received_bytes,
+                    sent_bytes: peer.sent_bytes,
+                })
+                .collect();
+            mesh_subsystem(&status)
+        }
         (Some(_), _) => Subsystem::not_started("mesh", board),
         _ => Subsystem::disabled("mesh", None),
     });
@@ -164,6 +193,7 @@ pub fn status(metrics: &Metrics) -> Status {
         started_unix_ms: unix_ms(board.started),
         ready: metrics.ready.load(Relaxed),
         subsystems,
+        mesh_peers,
     }
 }
 

@@ -72,6 +72,24 @@ pub fn render(status: &Status, now: SystemTime) -> String {
             let _ = writeln!(out, "{}: last error {}: {error}", s.name, ago(now, at));
         }
     }
+    if !status.mesh_peers.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<24} {:<42} {:<16} {:>12} {:>12}",
+            "PEER", "ENDPOINT", "HANDSHAKE", "RECEIVED", "SENT"
+        );
+        for peer in &status.mesh_peers {
+            let endpoint = peer.endpoint.map_or_else(|| "-".into(), |e| e.to_string());
+            let handshake = peer
+                .last_handshake_unix_s
+                .map_or_else(|| "never".into(), |at| ago(now, at.saturating_mul(1000)));
+            let _ = writeln!(
+                out,
+                "{:<24} {:<42} {:<16} {:>12} {:>12}",
+                peer.node, endpoint, handshake, peer.received_bytes, peer.sent_bytes
+            );
+        }
+    }
     out
 }
 

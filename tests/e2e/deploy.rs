@@ -2,7 +2,6 @@
 //! operator relies on, and its configuration validated by the built `nodus check-config`.
 
 use crate::support::NODUS;
-use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::Path;
 use std::process::Command;

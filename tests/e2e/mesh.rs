@@ -6,7 +6,7 @@
 use crate::support::{Cluster, NODUS, free_port, metric, wait_for};
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::cni;
-use nodus_testbed::netns::{self, Node, Pod, Underlay, unique_name};
+use nodus_testbed::netns::{self, Netns, Node, Pod, Underlay, unique_name};
 use nodus_testbed::probe::{SourceEcho, http_get, tcp_who};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -64,8 +64,14 @@ impl MeshNode {
         mesh: &str,
     ) -> MeshNode {
         let node = Node::new(underlay, name, i + 1).expect("node namespace");
+        MeshNode::on(cluster, node, mesh)
+    }
+
+    /// The nodus of `node`, a namespace already wired to its network.
+    pub(crate) fn on(cluster: &Cluster, node: Node, mesh: &str) -> MeshNode {
+        let name = node.name.clone();
         let interface = unique_name("wg");
-        let dir = cluster.dir.join(name);
+        let dir = cluster.dir.join(&name);
         std::fs::create_dir_all(&dir).expect("node dir");
         let config = dir.join("config.yaml");
         std::fs::write(
@@ -467,7 +473,7 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
     nodes[0].wait_metric("nodus_mesh_peers_recent_handshake", 2.0);
     assert!(
         nodes[0]
-            .metric("nodus_mesh_peer_bytes{direction=\"sent\"}")
+            .metric("nodus_mesh_bytes_total{direction=\"sent\"}")
             .unwrap_or(0.0)
             > 0.0
     );
@@ -483,6 +489,8 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
     for line in [
         "mesh       synced     2 peers, 2 recent handshakes, 4 routes",
         "proxy: off; the table holds only the mesh's egress masquerade",
+        "PEER                     ENDPOINT",
+        &format!("node-2                   {}:{WG_PORT} ", underlay.v4(3)),
     ] {
         assert!(screen.contains(line), "{line:?} in\n{screen}");
     }
@@ -625,7 +633,7 @@ fn embedded_devices_carry_pods_and_end_with_nodus_on_sigterm() {
     nodes[0].wait_metric("nodus_mesh_peers_recent_handshake", 2.0);
     assert!(
         nodes[0]
-            .metric("nodus_mesh_peer_bytes{direction=\"received\"}")
+            .metric("nodus_mesh_bytes_total{direction=\"received\"}")
             .unwrap_or(0.0)
             > 0.0
     );
@@ -774,4 +782,117 @@ fn a_rogue_node_claiming_others_ranges_changes_no_route_and_traffic_flows() {
         );
     }
     pod_1_reaches_pods_2_and_3(&pods);
+}
+
+/// A node behind a NAT that the others cannot reach first: node 3 sits on a private LAN
+/// (192.168.204.0/24) behind a router namespace that masquerades its traffic onto the
+/// underlay, and its Node's InternalIP is the private address. Its keepalives open the
+/// NAT, nodes 1 and 2 learn the router's address from its packets and keep it across
+/// their polls, and pods are reached both ways.
+#[test]
+fn a_node_behind_a_nat_joins_and_its_pods_are_reached_both_ways() {
+    netns::require_root();
+    let underlay = Underlay::new([10, 204, 0], [0xfd00, 204, 0, 0]).expect("underlay");
+    let router = Netns::new("nat").expect("router namespace");
+    underlay
+        .attach(&router, 10)
+        .expect("router on the underlay");
+    let lan = Netns::new("node-3").expect("node 3 namespace");
+    lan.sysctl("net.ipv6.conf.default.accept_dad", "0")
+        .expect("sysctl");
+    netns::veth(&router, "lan0", &lan, "eth0").expect("LAN");
+    router
+        .ip(&["addr", "add", "192.168.204.1/24", "dev", "lan0"])
+        .expect("router LAN address");
+    router.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
+    router
+        .exec(
+            "nft",
+            &["add table ip nat; \
+                 add chain ip nat post { type nat hook postrouting priority 100; }; \
+                 add rule ip nat post oifname eth0 ip saddr 192.168.204.0/24 masquerade"],
+        )
+        .expect("the router masquerades the LAN");
+    let private = Ipv4Addr::new(192, 168, 204, 2);
+    lan.ip(&["addr", "add", &format!("{private}/24"), "dev", "eth0"])
+        .expect("node 3 address");
+    lan.ip(&["route", "add", "default", "via", "192.168.204.1"])
+        .expect("node 3 default route");
+    lan.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
+    lan.sysctl("net.ipv6.conf.all.forwarding", "1")
+        .expect("sysctl");
+    let behind_nat = Node {
+        ns: lan,
+        name: "node-3".into(),
+        v4: private,
+        v6: "fd00:cc::2".parse().expect("v6"),
+    };
+
+    let cluster = Cluster::new("mesh-nat", "");
+    for i in 1..=2 {
+        cluster.apply(node_object(&format!("node-{i}"), i, &underlay));
+    }
+    cluster.apply(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": "node-3"},
+        "spec": {"podCIDR": v4_cidr(3), "podCIDRs": [v4_cidr(3)]},
+        "status": {"addresses": [{"type": "InternalIP", "address": private.to_string()}]},
+    }));
+    let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
+    let mut nodes: Vec<MeshNode> = (1..=2)
+        .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, WIREGUARD_GO))
+        .collect();
+    nodes.push(MeshNode::on(&cluster, behind_nat, WIREGUARD_GO));
+    for node in &mut nodes {
+        node.start(&kubeconfig);
+    }
+    for node in &nodes {
+        node.wait_metric("nodus_mesh_peers", 2.0);
+    }
+    let pods = pod_on_each(&nodes);
+    let pod_3 = IpAddr::V4(pods[2].v4.expect("v4"));
+    let pod_1 = IpAddr::V4(pods[0].v4.expect("v4"));
+    wait_for("pod-1 pings pod-3 behind the NAT", || {
+        ping(&pods[0], pod_3).ok()
+    });
+    assert_eq!(
+        who(&pods[0], pod_3).expect("TCP to the NATed node"),
+        "pod-3"
+    );
+    assert_eq!(
+        who(&pods[2], pod_1).expect("TCP from the NATed node"),
+        "pod-1"
+    );
+
+    // Node 1 reaches node 3 at the router's address, which it learned, not at the private
+    // one node 3 published; its polls (every 10 s) keep it.
+    let key_3 = nodes[2].published_key(&cluster).expect("node 3's key");
+    let router_address = underlay.v4(10).to_string();
+    let endpoint_of_3 = || {
+        nodes[0]
+            .wg_show("endpoints")
+            .into_iter()
+            .find(|(key, _)| *key == key_3)
+            .map(|(_, endpoint)| endpoint)
+            .unwrap_or_default()
+    };
+    for _ in 0..12 {
+        let endpoint = endpoint_of_3();
+        assert!(
+            endpoint.starts_with(&format!("{router_address}:")),
+            "node 1 sends to node 3 at {endpoint}, not through the NAT"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert_eq!(who(&pods[0], pod_3).expect("TCP after a poll"), "pod-3");
+    // Keepalives are set on every peer.
+    let keepalives = nodes[2].wg_show("persistent-keepalive");
+    assert!(
+        keepalives.len() == 2 && keepalives.iter().all(|(_, every)| every == "25"),
+        "{keepalives:?}"
+    );
+    for node in &mut nodes {
+        node.stop();
+    }
+    drop(router);
 }

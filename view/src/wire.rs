@@ -19,12 +19,16 @@ pub const LABEL_ZONE: &str = "topology.kubernetes.io/zone";
 pub const ANNOTATION_PUBLIC_KEY: &str = "nodus.dev/wireguard-public-key";
 pub const ANNOTATION_PORT: &str = "nodus.dev/wireguard-port";
 pub const ANNOTATION_ENDPOINT: &str = "nodus.dev/wireguard-endpoint";
+/// Set by the operator on a Node (never by nodus): the address, `IP` or `IP:port`, that
+/// node publishes for peers to reach it, such as a port forward on its site's router.
+pub const ANNOTATION_FORCE_ENDPOINT: &str = "nodus.dev/force-endpoint";
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
-const ANNOTATIONS_KEPT: [&str; 4] = [
+const ANNOTATIONS_KEPT: [&str; 5] = [
     ANNOTATION_PUBLIC_KEY,
     ANNOTATION_PORT,
     ANNOTATION_ENDPOINT,
+    ANNOTATION_FORCE_ENDPOINT,
     ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
 ];
 /// The longest value kept of those annotations: a key is 44 bytes, an endpoint at most 53

@@ -169,6 +169,7 @@ fn peer_message(change: &PeerChange) -> WireguardPeer {
             if let Some(endpoint) = peer.endpoint {
                 attributes.push(WireguardPeerAttribute::Endpoint(endpoint));
             }
+            attributes.push(WireguardPeerAttribute::PersistentKeepalive(peer.keepalive));
             let allowed = peer
                 .allowed_ips
                 .iter()
@@ -201,6 +202,7 @@ fn merge_peer(state: &mut DeviceState, peer: WireguardPeer) {
     for attribute in peer.0 {
         match attribute {
             WireguardPeerAttribute::Endpoint(e) => entry.peer.endpoint = Some(e),
+            WireguardPeerAttribute::PersistentKeepalive(n) => entry.peer.keepalive = n,
             WireguardPeerAttribute::RxBytes(n) => entry.rx_bytes = n,
             WireguardPeerAttribute::TxBytes(n) => entry.tx_bytes = n,
             WireguardPeerAttribute::LastHandshake(t) if t.seconds > 0 => {

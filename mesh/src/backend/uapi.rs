@@ -143,6 +143,7 @@ pub fn format_changes(changes: &[PeerChange]) -> String {
                 if let Some(endpoint) = peer.endpoint {
                     let _ = writeln!(out, "endpoint={endpoint}");
                 }
+                let _ = writeln!(out, "persistent_keepalive_interval={}", peer.keepalive);
                 out.push_str("replace_allowed_ips=true\n");
                 for ip in &peer.allowed_ips {
                     let _ = writeln!(out, "allowed_ip={ip}");
@@ -194,13 +195,16 @@ pub fn parse_get(reply: &str) -> Result<DeviceState, String> {
             ("allowed_ip", Some((_, p))) => {
                 p.peer.allowed_ips.push(value.parse().map_err(|_| bad())?)
             }
+            ("persistent_keepalive_interval", Some((_, p))) => {
+                p.peer.keepalive = value.parse().map_err(|_| bad())?
+            }
             ("rx_bytes", Some((_, p))) => p.rx_bytes = number()?,
             ("tx_bytes", Some((_, p))) => p.tx_bytes = number()?,
             ("last_handshake_time_sec", Some(_)) => handshake.0 = number()?,
             ("last_handshake_time_nsec", Some(_)) => {
                 handshake.1 = value.parse().map_err(|_| bad())?
             }
-            // fwmark, preshared keys, keepalive, protocol version and errno: unused.
+            // fwmark, preshared keys, protocol version and errno: unused.
             _ => {}
         }
     }
@@ -234,6 +238,7 @@ mod tests {
         assert_eq!(state.listen_port, 51820);
         let pb = &state.peers[&b];
         assert_eq!(pb.rx_bytes, 20);
+        assert_eq!(pb.peer.keepalive, 0);
         assert_eq!(pb.tx_bytes, 10);
         assert_eq!(
             pb.peer.allowed_ips,
@@ -266,6 +271,7 @@ mod tests {
         let peer = Peer {
             endpoint: Some("192.168.1.2:51820".parse().expect("addr")),
             allowed_ips: vec!["10.244.2.0/24".parse().expect("cidr")],
+            keepalive: 25,
         };
         let text = format_changes(&[
             PeerChange::Remove(Key([1; 32])),
@@ -275,7 +281,7 @@ mod tests {
             text,
             format!(
                 "set=1\npublic_key={}\nremove=true\npublic_key={}\nendpoint=192.168.1.2:51820\n\
-                 replace_allowed_ips=true\nallowed_ip=10.244.2.0/24\n\n",
+                 persistent_keepalive_interval=25\nreplace_allowed_ips=true\nallowed_ip=10.244.2.0/24\n\n",
                 Key([1; 32]).to_hex(),
                 Key([2; 32]).to_hex()
             )
