@@ -43,6 +43,16 @@ pub enum Command {
         #[arg(long)]
         kube_proxy: bool,
     },
+    /// Copy the CNI plugins the mesh's conflist uses (ptp, host-local, portmap, loopback)
+    /// into the runtime's plugin directory: the DaemonSet's init container.
+    InstallCni {
+        /// Where the plugins are (the image's copy of Debian's containernetworking-plugins).
+        #[arg(long, default_value = "/usr/lib/nodus/cni")]
+        from: PathBuf,
+        /// The runtime's CNI binary directory (`/opt/cni/bin`), as mounted.
+        #[arg(long)]
+        to: PathBuf,
+    },
     /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
     #[cfg(feature = "sandbox")]
     Sandbox(crate::cmd::sandbox::SandboxArgs),

@@ -401,7 +401,9 @@ impl Default for MeshConfig {
             persistent_keepalive: 25,
             mtu: None,
             mtu_overhead: 80,
-            cni_conflist: PathBuf::from("/etc/cni/net.d/10-nodus.conflist"),
+            // `00-`: runtimes take the first file by name, and a `10-flannel.conflist` or
+            // `10-calico.conflist` left behind must not win.
+            cni_conflist: PathBuf::from("/etc/cni/net.d/00-nodus.conflist"),
             masquerade: true,
         }
     }

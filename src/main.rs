@@ -103,6 +103,13 @@ fn main() -> anyhow::Result<()> {
             kube_proxy,
             &Config::load_or_default(cli.run.cluster.config.as_deref())?,
         ),
+        Some(Command::InstallCni { from, to }) => {
+            for (plugin, written) in nodus_mesh::cni::install_plugins(&from, &to)? {
+                let done = if written { "installed" } else { "unchanged" };
+                println!("{plugin}: {done} in {}", to.display());
+            }
+            Ok(())
+        }
         #[cfg(feature = "sandbox")]
         Some(Command::Sandbox(args)) => {
             init_logging(&ClusterArgs {

@@ -1,5 +1,7 @@
 //! The CNI conflist kubelet (or containerd) uses for this node's pods: the reference `ptp`
-//! plugin with `host-local` IPAM over the node's pod CIDRs, both families, at the mesh MTU.
+//! plugin with `host-local` IPAM over the node's pod CIDRs, both families, at the mesh MTU,
+//! then `portmap` for pods' `hostPort`s; and the installation of those plugins into the
+//! runtime's plugin directory (k3s and Talos ship no `ptp`).
 //!
 //! `host-local` hands out the first address of each range as the gateway; that is also the
 //! address on the WireGuard device, so pod traffic to other nodes leaves with a source the
@@ -12,11 +14,12 @@ use std::path::Path;
 /// The conflist's `name`: the network's name in the runtime and host-local's data directory.
 pub const NETWORK_NAME: &str = "nodus";
 
-/// The reference plugins the conflist chains, which must be in the runtime's CNI binary
-/// directory: the pod's veth and routes, and its addresses.
-pub const PLUGINS: [&str; 2] = [POD_PLUGIN, IPAM_PLUGIN];
+/// The reference plugins the conflist chains, and `loopback`, which the runtime runs for
+/// every pod itself; all must be in the runtime's CNI binary directory.
+pub const PLUGINS: [&str; 4] = [POD_PLUGIN, IPAM_PLUGIN, PORT_PLUGIN, "loopback"];
 const POD_PLUGIN: &str = "ptp";
 const IPAM_PLUGIN: &str = "host-local";
+const PORT_PLUGIN: &str = "portmap";
 
 /// The conflist for `cidrs` (our pod CIDRs) at `mtu`, as pretty JSON ending in a newline.
 pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
@@ -45,6 +48,11 @@ pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
                 "ranges": ranges,
                 "routes": routes,
             },
+        }, {
+            // kubelet passes a pod's hostPorts as the `portMappings` capability.
+            "type": PORT_PLUGIN,
+            "capabilities": { "portMappings": true },
+            "snat": true,
         }],
     });
     let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
@@ -72,6 +80,29 @@ pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
     Ok(true)
 }
 
+/// Copies each of [`PLUGINS`] from `from` into `to` (an init container's job: the image
+/// carries them, the host's runtime runs them), each through a temporary file and a rename
+/// so that the runtime never runs half a binary. A plugin already there with the same bytes
+/// is left alone. Returns the plugins and whether each was written.
+pub fn install_plugins(from: &Path, to: &Path) -> Result<Vec<(&'static str, bool)>, Error> {
+    std::fs::create_dir_all(to).map_err(Error::io(format!("creating {}", to.display())))?;
+    PLUGINS
+        .iter()
+        .map(|name| {
+            let source = from.join(name);
+            let target = to.join(name);
+            let content = std::fs::read(&source)
+                .map_err(Error::io(format!("reading {}", source.display())))?;
+            if std::fs::read(&target).is_ok_and(|old| old == content) {
+                return Ok((*name, false));
+            }
+            let tmp = to.join(format!(".{name}.nodus-tmp"));
+            nodus_durable::replace(&target, &tmp, 0o755, &content)?;
+            Ok((*name, true))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,6 +125,9 @@ mod tests {
             "fd00:10:244:1::/64"
         );
         assert_eq!(plugin["ipam"]["routes"][1]["dst"], "::/0");
+        let ports = &doc["plugins"][1];
+        assert_eq!(ports["type"], "portmap");
+        assert_eq!(ports["capabilities"]["portMappings"], true);
         let v4_only = conflist(&cidrs[..1], 1420);
         assert!(!v4_only.contains("::/0"), "{v4_only}");
     }
@@ -121,6 +155,38 @@ mod tests {
             .expect("dir")
             .count();
         assert_eq!(entries, 1, "no temporary file left behind");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn plugins_are_installed_once_and_executable() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nodus-cni-bin-{}", std::process::id()));
+        let (from, to) = (dir.join("image"), dir.join("host/opt/cni/bin"));
+        std::fs::create_dir_all(&from).expect("dir");
+        for name in PLUGINS {
+            std::fs::write(from.join(name), format!("#!/bin/sh\necho {name}\n")).expect("plugin");
+        }
+        let installed = install_plugins(&from, &to).expect("install");
+        assert!(
+            installed.iter().all(|(_, written)| *written),
+            "{installed:?}"
+        );
+        let mode = std::fs::metadata(to.join("ptp"))
+            .expect("ptp")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o755);
+        let again = install_plugins(&from, &to).expect("install again");
+        assert!(again.iter().all(|(_, written)| !*written), "{again:?}");
+        std::fs::write(from.join("portmap"), "#!/bin/sh\necho newer\n").expect("plugin");
+        let newer = install_plugins(&from, &to).expect("upgrade");
+        assert_eq!(newer.iter().filter(|(_, written)| *written).count(), 1);
+        assert_eq!(std::fs::read_dir(&to).expect("dir").count(), PLUGINS.len());
+        // A plugin missing from the image is an error that names it.
+        std::fs::remove_file(from.join("loopback")).expect("rm");
+        let error = install_plugins(&from, &to).expect_err("missing");
+        assert!(error.to_string().contains("loopback"), "{error}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -172,8 +172,10 @@ fn peer_of(
 /// Whether a published address can be another node's: not loopback, unspecified or
 /// multicast, which would turn a peer's packets back on itself or scatter them.
 fn reachable(ip: IpAddr) -> bool {
-    !(ip.is_loopback() || ip.is_unspecified() || ip.is_multicast())
-        && !matches!(ip, IpAddr::V4(v4) if v4.is_broadcast())
+    !(ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+        || matches!(ip, IpAddr::V4(v4) if v4.is_broadcast()))
 }
 
 /// Where peers should reach `own`: its `nodus.dev/force-endpoint` (`IP` or `IP:port`),

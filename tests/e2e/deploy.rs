@@ -16,6 +16,7 @@ struct Variant {
     capabilities: &'static [&'static str],
 }
 
+/// `deploy/` itself is `overlays/replace`.
 const VARIANTS: [Variant; 3] = [
     Variant {
         dir: "",
@@ -66,24 +67,50 @@ fn strings(value: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// The ConfigMap's file, checked by the built binary; returns it parsed.
-fn check_config(config_map: &Value, scratch: &Path) -> Value {
+/// `nodus check-config` on the ConfigMap's file, with the API server's address as
+/// NODUS_API_SERVER, in an environment without a kubeconfig or a cluster.
+fn check_config_output(
+    config_map: &Value,
+    scratch: &Path,
+    api_server: &str,
+) -> std::process::Output {
     let text = config_map["data"]["nodus.yaml"]
         .as_str()
         .expect("the ConfigMap holds nodus.yaml");
     let file = scratch.join("nodus.yaml");
     std::fs::write(&file, text).expect("write config");
-    let output = Command::new(NODUS)
+    Command::new(NODUS)
         .arg("check-config")
         .arg(&file)
+        .env_clear()
+        .env("HOME", scratch)
+        .env("NODUS_API_SERVER", api_server)
         .output()
-        .expect("nodus check-config runs");
+        .expect("nodus check-config runs")
+}
+
+/// The ConfigMap's file, checked by the built binary as the DaemonSet runs it; returns it
+/// parsed.
+fn check_config(config_map: &Value, scratch: &Path, api_server: &str) -> Value {
+    let output = check_config_output(config_map, scratch, api_server);
+    let text = config_map["data"]["nodus.yaml"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         output.status.success(),
         "nodus check-config refused the ConfigMap:\n{text}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
     serde_saphyr::from_str(text).expect("YAML")
+}
+
+/// A container's environment variable's value.
+fn env_value<'a>(container: &'a Value, name: &str) -> Option<&'a str> {
+    container["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
 }
 
 fn enabled(config: &Value, section: &str) -> bool {
@@ -229,7 +256,25 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
             config_volume["configMap"]["name"],
             config_map["metadata"]["name"]
         );
-        let config = check_config(config_map, &scratch);
+        // As shipped, the proxy's API server is the placeholder, which nodus refuses with
+        // the step to take; with an address the file is valid.
+        let api_server = env_value(container, "NODUS_API_SERVER").expect("NODUS_API_SERVER");
+        if variant.proxy {
+            let shipped = check_config_output(config_map, &scratch, api_server);
+            let error = String::from_utf8_lossy(&shipped.stderr);
+            assert!(
+                !shipped.status.success() && error.contains("placeholder"),
+                "{context}: {error}"
+            );
+            // Without any address, the error names the key to set.
+            let unset = check_config_output(config_map, &scratch, "");
+            let error = String::from_utf8_lossy(&unset.stderr);
+            assert!(
+                error.contains("api_server: proxy.enabled needs"),
+                "{context}: {error}"
+            );
+        }
+        let config = check_config(config_map, &scratch, "https://192.0.2.10:6443");
         assert_eq!(enabled(&config, "proxy"), variant.proxy, "{context}");
         assert_eq!(enabled(&config, "dns"), variant.dns, "{context}");
         assert!(enabled(&config, "mesh"), "{context}: the mesh is on");
@@ -268,9 +313,26 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
             .iter()
             .filter_map(|v| v["hostPath"]["path"].as_str())
             .collect();
-        for path in ["/var/lib/nodus", "/etc/cni/net.d"] {
+        for path in ["/var/lib/nodus", "/etc/cni/net.d", "/opt/cni/bin"] {
             assert!(host_paths.contains(&path), "{context}: {path} mounted");
         }
+        // The CNI plugins come from the image, copied by an init container that needs no
+        // capability.
+        let init = &pod["initContainers"][0];
+        assert_eq!(
+            strings(&init["args"]),
+            ["install-cni", "--to", "/host/opt/cni/bin"],
+            "{context}"
+        );
+        assert_eq!(
+            strings(&init["securityContext"]["capabilities"]["drop"]),
+            ["ALL"]
+        );
+        assert!(
+            init["securityContext"]["capabilities"]["add"].is_null(),
+            "{context}"
+        );
+        assert_eq!(init["volumeMounts"][0]["mountPath"], "/host/opt/cni/bin");
     }
     let _ = std::fs::remove_dir_all(&scratch);
 }
@@ -287,8 +349,26 @@ fn the_replace_overlay_backs_kube_dns_and_names_the_api_server() {
         .as_str()
         .expect("config");
     let config: Value = serde_saphyr::from_str(data).expect("YAML");
-    assert!(
-        config["api_server"].as_str().is_some(),
-        "the proxy cannot reach the API server through the Service it programs"
+    assert_eq!(config["apiVersion"], "nodus.dev/v1alpha1");
+    // The API server's address and the DNS Service's come from nodus-cluster, which is not
+    // applied itself.
+    let container = &daemonset["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        env_value(container, "NODUS_API_SERVER"),
+        Some("https://control-plane.invalid:6443")
     );
+    let service = find(&objects, "Service");
+    assert_eq!(service["metadata"]["name"], "kube-dns");
+    assert_eq!(service["metadata"]["namespace"], "kube-system");
+    assert_eq!(service["spec"]["clusterIP"], "10.96.0.10");
+    assert_eq!(service["spec"]["selector"], json!({"k8s-app": "kube-dns"}));
+    let ports: Vec<(&str, u64)> = service["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .filter_map(|p| Some((p["protocol"].as_str()?, p["port"].as_u64()?)))
+        .collect();
+    assert_eq!(ports, [("UDP", 53), ("TCP", 53)]);
+    // The ConfigMap is nodus's configuration alone: nodus-cluster stays local.
+    find(&objects, "ConfigMap");
 }
