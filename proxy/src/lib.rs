@@ -3,6 +3,7 @@
 
 pub mod apply;
 pub mod health;
+pub mod kernel;
 pub mod leftovers;
 pub mod metrics;
 pub mod nft;

@@ -248,6 +248,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut config = Config::load_or_default(args.cluster.config.as_deref())?
         .with_api_server(args.cluster.api_server.as_deref())?;
     config.check_bootstrap(&ApiDiscovery::of_process(args.cluster.kubeconfig.is_some()))?;
+    if config.proxy.enabled {
+        nodus_proxy::kernel::check_running().map_err(anyhow::Error::msg)?;
+    }
     if let Some(addr) = args.http_addr {
         config.http_addr = addr;
     }
