@@ -17,8 +17,8 @@ pub const RECENT_HANDSHAKE: Duration = Duration::from_secs(180);
 /// The most peers `nodus status` lists, those without a recent handshake first.
 pub const STATUS_PEERS_MAX: usize = 256;
 
-/// One peer as `nodus status` lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// One peer as `nodus status` lists it (and `/status` serves it).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PeerStatus {
     pub node: String,
     pub endpoint: Option<SocketAddr>,

@@ -5,7 +5,7 @@
 
 use crate::agent::board::Board;
 use crate::agent::metrics::Metrics;
-use nodus_mesh::metrics::MeshStatus;
+use nodus_mesh::metrics::{MeshStatus, PeerStatus};
 use nodus_prom::Track;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -44,18 +44,7 @@ pub struct Status {
     pub subsystems: Vec<Subsystem>,
     /// The mesh's peers (at most 256, those without a recent handshake first).
     #[serde(default)]
-    pub mesh_peers: Vec<MeshPeer>,
-}
-
-/// One WireGuard peer: the node, where the device sends to it, its last handshake and
-/// the bytes of its session.
-#[derive(Debug, Deserialize, Serialize)]
-pub struct MeshPeer {
-    pub node: String,
-    pub endpoint: Option<SocketAddr>,
-    pub last_handshake_unix_s: Option<u64>,
-    pub received_bytes: u64,
-    pub sent_bytes: u64,
+    pub mesh_peers: Vec<PeerStatus>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
@@ -166,18 +155,9 @@ pub fn status(metrics: &Metrics) -> Status {
     subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
         (Some(_), Some(mesh)) if !pending("mesh") => {
             let status = mesh.status();
-            mesh_peers = status
-                .peers_listed
-                .iter()
-                .map(|peer| MeshPeer {
-                    node: peer.node.clone(),
-                    endpoint: peer.endpoint,
-                    last_handshake_unix_s: peer.last_handshake_unix_s,
-                    received_bytes: peer.received_bytes,
-                    sent_bytes: peer.sent_bytes,
-                })
-                .collect();
-            mesh_subsystem(&status)
+            let line = mesh_subsystem(&status);
+            mesh_peers = status.peers_listed;
+            line
         }
         (Some(_), _) => Subsystem::not_started("mesh", board),
         _ => Subsystem::disabled("mesh", None),
