@@ -11,7 +11,7 @@ use crate::cni;
 use crate::key::{Key, KeyPair};
 use crate::links::{Link, Links};
 use crate::metrics::MeshMetrics;
-use crate::metrics::RECENT_HANDSHAKE;
+use crate::metrics::is_recent;
 use crate::plan::{
     Desired, EndpointChoice, Peer, PeerChange, PlanSettings, peer_changes, set_changes,
 };
@@ -229,11 +229,7 @@ impl Mesh {
         self.learned = state
             .peers
             .iter()
-            .filter(|(_, p)| {
-                p.last_handshake
-                    .and_then(|at| now.duration_since(at).ok())
-                    .is_some_and(|age| age < RECENT_HANDSHAKE)
-            })
+            .filter(|(_, p)| is_recent(p.last_handshake, now))
             .filter_map(|(k, p)| Some((*k, p.peer.endpoint?)))
             .collect();
         self.metrics.observe(&state, now, &self.peer_nodes);

@@ -14,6 +14,12 @@ use std::time::{Duration, SystemTime};
 /// while traffic flows and drops a session after three.
 pub const RECENT_HANDSHAKE: Duration = Duration::from_secs(180);
 
+/// Whether a handshake at `at` is younger than [`RECENT_HANDSHAKE`] at `now`.
+pub fn is_recent(at: Option<SystemTime>, now: SystemTime) -> bool {
+    at.and_then(|t| now.duration_since(t).ok())
+        .is_some_and(|age| age < RECENT_HANDSHAKE)
+}
+
 /// The most peers `nodus status` lists, those without a recent handshake first.
 pub const STATUS_PEERS_MAX: usize = 256;
 
@@ -76,14 +82,10 @@ fn unix_now() -> u64 {
 impl MeshMetrics {
     /// Records what a device poll returned; `names` are the nodes the peers stand for.
     pub fn observe(&self, state: &DeviceState, now: SystemTime, names: &BTreeMap<Key, Box<str>>) {
-        let is_recent = |at: Option<SystemTime>| {
-            at.and_then(|t| now.duration_since(t).ok())
-                .is_some_and(|age| age < RECENT_HANDSHAKE)
-        };
         let recent = state
             .peers
             .values()
-            .filter(|p| is_recent(p.last_handshake))
+            .filter(|p| is_recent(p.last_handshake, now))
             .count();
         self.peers.store(state.peers.len() as u64, Relaxed);
         self.peers_recent_handshake.store(recent as u64, Relaxed);
@@ -103,31 +105,37 @@ impl MeshMetrics {
                 .map(|(key, peer)| (*key, (peer.rx_bytes, peer.tx_bytes)))
                 .collect();
         }
-        let mut table: Vec<(bool, PeerStatus)> = state
+        // Sorted by reference, so that only the rows listed are built, not one per peer.
+        let mut order: Vec<(bool, std::borrow::Cow<'_, str>, &crate::backend::PeerState)> = state
             .peers
             .iter()
             .map(|(key, peer)| {
-                let status = PeerStatus {
-                    node: names
-                        .get(key)
-                        .map_or_else(|| key.to_base64(), |name| name.to_string()),
-                    endpoint: peer.peer.endpoint,
-                    last_handshake_unix_s: peer
-                        .last_handshake
-                        .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
-                        .map(|since| since.as_secs()),
-                    received_bytes: peer.rx_bytes,
-                    sent_bytes: peer.tx_bytes,
-                };
-                (is_recent(peer.last_handshake), status)
+                let node = names.get(key).map_or_else(
+                    || std::borrow::Cow::Owned(key.to_base64()),
+                    |name| std::borrow::Cow::Borrowed(&**name),
+                );
+                (is_recent(peer.last_handshake, now), node, peer)
             })
             .collect();
-        table.sort_unstable_by(|(a_recent, a), (b_recent, b)| {
-            (a_recent, &a.node).cmp(&(b_recent, &b.node))
+        order.sort_unstable_by(|(a_recent, a, _), (b_recent, b, _)| {
+            (a_recent, a).cmp(&(b_recent, b))
         });
-        table.truncate(STATUS_PEERS_MAX);
+        let table = order
+            .into_iter()
+            .take(STATUS_PEERS_MAX)
+            .map(|(_, node, peer)| PeerStatus {
+                node: node.into_owned(),
+                endpoint: peer.peer.endpoint,
+                last_handshake_unix_s: peer
+                    .last_handshake
+                    .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
+                    .map(|since| since.as_secs()),
+                received_bytes: peer.rx_bytes,
+                sent_bytes: peer.tx_bytes,
+            })
+            .collect();
         if let Ok(mut listed) = self.peer_table.lock() {
-            *listed = table.into_iter().map(|(_, status)| status).collect();
+            *listed = table;
         }
     }
 

@@ -3,11 +3,10 @@
 
 use crate::key::Key;
 use nodus_view::View;
-use nodus_view::model::{Cidr, Family, Node};
+use nodus_view::model::{Cidr, Family, Node, NodeAddressKind};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use nodus_view::model::NodeAddressKind;
 /// The annotations every node publishes on its own Node object (the view keeps these).
 pub use nodus_view::wire::{
     ANNOTATION_ENDPOINT, ANNOTATION_FORCE_ENDPOINT, ANNOTATION_PORT, ANNOTATION_PUBLIC_KEY,
@@ -189,19 +188,16 @@ fn own_endpoint(own: &Node, settings: &PlanSettings) -> Option<SocketAddr> {
     if let Some(forced) = forced.filter(|endpoint| reachable(endpoint.ip())) {
         return Some(forced);
     }
-    let external = own
-        .addresses
-        .iter()
-        .filter(|a| a.kind == NodeAddressKind::ExternalIP)
-        .map(|a| a.address);
-    let external = external
-        .clone()
-        .find(|ip| Family::of(*ip) == settings.endpoint_family)
-        .or_else(|| external.clone().next());
-    let ip = match settings.endpoint {
-        EndpointChoice::External => external.or_else(|| endpoint_ip(own, settings.endpoint_family)),
-        EndpointChoice::Internal => endpoint_ip(own, settings.endpoint_family),
-    }?;
+    let external = match settings.endpoint {
+        EndpointChoice::External => family_first(settings.endpoint_family, |family| {
+            own.addresses
+                .iter()
+                .find(|a| a.kind == NodeAddressKind::ExternalIP && Family::of(a.address) == family)
+                .map(|a| a.address)
+        }),
+        EndpointChoice::Internal => None,
+    };
+    let ip = external.or_else(|| endpoint_ip(own, settings.endpoint_family))?;
     Some(SocketAddr::new(ip, settings.listen_port))
 }
 
@@ -218,11 +214,16 @@ fn host_prefixes(node: &Node) -> impl Iterator<Item = Cidr> + '_ {
 
 /// The node's address of `family`, else of the other family.
 fn endpoint_ip(node: &Node, family: Family) -> Option<IpAddr> {
+    family_first(family, |f| node.primary_ip(f))
+}
+
+/// What `pick` finds of `family`, else of the other family.
+fn family_first(family: Family, pick: impl Fn(Family) -> Option<IpAddr>) -> Option<IpAddr> {
     let other = match family {
         Family::V4 => Family::V6,
         Family::V6 => Family::V4,
     };
-    node.primary_ip(family).or_else(|| node.primary_ip(other))
+    pick(family).or_else(|| pick(other))
 }
 
 /// `cidr` with its host bits cleared.
