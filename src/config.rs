@@ -51,6 +51,17 @@ pub struct Config {
     pub proxy: ProxyConfig,
     pub dns: DnsConfig,
     pub mesh: MeshConfig,
+    pub policy: PolicyConfig,
+}
+
+/// NetworkPolicy enforcement for this node's pods, in the proxy's table. Off by default;
+/// `deploy/` turns it on.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Watch every Pod, Namespace and NetworkPolicy, and enforce the policies (needs
+    /// `proxy.enabled`).
+    pub enabled: bool,
 }
 
 impl Default for Config {
@@ -69,6 +80,7 @@ impl Default for Config {
             proxy: ProxyConfig::default(),
             dns: DnsConfig::default(),
             mesh: MeshConfig::default(),
+            policy: PolicyConfig::default(),
         }
     }
 }
@@ -563,6 +575,7 @@ impl Config {
             },
             node_port_addresses: self.proxy.node_port_addresses.clone(),
             localhost_node_ports: self.proxy.localhost_node_ports,
+            network_policy: self.policy.enabled,
             interface_addresses: Vec::new(),
         }
     }
@@ -592,6 +605,10 @@ impl Config {
         anyhow::ensure!(
             self.watch_page_size > 0,
             "watch_page_size: must be at least 1"
+        );
+        anyhow::ensure!(
+            !self.policy.enabled || self.proxy.enabled,
+            "policy.enabled: NetworkPolicy is enforced in the proxy's table; set proxy.enabled too"
         );
         anyhow::ensure!(
             self.dns.ttl <= 3600,

@@ -144,6 +144,7 @@ pub async fn follow_cluster(
         node_name: cluster.node_name.clone(),
         service_cidrs: true,
         local_pods: false,
+        policy: false,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let feed = Feed::new(

@@ -295,6 +295,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // The proxy drops their unallocated addresses; DNS answers their reverse names.
         service_cidrs: config.proxy.enabled || config.dns.enabled,
         local_pods: config.dns.enabled && config.dns.autopath,
+        policy: config.policy.enabled,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let restored = state.as_ref().and_then(StateDir::restore);

@@ -27,7 +27,9 @@ pub trait WireKind: DeserializeOwned + Clone + Debug + Send + 'static {
     const GROUP: &'static str;
     const VERSION: &'static str;
     const PLURAL: &'static str;
-    fn meta(&self) -> &wire::Meta;
+    /// How its labels are read: the few nodus acts on, or all of them.
+    type Labels;
+    fn meta(&self) -> &wire::Meta<Self::Labels>;
     fn into_update(self) -> Update;
 }
 
@@ -36,7 +38,8 @@ impl WireKind for wire::Service {
     const GROUP: &'static str = "";
     const VERSION: &'static str = "v1";
     const PLURAL: &'static str = "services";
-    fn meta(&self) -> &wire::Meta {
+    type Labels = wire::Labels;
+    fn meta(&self) -> &wire::Meta<wire::Labels> {
         &self.metadata
     }
     fn into_update(self) -> Update {
@@ -49,7 +52,8 @@ impl WireKind for wire::EndpointSlice {
     const GROUP: &'static str = "discovery.k8s.io";
     const VERSION: &'static str = "v1";
     const PLURAL: &'static str = "endpointslices";
-    fn meta(&self) -> &wire::Meta {
+    type Labels = wire::Labels;
+    fn meta(&self) -> &wire::Meta<wire::Labels> {
         &self.metadata
     }
     fn into_update(self) -> Update {
@@ -62,7 +66,8 @@ impl WireKind for wire::Node {
     const GROUP: &'static str = "";
     const VERSION: &'static str = "v1";
     const PLURAL: &'static str = "nodes";
-    fn meta(&self) -> &wire::Meta {
+    type Labels = wire::Labels;
+    fn meta(&self) -> &wire::Meta<wire::Labels> {
         &self.metadata
     }
     fn into_update(self) -> Update {
@@ -75,7 +80,8 @@ impl WireKind for wire::ServiceCidr {
     const GROUP: &'static str = "networking.k8s.io";
     const VERSION: &'static str = "v1";
     const PLURAL: &'static str = "servicecidrs";
-    fn meta(&self) -> &wire::Meta {
+    type Labels = wire::Labels;
+    fn meta(&self) -> &wire::Meta<wire::Labels> {
         &self.metadata
     }
     fn into_update(self) -> Update {
@@ -88,11 +94,40 @@ impl WireKind for wire::Pod {
     const GROUP: &'static str = "";
     const VERSION: &'static str = "v1";
     const PLURAL: &'static str = "pods";
-    fn meta(&self) -> &wire::Meta {
+    type Labels = wire::LabelMap;
+    fn meta(&self) -> &wire::Meta<wire::LabelMap> {
         &self.metadata
     }
     fn into_update(self) -> Update {
         Update::Pod(Box::new(self))
+    }
+}
+
+impl WireKind for wire::Namespace {
+    const KIND: Kind = Kind::Namespace;
+    const GROUP: &'static str = "";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "namespaces";
+    type Labels = wire::LabelMap;
+    fn meta(&self) -> &wire::Meta<wire::LabelMap> {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::Namespace(Box::new(self))
+    }
+}
+
+impl WireKind for wire::NetworkPolicy {
+    const KIND: Kind = Kind::NetworkPolicy;
+    const GROUP: &'static str = "networking.k8s.io";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "networkpolicies";
+    type Labels = wire::Labels;
+    fn meta(&self) -> &wire::Meta<wire::Labels> {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::NetworkPolicy(Box::new(self))
     }
 }
 
@@ -244,6 +279,8 @@ pub struct WatchSet {
     pub service_cidrs: bool,
     /// Watch this node's Pods (DNS tells who asks by them).
     pub local_pods: bool,
+    /// Watch every Pod, Namespace and NetworkPolicy (NetworkPolicy enforcement).
+    pub policy: bool,
 }
 
 /// Pods come in pages of at most this many: a Pod is ten times the size of the other
@@ -400,13 +437,39 @@ pub fn watch_all(
                 .boxed(),
         );
     }
-    if set.local_pods && !set.node_name.is_empty() {
-        let pods = watcher::Config::default()
-            .page_size(set.page_size.min(POD_PAGE_MAX))
-            .fields(&format!("spec.nodeName={}", set.node_name));
+    if set.policy || (set.local_pods && !set.node_name.is_empty()) {
+        let mut pods = watcher::Config::default().page_size(set.page_size.min(POD_PAGE_MAX));
+        // Policies must not be enforced from a partial picture: with them on, a refused
+        // list holds the view back rather than letting every pod through.
+        let pod_presence = match set.policy {
+            true => Presence::Required,
+            false => Presence::Optional,
+        };
+        if !set.policy {
+            pods = pods.fields(&format!("spec.nodeName={}", set.node_name));
+        }
         kinds.push(Kind::Pod);
         streams.push(
-            kind_stream::<wire::Pod>(Api::all(client.clone()), pods, Presence::Optional).boxed(),
+            kind_stream::<wire::Pod>(Api::all(client.clone()), pods, pod_presence).boxed(),
+        );
+    }
+    if set.policy {
+        kinds.extend([Kind::Namespace, Kind::NetworkPolicy]);
+        streams.push(
+            kind_stream::<wire::Namespace>(
+                Api::all(client.clone()),
+                config.clone(),
+                Presence::Required,
+            )
+            .boxed(),
+        );
+        streams.push(
+            kind_stream::<wire::NetworkPolicy>(
+                Api::all(client.clone()),
+                config.clone(),
+                Presence::Required,
+            )
+            .boxed(),
         );
     }
     if set.service_cidrs {

@@ -28,14 +28,14 @@ pub struct InvalidObject {
 pub const DEFAULT_AFFINITY_TIMEOUT: u32 = 10_800;
 const MAX_AFFINITY_TIMEOUT: i64 = 86_400;
 
-pub(crate) fn object_name(meta: &wire::Meta) -> String {
+pub(crate) fn object_name<L>(meta: &wire::Meta<L>) -> String {
     match &meta.namespace {
         Some(ns) if !ns.is_empty() => format!("{ns}/{}", meta.name),
         _ => meta.name.clone(),
     }
 }
 
-fn invalid(kind: &'static str, meta: &wire::Meta, reason: String) -> InvalidObject {
+pub(crate) fn invalid<L>(kind: &'static str, meta: &wire::Meta<L>, reason: String) -> InvalidObject {
     InvalidObject {
         kind,
         object: object_name(meta),
@@ -60,7 +60,7 @@ fn each_valid<T>(
         .collect()
 }
 
-fn parse_protocol(field: &str, text: Option<&str>) -> Result<Protocol, String> {
+pub(crate) fn parse_protocol(field: &str, text: Option<&str>) -> Result<Protocol, String> {
     match text {
         None | Some("TCP") => Ok(Protocol::Tcp),
         Some("UDP") => Ok(Protocol::Udp),
@@ -69,7 +69,7 @@ fn parse_protocol(field: &str, text: Option<&str>) -> Result<Protocol, String> {
     }
 }
 
-fn parse_port(field: &str, value: i64) -> Result<u16, String> {
+pub(crate) fn parse_port(field: &str, value: i64) -> Result<u16, String> {
     u16::try_from(value)
         .ok()
         .filter(|p| *p != 0)
@@ -496,6 +496,26 @@ fn check_pod(wire: &wire::Pod, node_name: &str) -> Result<(Box<[IpAddr]>, bool),
     if node != node_name {
         return Err(format!("spec.nodeName {node:?} is not this node"));
     }
+    let ips = pod_ips(wire)?;
+    let host_network = wire.spec.host_network == Some(true);
+    // kubelet's search list for these policies: the cluster's three domains, then the
+    // node's; `dnsConfig.searches` would add its own after them.
+    let cluster_first = match wire.spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
+        "ClusterFirst" => !host_network,
+        "ClusterFirstWithHostNet" => true,
+        _ => false,
+    };
+    let own_searches = wire
+        .spec
+        .dns_config
+        .as_ref()
+        .is_some_and(|config| !config.searches.is_empty());
+    Ok((ips, cluster_first && !own_searches))
+}
+
+/// The addresses a pod sends from, one per family: none for a host-network pod (it sends
+/// from its node's) or one that has ended (its addresses may already be another's).
+pub(crate) fn pod_ips(wire: &wire::Pod) -> Result<Box<[IpAddr]>, String> {
     let host_network = wire.spec.host_network == Some(true);
     let ended = matches!(wire.status.phase.as_deref(), Some("Succeeded" | "Failed"));
     let mut texts: Vec<&str> = wire.status.pod_ips.iter().map(|p| p.ip.as_str()).collect();
@@ -519,19 +539,7 @@ fn check_pod(wire: &wire::Pod, node_name: &str) -> Result<(Box<[IpAddr]>, bool),
     if host_network || ended {
         ips.clear();
     }
-    // kubelet's search list for these policies: the cluster's three domains, then the
-    // node's; `dnsConfig.searches` would add its own after them.
-    let cluster_first = match wire.spec.dns_policy.as_deref().unwrap_or("ClusterFirst") {
-        "ClusterFirst" => !host_network,
-        "ClusterFirstWithHostNet" => true,
-        _ => false,
-    };
-    let own_searches = wire
-        .spec
-        .dns_config
-        .as_ref()
-        .is_some_and(|config| !config.searches.is_empty());
-    Ok((ips.into(), cluster_first && !own_searches))
+    Ok(ips.into())
 }
 
 pub fn node(wire: &wire::Node, strings: &mut Interner) -> Result<Node, InvalidObject> {

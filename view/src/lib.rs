@@ -14,6 +14,7 @@ pub mod decode;
 pub mod intern;
 pub mod model;
 pub mod output;
+pub mod policy;
 pub mod ranges;
 pub mod resolve;
 mod reverse;

@@ -32,7 +32,36 @@ pub fn merged_ranges(
             _ => merged.push((start, end)),
         }
     }
-    merged
+    into_addresses(merged, family)
+}
+
+/// The inclusive ranges of `cidr` less the `except` ranges inside it (a NetworkPolicy's
+/// `ipBlock`), sorted and disjoint.
+pub fn block_ranges(cidr: Cidr, except: &[Cidr]) -> Vec<(IpAddr, IpAddr)> {
+    let family = cidr.family();
+    let holes = merged_ranges(except, &[], family);
+    let (mut next, end) = cidr_bounds(cidr);
+    let mut ranges = Vec::new();
+    for (hole_start, hole_end) in holes.into_iter().map(|(s, e)| (to_number(s), to_number(e))) {
+        if hole_end < next || hole_start > end {
+            continue;
+        }
+        if hole_start > next {
+            ranges.push((next, hole_start - 1));
+        }
+        match hole_end.checked_add(1) {
+            Some(after) => next = after,
+            None => return into_addresses(ranges, family),
+        }
+    }
+    if next <= end {
+        ranges.push((next, end));
+    }
+    into_addresses(ranges, family)
+}
+
+fn into_addresses(ranges: Vec<(u128, u128)>, family: Family) -> Vec<(IpAddr, IpAddr)> {
+    ranges
         .into_iter()
         .map(|(start, end)| (from_number(start, family), from_number(end, family)))
         .collect()
@@ -52,14 +81,14 @@ fn cidr_bounds(cidr: Cidr) -> (u128, u128) {
     (start, start | host_mask)
 }
 
-fn to_number(ip: IpAddr) -> u128 {
+pub fn to_number(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(ip) => u128::from(u32::from(ip)),
         IpAddr::V6(ip) => u128::from(ip),
     }
 }
 
-fn from_number(number: u128, family: Family) -> IpAddr {
+pub fn from_number(number: u128, family: Family) -> IpAddr {
     match family {
         Family::V4 => IpAddr::V4(Ipv4Addr::from(u32::try_from(number).unwrap_or(u32::MAX))),
         Family::V6 => IpAddr::V6(Ipv6Addr::from(number)),
@@ -100,6 +129,21 @@ mod tests {
             merged_ranges(&[cidr("0.0.0.0/0")], &[], Family::V4),
             [(ip("0.0.0.0"), ip("255.255.255.255"))]
         );
+        assert_eq!(
+            block_ranges(
+                cidr("10.0.0.0/16"),
+                &[cidr("10.0.1.0/24"), cidr("10.0.0.0/24"), cidr("10.0.255.0/24")]
+            ),
+            [(ip("10.0.2.0"), ip("10.0.254.255"))]
+        );
+        assert_eq!(
+            block_ranges(cidr("0.0.0.0/0"), &[cidr("10.0.0.0/8")]),
+            [
+                (ip("0.0.0.0"), ip("9.255.255.255")),
+                (ip("11.0.0.0"), ip("255.255.255.255"))
+            ]
+        );
+        assert_eq!(block_ranges(cidr("10.0.0.0/8"), &[cidr("10.0.0.0/8")]), []);
         assert_eq!(
             merged_ranges(&cidrs, &[], Family::V6),
             [(ip("fd00::"), ip("fd00::ffff:ffff:ffff:ffff"))]

@@ -4,9 +4,11 @@
 use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
 use crate::model::{Cidr, LocalPod, Node, Service, Slice};
+use crate::policy::resolve::PodPolicy;
+use crate::policy::store::PolicyState;
 use crate::resolve::NodeContext;
 use crate::reverse::ReverseIndex;
-use crate::wire;
+use crate::{policy, wire};
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -23,17 +25,21 @@ pub enum Kind {
     EndpointSlice,
     Node,
     ServiceCidr,
-    /// This node's pods only.
+    /// This node's pods, or every pod when NetworkPolicy is on.
     Pod,
+    Namespace,
+    NetworkPolicy,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 5] = [
+    pub const ALL: [Kind; 7] = [
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Node,
         Kind::ServiceCidr,
         Kind::Pod,
+        Kind::Namespace,
+        Kind::NetworkPolicy,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -43,6 +49,8 @@ impl Kind {
             Kind::Node => "Node",
             Kind::ServiceCidr => "ServiceCIDR",
             Kind::Pod => "Pod",
+            Kind::Namespace => "Namespace",
+            Kind::NetworkPolicy => "NetworkPolicy",
         }
     }
 
@@ -60,6 +68,8 @@ pub enum Update {
     Node(Box<wire::Node>),
     ServiceCidr(Box<wire::ServiceCidr>),
     Pod(Box<wire::Pod>),
+    Namespace(Box<wire::Namespace>),
+    NetworkPolicy(Box<wire::NetworkPolicy>),
     Deleted {
         kind: Kind,
         namespace: String,
@@ -103,6 +113,9 @@ pub struct ChangeSet {
     /// service and endpoint change counters).
     pub service_updates: u32,
     pub slice_updates: u32,
+    /// What NetworkPolicies allow may have changed: a policy, a namespace's labels, or a
+    /// pod's addresses, labels or named ports.
+    pub policy: bool,
 }
 
 /// Trigger times kept per batch: a relist changes thousands of slices, and a sample
@@ -111,7 +124,11 @@ pub const TRIGGER_TIMES_MAX: usize = 256;
 
 impl ChangeSet {
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.nodes.is_empty() && !self.this_node && !self.service_cidrs
+        self.services.is_empty()
+            && self.nodes.is_empty()
+            && !self.this_node
+            && !self.service_cidrs
+            && !self.policy
     }
 }
 
@@ -186,6 +203,7 @@ pub struct View {
     /// namespace from a missing one without a namespace watch.
     namespaces: HashMap<Sym, u32>,
     pods: pods::LocalPods,
+    policy: PolicyState,
 }
 
 fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
@@ -213,6 +231,7 @@ impl View {
             external: ReverseIndex::default(),
             namespaces: HashMap::new(),
             pods: pods::LocalPods::default(),
+            policy: PolicyState::default(),
         }
     }
 
@@ -360,7 +379,15 @@ impl View {
                 }
                 Update::Node(node) => self.upsert_node(*node, &mut report.changes),
                 Update::ServiceCidr(cidr) => self.upsert_service_cidr(*cidr, &mut report.changes),
-                Update::Pod(pod) => self.upsert_pod(*pod, &mut report.pods),
+                Update::Pod(pod) => {
+                    self.upsert_pod(*pod, &mut report.pods, &mut report.changes.policy)
+                }
+                Update::Namespace(namespace) => {
+                    self.upsert_namespace(*namespace, &mut report.changes.policy)
+                }
+                Update::NetworkPolicy(policy) => {
+                    self.upsert_policy(*policy, &mut report.changes.policy)
+                }
                 Update::Deleted {
                     kind,
                     namespace,
@@ -732,27 +759,93 @@ impl View {
         }
     }
 
-    /// Pods change nothing any subsystem plans: DNS reads them per question.
+    /// A pod of this node changes what DNS reads per question (`local_changed`); any pod
+    /// may change what policies allow (`policy_changed`).
     fn upsert_pod(
         &mut self,
         wire: wire::Pod,
-        changed: &mut bool,
+        local_changed: &mut bool,
+        policy_changed: &mut bool,
     ) -> Result<(), (Kind, InvalidObject)> {
         let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
         let key = object_hash(Kind::Pod, namespace, &wire.metadata.name);
         self.seen(Kind::Pod, namespace, &wire.metadata.name);
         let node_name = self.strings.resolve(self.node_name).to_string();
-        match decode::pod(&wire, &node_name, &mut self.strings) {
-            Ok(pod) => {
-                *changed |= self.pods.put(key, pod, &mut self.strings);
+        let for_policy = policy::decode::pod(&wire, &node_name, &mut self.strings);
+        let local = match wire.spec.node_name.as_deref() == Some(node_name.as_str()) {
+            true => Some(decode::pod(&wire, &node_name, &mut self.strings)),
+            false => None,
+        };
+        // What the last version claimed is not trusted past a version that is wrong.
+        let mut error = None;
+        match for_policy {
+            Ok(pod) => *policy_changed |= self.policy.put_pod(key, pod, &mut self.strings),
+            Err(e) => {
+                *policy_changed |= self.policy.remove_pod(key, &mut self.strings);
+                error = Some(e);
+            }
+        }
+        match local {
+            Some(Ok(pod)) => *local_changed |= self.pods.put(key, pod, &mut self.strings),
+            Some(Err(e)) => {
+                *local_changed |= self.pods.remove(key, &mut self.strings);
+                error = Some(e);
+            }
+            None => *local_changed |= self.pods.remove(key, &mut self.strings),
+        }
+        error.map_or(Ok(()), |e| Err((Kind::Pod, e)))
+    }
+
+    fn upsert_namespace(
+        &mut self,
+        wire: wire::Namespace,
+        changed: &mut bool,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        self.seen(Kind::Namespace, "", &wire.metadata.name);
+        match policy::decode::namespace(&wire, &mut self.strings) {
+            Ok(labels) => {
+                *changed |= self
+                    .policy
+                    .put_namespace(&wire.metadata.name, labels, &mut self.strings);
                 Ok(())
             }
             Err(error) => {
-                // What the last version claimed is not trusted past a version that is wrong.
-                *changed |= self.pods.remove(key, &mut self.strings);
-                Err((Kind::Pod, error))
+                *changed |= self
+                    .policy
+                    .remove_namespace(&wire.metadata.name, &mut self.strings);
+                Err((Kind::Namespace, error))
             }
         }
+    }
+
+    fn upsert_policy(
+        &mut self,
+        wire: wire::NetworkPolicy,
+        changed: &mut bool,
+    ) -> Result<(), (Kind, InvalidObject)> {
+        let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
+        let key = object_hash(Kind::NetworkPolicy, namespace, &wire.metadata.name);
+        self.seen(Kind::NetworkPolicy, namespace, &wire.metadata.name);
+        match policy::decode::network_policy(&wire, &mut self.strings) {
+            Ok(policy) => {
+                *changed |= self.policy.put_policy(key, policy, &mut self.strings);
+                Ok(())
+            }
+            Err(error) => {
+                *changed |= self.policy.remove_policy(key, &mut self.strings);
+                Err((Kind::NetworkPolicy, error))
+            }
+        }
+    }
+
+    /// What NetworkPolicies allow each address of each pod of this node they select.
+    pub fn pod_policies(&self) -> Vec<PodPolicy> {
+        self.policy.resolve()
+    }
+
+    /// Pods, Namespaces and NetworkPolicies held for policies.
+    pub fn policy_counts(&self) -> (usize, usize, usize) {
+        self.policy.counts()
     }
 
     fn delete(&mut self, kind: Kind, namespace: &str, name: &str, changes: &mut ChangeSet) {
@@ -766,8 +859,16 @@ impl View {
                 }
             }
             Kind::Pod => {
-                self.pods
-                    .remove(object_hash(kind, namespace, name), &mut self.strings);
+                let key = object_hash(kind, namespace, name);
+                self.pods.remove(key, &mut self.strings);
+                changes.policy |= self.policy.remove_pod(key, &mut self.strings);
+            }
+            Kind::Namespace => {
+                changes.policy |= self.policy.remove_namespace(name, &mut self.strings);
+            }
+            Kind::NetworkPolicy => {
+                let key = object_hash(kind, namespace, name);
+                changes.policy |= self.policy.remove_policy(key, &mut self.strings);
             }
         }
     }
@@ -909,6 +1010,16 @@ impl View {
             }
             Kind::Pod => {
                 self.pods.retain(&seen, &mut self.strings);
+                changes.policy |= self.policy.retain_pods(&seen, &mut self.strings);
+            }
+            Kind::Namespace => {
+                changes.policy |= self.policy.retain_namespaces(
+                    |name| seen.contains(&object_hash(kind, "", name)),
+                    &mut self.strings,
+                );
+            }
+            Kind::NetworkPolicy => {
+                changes.policy |= self.policy.retain_policies(&seen, &mut self.strings);
             }
         }
     }
@@ -921,7 +1032,9 @@ fn update_key(update: &Update) -> Option<u64> {
         Update::EndpointSlice(s) => (Kind::EndpointSlice, &s.metadata),
         Update::Node(n) => (Kind::Node, &n.metadata),
         Update::ServiceCidr(c) => (Kind::ServiceCidr, &c.metadata),
-        Update::Pod(p) => (Kind::Pod, &p.metadata),
+        Update::Pod(p) => return Some(meta_key(Kind::Pod, &p.metadata)),
+        Update::Namespace(n) => return Some(meta_key(Kind::Namespace, &n.metadata)),
+        Update::NetworkPolicy(p) => (Kind::NetworkPolicy, &p.metadata),
         Update::Deleted {
             kind,
             namespace,
@@ -929,11 +1042,15 @@ fn update_key(update: &Update) -> Option<u64> {
         } => return Some(object_hash(*kind, namespace, name)),
         Update::RelistStarted(_) | Update::RelistDone(_) => return None,
     };
-    Some(object_hash(
+    Some(meta_key(kind, meta))
+}
+
+fn meta_key<L>(kind: Kind, meta: &wire::Meta<L>) -> u64 {
+    object_hash(
         kind,
         meta.namespace.as_deref().unwrap_or_default(),
         &meta.name,
-    ))
+    )
 }
 
 /// Slice names are not stored, so a relist records slices by `(namespace, name hash)`.
@@ -1388,7 +1505,8 @@ mod tests {
             pod("shop", "lo", "node-a", &["127.0.0.1"], none.clone()),
         ]);
         let skipped: Vec<&str> = report.invalid.iter().map(|e| e.object.as_str()).collect();
-        assert_eq!(skipped, ["shop/elsewhere", "shop/bad", "shop/lo"]);
+        // Another node's pod is kept for policies only.
+        assert_eq!(skipped, ["shop/bad", "shop/lo"]);
         assert_eq!(asker(&view, "10.244.0.5"), Some(("shop".into(), true)));
         assert_eq!(asker(&view, "fd00::5"), Some(("shop".into(), true)));
         assert_eq!(asker(&view, "10.244.0.6"), Some(("shop".into(), false)));

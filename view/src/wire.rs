@@ -36,9 +36,11 @@ const ANNOTATIONS_KEPT: [&str; 5] = [
 /// make every agent of the cluster hold more.
 pub const ANNOTATION_VALUE_MAX: usize = 64;
 
+/// An object's metadata, with its labels read as `L`: the few keys nodus acts on
+/// ([`Labels`]), or all of them ([`LabelMap`], for what NetworkPolicies select).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct Meta {
+pub struct Meta<L = Labels> {
     #[serde(default)]
     pub name: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -46,7 +48,7 @@ pub struct Meta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource_version: Option<String>,
     #[serde(default)]
-    pub labels: Labels,
+    pub labels: L,
     #[serde(default)]
     pub annotations: Annotations,
     /// `creationTimestamp`, in seconds since the epoch: which of two Nodes is older.
@@ -170,6 +172,49 @@ impl<'de> Deserialize<'de> for Labels {
             }
         }
         deserializer.deserialize_any(LabelsVisitor)
+    }
+}
+
+/// Every label of an object that NetworkPolicies select (Pods, Namespaces), in the
+/// order written. At most [`LABELS_MAX`] are kept; `overflow` tells that there were more,
+/// and decoding refuses such an object rather than let a selector see part of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct LabelMap {
+    pub entries: Vec<(String, String)>,
+    #[serde(skip)]
+    pub overflow: bool,
+}
+
+/// Labels kept per object; the API server allows more only within its 256 KiB limit,
+/// which no selector needs.
+pub const LABELS_MAX: usize = 64;
+
+impl<'de> Deserialize<'de> for LabelMap {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LabelMapVisitor;
+        impl<'de> Visitor<'de> for LabelMapVisitor {
+            type Value = LabelMap;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a map of labels")
+            }
+            fn visit_unit<E>(self) -> Result<LabelMap, E> {
+                Ok(LabelMap::default())
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LabelMap, A::Error> {
+                let mut labels = LabelMap::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    if labels.entries.len() == LABELS_MAX {
+                        map.next_value::<IgnoredAny>()?;
+                        labels.overflow = true;
+                        continue;
+                    }
+                    let value = map.next_value::<Option<String>>()?.unwrap_or_default();
+                    labels.entries.push((key, value));
+                }
+                Ok(labels)
+            }
+        }
+        deserializer.deserialize_any(LabelMapVisitor)
     }
 }
 
@@ -426,13 +471,13 @@ pub struct ServiceCidrSpec {
     pub cidrs: Vec<String>,
 }
 
-/// A Pod of this node: who sends DNS questions from which address, and which search list
-/// kubelet gave it (DNS autopath). Containers, volumes and status conditions are skipped
-/// while parsing.
+/// A Pod: who sends DNS questions from which address, and which search list kubelet gave
+/// it (DNS autopath); its labels and named ports, for NetworkPolicies. Volumes, status
+/// conditions and all of a container but its ports are skipped while parsing.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct Pod {
     #[serde(default)]
-    pub metadata: Meta,
+    pub metadata: Meta<LabelMap>,
     #[serde(default, deserialize_with = "null_default")]
     pub spec: PodSpec,
     #[serde(default, deserialize_with = "null_default")]
@@ -446,6 +491,117 @@ pub struct PodSpec {
     pub host_network: Option<bool>,
     pub dns_policy: Option<String>,
     pub dns_config: Option<PodDnsConfig>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub containers: Vec<Container>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Container {
+    #[serde(default, deserialize_with = "null_default")]
+    pub ports: Vec<ContainerPort>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerPort {
+    pub name: Option<String>,
+    #[serde(default)]
+    pub container_port: i64,
+    pub protocol: Option<String>,
+}
+
+/// A Namespace: only its labels matter (NetworkPolicies' `namespaceSelector`).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct Namespace {
+    #[serde(default)]
+    pub metadata: Meta<LabelMap>,
+}
+
+/// A `networking.k8s.io/v1` NetworkPolicy.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct NetworkPolicy {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default, deserialize_with = "null_default")]
+    pub spec: NetworkPolicySpec,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    #[serde(default, deserialize_with = "null_default")]
+    pub pod_selector: LabelSelector,
+    #[serde(default, deserialize_with = "null_default")]
+    pub policy_types: Vec<String>,
+    pub ingress: Option<Vec<PolicyIngressRule>>,
+    pub egress: Option<Vec<PolicyEgressRule>>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PolicyIngressRule {
+    #[serde(default, deserialize_with = "null_default")]
+    pub from: Vec<PolicyPeer>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub ports: Vec<PolicyPort>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct PolicyEgressRule {
+    #[serde(default, deserialize_with = "null_default")]
+    pub to: Vec<PolicyPeer>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub ports: Vec<PolicyPort>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyPeer {
+    pub pod_selector: Option<LabelSelector>,
+    pub namespace_selector: Option<LabelSelector>,
+    pub ip_block: Option<IpBlock>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct IpBlock {
+    #[serde(default)]
+    pub cidr: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub except: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyPort {
+    pub protocol: Option<String>,
+    pub port: Option<IntOrString>,
+    pub end_port: Option<i64>,
+}
+
+/// A port given by number or by name.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(untagged)]
+pub enum IntOrString {
+    Int(i64),
+    String(String),
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LabelSelector {
+    #[serde(default, deserialize_with = "null_default")]
+    pub match_labels: std::collections::BTreeMap<String, String>,
+    #[serde(default, deserialize_with = "null_default")]
+    pub match_expressions: Vec<LabelSelectorRequirement>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct LabelSelectorRequirement {
+    #[serde(default)]
+    pub key: String,
+    #[serde(default)]
+    pub operator: String,
+    #[serde(default, deserialize_with = "null_default")]
+    pub values: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

@@ -29,7 +29,7 @@ pub use footprint::Footprint;
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxyConfig, ServicePlan, Skeleton, TABLE, UdpFlows,
+    ProxyConfig, ServicePlan, SetPlan, Skeleton, TABLE, UdpFlows, policy,
 };
 use udp::StaleFlows;
 
@@ -177,6 +177,8 @@ pub struct Proxy {
     expected: Expected,
     /// Set after a failure: the kernel may not hold what `applied` says.
     needs_full_sync: bool,
+    /// The NetworkPolicy sets as last committed (this node's pods only, so small).
+    policy_sets: Vec<SetPlan>,
 }
 
 impl Proxy {
@@ -196,6 +198,7 @@ impl Proxy {
             outside_commits: false,
             expected: Expected::default(),
             needs_full_sync: true,
+            policy_sets: Vec::new(),
         })
     }
 
@@ -302,7 +305,9 @@ impl Proxy {
         report.duration = start.elapsed();
         outcome?;
         self.facts = Some(planner.facts().clone());
-        self.expected = Expected::of(&planner.skeleton());
+        let skeleton = planner.skeleton();
+        self.expected = Expected::of(&skeleton);
+        self.policy_sets = policy_sets_of(skeleton);
         // Every object of ours was written again: whatever others did before is gone.
         self.outside_commits = false;
         self.needs_full_sync = false;
@@ -338,6 +343,7 @@ impl Proxy {
             }
             self.facts = Some(planner.facts().clone());
             self.expected = Expected::of(&skeleton);
+            self.policy_sets = policy_sets_of(skeleton);
         }
         let reason = if self.needs_full_sync {
             Some("the previous sync failed or none ran yet".to_string())
@@ -404,12 +410,26 @@ impl Proxy {
                 }
             }
         }
+        // What policies allow goes in the same transaction as the services' changes.
+        let policy_sets = match changes.policy && planner.facts().network_policy {
+            true => {
+                let sets = planner.policy_sets();
+                batch.update_set_elements(&self.policy_sets, &sets);
+                Some(sets)
+            }
+            false => None,
+        };
         if !batch.is_empty() {
             let batch = batch.into_batch();
             report.transactions += 1;
             report.elements += batch.element_count();
             match self.socket.commit(&batch) {
-                Ok(generation) => self.committed(generation),
+                Ok(generation) => {
+                    self.committed(generation);
+                    if let Some(sets) = policy_sets {
+                        self.policy_sets = sets;
+                    }
+                }
                 Err(failure) => {
                     if let nft::Error::Refused { message, .. } = &failure {
                         error!(refused = %message, error = %failure, "partial proxy sync refused");
@@ -616,6 +636,15 @@ impl Expected {
                 .map(|chain| (chain.name().to_string(), chain.rules.len())),
         }
     }
+}
+
+/// The NetworkPolicy sets of `skeleton`, as committed with it.
+fn policy_sets_of(skeleton: Skeleton) -> Vec<SetPlan> {
+    skeleton
+        .sets
+        .into_iter()
+        .filter(|set| policy::is_policy_set(&set.set.name))
+        .collect()
 }
 
 /// F.40: an external address and port two services claim is planned for the older one

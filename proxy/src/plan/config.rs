@@ -76,6 +76,8 @@ pub struct ProxyConfig {
     /// NodePorts also on 127.0.0.1 (E.35; iptables mode's `localhost-nodeports`), for
     /// this host's own clients; IPv6 has no such thing.
     pub localhost_node_ports: bool,
+    /// Enforce NetworkPolicies for this node's pods (`policy.rs`).
+    pub network_policy: bool,
     /// The addresses of this host's interfaces, as last read: the applier keeps them
     /// current when [`NodePortAddresses::Cidrs`] needs them.
     pub interface_addresses: Vec<IpAddr>,
@@ -109,6 +111,7 @@ impl Default for ProxyConfig {
             local_detector: LocalDetector::ClusterCidr,
             node_port_addresses: NodePortAddresses::Primary,
             localhost_node_ports: false,
+            network_policy: false,
             interface_addresses: Vec::new(),
         }
     }
@@ -144,6 +147,7 @@ pub struct NodeFacts {
     /// service holds is dropped (C.25) rather than routed on.
     pub service_cidrs: Vec<Cidr>,
     pub local_dns: Option<LocalDns>,
+    pub network_policy: bool,
 }
 
 impl NodeFacts {
@@ -218,6 +222,7 @@ impl NodeFacts {
             cluster_destinations,
             service_cidrs: view.service_cidrs(),
             local_dns: config.local_dns.clone(),
+            network_policy: config.network_policy && config.scope == TableScope::Services,
         }
     }
 

@@ -18,6 +18,7 @@ mod config;
 mod keys;
 mod names;
 mod objects;
+pub mod policy;
 mod program;
 mod render;
 mod rule;
@@ -70,8 +71,23 @@ impl<'v> Planner<'v> {
         &self.facts
     }
 
+    /// The fixed part of the table, and with NetworkPolicy on, its chains and sets
+    /// filled for this node's pods.
     pub fn skeleton(&self) -> Skeleton {
-        skeleton::plan_skeleton(&self.facts)
+        let mut skeleton = skeleton::plan_skeleton(&self.facts);
+        if self.facts.network_policy {
+            skeleton.chains.extend(policy::chains());
+            skeleton.sets.extend(self.policy_sets());
+        }
+        skeleton
+    }
+
+    /// The NetworkPolicy sets with their elements (empty with NetworkPolicy off).
+    pub fn policy_sets(&self) -> Vec<SetPlan> {
+        match self.facts.network_policy {
+            true => policy::sets(&self.view.pod_policies()),
+            false => Vec::new(),
+        }
     }
 
     /// The plan of one service, its endpoints in blocks of `keys`; empty when the view

@@ -258,6 +258,37 @@ impl PlanBatch {
         }
     }
 
+    /// Turns the elements of the sets `old` into those of `new` (sets of one name): the
+    /// elements only one of them has are deleted or added, the others left alone.
+    pub fn update_set_elements(&mut self, old: &[SetPlan], new: &[SetPlan]) {
+        for set in new {
+            let before: HashSet<&Element> = old
+                .iter()
+                .find(|o| o.set.name == set.set.name)
+                .map(|o| o.elements.iter().collect())
+                .unwrap_or_default();
+            let after: HashSet<&Element> = set.elements.iter().collect();
+            let gone: Vec<Element> = before
+                .iter()
+                .filter(|e| !after.contains(*e))
+                .map(|e| (*e).clone())
+                .collect();
+            let came: Vec<Element> = set
+                .elements
+                .iter()
+                .filter(|e| !before.contains(e))
+                .cloned()
+                .collect();
+            let reference = self.set_ref(&set.set.name);
+            if !gone.is_empty() {
+                self.batch.delete_elements(&reference, &gone);
+            }
+            if !came.is_empty() {
+                self.batch.add_elements(&reference, &came);
+            }
+        }
+    }
+
     /// Creates `maps` unless they exist (an `add` of an existing
     /// map is a no-op), once per batch. They are never deleted here: other services
     /// share them; a full sync removes those left unused.

@@ -36,6 +36,16 @@ pub enum LookupKey {
 pub enum Stmt {
     /// `ct state new`
     CtStateNew,
+    /// `ct state established,related`
+    CtStateEstablished,
+    /// `ip daddr . ip saddr . meta l4proto . th dport @set` (`local` is `Destination`), or
+    /// `ip saddr . ip daddr . …` (`Source`): a pod of this node, its peer, and the
+    /// protocol and destination port, in a NetworkPolicy's allowed set.
+    PolicyAllowed {
+        family: Family,
+        local: Addr,
+        set: String,
+    },
     /// `ip saddr 10.0.0.1` / `ip6 daddr fd00::1`
     AddrIs {
         addr: Addr,
@@ -207,6 +217,21 @@ pub fn hairpin_fields(family: Family) -> [Field; 3] {
     }
 }
 
+/// The key of a NetworkPolicy's allowed set: the local pod's address, the peer's, the
+/// protocol and the destination port.
+pub fn policy_fields(family: Family, local: Addr) -> [Field; 4] {
+    let peer = match local {
+        Addr::Source => Addr::Destination,
+        Addr::Destination => Addr::Source,
+    };
+    [
+        address_field(local, family),
+        address_field(peer, family),
+        Field::L4Proto,
+        Field::ThDport,
+    ]
+}
+
 fn ip_family(family: Family) -> IpFamily {
     match family {
         Family::V4 => IpFamily::V4,
@@ -227,6 +252,13 @@ impl Stmt {
     fn encode(&self, batch: &mut Batch, set_ref: &impl Fn(&str) -> SetRef, out: &mut Vec<Expr>) {
         match self {
             Stmt::CtStateNew => out.extend(expr::match_ct_state(ct_state::NEW)),
+            Stmt::CtStateEstablished => out.extend(expr::match_ct_state(
+                ct_state::ESTABLISHED | ct_state::RELATED,
+            )),
+            Stmt::PolicyAllowed { family, local, set } => {
+                out.extend(expr::load_concat(&policy_fields(*family, *local)));
+                out.push(lookup(set_ref(set), None, false));
+            }
             Stmt::AddrIs { addr, value } => {
                 let field = address_field(*addr, Family::of(*value));
                 out.extend(expr::match_fields(
@@ -387,6 +419,20 @@ impl fmt::Display for Stmt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Stmt::CtStateNew => f.write_str("ct state new"),
+            Stmt::CtStateEstablished => f.write_str("ct state established,related"),
+            Stmt::PolicyAllowed { family, local, set } => {
+                let h = header(*family);
+                let peer = match local {
+                    Addr::Source => Addr::Destination,
+                    Addr::Destination => Addr::Source,
+                };
+                write!(
+                    f,
+                    "{h} {} . {h} {} . meta l4proto . th dport @{set}",
+                    address_word(*local),
+                    address_word(peer)
+                )
+            }
             Stmt::AddrIs { addr, value } => write!(
                 f,
                 "{} {} {value}",

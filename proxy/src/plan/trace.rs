@@ -21,7 +21,7 @@ use nodus_view::model::{Family, Protocol};
 
 use super::names::protocol_name;
 use super::objects::{ChainPlan, ServicePlan, Skeleton};
-use super::rule::{Addr, LookupKey, RulePlan, Stmt, ip_value, node_port_key, service_key};
+use super::rule::{Addr, LookupKey, RulePlan, Stmt, ip_value, node_port_key, protocol_value, service_key};
 use crate::nft::{ChainType, Element, ElementData, Hook, Tuple, Value, Verdict};
 
 /// Rules and chain moves one path may take before the walk gives up.
@@ -378,7 +378,27 @@ impl<'p> Ruleset<'p> {
         let mut effect = None;
         for stmt in &rule.0 {
             let matched = match stmt {
+                // A traced packet opens a connection.
                 Stmt::CtStateNew => true,
+                Stmt::CtStateEstablished => false,
+                Stmt::PolicyAllowed { family, local, set } => {
+                    let (own, peer) = match local {
+                        Addr::Source => (walk.source, walk.destination),
+                        Addr::Destination => (walk.destination, walk.source),
+                    };
+                    Family::of(own) == *family
+                        && self
+                            .find(
+                                set,
+                                &Tuple(vec![
+                                    ip_value(own),
+                                    ip_value(peer),
+                                    protocol_value(walk.protocol),
+                                    Value::InetService(walk.port),
+                                ]),
+                            )
+                            .is_some()
+                }
                 Stmt::AddrIs { addr, value } => walk.address(*addr) == *value,
                 Stmt::AddrInSet {
                     addr,
@@ -526,7 +546,13 @@ impl<'p> Ruleset<'p> {
             .copied()
             .find(|element| match &element.key_end {
                 None => element.key == *key,
-                Some(end) => element.key <= *key && *key <= *end,
+                // A range of concatenations is a box: each field within its own range.
+                Some(end) => {
+                    key.0.len() == end.0.len()
+                        && element.key.0.iter().zip(&end.0).zip(&key.0).all(
+                            |((start, end), value)| start <= value && value <= end,
+                        )
+                }
             })
     }
 }

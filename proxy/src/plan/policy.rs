@@ -1,0 +1,302 @@
+//! NetworkPolicy in the `nodus` table: what the view resolved for this node's pods
+//! ([`PodPolicy`]) as per-direction, per-family sets that one chain looks packets up in.
+//!
+//! ```text
+//! policy-forward   filter forward, priority filter (after the proxy's DNAT: a policy
+//!                  sees the endpoint pod, not the service address)
+//!   ct state established,related accept      replies of allowed connections
+//!   jump policy-egress
+//!   jump policy-ingress
+//! policy-egress
+//!   ip saddr . ip daddr . meta l4proto . th dport @policy-egress-allowed-v4 return
+//!   ip saddr @policy-egress-isolated-v4 drop
+//! policy-ingress   the same with daddr first, on the policy-ingress-… sets
+//! ```
+//!
+//! An allowed set holds, per isolated pod, the boxes `pod . peer range . protocols .
+//! ports` that its policies allow, and the pod itself (traffic of a pod to itself is
+//! always allowed). The per-packet cost is one lookup per direction, whatever the number
+//! of policies. The `pipapo` set backend refuses an element that overlaps one present,
+//! so the boxes of one pod are made disjoint first ([`disjoint`]). Traffic between a pod
+//! and its own node does not cross the forward hook, so probes of the node's kubelet
+//! always reach its pods, as upstream requires.
+
+use nodus_view::model::{Family, Protocol};
+use nodus_view::policy::resolve::{Allowance, PodPolicy};
+use nodus_view::ranges::{from_number, to_number};
+
+use super::objects::{ChainPlan, SetPlan, family_suffix};
+use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, protocol_value};
+use crate::nft::{Chain, ChainType, DataType, Element, Fields, Hook, Set, SetFlags, Value};
+use crate::nft::{Verdict, priority};
+
+pub const POLICY_FORWARD: &str = "policy-forward";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Ingress,
+    Egress,
+}
+
+impl Direction {
+    const BOTH: [Direction; 2] = [Direction::Egress, Direction::Ingress];
+
+    fn chain(self) -> &'static str {
+        match self {
+            Direction::Ingress => "policy-ingress",
+            Direction::Egress => "policy-egress",
+        }
+    }
+
+    /// Which address of a packet is the pod of this node.
+    fn local(self) -> Addr {
+        match self {
+            Direction::Ingress => Addr::Destination,
+            Direction::Egress => Addr::Source,
+        }
+    }
+
+    fn isolated_set(self, family: Family) -> String {
+        format!("{}-isolated-{}", self.chain(), family_suffix(family))
+    }
+
+    fn allowed_set(self, family: Family) -> String {
+        format!("{}-allowed-{}", self.chain(), family_suffix(family))
+    }
+
+    fn of(self, pod: &PodPolicy) -> Option<&[Allowance]> {
+        match self {
+            Direction::Ingress => pod.ingress.as_deref(),
+            Direction::Egress => pod.egress.as_deref(),
+        }
+    }
+}
+
+/// The chains of NetworkPolicy enforcement.
+pub fn chains() -> Vec<ChainPlan> {
+    let mut chains = vec![ChainPlan {
+        chain: Chain::base(POLICY_FORWARD, ChainType::Filter, Hook::Forward, priority::FILTER),
+        rules: vec![
+            RulePlan::new([Stmt::CtStateEstablished, Stmt::Verdict(Verdict::Accept)]),
+            RulePlan::new([Stmt::Verdict(Verdict::jump(Direction::Egress.chain()))]),
+            RulePlan::new([Stmt::Verdict(Verdict::jump(Direction::Ingress.chain()))]),
+        ],
+    }];
+    for direction in Direction::BOTH {
+        let mut rules = Vec::new();
+        for family in Family::ALL {
+            rules.push(RulePlan::new([
+                Stmt::PolicyAllowed {
+                    family,
+                    local: direction.local(),
+                    set: direction.allowed_set(family),
+                },
+                Stmt::Verdict(Verdict::Return),
+            ]));
+            rules.push(RulePlan::new([
+                Stmt::AddrInSet {
+                    addr: direction.local(),
+                    family,
+                    set: direction.isolated_set(family),
+                    negated: false,
+                },
+                Stmt::Verdict(Verdict::Drop),
+            ]));
+        }
+        chains.push(ChainPlan::regular(direction.chain().to_string(), rules));
+    }
+    chains
+}
+
+/// The sets of NetworkPolicy enforcement, filled from `pods`.
+pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
+    let mut sets = Vec::new();
+    for direction in Direction::BOTH {
+        for family in Family::ALL {
+            let addr = address_type(family);
+            let mut isolated = Vec::new();
+            let mut allowed = Vec::new();
+            for pod in pods.iter().filter(|pod| Family::of(pod.ip) == family) {
+                let Some(allowances) = direction.of(pod) else {
+                    continue;
+                };
+                isolated.push(Element::new(ip_value(pod.ip)));
+                let own = to_number(pod.ip);
+                let boxes: Vec<[Span; 3]> = allowances
+                    .iter()
+                    .map(|a| {
+                        [
+                            (to_number(a.peer.0), to_number(a.peer.1)),
+                            protocol_span(a.protocol),
+                            (u128::from(a.ports.0), u128::from(a.ports.1)),
+                        ]
+                    })
+                    .chain([[(own, own), (0, 255), (0, u128::from(u16::MAX))]])
+                    .collect();
+                for [peer, protocol, ports] in disjoint(&boxes) {
+                    let value = |peer: u128, protocol: u128, port: u128| {
+                        vec![
+                            ip_value(pod.ip),
+                            ip_value(from_number(peer, family)),
+                            Value::InetProto(u8::try_from(protocol).unwrap_or(u8::MAX)),
+                            Value::InetService(u16::try_from(port).unwrap_or(u16::MAX)),
+                        ]
+                    };
+                    allowed.push(Element::range(
+                        value(peer.0, protocol.0, ports.0),
+                        value(peer.1, protocol.1, ports.1),
+                    ));
+                }
+            }
+            sets.push(SetPlan {
+                set: Set::new(direction.isolated_set(family), addr),
+                elements: isolated,
+            });
+            sets.push(SetPlan {
+                set: Set::new(
+                    direction.allowed_set(family),
+                    Fields::new([addr, addr, DataType::InetProto, DataType::InetService]),
+                )
+                .with_flags(SetFlags {
+                    interval: true,
+                    ..SetFlags::default()
+                }),
+                elements: allowed,
+            });
+        }
+    }
+    sets
+}
+
+/// Whether `name` is one of the policy sets, whose elements follow the policies rather
+/// than the skeleton.
+pub fn is_policy_set(name: &str) -> bool {
+    name.starts_with("policy-")
+}
+
+fn protocol_span(protocol: Option<Protocol>) -> Span {
+    match protocol.map(protocol_value) {
+        Some(Value::InetProto(number)) => (u128::from(number), u128::from(number)),
+        _ => (0, 255),
+    }
+}
+
+/// An inclusive range along one axis.
+type Span = (u128, u128);
+
+/// Disjoint boxes whose union is the union of `boxes`: along the first axis, the points
+/// where some box starts or ends cut it into pieces, each covered by the same boxes
+/// throughout; the rest of those boxes is made disjoint the same way, and neighbouring
+/// pieces with the same rest are joined again.
+pub(crate) fn disjoint<const N: usize>(boxes: &[[Span; N]]) -> Vec<[Span; N]> {
+    let rows: Vec<&[Span]> = boxes.iter().map(|b| &b[..]).collect();
+    disjoint_rows(&rows)
+        .into_iter()
+        .filter_map(|row| <[Span; N]>::try_from(row).ok())
+        .collect()
+}
+
+fn disjoint_rows(boxes: &[&[Span]]) -> Vec<Vec<Span>> {
+    let Some(first) = boxes.first() else {
+        return Vec::new();
+    };
+    if first.is_empty() {
+        return vec![Vec::new()];
+    }
+    let mut cuts: Vec<u128> = Vec::with_capacity(boxes.len() * 2);
+    for b in boxes {
+        cuts.push(b[0].0);
+        if let Some(after) = b[0].1.checked_add(1) {
+            cuts.push(after);
+        }
+    }
+    cuts.sort_unstable();
+    cuts.dedup();
+    let mut by_start: Vec<&&[Span]> = boxes.iter().collect();
+    by_start.sort_unstable_by_key(|b| b[0].0);
+    let mut next = 0;
+    let mut active: Vec<&[Span]> = Vec::new();
+    let mut out = Vec::new();
+    // The piece being grown: its span on this axis, and the rest of its boxes.
+    let mut open: Option<(Span, Vec<Vec<Span>>)> = None;
+    for (i, &start) in cuts.iter().enumerate() {
+        let end = cuts.get(i + 1).map_or(u128::MAX, |next| next - 1);
+        active.retain(|b| b[0].1 >= start);
+        while let Some(b) = by_start.get(next).filter(|b| b[0].0 <= start) {
+            active.push(b);
+            next += 1;
+        }
+        let rest = match active.is_empty() {
+            true => Vec::new(),
+            false => disjoint_rows(&active.iter().map(|b| &b[1..]).collect::<Vec<_>>()),
+        };
+        match &mut open {
+            Some((span, open_rest)) if *open_rest == rest && span.1.checked_add(1) == Some(start) => {
+                span.1 = end;
+            }
+            _ => {
+                if let Some((span, rest)) = open.take() {
+                    close(span, rest, &mut out);
+                }
+                open = Some(((start, end), rest));
+            }
+        }
+    }
+    if let Some((span, rest)) = open {
+        close(span, rest, &mut out);
+    }
+    out
+}
+
+fn close(span: Span, rest: Vec<Vec<Span>>, out: &mut Vec<Vec<Span>>) {
+    for tail in rest {
+        let mut row = Vec::with_capacity(tail.len() + 1);
+        row.push(span);
+        row.extend(tail);
+        out.push(row);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every point of a small grid is covered by `disjoint`'s boxes as often as it is by
+    /// any of the input boxes: once if some covers it, else never.
+    #[test]
+    fn disjoint_boxes_cover_the_same_points_once() {
+        let boxes = [
+            [(0, 9), (6, 6), (80, 80)],
+            [(3, 3), (0, 255), (0, 65535)],
+            [(2, 5), (6, 6), (70, 90)],
+            [(5, 12), (17, 17), (53, 53)],
+            [(0, 9), (6, 6), (80, 80)],
+        ];
+        let out = disjoint(&boxes);
+        for x in 0..14u128 {
+            for proto in [0u128, 6, 17, 200] {
+                for port in [0u128, 53, 69, 70, 80, 90, 91, 65535] {
+                    let inside = |b: &[Span; 3]| {
+                        b.iter()
+                            .zip([x, proto, port])
+                            .all(|(span, p)| span.0 <= p && p <= span.1)
+                    };
+                    let wanted = boxes.iter().any(inside);
+                    let covered = out.iter().filter(|b| inside(b)).count();
+                    assert_eq!(covered, usize::from(wanted), "{x} {proto} {port}: {out:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn neighbouring_points_join_into_one_range() {
+        let boxes: Vec<[Span; 2]> = (10..20).map(|x| [(x, x), (80, 80)]).collect();
+        assert_eq!(disjoint(&boxes), vec![[(10, 19), (80, 80)]]);
+        assert!(disjoint::<2>(&[]).is_empty());
+        assert_eq!(
+            disjoint(&[[(0, u128::MAX)], [(5, 5)]]),
+            vec![[(0, u128::MAX)]]
+        );
+    }
+}

@@ -1,0 +1,416 @@
+//! What the policies allow each pod of this node, per address: for each direction a
+//! policy governs, whether the pod is isolated and the traffic allowed, as peer address
+//! ranges with protocols and port ranges. Named ports are resolved here, against the pod
+//! that receives (the local pod for ingress, each peer for egress). Pure code: the proxy
+//! turns the answer into nftables sets.
+
+use super::store::PolicyState;
+use super::{NetworkPolicy, Peer, PolicyPod, PolicyRule, PortRef, Selector};
+use crate::intern::Sym;
+use crate::model::{Family, Protocol};
+use crate::ranges::from_number;
+use std::net::IpAddr;
+
+/// Traffic one rule allows: from or to `peer` (inclusive), over `protocol` (any when
+/// `None`) to a destination port in `ports` (inclusive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Allowance {
+    pub peer: (IpAddr, IpAddr),
+    pub protocol: Option<Protocol>,
+    pub ports: (u16, u16),
+}
+
+/// One address of a pod of this node and what policies allow it. `None`: no policy
+/// governs that direction, everything passes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodPolicy {
+    pub ip: IpAddr,
+    pub ingress: Option<Vec<Allowance>>,
+    pub egress: Option<Vec<Allowance>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Direction {
+    Ingress,
+    Egress,
+}
+
+/// The peers of one rule.
+enum Peers<'a> {
+    Everyone,
+    Some {
+        pods: Vec<&'a PolicyPod>,
+        blocks: Vec<(IpAddr, IpAddr)>,
+    },
+}
+
+impl PolicyState {
+    fn namespace_labels(&self, pod: &PolicyPod) -> &[(Sym, Sym)] {
+        self.namespaces.get(&pod.namespace).map_or(&[], |labels| &labels[..])
+    }
+
+    fn peers<'a>(&'a self, policy: &NetworkPolicy, rule: &PolicyRule) -> Peers<'a> {
+        if rule.peers.is_empty() {
+            return Peers::Everyone;
+        }
+        let mut pods = Vec::new();
+        let mut blocks = Vec::new();
+        for peer in rule.peers.iter() {
+            match peer {
+                Peer::Block(ranges) => blocks.extend_from_slice(ranges),
+                Peer::Pods {
+                    namespaces,
+                    pods: selector,
+                } => pods.extend(
+                    self.pods
+                        .values()
+                        .filter(|pod| !pod.ips.is_empty())
+                        .filter(|pod| in_namespaces(policy, namespaces.as_ref(), pod, self))
+                        .filter(|pod| selector.matches(&pod.labels)),
+                ),
+            }
+        }
+        Peers::Some { pods, blocks }
+    }
+
+    /// What the policies allow each address of each pod of this node that some policy
+    /// selects; a pod no policy selects is not listed.
+    pub fn resolve(&self) -> Vec<PodPolicy> {
+        let local: Vec<&PolicyPod> = self
+            .pods
+            .values()
+            .filter(|pod| pod.local && !pod.ips.is_empty())
+            .collect();
+        let mut governed: Vec<Option<Governed>> = vec![None; local.len()];
+        for policy in self.policies.values() {
+            let selected: Vec<usize> = (0..local.len())
+                .filter(|&i| {
+                    local[i].namespace == policy.namespace && policy.pods.matches(&local[i].labels)
+                })
+                .collect();
+            if selected.is_empty() {
+                continue;
+            }
+            for (direction, rules) in [
+                (Direction::Ingress, &policy.ingress),
+                (Direction::Egress, &policy.egress),
+            ] {
+                let Some(rules) = rules else { continue };
+                let peers: Vec<Peers<'_>> =
+                    rules.iter().map(|rule| self.peers(policy, rule)).collect();
+                for &i in &selected {
+                    let entry = governed[i].get_or_insert_with(Governed::default);
+                    let allowed = match direction {
+                        Direction::Ingress => entry.ingress.get_or_insert_with(Vec::new),
+                        Direction::Egress => entry.egress.get_or_insert_with(Vec::new),
+                    };
+                    for (rule, peers) in rules.iter().zip(&peers) {
+                        allow(direction, local[i], rule, peers, self, allowed);
+                    }
+                }
+            }
+        }
+        let mut resolved = Vec::new();
+        for (pod, entry) in local.iter().zip(governed) {
+            let Some(entry) = entry else { continue };
+            for &ip in pod.ips.iter() {
+                resolved.push(PodPolicy {
+                    ip,
+                    ingress: of_family(&entry.ingress, Family::of(ip)),
+                    egress: of_family(&entry.egress, Family::of(ip)),
+                });
+            }
+        }
+        resolved.sort_unstable_by_key(|p| p.ip);
+        resolved
+    }
+}
+
+/// What the policies that select one pod allow it so far.
+#[derive(Clone, Default)]
+struct Governed {
+    ingress: Option<Vec<Allowance>>,
+    egress: Option<Vec<Allowance>>,
+}
+
+fn in_namespaces(
+    policy: &NetworkPolicy,
+    namespaces: Option<&Selector>,
+    pod: &PolicyPod,
+    state: &PolicyState,
+) -> bool {
+    match namespaces {
+        None => pod.namespace == policy.namespace,
+        Some(selector) => selector.matches(state.namespace_labels(pod)),
+    }
+}
+
+/// The allowances of `family`, sorted, each once.
+fn of_family(list: &Option<Vec<Allowance>>, family: Family) -> Option<Vec<Allowance>> {
+    list.as_ref().map(|list| {
+        let mut list: Vec<Allowance> = list
+            .iter()
+            .filter(|a| Family::of(a.peer.0) == family)
+            .copied()
+            .collect();
+        list.sort_unstable();
+        list.dedup();
+        list
+    })
+}
+
+/// Every address of `family`.
+fn everything(family: Family) -> (IpAddr, IpAddr) {
+    let last = match family {
+        Family::V4 => u128::from(u32::MAX),
+        Family::V6 => u128::MAX,
+    };
+    (from_number(0, family), from_number(last, family))
+}
+
+/// Adds what `rule` allows `pod` in `direction` to `out`.
+fn allow(
+    direction: Direction,
+    pod: &PolicyPod,
+    rule: &PolicyRule,
+    peers: &Peers<'_>,
+    state: &PolicyState,
+    out: &mut Vec<Allowance>,
+) {
+    // Ports that do not depend on the peer: numbers, and names of the local pod's ports
+    // for ingress; egress names are resolved on each peer pod.
+    let mut fixed: Vec<(Option<Protocol>, (u16, u16))> = Vec::new();
+    let mut named = Vec::new();
+    if rule.ports.is_empty() {
+        fixed.push((None, (0, u16::MAX)));
+    }
+    for port in rule.ports.iter() {
+        let protocol = Some(port.protocol);
+        match port.port {
+            PortRef::All => fixed.push((protocol, (0, u16::MAX))),
+            PortRef::Range(start, end) => fixed.push((protocol, (start, end))),
+            PortRef::Named(name) => match direction {
+                Direction::Ingress => {
+                    if let Some(number) = pod.named_port(name, port.protocol) {
+                        fixed.push((protocol, (number, number)));
+                    }
+                }
+                Direction::Egress => named.push((port.protocol, name)),
+            },
+        }
+    }
+    let push_fixed = |peer: (IpAddr, IpAddr), out: &mut Vec<Allowance>| {
+        for &(protocol, ports) in &fixed {
+            out.push(Allowance {
+                peer,
+                protocol,
+                ports,
+            });
+        }
+    };
+    let push_named = |peer: &PolicyPod, out: &mut Vec<Allowance>| {
+        for &(protocol, name) in &named {
+            if let Some(number) = peer.named_port(name, protocol) {
+                for &ip in peer.ips.iter() {
+                    out.push(Allowance {
+                        peer: (ip, ip),
+                        protocol: Some(protocol),
+                        ports: (number, number),
+                    });
+                }
+            }
+        }
+    };
+    match peers {
+        Peers::Everyone => {
+            for &ip in pod.ips.iter() {
+                push_fixed(everything(Family::of(ip)), out);
+            }
+            if !named.is_empty() {
+                for peer in state.pods.values() {
+                    push_named(peer, out);
+                }
+            }
+        }
+        Peers::Some { pods, blocks } => {
+            for &block in blocks {
+                push_fixed(block, out);
+            }
+            for peer in pods {
+                for &ip in peer.ips.iter() {
+                    push_fixed((ip, ip), out);
+                }
+                push_named(peer, out);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Kind, Update, View};
+    use serde_json::json;
+
+    fn pod(ns: &str, name: &str, node: &str, ip: &str, labels: serde_json::Value) -> Update {
+        Update::Pod(Box::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": name, "labels": labels},
+                "spec": {"nodeName": node, "containers": [
+                    {"ports": [{"name": "http", "containerPort": 8080}]}
+                ]},
+                "status": {"podIPs": [{"ip": ip}]}
+            }))
+            .expect("pod"),
+        ))
+    }
+
+    fn namespace(name: &str, labels: serde_json::Value) -> Update {
+        Update::Namespace(Box::new(
+            serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}}))
+                .expect("namespace"),
+        ))
+    }
+
+    fn policy(ns: &str, name: &str, spec: serde_json::Value) -> Update {
+        Update::NetworkPolicy(Box::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": ns, "name": name}, "spec": spec
+            }))
+            .expect("policy"),
+        ))
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("ip")
+    }
+
+    fn one(peer: &str, protocol: Option<Protocol>, ports: (u16, u16)) -> Allowance {
+        Allowance {
+            peer: (ip(peer), ip(peer)),
+            protocol,
+            ports,
+        }
+    }
+
+    fn cluster() -> View {
+        let mut view = View::new("node-a");
+        let report = view.apply([
+            namespace("shop", json!({"team": "shop"})),
+            namespace("ops", json!({"team": "ops"})),
+            pod("shop", "web", "node-a", "10.1.0.2", json!({"app": "web"})),
+            pod("shop", "db", "node-a", "10.1.0.3", json!({"app": "db"})),
+            pod("shop", "api", "node-b", "10.2.0.4", json!({"app": "api"})),
+            pod("ops", "probe", "node-b", "10.2.0.5", json!({"app": "probe"})),
+        ]);
+        assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+        view
+    }
+
+    #[test]
+    fn only_selected_pods_are_isolated_and_only_in_the_governed_direction() {
+        let mut view = cluster();
+        assert!(view.pod_policies().is_empty());
+        let report = view.apply([policy(
+            "shop",
+            "db-from-api",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
+                                "ports": [{"port": 5432}]}]}),
+        )]);
+        assert!(report.changes.policy);
+        let policies = view.pod_policies();
+        assert_eq!(policies.len(), 1, "{policies:?}");
+        assert_eq!(policies[0].ip, ip("10.1.0.3"));
+        assert_eq!(
+            policies[0].ingress,
+            Some(vec![one("10.2.0.4", Some(Protocol::Tcp), (5432, 5432))])
+        );
+        assert_eq!(policies[0].egress, None);
+    }
+
+    #[test]
+    fn namespace_selectors_named_ports_and_blocks_resolve() {
+        let mut view = cluster();
+        view.apply([policy(
+            "shop",
+            "web",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "policyTypes": ["Ingress", "Egress"],
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}],
+                                "ports": [{"port": "http"}, {"port": "missing"}]}],
+                   "egress": [{"to": [{"ipBlock": {"cidr": "192.0.2.0/24",
+                                                   "except": ["192.0.2.128/25"]}}],
+                               "ports": [{"protocol": "UDP", "port": 53, "endPort": 54}]},
+                              {"to": [{"podSelector": {}}], "ports": [{"port": "http"}]}]}),
+        )]);
+        let policies = view.pod_policies();
+        assert_eq!(policies.len(), 1);
+        let web = &policies[0];
+        assert_eq!(
+            web.ingress,
+            Some(vec![one("10.2.0.5", Some(Protocol::Tcp), (8080, 8080))])
+        );
+        let mut egress = vec![
+            Allowance {
+                peer: (ip("192.0.2.0"), ip("192.0.2.127")),
+                protocol: Some(Protocol::Udp),
+                ports: (53, 54),
+            },
+            one("10.1.0.2", Some(Protocol::Tcp), (8080, 8080)),
+            one("10.1.0.3", Some(Protocol::Tcp), (8080, 8080)),
+            one("10.2.0.4", Some(Protocol::Tcp), (8080, 8080)),
+        ];
+        egress.sort();
+        assert_eq!(web.egress, Some(egress));
+
+        // The ops namespace loses its label: its probe is no longer allowed in.
+        let report = view.apply([namespace("ops", json!({}))]);
+        assert!(report.changes.policy);
+        assert_eq!(view.pod_policies()[0].ingress, Some(vec![]));
+    }
+
+    #[test]
+    fn an_invalid_policy_is_skipped_alone_and_gives_its_strings_back() {
+        let mut view = cluster();
+        let strings = view.strings().len();
+        let report = view.apply([policy(
+            "shop",
+            "broken",
+            json!({"podSelector": {"matchLabels": {"app": "web", "tier": "front"}},
+                   "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}),
+        )]);
+        assert_eq!(report.skipped, [Kind::NetworkPolicy]);
+        assert!(report.invalid[0].reason.contains("ipBlock.cidr"), "{:?}", report.invalid);
+        assert_eq!(view.strings().len(), strings);
+        assert!(view.pod_policies().is_empty());
+
+        // Deleting every policy and pod gives every string back.
+        view.apply([policy(
+            "shop",
+            "deny-all",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        )]);
+        assert_eq!(view.pod_policies().len(), 2);
+        for (ns, name) in [("shop", "web"), ("shop", "db"), ("shop", "api"), ("ops", "probe")] {
+            view.apply([Update::Deleted {
+                kind: Kind::Pod,
+                namespace: ns.into(),
+                name: name.into(),
+            }]);
+        }
+        for (kind, ns, name) in [
+            (Kind::NetworkPolicy, "shop", "deny-all"),
+            (Kind::Namespace, "", "shop"),
+            (Kind::Namespace, "", "ops"),
+        ] {
+            view.apply([Update::Deleted {
+                kind,
+                namespace: ns.into(),
+                name: name.into(),
+            }]);
+        }
+        assert_eq!(view.policy_counts(), (0, 0, 0));
+        assert_eq!(view.strings().len(), 1, "only the node's name is left");
+    }
+}

@@ -1,0 +1,133 @@
+//! The policy part of the view: every Pod (as [`PolicyPod`]), every Namespace's labels
+//! and every NetworkPolicy, each keyed by a hash of its namespace and name.
+
+use super::{LabelSet, NetworkPolicy, PolicyPod, release_labels};
+use crate::intern::{Interner, Sym};
+use std::collections::{HashMap, HashSet};
+
+#[derive(Default)]
+pub(crate) struct PolicyState {
+    pub(super) pods: HashMap<u64, PolicyPod>,
+    /// Labels by namespace name (the map holds one reference on the name).
+    pub(super) namespaces: HashMap<Sym, LabelSet>,
+    pub(super) policies: HashMap<u64, NetworkPolicy>,
+}
+
+impl PolicyState {
+    pub(crate) fn counts(&self) -> (usize, usize, usize) {
+        (self.pods.len(), self.namespaces.len(), self.policies.len())
+    }
+
+    /// Stores `pod` under `key`; whether that changed anything.
+    pub(crate) fn put_pod(&mut self, key: u64, pod: PolicyPod, strings: &mut Interner) -> bool {
+        if self.pods.get(&key) == Some(&pod) {
+            pod.release(strings);
+            return false;
+        }
+        if let Some(old) = self.pods.insert(key, pod) {
+            old.release(strings);
+        }
+        true
+    }
+
+    pub(crate) fn remove_pod(&mut self, key: u64, strings: &mut Interner) -> bool {
+        self.pods
+            .remove(&key)
+            .map(|old| old.release(strings))
+            .is_some()
+    }
+
+    pub(crate) fn put_policy(
+        &mut self,
+        key: u64,
+        policy: NetworkPolicy,
+        strings: &mut Interner,
+    ) -> bool {
+        if self.policies.get(&key) == Some(&policy) {
+            policy.release(strings);
+            return false;
+        }
+        if let Some(old) = self.policies.insert(key, policy) {
+            old.release(strings);
+        }
+        true
+    }
+
+    pub(crate) fn remove_policy(&mut self, key: u64, strings: &mut Interner) -> bool {
+        self.policies
+            .remove(&key)
+            .map(|old| old.release(strings))
+            .is_some()
+    }
+
+    pub(crate) fn put_namespace(
+        &mut self,
+        name: &str,
+        labels: LabelSet,
+        strings: &mut Interner,
+    ) -> bool {
+        if let Some(current) = strings.lookup(name).and_then(|n| self.namespaces.get(&n))
+            && *current == labels
+        {
+            release_labels(&labels, strings);
+            return false;
+        }
+        let name = strings.intern(name);
+        if let Some(old) = self.namespaces.insert(name, labels) {
+            release_labels(&old, strings);
+            strings.release(name);
+        }
+        true
+    }
+
+    pub(crate) fn remove_namespace(&mut self, name: &str, strings: &mut Interner) -> bool {
+        let Some(sym) = strings.lookup(name) else {
+            return false;
+        };
+        let Some(old) = self.namespaces.remove(&sym) else {
+            return false;
+        };
+        release_labels(&old, strings);
+        strings.release(sym);
+        true
+    }
+
+    /// Removes the pods (and below, the policies) a relist did not deliver; whether there
+    /// was one.
+    pub(crate) fn retain_pods(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
+        retain(&mut self.pods, seen, |pod| pod.release(strings))
+    }
+
+    pub(crate) fn retain_policies(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
+        retain(&mut self.policies, seen, |policy| policy.release(strings))
+    }
+
+    /// Removes the namespaces whose names `keep` refuses; whether there was one.
+    pub(crate) fn retain_namespaces(
+        &mut self,
+        keep: impl Fn(&str) -> bool,
+        strings: &mut Interner,
+    ) -> bool {
+        let stale: Vec<String> = self
+            .namespaces
+            .keys()
+            .map(|sym| strings.resolve(*sym))
+            .filter(|name| !keep(name))
+            .map(str::to_string)
+            .collect();
+        for name in &stale {
+            self.remove_namespace(name, strings);
+        }
+        !stale.is_empty()
+    }
+}
+
+fn retain<T>(map: &mut HashMap<u64, T>, seen: &HashSet<u64>, mut release: impl FnMut(T)) -> bool {
+    let stale: Vec<u64> = map.keys().filter(|k| !seen.contains(k)).copied().collect();
+    for key in &stale {
+        if let Some(old) = map.remove(key) {
+            release(old);
+        }
+    }
+    !stale.is_empty()
+}
