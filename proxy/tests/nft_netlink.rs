@@ -768,3 +768,50 @@ fn tcp_to_a_service_address_lands_on_the_dnat_target() {
         assert_eq!(peer.ip(), Ipv4Addr::new(10, 0, 0, 2));
     });
 }
+
+/// A NetworkPolicy allowed set: an interval set of concatenations (the `pipapo` backend),
+/// each element a box of one range per field, added to the existing set as a partial sync
+/// does, and read back as nft writes it.
+#[test]
+fn boxes_of_ranges_go_into_an_interval_set_of_concatenations() {
+    netns::require_root();
+    let ns = Netns::new("box").expect("namespace");
+    let fields = Fields::new([
+        DataType::Ipv4Addr,
+        DataType::Ipv4Addr,
+        DataType::InetProto,
+        DataType::InetService,
+    ]);
+    let set = Set::new("allowed", fields).with_flags(SetFlags {
+        interval: true,
+        ..SetFlags::default()
+    });
+    let element = Element::range(
+        vec![
+            ipv4(10, 244, 1, 11),
+            ipv4(10, 244, 0, 0),
+            Value::TCP,
+            Value::InetService(8080),
+        ],
+        vec![
+            ipv4(10, 244, 1, 11),
+            ipv4(10, 244, 255, 255),
+            Value::TCP,
+            Value::InetService(8090),
+        ],
+    );
+    with_socket(&ns, |socket| {
+        let mut batch = Batch::new(table());
+        batch.add_table();
+        batch.add_set(&set);
+        socket.commit(&batch).expect("set created");
+        let mut batch = Batch::new(table());
+        batch.add_elements(&SetRef::named("allowed"), std::slice::from_ref(&element));
+        socket.commit(&batch).expect("element added");
+    });
+    assert!(
+        list_table(&ns).contains("elements = { 10.244.1.11 . 10.244.0.0/16 . tcp . 8080-8090 }"),
+        "{}",
+        list_table(&ns)
+    );
+}

@@ -961,7 +961,7 @@ fn serve(
         std::fs::write(
             &node_config,
             format!(
-                "cluster_cidrs: [10.244.0.0/16, \"fd00:244::/32\"]\ndns:\n  listen: [\"0.0.0.0:53\"]\n  serve_cluster_dns_ip: true\nproxy:\n  enabled: true\nmesh:\n  enabled: true\n  \
+                "cluster_cidrs: [10.244.0.0/16, \"fd00:244::/32\"]\ndns:\n  listen: [\"0.0.0.0:53\"]\n  serve_cluster_dns_ip: true\nproxy:\n  enabled: true\npolicy:\n  enabled: true\nmesh:\n  enabled: true\n  \
                  interface: {interface}\n  key_file: {}\n  cni_conflist: {}\nstate_dir: {}\n",
                 node_dir.join("key/wireguard.key").display(),
                 node_dir.join("10-nodus.conflist").display(),

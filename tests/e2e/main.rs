@@ -6,6 +6,7 @@ mod dns;
 mod faults;
 mod mesh;
 mod operate;
+mod policy;
 mod proxy;
 mod proxy_packets;
 mod sandbox;

@@ -778,13 +778,14 @@ impl View {
         };
         // What the last version claimed is not trusted past a version that is wrong.
         let mut error = None;
-        match for_policy {
-            Ok(pod) => *policy_changed |= self.policy.put_pod(key, pod, &mut self.strings),
+        let changed = match for_policy {
+            Ok(pod) => self.policy.put_pod(key, pod, &mut self.strings),
             Err(e) => {
-                *policy_changed |= self.policy.remove_pod(key, &mut self.strings);
                 error = Some(e);
+                self.policy.remove_pod(key, &mut self.strings)
             }
-        }
+        };
+        *policy_changed |= changed && self.policy.governs();
         match local {
             Some(Ok(pod)) => *local_changed |= self.pods.put(key, pod, &mut self.strings),
             Some(Err(e)) => {
@@ -802,20 +803,20 @@ impl View {
         changed: &mut bool,
     ) -> Result<(), (Kind, InvalidObject)> {
         self.seen(Kind::Namespace, "", &wire.metadata.name);
-        match policy::decode::namespace(&wire, &mut self.strings) {
-            Ok(labels) => {
-                *changed |= self
-                    .policy
-                    .put_namespace(&wire.metadata.name, labels, &mut self.strings);
-                Ok(())
-            }
-            Err(error) => {
-                *changed |= self
-                    .policy
-                    .remove_namespace(&wire.metadata.name, &mut self.strings);
-                Err((Kind::Namespace, error))
-            }
-        }
+        let (result, labels_changed) = match policy::decode::namespace(&wire, &mut self.strings) {
+            Ok(labels) => (
+                Ok(()),
+                self.policy
+                    .put_namespace(&wire.metadata.name, labels, &mut self.strings),
+            ),
+            Err(error) => (
+                Err((Kind::Namespace, error)),
+                self.policy
+                    .remove_namespace(&wire.metadata.name, &mut self.strings),
+            ),
+        };
+        *changed |= labels_changed && self.policy.governs();
+        result
     }
 
     fn upsert_policy(
@@ -861,10 +862,12 @@ impl View {
             Kind::Pod => {
                 let key = object_hash(kind, namespace, name);
                 self.pods.remove(key, &mut self.strings);
-                changes.policy |= self.policy.remove_pod(key, &mut self.strings);
+                changes.policy |=
+                    self.policy.remove_pod(key, &mut self.strings) && self.policy.governs();
             }
             Kind::Namespace => {
-                changes.policy |= self.policy.remove_namespace(name, &mut self.strings);
+                changes.policy |=
+                    self.policy.remove_namespace(name, &mut self.strings) && self.policy.governs();
             }
             Kind::NetworkPolicy => {
                 let key = object_hash(kind, namespace, name);
@@ -1010,13 +1013,14 @@ impl View {
             }
             Kind::Pod => {
                 self.pods.retain(&seen, &mut self.strings);
-                changes.policy |= self.policy.retain_pods(&seen, &mut self.strings);
+                changes.policy |=
+                    self.policy.retain_pods(&seen, &mut self.strings) && self.policy.governs();
             }
             Kind::Namespace => {
                 changes.policy |= self.policy.retain_namespaces(
                     |name| seen.contains(&object_hash(kind, "", name)),
                     &mut self.strings,
-                );
+                ) && self.policy.governs();
             }
             Kind::NetworkPolicy => {
                 changes.policy |= self.policy.retain_policies(&seen, &mut self.strings);

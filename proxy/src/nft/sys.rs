@@ -160,7 +160,7 @@ pub const NFTA_SET_ELEM_DATA: u16 = 2;
 pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
 pub const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 pub const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
-pub const NFTA_SET_ELEM_KEY_END: u16 = 9;
+pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
 pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 // Generation.

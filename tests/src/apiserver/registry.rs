@@ -139,6 +139,19 @@ pub(crate) static RESOURCES: &[ResourceDef] = &[
         fields: &[],
         has_status: true,
     },
+    ResourceDef {
+        group: "networking.k8s.io",
+        version: "v1",
+        api_version: "networking.k8s.io/v1",
+        plural: "networkpolicies",
+        singular: "networkpolicy",
+        kind: "NetworkPolicy",
+        list_kind: "NetworkPolicyList",
+        namespaced: true,
+        short_names: &["netpol"],
+        fields: &[],
+        has_status: false,
+    },
 ];
 
 /// The id of the `namespaces` kind (deleting a namespace deletes its contents).

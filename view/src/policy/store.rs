@@ -18,6 +18,12 @@ impl PolicyState {
         (self.pods.len(), self.namespaces.len(), self.policies.len())
     }
 
+    /// Whether a change of pods or namespaces can change what is allowed: not while no
+    /// policy exists (a policy that comes resolves against them as they are then).
+    pub(crate) fn governs(&self) -> bool {
+        !self.policies.is_empty()
+    }
+
     /// Stores `pod` under `key`; whether that changed anything.
     pub(crate) fn put_pod(&mut self, key: u64, pod: PolicyPod, strings: &mut Interner) -> bool {
         if self.pods.get(&key) == Some(&pod) {
