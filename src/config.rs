@@ -1066,6 +1066,14 @@ mod tests {
             Some(("kube-system", "kube-dns"))
         );
         assert!(Config::parse("dns:\n  forward_max_concurrent: 0\n").is_err());
+        let policy_alone = Config::parse("policy:\n  enabled: true\n").expect_err("refused");
+        assert!(
+            format!("{policy_alone:#}").contains("proxy.enabled"),
+            "{policy_alone:#}"
+        );
+        let policy = Config::parse("proxy:\n  enabled: true\npolicy:\n  enabled: true\n")
+            .expect("valid");
+        assert!(policy.proxy_settings().network_policy);
         let threads = Config::parse("dns:\n  udp_threads: 2\n").expect("valid");
         assert_eq!(threads.dns.udp_threads, 2);
         assert!(Config::parse("dns:\n  listen: []\n").is_err());

@@ -449,9 +449,8 @@ pub fn watch_all(
             pods = pods.fields(&format!("spec.nodeName={}", set.node_name));
         }
         kinds.push(Kind::Pod);
-        streams.push(
-            kind_stream::<wire::Pod>(Api::all(client.clone()), pods, pod_presence).boxed(),
-        );
+        streams
+            .push(kind_stream::<wire::Pod>(Api::all(client.clone()), pods, pod_presence).boxed());
     }
     if set.policy {
         kinds.extend([Kind::Namespace, Kind::NetworkPolicy]);

@@ -125,8 +125,8 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         let objects = render(&Path::new(DEPLOY).join(variant.dir));
         let context = format!("deploy/{}", variant.dir);
 
-        // RBAC: read services, endpointslices, nodes, servicecidrs and pods; patch nodes;
-        // nothing more.
+        // RBAC: read services, endpointslices, nodes, servicecidrs, pods, namespaces and
+        // networkpolicies; patch nodes; nothing more.
         let role = find(&objects, "ClusterRole");
         let mut rules: Vec<(String, String, Vec<&str>)> = Vec::new();
         for rule in role["rules"].as_array().expect("rules") {
@@ -142,12 +142,18 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         assert_eq!(
             rules,
             vec![
+                ("".into(), "namespaces".into(), vec!["list", "watch"]),
                 ("".into(), "nodes".into(), vec!["list", "patch", "watch"]),
                 ("".into(), "pods".into(), vec!["list", "watch"]),
                 ("".into(), "services".into(), vec!["list", "watch"]),
                 (
                     "discovery.k8s.io".into(),
                     "endpointslices".into(),
+                    vec!["list", "watch"]
+                ),
+                (
+                    "networking.k8s.io".into(),
+                    "networkpolicies".into(),
                     vec!["list", "watch"]
                 ),
                 (
@@ -278,6 +284,8 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
         assert_eq!(enabled(&config, "proxy"), variant.proxy, "{context}");
         assert_eq!(enabled(&config, "dns"), variant.dns, "{context}");
         assert!(enabled(&config, "mesh"), "{context}: the mesh is on");
+        // NetworkPolicy needs the proxy's table: on wherever the proxy is.
+        assert_eq!(enabled(&config, "policy"), variant.proxy, "{context}");
 
         // Probes on the configured HTTP port.
         let http_port: u16 = config["http_addr"]

@@ -23,7 +23,15 @@ const PODS: [(&str, &str, &str, &str, &str); 5] = [
 ];
 const PORTS: [u16; 2] = [8080, 9090];
 
-fn pod(name: &str) -> (&'static str, &'static str, &'static str, &'static str, &'static str) {
+fn pod(
+    name: &str,
+) -> (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+) {
     *PODS
         .iter()
         .find(|p| p.0 == name)
@@ -50,21 +58,25 @@ fn cluster() -> String {
     }
     // Every pod behind one headless service, so that the sandbox starts them with both
     // ports; db-a alone behind `db`, to reach it through the proxy's DNAT.
-    docs.push(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+    docs.push(
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": "all", "namespace": "default",
                      "labels": {"kubernetes.io/service-name": "all"}},
         "addressType": "IPv4", "endpoints": endpoints,
         "ports": [{"name": "http", "port": 8080, "protocol": "TCP"},
-                  {"name": "admin", "port": 9090, "protocol": "TCP"}]}));
+                  {"name": "admin", "port": 9090, "protocol": "TCP"}]}),
+    );
     docs.push(service("db", json!({"clusterIP": "10.96.5.1"})));
     let (_, _, node, ip, _) = pod("db-a");
-    docs.push(json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+    docs.push(
+        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
         "metadata": {"name": "db-1", "namespace": "default",
                      "labels": {"kubernetes.io/service-name": "db"}},
         "addressType": "IPv4",
         "endpoints": [{"addresses": [ip], "conditions": {"ready": true},
                        "nodeName": node, "targetRef": {"kind": "Pod", "name": "db-a"}}],
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}));
+        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+    );
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
 
@@ -114,7 +126,10 @@ fn expect(sandbox: &Sandbox, step: &str, allowed: impl Fn(&str, &str, u16) -> bo
             .iter()
             .filter(|((from, to, port), ok)| allowed(from, to, *port) != **ok)
             .map(|((from, to, port), ok)| {
-                format!("{from} -> {to}:{port} {}", if *ok { "passed" } else { "blocked" })
+                format!(
+                    "{from} -> {to}:{port} {}",
+                    if *ok { "passed" } else { "blocked" }
+                )
             })
             .collect();
         if wrong.is_empty() {
@@ -127,7 +142,11 @@ fn expect(sandbox: &Sandbox, step: &str, allowed: impl Fn(&str, &str, u16) -> bo
 fn kubectl(sandbox: &Sandbox, verb: &[&str], doc: Option<&Value>) {
     let mut args = vec![
         "--kubeconfig".to_string(),
-        sandbox.dir.join("kubeconfig").to_string_lossy().into_owned(),
+        sandbox
+            .dir
+            .join("kubeconfig")
+            .to_string_lossy()
+            .into_owned(),
     ];
     args.extend(verb.iter().map(|s| s.to_string()));
     if let Some(doc) = doc {
@@ -223,9 +242,7 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
 
     // After the proxy's DNAT the policy sees the endpoint: api-b reaches db through its
     // ClusterIP, web-a does not, and db-a reaches itself (a pod to itself always passes).
-    let via_service = |from: &str| {
-        answered(probe(&sandbox, from, "http://10.96.5.1/"), "db-a")
-    };
+    let via_service = |from: &str| answered(probe(&sandbox, from, "http://10.96.5.1/"), "db-a");
     assert!(via_service("api-b"), "api-b to db through its service");
     assert!(!via_service("web-a"), "web-a to db through its service");
     assert!(via_service("db-a"), "db-a to itself through its service");

@@ -35,7 +35,11 @@ pub(crate) fn object_name<L>(meta: &wire::Meta<L>) -> String {
     }
 }
 
-pub(crate) fn invalid<L>(kind: &'static str, meta: &wire::Meta<L>, reason: String) -> InvalidObject {
+pub(crate) fn invalid<L>(
+    kind: &'static str,
+    meta: &wire::Meta<L>,
+    reason: String,
+) -> InvalidObject {
     InvalidObject {
         kind,
         object: object_name(meta),

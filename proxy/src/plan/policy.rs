@@ -75,7 +75,12 @@ impl Direction {
 /// The chains of NetworkPolicy enforcement.
 pub fn chains() -> Vec<ChainPlan> {
     let mut chains = vec![ChainPlan {
-        chain: Chain::base(POLICY_FORWARD, ChainType::Filter, Hook::Forward, priority::FILTER),
+        chain: Chain::base(
+            POLICY_FORWARD,
+            ChainType::Filter,
+            Hook::Forward,
+            priority::FILTER,
+        ),
         rules: vec![
             RulePlan::new([Stmt::CtStateEstablished, Stmt::Verdict(Verdict::Accept)]),
             RulePlan::new([Stmt::Verdict(Verdict::jump(Direction::Egress.chain()))]),
@@ -231,7 +236,9 @@ fn disjoint_rows(boxes: &[&[Span]]) -> Vec<Vec<Span>> {
             false => disjoint_rows(&active.iter().map(|b| &b[1..]).collect::<Vec<_>>()),
         };
         match &mut open {
-            Some((span, open_rest)) if *open_rest == rest && span.1.checked_add(1) == Some(start) => {
+            Some((span, open_rest))
+                if *open_rest == rest && span.1.checked_add(1) == Some(start) =>
+            {
                 span.1 = end;
             }
             _ => {

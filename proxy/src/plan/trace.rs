@@ -21,7 +21,9 @@ use nodus_view::model::{Family, Protocol};
 
 use super::names::protocol_name;
 use super::objects::{ChainPlan, ServicePlan, Skeleton};
-use super::rule::{Addr, LookupKey, RulePlan, Stmt, ip_value, node_port_key, protocol_value, service_key};
+use super::rule::{
+    Addr, LookupKey, RulePlan, Stmt, ip_value, node_port_key, protocol_value, service_key,
+};
 use crate::nft::{ChainType, Element, ElementData, Hook, Tuple, Value, Verdict};
 
 /// Rules and chain moves one path may take before the walk gives up.
@@ -549,9 +551,13 @@ impl<'p> Ruleset<'p> {
                 // A range of concatenations is a box: each field within its own range.
                 Some(end) => {
                     key.0.len() == end.0.len()
-                        && element.key.0.iter().zip(&end.0).zip(&key.0).all(
-                            |((start, end), value)| start <= value && value <= end,
-                        )
+                        && element
+                            .key
+                            .0
+                            .iter()
+                            .zip(&end.0)
+                            .zip(&key.0)
+                            .all(|((start, end), value)| start <= value && value <= end)
                 }
             })
     }

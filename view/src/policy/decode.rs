@@ -6,12 +6,12 @@ use super::{
     LabelSet, NamedPort, NetworkPolicy, Operator, Peer, PolicyPod, PolicyRule, PortMatch, PortRef,
     Requirement, Selector,
 };
+use crate::InvalidObject;
 use crate::decode::{invalid, parse_port, parse_protocol, pod_ips};
 use crate::intern::{Interner, Sym};
 use crate::model::Cidr;
 use crate::ranges::block_ranges;
 use crate::wire;
-use crate::InvalidObject;
 
 /// Strings interned for one object, given back if the object turns out invalid.
 struct Taker<'a> {
@@ -162,10 +162,10 @@ impl<'a> Taker<'a> {
         Ok(PortMatch { protocol, port })
     }
 
-    fn rule<'p>(
+    fn rule(
         &mut self,
         field: &str,
-        peers: &'p [wire::PolicyPeer],
+        peers: &[wire::PolicyPeer],
         ports: &[wire::PolicyPort],
     ) -> Result<PolicyRule, String> {
         let peers = peers

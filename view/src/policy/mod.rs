@@ -133,7 +133,12 @@ impl NetworkPolicy {
     pub(crate) fn release(&self, strings: &mut Interner) {
         strings.release(self.namespace);
         self.pods.release(strings);
-        for rule in self.ingress.iter().chain(&self.egress).flat_map(|r| r.iter()) {
+        for rule in self
+            .ingress
+            .iter()
+            .chain(&self.egress)
+            .flat_map(|r| r.iter())
+        {
             rule.release(strings);
         }
     }

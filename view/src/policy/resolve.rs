@@ -46,7 +46,9 @@ enum Peers<'a> {
 
 impl PolicyState {
     fn namespace_labels(&self, pod: &PolicyPod) -> &[(Sym, Sym)] {
-        self.namespaces.get(&pod.namespace).map_or(&[], |labels| &labels[..])
+        self.namespaces
+            .get(&pod.namespace)
+            .map_or(&[], |labels| &labels[..])
     }
 
     fn peers<'a>(&'a self, policy: &NetworkPolicy, rule: &PolicyRule) -> Peers<'a> {
@@ -301,7 +303,13 @@ mod tests {
             pod("shop", "web", "node-a", "10.1.0.2", json!({"app": "web"})),
             pod("shop", "db", "node-a", "10.1.0.3", json!({"app": "db"})),
             pod("shop", "api", "node-b", "10.2.0.4", json!({"app": "api"})),
-            pod("ops", "probe", "node-b", "10.2.0.5", json!({"app": "probe"})),
+            pod(
+                "ops",
+                "probe",
+                "node-b",
+                "10.2.0.5",
+                json!({"app": "probe"}),
+            ),
         ]);
         assert!(report.invalid.is_empty(), "{:?}", report.invalid);
         view
@@ -381,7 +389,11 @@ mod tests {
                    "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}),
         )]);
         assert_eq!(report.skipped, [Kind::NetworkPolicy]);
-        assert!(report.invalid[0].reason.contains("ipBlock.cidr"), "{:?}", report.invalid);
+        assert!(
+            report.invalid[0].reason.contains("ipBlock.cidr"),
+            "{:?}",
+            report.invalid
+        );
         assert_eq!(view.strings().len(), strings);
         assert!(view.pod_policies().is_empty());
 
@@ -392,7 +404,12 @@ mod tests {
             json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
         )]);
         assert_eq!(view.pod_policies().len(), 2);
-        for (ns, name) in [("shop", "web"), ("shop", "db"), ("shop", "api"), ("ops", "probe")] {
+        for (ns, name) in [
+            ("shop", "web"),
+            ("shop", "db"),
+            ("shop", "api"),
+            ("ops", "probe"),
+        ] {
             view.apply([Update::Deleted {
                 kind: Kind::Pod,
                 namespace: ns.into(),
