@@ -1071,8 +1071,8 @@ mod tests {
             format!("{policy_alone:#}").contains("proxy.enabled"),
             "{policy_alone:#}"
         );
-        let policy = Config::parse("proxy:\n  enabled: true\npolicy:\n  enabled: true\n")
-            .expect("valid");
+        let policy =
+            Config::parse("proxy:\n  enabled: true\npolicy:\n  enabled: true\n").expect("valid");
         assert!(policy.proxy_settings().network_policy);
         let threads = Config::parse("dns:\n  udp_threads: 2\n").expect("valid");
         assert_eq!(threads.dns.udp_threads, 2);

@@ -184,6 +184,18 @@ impl<'a> Taker<'a> {
         })
     }
 
+    /// The rules of one direction, each as its peers and ports.
+    fn rules<'w>(
+        &mut self,
+        field: &str,
+        rules: impl Iterator<Item = (&'w [wire::PolicyPeer], &'w [wire::PolicyPort])>,
+    ) -> Result<Box<[PolicyRule]>, String> {
+        rules
+            .enumerate()
+            .map(|(i, (peers, ports))| self.rule(&format!("{field}[{i}]"), peers, ports))
+            .collect()
+    }
+
     fn policy(&mut self, wire: &wire::NetworkPolicy) -> Result<NetworkPolicy, String> {
         let spec = &wire.spec;
         let mut types = (false, false);
@@ -198,27 +210,17 @@ impl<'a> Taker<'a> {
             types = (true, spec.egress.is_some());
         }
         let ingress = match types.0 {
-            true => Some(
-                spec.ingress
-                    .iter()
-                    .flatten()
-                    .enumerate()
-                    .map(|(i, r)| self.rule(&format!("spec.ingress[{i}]"), &r.from, &r.ports))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .into(),
-            ),
+            true => {
+                let rules = spec.ingress.iter().flatten();
+                Some(self.rules("spec.ingress", rules.map(|r| (&r.from[..], &r.ports[..])))?)
+            }
             false => None,
         };
         let egress = match types.1 {
-            true => Some(
-                spec.egress
-                    .iter()
-                    .flatten()
-                    .enumerate()
-                    .map(|(i, r)| self.rule(&format!("spec.egress[{i}]"), &r.to, &r.ports))
-                    .collect::<Result<Vec<_>, _>>()?
-                    .into(),
-            ),
+            true => {
+                let rules = spec.egress.iter().flatten();
+                Some(self.rules("spec.egress", rules.map(|r| (&r.to[..], &r.ports[..])))?)
+            }
             false => None,
         };
         Ok(NetworkPolicy {

@@ -26,21 +26,11 @@ impl PolicyState {
 
     /// Stores `pod` under `key`; whether that changed anything.
     pub(crate) fn put_pod(&mut self, key: u64, pod: PolicyPod, strings: &mut Interner) -> bool {
-        if self.pods.get(&key) == Some(&pod) {
-            pod.release(strings);
-            return false;
-        }
-        if let Some(old) = self.pods.insert(key, pod) {
-            old.release(strings);
-        }
-        true
+        put(&mut self.pods, key, pod, strings)
     }
 
     pub(crate) fn remove_pod(&mut self, key: u64, strings: &mut Interner) -> bool {
-        self.pods
-            .remove(&key)
-            .map(|old| old.release(strings))
-            .is_some()
+        remove(&mut self.pods, key, strings)
     }
 
     pub(crate) fn put_policy(
@@ -49,21 +39,11 @@ impl PolicyState {
         policy: NetworkPolicy,
         strings: &mut Interner,
     ) -> bool {
-        if self.policies.get(&key) == Some(&policy) {
-            policy.release(strings);
-            return false;
-        }
-        if let Some(old) = self.policies.insert(key, policy) {
-            old.release(strings);
-        }
-        true
+        put(&mut self.policies, key, policy, strings)
     }
 
     pub(crate) fn remove_policy(&mut self, key: u64, strings: &mut Interner) -> bool {
-        self.policies
-            .remove(&key)
-            .map(|old| old.release(strings))
-            .is_some()
+        remove(&mut self.policies, key, strings)
     }
 
     pub(crate) fn put_namespace(
@@ -101,11 +81,11 @@ impl PolicyState {
     /// Removes the pods (and below, the policies) a relist did not deliver; whether there
     /// was one.
     pub(crate) fn retain_pods(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
-        retain(&mut self.pods, seen, |pod| pod.release(strings))
+        retain(&mut self.pods, seen, strings)
     }
 
     pub(crate) fn retain_policies(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
-        retain(&mut self.policies, seen, |policy| policy.release(strings))
+        retain(&mut self.policies, seen, strings)
     }
 
     /// Removes the namespaces whose names `keep` refuses; whether there was one.
@@ -128,12 +108,48 @@ impl PolicyState {
     }
 }
 
-fn retain<T>(map: &mut HashMap<u64, T>, seen: &HashSet<u64>, mut release: impl FnMut(T)) -> bool {
+/// What the maps hold: each value holds references on interned strings.
+pub(crate) trait Holds: PartialEq {
+    fn release(&self, strings: &mut Interner);
+}
+
+impl Holds for PolicyPod {
+    fn release(&self, strings: &mut Interner) {
+        PolicyPod::release(self, strings);
+    }
+}
+
+impl Holds for NetworkPolicy {
+    fn release(&self, strings: &mut Interner) {
+        NetworkPolicy::release(self, strings);
+    }
+}
+
+/// Stores `value` under `key`; whether that changed anything.
+fn put<T: Holds>(map: &mut HashMap<u64, T>, key: u64, value: T, strings: &mut Interner) -> bool {
+    if map.get(&key) == Some(&value) {
+        value.release(strings);
+        return false;
+    }
+    if let Some(old) = map.insert(key, value) {
+        old.release(strings);
+    }
+    true
+}
+
+/// Whether there was a value to remove.
+fn remove<T: Holds>(map: &mut HashMap<u64, T>, key: u64, strings: &mut Interner) -> bool {
+    map.remove(&key).map(|old| old.release(strings)).is_some()
+}
+
+fn retain<T: Holds>(
+    map: &mut HashMap<u64, T>,
+    seen: &HashSet<u64>,
+    strings: &mut Interner,
+) -> bool {
     let stale: Vec<u64> = map.keys().filter(|k| !seen.contains(k)).copied().collect();
     for key in &stale {
-        if let Some(old) = map.remove(key) {
-            release(old);
-        }
+        remove(map, *key, strings);
     }
     !stale.is_empty()
 }
