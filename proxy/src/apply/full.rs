@@ -41,7 +41,8 @@ use crate::nft::{
     self, DataType, Element, ElementData, Errno, ListedData, ListedElement, Table, Tuple, Value,
 };
 use crate::plan::{
-    ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, TABLE,
+    ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, Skeleton,
+    TABLE,
 };
 
 /// One key of a shared map during a full sync.
@@ -126,8 +127,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
     }
 
-    pub(super) fn run(mut self) -> Result<(), Error> {
-        self.skeleton()?;
+    /// Programs the view; the skeleton it programmed, for the applier's records.
+    pub(super) fn run(mut self) -> Result<Skeleton, Error> {
+        let skeleton = self.skeleton()?;
         // A fresh allocator: the table is about to be reprogrammed from scratch, and what a
         // previous run or a refused partial sync left is reserved instead (a block on the
         // old allocator's free lists may still hold live keys after a refused commit), or
@@ -153,10 +155,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         keys.release_reserved();
         self.proxy.keys = keys;
-        Ok(())
+        Ok(skeleton)
     }
 
-    fn skeleton(&mut self) -> Result<(), Error> {
+    fn skeleton(&mut self) -> Result<Skeleton, Error> {
         let skeleton = self.planner.skeleton();
         for chain in &skeleton.chains {
             self.wanted.insert(name_hash(Object::Chain, chain.name()));
@@ -173,7 +175,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             let mut batch = PlanBatch::new();
             batch.refresh_skeleton(&skeleton);
             match self.proxy.commit(&batch.into_batch(), self.report) {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(skeleton),
                 Err(refusal @ nft::Error::Refused { .. }) => {
                     warn!(error = %refusal, "cannot adopt the existing nodus table; recreating it");
                 }
@@ -186,7 +188,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .commit(&batch.into_batch(), self.report)
             .map_err(Error::netlink("creating the nodus table"))?;
         self.fresh = true;
-        Ok(())
+        Ok(skeleton)
     }
 
     /// Reads the shared maps as a previous run left them, and the blocks its dispatch rules

@@ -303,9 +303,8 @@ impl Proxy {
             report.conntrack_deletions += stale.delete(&mut self.socket);
         }
         report.duration = start.elapsed();
-        outcome?;
+        let skeleton = outcome?;
         self.facts = Some(planner.facts().clone());
-        let skeleton = planner.skeleton();
         self.expected = Expected::of(&skeleton);
         self.policy_sets = policy_sets_of(skeleton);
         // Every object of ours was written again: whatever others did before is gone.

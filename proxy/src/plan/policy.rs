@@ -22,7 +22,7 @@
 //! always reach its pods, as upstream requires.
 
 use nodus_view::model::{Family, Protocol};
-use nodus_view::policy::resolve::{Allowance, PodPolicy};
+use nodus_view::policy::resolve::{Direction, PodPolicy};
 use nodus_view::ranges::{from_number, to_number};
 
 use super::objects::{ChainPlan, SetPlan, family_suffix};
@@ -32,44 +32,27 @@ use crate::nft::{Verdict, priority};
 
 pub const POLICY_FORWARD: &str = "policy-forward";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Direction {
-    Ingress,
-    Egress,
+fn chain(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Ingress => "policy-ingress",
+        Direction::Egress => "policy-egress",
+    }
 }
 
-impl Direction {
-    const BOTH: [Direction; 2] = [Direction::Egress, Direction::Ingress];
-
-    fn chain(self) -> &'static str {
-        match self {
-            Direction::Ingress => "policy-ingress",
-            Direction::Egress => "policy-egress",
-        }
+/// Which address of a packet is the pod of this node.
+fn local(direction: Direction) -> Addr {
+    match direction {
+        Direction::Ingress => Addr::Destination,
+        Direction::Egress => Addr::Source,
     }
+}
 
-    /// Which address of a packet is the pod of this node.
-    fn local(self) -> Addr {
-        match self {
-            Direction::Ingress => Addr::Destination,
-            Direction::Egress => Addr::Source,
-        }
-    }
+fn isolated_set(direction: Direction, family: Family) -> String {
+    format!("{}-isolated-{}", chain(direction), family_suffix(family))
+}
 
-    fn isolated_set(self, family: Family) -> String {
-        format!("{}-isolated-{}", self.chain(), family_suffix(family))
-    }
-
-    fn allowed_set(self, family: Family) -> String {
-        format!("{}-allowed-{}", self.chain(), family_suffix(family))
-    }
-
-    fn of(self, pod: &PodPolicy) -> Option<&[Allowance]> {
-        match self {
-            Direction::Ingress => pod.ingress.as_deref(),
-            Direction::Egress => pod.egress.as_deref(),
-        }
-    }
+fn allowed_set(direction: Direction, family: Family) -> String {
+    format!("{}-allowed-{}", chain(direction), family_suffix(family))
 }
 
 /// The chains of NetworkPolicy enforcement.
@@ -83,32 +66,32 @@ pub fn chains() -> Vec<ChainPlan> {
         ),
         rules: vec![
             RulePlan::new([Stmt::CtStateEstablished, Stmt::Verdict(Verdict::Accept)]),
-            RulePlan::new([Stmt::Verdict(Verdict::jump(Direction::Egress.chain()))]),
-            RulePlan::new([Stmt::Verdict(Verdict::jump(Direction::Ingress.chain()))]),
+            RulePlan::new([Stmt::Verdict(Verdict::jump(chain(Direction::Egress)))]),
+            RulePlan::new([Stmt::Verdict(Verdict::jump(chain(Direction::Ingress)))]),
         ],
     }];
-    for direction in Direction::BOTH {
+    for direction in Direction::ALL {
         let mut rules = Vec::new();
         for family in Family::ALL {
             rules.push(RulePlan::new([
                 Stmt::PolicyAllowed {
                     family,
-                    local: direction.local(),
-                    set: direction.allowed_set(family),
+                    local: local(direction),
+                    set: allowed_set(direction, family),
                 },
                 Stmt::Verdict(Verdict::Return),
             ]));
             rules.push(RulePlan::new([
                 Stmt::AddrInSet {
-                    addr: direction.local(),
+                    addr: local(direction),
                     family,
-                    set: direction.isolated_set(family),
+                    set: isolated_set(direction, family),
                     negated: false,
                 },
                 Stmt::Verdict(Verdict::Drop),
             ]));
         }
-        chains.push(ChainPlan::regular(direction.chain().to_string(), rules));
+        chains.push(ChainPlan::regular(chain(direction).to_string(), rules));
     }
     chains
 }
@@ -116,13 +99,13 @@ pub fn chains() -> Vec<ChainPlan> {
 /// The sets of NetworkPolicy enforcement, filled from `pods`.
 pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
     let mut sets = Vec::new();
-    for direction in Direction::BOTH {
+    for direction in Direction::ALL {
         for family in Family::ALL {
             let addr = address_type(family);
             let mut isolated = Vec::new();
             let mut allowed = Vec::new();
             for pod in pods.iter().filter(|pod| Family::of(pod.ip) == family) {
-                let Some(allowances) = direction.of(pod) else {
+                let Some(allowances) = pod.allowed(direction) else {
                     continue;
                 };
                 isolated.push(Element::new(ip_value(pod.ip)));
@@ -154,12 +137,12 @@ pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
                 }
             }
             sets.push(SetPlan {
-                set: Set::new(direction.isolated_set(family), addr),
+                set: Set::new(isolated_set(direction, family), addr),
                 elements: isolated,
             });
             sets.push(SetPlan {
                 set: Set::new(
-                    direction.allowed_set(family),
+                    allowed_set(direction, family),
                     Fields::new([addr, addr, DataType::InetProto, DataType::InetService]),
                 )
                 .with_flags(SetFlags {

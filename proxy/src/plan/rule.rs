@@ -22,6 +22,16 @@ pub enum Addr {
     Destination,
 }
 
+impl Addr {
+    /// The other address of the packet.
+    pub fn other(self) -> Addr {
+        match self {
+            Addr::Source => Addr::Destination,
+            Addr::Destination => Addr::Source,
+        }
+    }
+}
+
 /// The key a verdict-map lookup builds from the packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LookupKey {
@@ -220,13 +230,9 @@ pub fn hairpin_fields(family: Family) -> [Field; 3] {
 /// The key of a NetworkPolicy's allowed set: the local pod's address, the peer's, the
 /// protocol and the destination port.
 pub fn policy_fields(family: Family, local: Addr) -> [Field; 4] {
-    let peer = match local {
-        Addr::Source => Addr::Destination,
-        Addr::Destination => Addr::Source,
-    };
     [
         address_field(local, family),
-        address_field(peer, family),
+        address_field(local.other(), family),
         Field::L4Proto,
         Field::ThDport,
     ]
@@ -422,15 +428,11 @@ impl fmt::Display for Stmt {
             Stmt::CtStateEstablished => f.write_str("ct state established,related"),
             Stmt::PolicyAllowed { family, local, set } => {
                 let h = header(*family);
-                let peer = match local {
-                    Addr::Source => Addr::Destination,
-                    Addr::Destination => Addr::Source,
-                };
                 write!(
                     f,
                     "{h} {} . {h} {} . meta l4proto . th dport @{set}",
                     address_word(*local),
-                    address_word(peer)
+                    address_word(local.other())
                 )
             }
             Stmt::AddrIs { addr, value } => write!(

@@ -384,10 +384,7 @@ impl<'p> Ruleset<'p> {
                 Stmt::CtStateNew => true,
                 Stmt::CtStateEstablished => false,
                 Stmt::PolicyAllowed { family, local, set } => {
-                    let (own, peer) = match local {
-                        Addr::Source => (walk.source, walk.destination),
-                        Addr::Destination => (walk.destination, walk.source),
-                    };
+                    let (own, peer) = (walk.address(*local), walk.address(local.other()));
                     Family::of(own) == *family
                         && self
                             .find(

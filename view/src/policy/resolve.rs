@@ -29,11 +29,42 @@ pub struct PodPolicy {
     pub egress: Option<Vec<Allowance>>,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Direction {
+impl PodPolicy {
+    /// What is allowed in `direction`; `None` when no policy governs it.
+    pub fn allowed(&self, direction: Direction) -> Option<&[Allowance]> {
+        match direction {
+            Direction::Ingress => self.ingress.as_deref(),
+            Direction::Egress => self.egress.as_deref(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
     Ingress,
     Egress,
 }
+
+impl Direction {
+    pub const ALL: [Direction; 2] = [Direction::Ingress, Direction::Egress];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl NetworkPolicy {
+    /// Its rules for `direction`; `None` when it does not govern that direction.
+    fn rules(&self, direction: Direction) -> Option<&[PolicyRule]> {
+        match direction {
+            Direction::Ingress => self.ingress.as_deref(),
+            Direction::Egress => self.egress.as_deref(),
+        }
+    }
+}
+
+/// What the policies that select one pod allow it so far, by [`Direction::index`].
+type Governed = [Option<Vec<Allowance>>; 2];
 
 /// The peers of one rule.
 enum Peers<'a> {
@@ -93,19 +124,15 @@ impl PolicyState {
             if selected.is_empty() {
                 continue;
             }
-            for (direction, rules) in [
-                (Direction::Ingress, &policy.ingress),
-                (Direction::Egress, &policy.egress),
-            ] {
-                let Some(rules) = rules else { continue };
+            for direction in Direction::ALL {
+                let Some(rules) = policy.rules(direction) else {
+                    continue;
+                };
                 let peers: Vec<Peers<'_>> =
                     rules.iter().map(|rule| self.peers(policy, rule)).collect();
                 for &i in &selected {
                     let entry = governed[i].get_or_insert_with(Governed::default);
-                    let allowed = match direction {
-                        Direction::Ingress => entry.ingress.get_or_insert_with(Vec::new),
-                        Direction::Egress => entry.egress.get_or_insert_with(Vec::new),
-                    };
+                    let allowed = entry[direction.index()].get_or_insert_with(Vec::new);
                     for (rule, peers) in rules.iter().zip(&peers) {
                         allow(direction, local[i], rule, peers, self, allowed);
                     }
@@ -116,23 +143,17 @@ impl PolicyState {
         for (pod, entry) in local.iter().zip(governed) {
             let Some(entry) = entry else { continue };
             for &ip in pod.ips.iter() {
+                let [ingress, egress] = &entry;
                 resolved.push(PodPolicy {
                     ip,
-                    ingress: of_family(&entry.ingress, Family::of(ip)),
-                    egress: of_family(&entry.egress, Family::of(ip)),
+                    ingress: of_family(ingress, Family::of(ip)),
+                    egress: of_family(egress, Family::of(ip)),
                 });
             }
         }
         resolved.sort_unstable_by_key(|p| p.ip);
         resolved
     }
-}
-
-/// What the policies that select one pod allow it so far.
-#[derive(Clone, Default)]
-struct Governed {
-    ingress: Option<Vec<Allowance>>,
-    egress: Option<Vec<Allowance>>,
 }
 
 fn in_namespaces(
