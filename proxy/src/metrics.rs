@@ -2,7 +2,7 @@
 //! own, and kube-proxy's under their names (`kubeproxy_*`), so that the dashboards and
 //! alerts written for kube-proxy keep working.
 
-use crate::apply::{SyncKind, SyncReport};
+use crate::apply::{RefusedPod, SyncKind, SyncReport};
 use nodus_prom::{Histogram, Tracker, family, sample, single};
 use nodus_view::ChangeSet;
 use std::sync::Mutex;
@@ -40,7 +40,18 @@ pub struct ProxyMetrics {
     /// Since when a sync is owed: changes queued, or a failed sync to retry. `/healthz`
     /// turns unhealthy when this grows old, as kube-proxy's does.
     owed_since: Mutex<Option<Instant>>,
+    /// With NetworkPolicy on, after each sync.
+    policy: Mutex<Option<PolicyEnforcement>>,
     pub status: Tracker,
+}
+
+/// What NetworkPolicy enforcement holds after a sync.
+#[derive(Clone, Debug, Default)]
+pub struct PolicyEnforcement {
+    /// This node's pods isolated in some direction.
+    pub isolated_pods: usize,
+    /// Pods failing closed: the kernel refused their allowances.
+    pub refused: Vec<RefusedPod>,
 }
 
 /// The series kube-proxy exports, as far as nodus has their meaning.
@@ -95,6 +106,7 @@ impl Default for ProxyMetrics {
                 started: unix_millis(SystemTime::now()),
             },
             owed_since: Mutex::new(None),
+            policy: Mutex::new(None),
             status: Tracker::default(),
         }
     }
@@ -169,6 +181,23 @@ impl ProxyMetrics {
                     .observe(Duration::from_millis(now.saturating_sub(trigger)));
             }
         }
+    }
+
+    /// NetworkPolicy enforcement as a sync left it.
+    pub fn policy_enforced(&self, enforcement: PolicyEnforcement) {
+        *self.policy_lock() = Some(enforcement);
+    }
+
+    /// NetworkPolicy enforcement after the last sync; `None` with NetworkPolicy off.
+    pub fn policy_enforcement(&self) -> Option<PolicyEnforcement> {
+        self.policy_lock().clone()
+    }
+
+    fn policy_lock(&self) -> std::sync::MutexGuard<'_, Option<PolicyEnforcement>> {
+        // Plain data: a panic while holding it leaves nothing half-done.
+        self.policy
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A full sync programmed its plans but could not remove a previous run's leftovers
@@ -260,6 +289,22 @@ impl ProxyMetrics {
             "Proxy syncs that failed (each is followed by a full sync).",
             self.failures.load(Relaxed),
         );
+        if let Some(policy) = self.policy_enforcement() {
+            single(
+                out,
+                "nodus_policy_isolated_pods",
+                "gauge",
+                "Pods of this node that NetworkPolicies isolate in some direction.",
+                policy.isolated_pods as u64,
+            );
+            single(
+                out,
+                "nodus_policy_refused_pods",
+                "gauge",
+                "Pods of this node failing closed: the kernel refused what their NetworkPolicies allow.",
+                policy.refused.len() as u64,
+            );
+        }
         self.render_kube_proxy(out);
     }
 

@@ -5,7 +5,7 @@
 
 use crate::apply::{Error, Proxy, SyncReport};
 use crate::health::HealthChecks;
-use crate::metrics::ProxyMetrics;
+use crate::metrics::{PolicyEnforcement, ProxyMetrics};
 use crate::sysctls::Sysctls;
 use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
 use std::net::IpAddr;
@@ -107,6 +107,12 @@ impl ProxySubsystem {
                     changes,
                     SystemTime::now(),
                 );
+                if self.proxy.enforces_policies() {
+                    self.metrics.policy_enforced(PolicyEnforcement {
+                        isolated_pods: self.proxy.isolated_pods(),
+                        refused: self.proxy.refused_policy_pods().cloned().collect(),
+                    });
+                }
                 for refused in &report.refused {
                     tracing::warn!(service = %format!("{}/{}", refused.service.namespace, refused.service.name), reason = %refused.reason, "the kernel refused a service");
                 }

@@ -21,6 +21,10 @@ pub struct Metrics {
     nodes: AtomicU64,
     /// This node's pods.
     pods: AtomicU64,
+    /// What NetworkPolicy holds: every pod, namespace and policy.
+    policy_pods: AtomicU64,
+    namespaces: AtomicU64,
+    network_policies: AtomicU64,
     strings: AtomicU64,
     watch_restarts: [AtomicU64; Kind::ALL.len()],
     invalid_objects: [AtomicU64; Kind::ALL.len()],
@@ -58,6 +62,9 @@ impl Default for Metrics {
             endpoints: AtomicU64::new(0),
             nodes: AtomicU64::new(0),
             pods: AtomicU64::new(0),
+            policy_pods: AtomicU64::new(0),
+            namespaces: AtomicU64::new(0),
+            network_policies: AtomicU64::new(0),
             strings: AtomicU64::new(0),
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
@@ -131,6 +138,10 @@ impl Metrics {
         self.endpoints.store(counts.endpoints as u64, Relaxed);
         self.nodes.store(counts.nodes as u64, Relaxed);
         self.pods.store(counts.pods as u64, Relaxed);
+        self.policy_pods.store(counts.policy_pods as u64, Relaxed);
+        self.namespaces.store(counts.namespaces as u64, Relaxed);
+        self.network_policies
+            .store(counts.network_policies as u64, Relaxed);
         self.strings.store(counts.strings as u64, Relaxed);
     }
 
@@ -165,13 +176,16 @@ impl Metrics {
     }
 
     /// Objects in the view by kind, as `nodus_view_objects` labels them.
-    pub fn view_objects(&self) -> [(&'static str, u64); 5] {
+    pub fn view_objects(&self) -> [(&'static str, u64); 8] {
         [
             ("service", &self.services),
             ("endpointslice", &self.endpoint_slices),
             ("endpoint", &self.endpoints),
             ("node", &self.nodes),
             ("pod", &self.pods),
+            ("policy_pod", &self.policy_pods),
+            ("namespace", &self.namespaces),
+            ("networkpolicy", &self.network_policies),
         ]
         .map(|(kind, value)| (kind, value.load(Relaxed)))
     }

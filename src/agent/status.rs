@@ -7,6 +7,7 @@ use crate::agent::board::Board;
 use crate::agent::metrics::Metrics;
 use nodus_mesh::metrics::{MeshStatus, PeerStatus};
 use nodus_prom::Track;
+use nodus_proxy::apply::RefusedPod;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -121,8 +122,15 @@ pub fn status(metrics: &Metrics) -> Status {
         }
         Some(setup) if setup.proxy => {
             let mut line = report("proxy", proxy_track);
-            let programmed = proxy.map_or(0, |p| p.services_programmed());
+            let programmed = proxy.as_ref().map_or(0, |p| p.services_programmed());
             line.objects.insert("service".into(), programmed);
+            if let Some(policy) = proxy.as_ref().and_then(|p| p.policy_enforcement()) {
+                line.objects
+                    .insert("isolated pod".into(), policy.isolated_pods as u64);
+                line.objects
+                    .insert("pod failing closed".into(), policy.refused.len() as u64);
+                line.detail = refused_pods(&policy.refused);
+            }
             line
         }
         Some(setup) if setup.egress_only_table => {
@@ -175,6 +183,24 @@ pub fn status(metrics: &Metrics) -> Status {
         subsystems,
         mesh_peers,
     }
+}
+
+/// Pods failing closed, as the proxy's detail: at most a few, with the kernel's reason.
+fn refused_pods(refused: &[RefusedPod]) -> Option<String> {
+    const LISTED: usize = 8;
+    let listed: Vec<String> = refused
+        .iter()
+        .take(LISTED)
+        .map(|pod| format!("{:?}: {}", pod.addresses, pod.reason))
+        .collect();
+    (!listed.is_empty()).then(|| {
+        format!(
+            "{} pods failing closed, their allowances refused by the kernel: {}{}",
+            refused.len(),
+            listed.join("; "),
+            if refused.len() > LISTED { "; …" } else { "" }
+        )
+    })
 }
 
 /// The mesh from its own record: synced once a sync succeeded after the last failure.

@@ -22,7 +22,7 @@ pub async fn render_ruleset(cluster: ClusterArgs) -> anyhow::Result<()> {
     let view = feed.read();
     let planner = Planner::new(&view, &config.proxy_settings());
     let text = render(
-        &planner.skeleton(),
+        &planner.complete_skeleton(),
         planner.services(&mut EndpointKeys::new()),
     );
     let mut out = std::io::stdout().lock();

@@ -14,14 +14,21 @@
 //! the full proxy syncs the phase caused, and the WireGuard daemon's RSS. It prints
 //! figures; it asserts nothing.
 //!
-//! `cargo bench --bench footprint -- [--shape 1000x10x100]… [--nodus PATH]`
+//! With `--policy PODSxPOLICIESxNAMESPACES`, each shape runs a second time with
+//! NetworkPolicy on and that many Pods (spread over the shape's nodes), NetworkPolicies
+//! and Namespaces added (`scale::policy_cluster`), with two more phases: a pod of another
+//! node relabelled, and a policy added; the rows of both runs are printed, so that what
+//! policy costs is read from one sitting.
+//!
+//! `cargo bench --bench footprint -- [--shape 1000x10x100]… [--policy 10000x200x100]
+//! [--nodus PATH]`
 
 use anyhow::{Context, bail};
 use nodus_mesh::key::KeyPair;
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::bench::{Agent, BenchCluster, KernelMemory, free_port};
 use nodus_testbed::netns::{self, Netns, unique_name};
-use nodus_testbed::scale::{self, ProcMemory, Shape, mib, proc_memory};
+use nodus_testbed::scale::{self, PolicyShape, ProcMemory, Shape, mib, proc_memory};
 use serde_json::Value;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -35,12 +42,14 @@ const SETTLE: Duration = Duration::from_secs(3);
 
 struct Options {
     shapes: Vec<Shape>,
+    policy: Option<PolicyShape>,
     nodus: PathBuf,
 }
 
 fn options() -> anyhow::Result<Options> {
     let mut opts = Options {
         shapes: Vec::new(),
+        policy: None,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
     };
     let mut args = std::env::args().skip(1);
@@ -49,6 +58,7 @@ fn options() -> anyhow::Result<Options> {
         match arg.as_str() {
             "--shape" => opts.shapes.push(Shape::parse(&value()?)?),
             "--nodus" => opts.nodus = value()?.into(),
+            "--policy" => opts.policy = Some(PolicyShape::parse(&value()?)?),
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -179,8 +189,12 @@ impl Node<'_> {
 
 /// The generated cluster, every Node with a WireGuard key of its own, as a meshed cluster
 /// has them.
-fn cluster(shape: &Shape) -> anyhow::Result<Vec<Value>> {
+fn cluster(shape: &Shape, policy: Option<&PolicyShape>) -> anyhow::Result<Vec<Value>> {
+    let policy_objects = policy
+        .into_iter()
+        .flat_map(|policy| scale::policy_cluster(policy, shape.nodes));
     scale::cluster(shape)
+        .chain(policy_objects)
         .map(|mut object| {
             if object["kind"] == "Node" {
                 let key = KeyPair::generate().context("a node key")?;
@@ -192,16 +206,22 @@ fn cluster(shape: &Shape) -> anyhow::Result<Vec<Value>> {
         .collect()
 }
 
-fn run_shape(opts: &Options, shape: Shape, kernel: &KernelMemory) -> anyhow::Result<Vec<Phase>> {
-    let cluster = BenchCluster::new(CHURN + 20_000, cluster(&shape)?)?;
+fn run_shape(
+    opts: &Options,
+    shape: Shape,
+    policy: Option<PolicyShape>,
+    kernel: &KernelMemory,
+) -> anyhow::Result<Vec<Phase>> {
+    let cluster = BenchCluster::new(CHURN + 20_000, cluster(&shape, policy.as_ref())?)?;
     let interface = unique_name("wg");
     let config = format!(
         "cluster_cidrs: [10.0.0.0/8]\nproxy:\n  enabled: true\ndns:\n  listen: [\"127.0.0.1:{}\"]\n\
          mesh:\n  enabled: true\n  backend: wireguard-go\n  interface: {interface}\n  \
-         key_file: {}\n  cni_conflist: {}\n",
+         key_file: {}\n  cni_conflist: {}\npolicy:\n  enabled: {}\n",
         free_port()?,
         cluster.dir.join("key/wireguard.key").display(),
-        cluster.dir.join("10-nodus.conflist").display()
+        cluster.dir.join("10-nodus.conflist").display(),
+        policy.is_some()
     );
     let mut node = Node {
         cluster: &cluster,
@@ -276,10 +296,51 @@ fn run_shape(opts: &Options, shape: Shape, kernel: &KernelMemory) -> anyhow::Res
         Ok(())
     })?);
 
+    if let Some(policy) = &policy {
+        phases.extend(policy_phases(&mut node, policy, &shape)?);
+    }
+
     node.stop();
     let ready = node.start()?;
     std::thread::sleep(SETTLE);
     phases.push(node.measure("restart, table adopted", ready, node.metric(FULL_SYNCS))?);
+    Ok(phases)
+}
+
+/// A frontend pod of another node becomes a backend, and back; then a policy is added.
+fn policy_phases(
+    node: &mut Node<'_>,
+    policy: &PolicyShape,
+    shape: &Shape,
+) -> anyhow::Result<Vec<Phase>> {
+    const APPLIED: &str = "nodus_view_apply_duration_seconds_count";
+    for (kind, wanted) in [
+        ("policy_pod", policy.pods),
+        ("networkpolicy", policy.policies),
+    ] {
+        let held = node.metric(&format!("nodus_view_objects{{kind=\"{kind}\"}}"));
+        if held != wanted as f64 {
+            bail!("the agent holds {held} objects of kind {kind}, not {wanted}");
+        }
+    }
+    let mut phases = Vec::new();
+    phases.push(node.phase("a pod relabelled, twice", |node| {
+        // Pod 1 is a backend on node 1 (pods are dealt round the nodes).
+        for role in ["frontend", "backend"] {
+            let before = node.metric(APPLIED);
+            let mut pod = scale::policy_pod(1, policy, shape.nodes);
+            pod["metadata"]["labels"]["role"] = role.into();
+            node.cluster.store.apply_value(pod)?;
+            node.wait_above(APPLIED, before, "the relabelled pod")?;
+        }
+        Ok(())
+    })?);
+    phases.push(node.phase("a policy added", |node| {
+        let before = node.metric(APPLIED);
+        let added = scale::network_policy(policy.policies + 1, policy);
+        node.cluster.store.apply_value(added)?;
+        node.wait_above(APPLIED, before, "the added policy")
+    })?);
     Ok(phases)
 }
 
@@ -294,22 +355,34 @@ fn main() -> anyhow::Result<()> {
         kernel.method()
     );
     println!(
-        "{:<14} {:<32} {:>9} | {:>8} {:>8} {:>8} | {:>10} | {:>10} | {:>6}",
-        "shape S×E×N",
+        "{:<36} {:<28} {:>7} | {:>7} {:>7} {:>7} | {:>7} | {:>6} | {:>4}",
+        "shape S×E×N [+policy P×Q×NS]",
         "phase",
         "took s",
         "RSS MiB",
         "anon",
         "peak",
-        "kernel MiB",
-        "wg-go MiB",
+        "kernel",
+        "wg-go",
         "full"
     );
-    for shape in &opts.shapes {
-        for phase in run_shape(&opts, *shape, &kernel)? {
+    let runs: Vec<(Shape, Option<PolicyShape>)> = opts
+        .shapes
+        .iter()
+        .flat_map(|shape| {
+            let with_policy = opts.policy.map(|policy| (*shape, Some(policy)));
+            [(*shape, None)].into_iter().chain(with_policy)
+        })
+        .collect();
+    for (shape, policy) in runs {
+        let label = match &policy {
+            Some(policy) => format!("{shape} +policy {policy}"),
+            None => shape.to_string(),
+        };
+        for phase in run_shape(&opts, shape, policy, &kernel)? {
             println!(
-                "{:<14} {:<32} {:>9.2} | {:>8} {:>8} {:>8} | {:>10.1} | {:>10} | {:>6}",
-                shape.to_string(),
+                "{:<36} {:<28} {:>7.2} | {:>7} {:>7} {:>7} | {:>7.1} | {:>6} | {:>4}",
+                label,
                 phase.name,
                 phase.took.as_secs_f64(),
                 mib(phase.memory.rss_kib),

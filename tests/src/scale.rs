@@ -251,6 +251,107 @@ pub fn cluster(shape: &Shape) -> impl Iterator<Item = Value> + '_ {
         .chain((0..shape.services).flat_map(move |i| [service(i), slice(i, shape, 0)]))
 }
 
+/// The NetworkPolicy part of a generated cluster: `pods` pods spread over the nodes,
+/// `namespaces` Namespaces, and `policies` NetworkPolicies (`PxQxN` on command lines).
+#[derive(Clone, Copy, Debug)]
+pub struct PolicyShape {
+    pub pods: usize,
+    pub policies: usize,
+    pub namespaces: usize,
+}
+
+impl PolicyShape {
+    pub fn parse(text: &str) -> anyhow::Result<PolicyShape> {
+        let shape = Shape::parse(text)?;
+        Ok(PolicyShape {
+            pods: shape.services,
+            policies: shape.endpoints_per_service,
+            namespaces: shape.nodes.max(1),
+        })
+    }
+}
+
+impl std::fmt::Display for PolicyShape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}×{}×{}", self.pods, self.policies, self.namespaces)
+    }
+}
+
+const ROLES: [&str; 3] = ["frontend", "backend", "db"];
+
+fn policy_namespace(j: usize) -> String {
+    format!("team-{j}")
+}
+
+/// Pod `i` of the cluster: on node `i % nodes`, in namespace `(i / nodes) % namespaces`,
+/// its role (frontend, backend, db) by `i % 3`.
+pub fn policy_pod(i: usize, policy: &PolicyShape, nodes: usize) -> Value {
+    let nodes = nodes.max(1);
+    let namespace = policy_namespace((i / nodes) % policy.namespaces);
+    let mut pod = pod(i % nodes, i / nodes, &namespace);
+    pod["metadata"]["labels"] = json!({
+        "app": format!("app-{}", i % 7), "role": ROLES[i % 3], "pod-template-hash": "7d9f8c6b5"
+    });
+    pod
+}
+
+/// Namespace `j`: its name label, as the API server sets it, and an environment.
+pub fn policy_namespace_object(j: usize) -> Value {
+    let name = policy_namespace(j);
+    json!({
+        "apiVersion": "v1", "kind": "Namespace",
+        "metadata": {"name": name, "labels": {"kubernetes.io/metadata.name": name,
+                                              "env": if j.is_multiple_of(2) { "prod" } else { "staging" }}},
+        "status": {"phase": "Active"}
+    })
+}
+
+/// Policy `p`, in namespace `p % namespaces`, of one of three kinds in turn: a
+/// default-deny of ingress; backends open to their namespace's frontends on the named
+/// port and to the first namespace (monitoring) on 9090; databases isolated both ways,
+/// open to backends on 5432 and sending only to DNS and to addresses outside the cluster.
+pub fn network_policy(p: usize, policy: &PolicyShape) -> Value {
+    let namespace = policy_namespace(p % policy.namespaces);
+    let spec = match (p / policy.namespaces) % 3 {
+        0 => json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        1 => json!({
+            "podSelector": {"matchLabels": {"role": "backend"}},
+            "ingress": [
+                {"from": [{"podSelector": {"matchLabels": {"role": "frontend"}}}],
+                 "ports": [{"protocol": "TCP", "port": "http"}]},
+                {"from": [{"namespaceSelector": {"matchLabels":
+                              {"kubernetes.io/metadata.name": policy_namespace(0)}}}],
+                 "ports": [{"protocol": "TCP", "port": 9090}]}
+            ]
+        }),
+        _ => json!({
+            "podSelector": {"matchExpressions": [{"key": "role", "operator": "In", "values": ["db"]}]},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "backend"}}}],
+                         "ports": [{"protocol": "TCP", "port": 5432}]}],
+            "egress": [
+                {"to": [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                 "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["10.0.0.0/8"]}}]}
+            ]
+        }),
+    };
+    json!({
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": format!("policy-{p}"), "namespace": namespace,
+                     "uid": format!("0000{p:08x}-0000-4000-8000-00000000beef")},
+        "spec": spec
+    })
+}
+
+/// The NetworkPolicy objects of a cluster with `nodes` nodes: namespaces, pods, policies.
+pub fn policy_cluster(policy: &PolicyShape, nodes: usize) -> impl Iterator<Item = Value> + '_ {
+    (0..policy.namespaces)
+        .map(policy_namespace_object)
+        .chain((0..policy.pods).map(move |i| policy_pod(i, policy, nodes)))
+        .chain((0..policy.policies).map(|p| network_policy(p, policy)))
+}
+
 /// Memory of a process, from `/proc/<pid>/status` and `/proc/<pid>/smaps_rollup`, in KiB.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ProcMemory {

@@ -5,7 +5,7 @@ use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
 use crate::model::{Cidr, LocalPod, Node, Service, Slice};
 use crate::policy::resolve::PodPolicy;
-use crate::policy::store::PolicyState;
+use crate::policy::store::{Dirty, PolicyState};
 use crate::resolve::NodeContext;
 use crate::reverse::ReverseIndex;
 use crate::{policy, wire};
@@ -113,9 +113,9 @@ pub struct ChangeSet {
     /// service and endpoint change counters).
     pub service_updates: u32,
     pub slice_updates: u32,
-    /// What NetworkPolicies allow may have changed: a policy, a namespace's labels, or a
-    /// pod's addresses, labels or named ports.
-    pub policy: bool,
+    /// The pods of this node (by key) whose NetworkPolicy verdicts may have changed: with
+    /// a policy, a namespace's labels, or a pod's addresses, labels or named ports.
+    pub policy_pods: BTreeSet<u64>,
 }
 
 /// Trigger times kept per batch: a relist changes thousands of slices, and a sample
@@ -128,7 +128,7 @@ impl ChangeSet {
             && self.nodes.is_empty()
             && !self.this_node
             && !self.service_cidrs
-            && !self.policy
+            && self.policy_pods.is_empty()
     }
 }
 
@@ -174,6 +174,10 @@ pub struct Counts {
     pub nodes: usize,
     /// This node's pods.
     pub pods: usize,
+    /// Every pod, namespace and NetworkPolicy, held with NetworkPolicy on.
+    pub policy_pods: usize,
+    pub namespaces: usize,
+    pub network_policies: usize,
     pub strings: usize,
 }
 
@@ -345,9 +349,13 @@ impl View {
     }
 
     pub fn counts(&self) -> Counts {
+        let (policy_pods, namespaces, network_policies) = self.policy.counts();
         let mut counts = Counts {
             nodes: self.nodes.len(),
             pods: self.pods.len(),
+            policy_pods,
+            namespaces,
+            network_policies,
             strings: self.strings.len(),
             ..Counts::default()
         };
@@ -380,13 +388,13 @@ impl View {
                 Update::Node(node) => self.upsert_node(*node, &mut report.changes),
                 Update::ServiceCidr(cidr) => self.upsert_service_cidr(*cidr, &mut report.changes),
                 Update::Pod(pod) => {
-                    self.upsert_pod(*pod, &mut report.pods, &mut report.changes.policy)
+                    self.upsert_pod(*pod, &mut report.pods, &mut report.changes.policy_pods)
                 }
                 Update::Namespace(namespace) => {
-                    self.upsert_namespace(*namespace, &mut report.changes.policy)
+                    self.upsert_namespace(*namespace, &mut report.changes.policy_pods)
                 }
                 Update::NetworkPolicy(policy) => {
-                    self.upsert_policy(*policy, &mut report.changes.policy)
+                    self.upsert_policy(*policy, &mut report.changes.policy_pods)
                 }
                 Update::Deleted {
                     kind,
@@ -760,12 +768,12 @@ impl View {
     }
 
     /// A pod of this node changes what DNS reads per question (`local_changed`); any pod
-    /// may change what policies allow (`policy_changed`).
+    /// may change what policies allow the pods `policy_pods` collects.
     fn upsert_pod(
         &mut self,
         wire: wire::Pod,
         local_changed: &mut bool,
-        policy_changed: &mut bool,
+        policy_pods: &mut Dirty,
     ) -> Result<(), (Kind, InvalidObject)> {
         let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
         let key = object_hash(Kind::Pod, namespace, &wire.metadata.name);
@@ -778,14 +786,15 @@ impl View {
         };
         // What the last version claimed is not trusted past a version that is wrong.
         let mut error = None;
-        let changed = match for_policy {
-            Ok(pod) => self.policy.put_pod(key, pod, &mut self.strings),
+        match for_policy {
+            Ok(pod) => self
+                .policy
+                .put_pod(key, pod, &mut self.strings, policy_pods),
             Err(e) => {
                 error = Some(e);
-                self.policy.remove_pod(key, &mut self.strings)
+                self.policy.remove_pod(key, &mut self.strings, policy_pods);
             }
-        };
-        *policy_changed |= changed && self.policy.governs();
+        }
         match local {
             Some(Ok(pod)) => *local_changed |= self.pods.put(key, pod, &mut self.strings),
             Some(Err(e)) => {
@@ -800,53 +809,56 @@ impl View {
     fn upsert_namespace(
         &mut self,
         wire: wire::Namespace,
-        changed: &mut bool,
+        policy_pods: &mut Dirty,
     ) -> Result<(), (Kind, InvalidObject)> {
         self.seen(Kind::Namespace, "", &wire.metadata.name);
-        let (result, labels_changed) = match policy::decode::namespace(&wire, &mut self.strings) {
-            Ok(labels) => (
-                Ok(()),
+        let name = &wire.metadata.name;
+        match policy::decode::namespace(&wire, &mut self.strings) {
+            Ok(labels) => {
                 self.policy
-                    .put_namespace(&wire.metadata.name, labels, &mut self.strings),
-            ),
-            Err(error) => (
-                Err((Kind::Namespace, error)),
+                    .put_namespace(name, labels, &mut self.strings, policy_pods);
+                Ok(())
+            }
+            Err(error) => {
                 self.policy
-                    .remove_namespace(&wire.metadata.name, &mut self.strings),
-            ),
-        };
-        *changed |= labels_changed && self.policy.governs();
-        result
+                    .remove_namespace(name, &mut self.strings, policy_pods);
+                Err((Kind::Namespace, error))
+            }
+        }
     }
 
     fn upsert_policy(
         &mut self,
         wire: wire::NetworkPolicy,
-        changed: &mut bool,
+        policy_pods: &mut Dirty,
     ) -> Result<(), (Kind, InvalidObject)> {
         let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
         let key = object_hash(Kind::NetworkPolicy, namespace, &wire.metadata.name);
         self.seen(Kind::NetworkPolicy, namespace, &wire.metadata.name);
         match policy::decode::network_policy(&wire, &mut self.strings) {
             Ok(policy) => {
-                *changed |= self.policy.put_policy(key, policy, &mut self.strings);
+                self.policy
+                    .put_policy(key, policy, &mut self.strings, policy_pods);
                 Ok(())
             }
             Err(error) => {
-                *changed |= self.policy.remove_policy(key, &mut self.strings);
+                self.policy
+                    .remove_policy(key, &mut self.strings, policy_pods);
                 Err((Kind::NetworkPolicy, error))
             }
         }
     }
 
-    /// What NetworkPolicies allow each address of each pod of this node they select.
+    /// What NetworkPolicies allow each address of each pod of this node they select,
+    /// sorted by pod key.
     pub fn pod_policies(&self) -> Vec<PodPolicy> {
-        self.policy.resolve()
+        self.policy.resolve(None)
     }
 
-    /// Pods, Namespaces and NetworkPolicies held for policies.
-    pub fn policy_counts(&self) -> (usize, usize, usize) {
-        self.policy.counts()
+    /// [`View::pod_policies`] of the pods `pods` names (by key): a pod that is gone, or
+    /// that no policy selects, has none.
+    pub fn pod_policies_of(&self, pods: &BTreeSet<u64>) -> Vec<PodPolicy> {
+        self.policy.resolve(Some(pods))
     }
 
     fn delete(&mut self, kind: Kind, namespace: &str, name: &str, changes: &mut ChangeSet) {
@@ -862,16 +874,17 @@ impl View {
             Kind::Pod => {
                 let key = object_hash(kind, namespace, name);
                 self.pods.remove(key, &mut self.strings);
-                changes.policy |=
-                    self.policy.remove_pod(key, &mut self.strings) && self.policy.governs();
+                self.policy
+                    .remove_pod(key, &mut self.strings, &mut changes.policy_pods);
             }
             Kind::Namespace => {
-                changes.policy |=
-                    self.policy.remove_namespace(name, &mut self.strings) && self.policy.governs();
+                self.policy
+                    .remove_namespace(name, &mut self.strings, &mut changes.policy_pods);
             }
             Kind::NetworkPolicy => {
                 let key = object_hash(kind, namespace, name);
-                changes.policy |= self.policy.remove_policy(key, &mut self.strings);
+                self.policy
+                    .remove_policy(key, &mut self.strings, &mut changes.policy_pods);
             }
         }
     }
@@ -1013,17 +1026,19 @@ impl View {
             }
             Kind::Pod => {
                 self.pods.retain(&seen, &mut self.strings);
-                changes.policy |=
-                    self.policy.retain_pods(&seen, &mut self.strings) && self.policy.governs();
+                self.policy
+                    .retain_pods(&seen, &mut self.strings, &mut changes.policy_pods);
             }
             Kind::Namespace => {
-                changes.policy |= self.policy.retain_namespaces(
+                self.policy.retain_namespaces(
                     |name| seen.contains(&object_hash(kind, "", name)),
                     &mut self.strings,
-                ) && self.policy.governs();
+                    &mut changes.policy_pods,
+                );
             }
             Kind::NetworkPolicy => {
-                changes.policy |= self.policy.retain_policies(&seen, &mut self.strings);
+                self.policy
+                    .retain_policies(&seen, &mut self.strings, &mut changes.policy_pods);
             }
         }
     }

@@ -13,6 +13,7 @@
 
 mod footprint;
 mod full;
+mod policy;
 mod udp;
 
 use std::borrow::Cow;
@@ -25,11 +26,12 @@ use nodus_view::{ChangeSet, ServiceName, View};
 use tracing::{debug, error, info, warn};
 
 pub use footprint::Footprint;
+pub use policy::RefusedPod;
 
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxyConfig, ServicePlan, SetPlan, Skeleton, TABLE, UdpFlows, policy,
+    ProxyConfig, ServicePlan, Skeleton, TABLE, UdpFlows,
 };
 use udp::StaleFlows;
 
@@ -119,6 +121,9 @@ pub struct SyncReport {
     pub duration: Duration,
     /// Why a requested partial sync became a full one.
     pub fell_back: Option<String>,
+    /// Pods of this node whose NetworkPolicy allowances the kernel refused in this sync:
+    /// they fail closed.
+    pub policy_refused: Vec<RefusedPod>,
 }
 
 impl SyncReport {
@@ -136,6 +141,7 @@ impl SyncReport {
             elements: 0,
             duration: Duration::ZERO,
             fell_back: None,
+            policy_refused: Vec::new(),
         }
     }
 }
@@ -177,8 +183,8 @@ pub struct Proxy {
     expected: Expected,
     /// Set after a failure: the kernel may not hold what `applied` says.
     needs_full_sync: bool,
-    /// The NetworkPolicy sets as last committed (this node's pods only, so small).
-    policy_sets: Vec<SetPlan>,
+    /// What the NetworkPolicy sets hold, per pod of this node.
+    policy: policy::PolicyRecords,
 }
 
 impl Proxy {
@@ -198,7 +204,7 @@ impl Proxy {
             outside_commits: false,
             expected: Expected::default(),
             needs_full_sync: true,
-            policy_sets: Vec::new(),
+            policy: policy::PolicyRecords::default(),
         })
     }
 
@@ -234,6 +240,23 @@ impl Proxy {
                     external + usize::from(ports.external),
                 )
             })
+    }
+
+    /// Whether the last full sync programmed NetworkPolicy enforcement.
+    pub fn enforces_policies(&self) -> bool {
+        self.facts
+            .as_ref()
+            .is_some_and(|facts| facts.network_policy)
+    }
+
+    /// Pods of this node that NetworkPolicies isolate in some direction.
+    pub fn isolated_pods(&self) -> usize {
+        self.policy.isolated_pods()
+    }
+
+    /// Pods of this node failing closed because the kernel refused their allowances.
+    pub fn refused_policy_pods(&self) -> impl Iterator<Item = &RefusedPod> {
+        self.policy.refused()
     }
 
     /// Heap bytes of the per-service records (footprints, UDP flows and the maps' tables),
@@ -302,11 +325,14 @@ impl Proxy {
             );
             report.conntrack_deletions += stale.delete(&mut self.socket);
         }
-        report.duration = start.elapsed();
         let skeleton = outcome?;
+        match planner.facts().network_policy {
+            true => self.program_policies(view, &mut report)?,
+            false => self.policy = policy::PolicyRecords::default(),
+        }
+        report.duration = start.elapsed();
         self.facts = Some(planner.facts().clone());
         self.expected = Expected::of(&skeleton);
-        self.policy_sets = policy_sets_of(skeleton);
         // Every object of ours was written again: whatever others did before is gone.
         self.outside_commits = false;
         self.needs_full_sync = false;
@@ -342,7 +368,6 @@ impl Proxy {
             }
             self.facts = Some(planner.facts().clone());
             self.expected = Expected::of(&skeleton);
-            self.policy_sets = policy_sets_of(skeleton);
         }
         let reason = if self.needs_full_sync {
             Some("the previous sync failed or none ran yet".to_string())
@@ -409,26 +434,12 @@ impl Proxy {
                 }
             }
         }
-        // What policies allow goes in the same transaction as the services' changes.
-        let policy_sets = match changes.policy && planner.facts().network_policy {
-            true => {
-                let sets = planner.policy_sets();
-                batch.update_set_elements(&self.policy_sets, &sets);
-                Some(sets)
-            }
-            false => None,
-        };
         if !batch.is_empty() {
             let batch = batch.into_batch();
             report.transactions += 1;
             report.elements += batch.element_count();
             match self.socket.commit(&batch) {
-                Ok(generation) => {
-                    self.committed(generation);
-                    if let Some(sets) = policy_sets {
-                        self.policy_sets = sets;
-                    }
-                }
+                Ok(generation) => self.committed(generation),
                 Err(failure) => {
                     if let nft::Error::Refused { message, .. } = &failure {
                         error!(refused = %message, error = %failure, "partial proxy sync refused");
@@ -459,6 +470,12 @@ impl Proxy {
             report.conntrack_deletions += stale.delete(&mut self.socket);
         }
         self.shared.merge(claims);
+        if planner.facts().network_policy
+            && !changes.policy_pods.is_empty()
+            && let Err(error) = self.update_policies(view, &changes.policy_pods, &mut report)
+        {
+            return self.fall_back(view, error.to_string());
+        }
         report.duration = start.elapsed();
         Ok(report)
     }
@@ -635,15 +652,6 @@ impl Expected {
                 .map(|chain| (chain.name().to_string(), chain.rules.len())),
         }
     }
-}
-
-/// The NetworkPolicy sets of `skeleton`, as committed with it.
-fn policy_sets_of(skeleton: Skeleton) -> Vec<SetPlan> {
-    skeleton
-        .sets
-        .into_iter()
-        .filter(|set| policy::is_policy_set(&set.set.name))
-        .collect()
 }
 
 /// F.40: an external address and port two services claim is planned for the older one

@@ -71,23 +71,30 @@ impl<'v> Planner<'v> {
         &self.facts
     }
 
-    /// The fixed part of the table, and with NetworkPolicy on, its chains and sets
-    /// filled for this node's pods.
+    /// The fixed part of the table, and with NetworkPolicy on, its chains and its sets,
+    /// empty: the applier fills those in transactions of their own.
     pub fn skeleton(&self) -> Skeleton {
         let mut skeleton = skeleton::plan_skeleton(&self.facts);
         if self.facts.network_policy {
             skeleton.chains.extend(policy::chains());
-            skeleton.sets.extend(self.policy_sets());
+            skeleton.sets.extend(policy::sets(&[]));
         }
         skeleton
     }
 
-    /// The NetworkPolicy sets with their elements (empty with NetworkPolicy off).
-    pub fn policy_sets(&self) -> Vec<SetPlan> {
-        match self.facts.network_policy {
-            true => policy::sets(&self.view.pod_policies()),
-            false => Vec::new(),
+    /// [`Planner::skeleton`] with the NetworkPolicy sets filled for this node's pods: the
+    /// table as it is once programmed, for rendering and tracing.
+    pub fn complete_skeleton(&self) -> Skeleton {
+        let mut skeleton = self.skeleton();
+        if self.facts.network_policy {
+            skeleton
+                .sets
+                .retain(|set| !policy::is_policy_set(&set.set.name));
+            skeleton
+                .sets
+                .extend(policy::sets(&self.view.pod_policies()));
         }
+        skeleton
     }
 
     /// The plan of one service, its endpoints in blocks of `keys`; empty when the view
@@ -122,7 +129,7 @@ impl<'v> Planner<'v> {
     /// Where `packet` goes through this node's whole planned ruleset: every service planned,
     /// then walked as the kernel would (`trace.rs`).
     pub fn trace(&self, packet: Packet) -> Trace {
-        let skeleton = self.skeleton();
+        let skeleton = self.complete_skeleton();
         let plans: Vec<ServicePlan> = self.services(&mut EndpointKeys::new()).collect();
         Ruleset::new(&skeleton, &plans, self.node_addresses()).trace(packet)
     }

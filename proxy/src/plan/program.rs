@@ -18,6 +18,7 @@ use nodus_view::model::Family;
 use super::objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton,
 };
+use super::policy;
 use super::rule::RulePlan;
 use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
 
@@ -87,23 +88,22 @@ impl PlanBatch {
     /// in one transaction: objects are created if missing, the skeleton's chains are
     /// flushed and rewritten, and its own sets (NodePort addresses, pod ranges) refilled.
     /// The shared maps keep their elements, so every service of a previous run keeps
-    /// working until it is re-programmed. The kernel refuses this when a set or base
-    /// chain exists with another definition; then only [`PlanBatch::recreate_skeleton`]
-    /// helps.
+    /// working until it is re-programmed, and so do the NetworkPolicy sets, until their
+    /// own transaction refills them. The kernel refuses this when a set or base chain
+    /// exists with another definition; then only [`PlanBatch::recreate_skeleton`] helps.
     pub fn refresh_skeleton(&mut self, skeleton: &Skeleton) {
         self.batch.add_table();
         for set in &skeleton.sets {
-            let reference = self.add_set(&set.set);
             let shared = SharedKind::ALL.iter().any(|kind| {
                 Family::ALL
                     .iter()
                     .any(|f| SharedSet::new(*kind, *f).name() == set.set.name)
             });
-            if !shared {
-                self.batch.flush_set(&reference);
-                if !set.elements.is_empty() {
-                    self.batch.add_elements(&reference, &set.elements);
+            match shared || policy::is_policy_set(&set.set.name) {
+                true => {
+                    self.add_set(&set.set);
                 }
+                false => self.refill_sets(std::slice::from_ref(set)),
             }
         }
         for chain in &skeleton.chains {
@@ -255,6 +255,17 @@ impl PlanBatch {
             .filter(|set| !new_sets.contains(set.set.name.as_str()))
         {
             self.batch.delete_set(&set.set.name);
+        }
+    }
+
+    /// Creates `sets` if missing and replaces their elements with theirs.
+    pub fn refill_sets(&mut self, sets: &[SetPlan]) {
+        for set in sets {
+            let reference = self.add_set(&set.set);
+            self.batch.flush_set(&reference);
+            if !set.elements.is_empty() {
+                self.batch.add_elements(&reference, &set.elements);
+            }
         }
     }
 

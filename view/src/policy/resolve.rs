@@ -9,6 +9,7 @@ use super::{NetworkPolicy, Peer, PolicyPod, PolicyRule, PortRef, Selector};
 use crate::intern::Sym;
 use crate::model::{Family, Protocol};
 use crate::ranges::from_number;
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 /// Traffic one rule allows: from or to `peer` (inclusive), over `protocol` (any when
@@ -24,6 +25,8 @@ pub struct Allowance {
 /// governs that direction, everything passes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodPolicy {
+    /// The pod's key, as [`crate::ChangeSet::policy_pods`] names it.
+    pub pod: u64,
     pub ip: IpAddr,
     pub ingress: Option<Vec<Allowance>>,
     pub egress: Option<Vec<Allowance>>,
@@ -61,6 +64,68 @@ impl NetworkPolicy {
             Direction::Egress => self.egress.as_deref(),
         }
     }
+
+    /// Whether it isolates `pod`: a pod of this node with an address, in its namespace,
+    /// that its pod selector matches.
+    pub(super) fn selects(&self, pod: &PolicyPod) -> bool {
+        pod.local
+            && !pod.ips.is_empty()
+            && pod.namespace == self.namespace
+            && self.pods.matches(&pod.labels)
+    }
+
+    /// Whether what it allows depends on `pod`, whose namespace has `namespace_labels`:
+    /// the pod is a peer of one of its rules, or may be (an egress rule open to everyone
+    /// on a named port resolves the name on every pod).
+    pub(super) fn depends_on(&self, pod: &PolicyPod, namespace_labels: &[(Sym, Sym)]) -> bool {
+        if pod.ips.is_empty() {
+            return false;
+        }
+        Direction::ALL.into_iter().any(|direction| {
+            self.rules(direction).into_iter().flatten().any(|rule| {
+                if rule.peers.is_empty() {
+                    return direction == Direction::Egress
+                        && rule
+                            .ports
+                            .iter()
+                            .any(|port| matches!(port.port, PortRef::Named(_)));
+                }
+                rule.peers.iter().any(|peer| match peer {
+                    Peer::Block(_) => false,
+                    Peer::Pods { namespaces, pods } => {
+                        self.in_namespaces(namespaces.as_ref(), pod.namespace, namespace_labels)
+                            && pods.matches(&pod.labels)
+                    }
+                })
+            })
+        })
+    }
+
+    /// Whether it selects peers by namespace labels that `labels` match.
+    pub(super) fn selects_namespace(&self, labels: &[(Sym, Sym)]) -> bool {
+        Direction::ALL
+            .into_iter()
+            .flat_map(|direction| self.rules(direction).into_iter().flatten())
+            .flat_map(|rule| rule.peers.iter())
+            .any(|peer| {
+                matches!(peer, Peer::Pods { namespaces: Some(selector), .. }
+                    if selector.matches(labels))
+            })
+    }
+
+    /// Whether a pod of namespace `namespace` (labelled `labels`) is in the namespaces a
+    /// peer names: those `namespaces` matches, or the policy's own when `None`.
+    fn in_namespaces(
+        &self,
+        namespaces: Option<&Selector>,
+        namespace: Sym,
+        labels: &[(Sym, Sym)],
+    ) -> bool {
+        match namespaces {
+            None => namespace == self.namespace,
+            Some(selector) => selector.matches(labels),
+        }
+    }
 }
 
 /// What the policies that select one pod allow it so far, by [`Direction::index`].
@@ -76,9 +141,9 @@ enum Peers<'a> {
 }
 
 impl PolicyState {
-    fn namespace_labels(&self, pod: &PolicyPod) -> &[(Sym, Sym)] {
+    pub(super) fn namespace_labels(&self, namespace: Sym) -> &[(Sym, Sym)] {
         self.namespaces
-            .get(&pod.namespace)
+            .get(&namespace)
             .map_or(&[], |labels| &labels[..])
     }
 
@@ -98,7 +163,13 @@ impl PolicyState {
                     self.pods
                         .values()
                         .filter(|pod| !pod.ips.is_empty())
-                        .filter(|pod| in_namespaces(policy, namespaces.as_ref(), pod, self))
+                        .filter(|pod| {
+                            policy.in_namespaces(
+                                namespaces.as_ref(),
+                                pod.namespace,
+                                self.namespace_labels(pod.namespace),
+                            )
+                        })
                         .filter(|pod| selector.matches(&pod.labels)),
                 ),
             }
@@ -107,19 +178,26 @@ impl PolicyState {
     }
 
     /// What the policies allow each address of each pod of this node that some policy
-    /// selects; a pod no policy selects is not listed.
-    pub fn resolve(&self) -> Vec<PodPolicy> {
-        let local: Vec<&PolicyPod> = self
-            .pods
-            .values()
-            .filter(|pod| pod.local && !pod.ips.is_empty())
-            .collect();
+    /// selects, of the pods `only` names (by key) or all of them; a pod no policy selects
+    /// is not listed. The peers of a rule are found once, whatever the number of pods it
+    /// applies to.
+    pub(crate) fn resolve(&self, only: Option<&BTreeSet<u64>>) -> Vec<PodPolicy> {
+        let local: Vec<(u64, &PolicyPod)> = match only {
+            None => self
+                .local
+                .iter()
+                .filter_map(|key| Some((*key, self.pods.get(key)?)))
+                .collect(),
+            Some(keys) => keys
+                .iter()
+                .filter(|key| self.local.contains(key))
+                .filter_map(|key| Some((*key, self.pods.get(key)?)))
+                .collect(),
+        };
         let mut governed: Vec<Option<Governed>> = vec![None; local.len()];
         for policy in self.policies.values() {
             let selected: Vec<usize> = (0..local.len())
-                .filter(|&i| {
-                    local[i].namespace == policy.namespace && policy.pods.matches(&local[i].labels)
-                })
+                .filter(|&i| policy.selects(local[i].1))
                 .collect();
             if selected.is_empty() {
                 continue;
@@ -134,37 +212,26 @@ impl PolicyState {
                     let entry = governed[i].get_or_insert_with(Governed::default);
                     let allowed = entry[direction.index()].get_or_insert_with(Vec::new);
                     for (rule, peers) in rules.iter().zip(&peers) {
-                        allow(direction, local[i], rule, peers, self, allowed);
+                        allow(direction, local[i].1, rule, peers, self, allowed);
                     }
                 }
             }
         }
         let mut resolved = Vec::new();
-        for (pod, entry) in local.iter().zip(governed) {
+        for ((key, pod), entry) in local.iter().zip(governed) {
             let Some(entry) = entry else { continue };
             for &ip in pod.ips.iter() {
                 let [ingress, egress] = &entry;
                 resolved.push(PodPolicy {
+                    pod: *key,
                     ip,
                     ingress: of_family(ingress, Family::of(ip)),
                     egress: of_family(egress, Family::of(ip)),
                 });
             }
         }
-        resolved.sort_unstable_by_key(|p| p.ip);
+        resolved.sort_unstable_by_key(|p| (p.pod, p.ip));
         resolved
-    }
-}
-
-fn in_namespaces(
-    policy: &NetworkPolicy,
-    namespaces: Option<&Selector>,
-    pod: &PolicyPod,
-    state: &PolicyState,
-) -> bool {
-    match namespaces {
-        None => pod.namespace == policy.namespace,
-        Some(selector) => selector.matches(state.namespace_labels(pod)),
     }
 }
 
@@ -347,7 +414,7 @@ mod tests {
                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
                                 "ports": [{"port": 5432}]}]}),
         )]);
-        assert!(report.changes.policy);
+        assert!(!report.changes.policy_pods.is_empty());
         let policies = view.pod_policies();
         assert_eq!(policies.len(), 1, "{policies:?}");
         assert_eq!(policies[0].ip, ip("10.1.0.3"));
@@ -395,7 +462,7 @@ mod tests {
 
         // The ops namespace loses its label: its probe is no longer allowed in.
         let report = view.apply([namespace("ops", json!({}))]);
-        assert!(report.changes.policy);
+        assert!(!report.changes.policy_pods.is_empty());
         assert_eq!(view.pod_policies()[0].ingress, Some(vec![]));
     }
 
@@ -448,7 +515,123 @@ mod tests {
                 name: name.into(),
             }]);
         }
-        assert_eq!(view.policy_counts(), (0, 0, 0));
+        let counts = view.counts();
+        assert_eq!(
+            (
+                counts.policy_pods,
+                counts.namespaces,
+                counts.network_policies
+            ),
+            (0, 0, 0)
+        );
         assert_eq!(view.strings().len(), 1, "only the node's name is left");
+    }
+
+    /// What the view resolves for all pods, by pod.
+    fn by_pod(policies: Vec<PodPolicy>) -> std::collections::BTreeMap<u64, Vec<PodPolicy>> {
+        let mut pods = std::collections::BTreeMap::<u64, Vec<PodPolicy>>::new();
+        for policy in policies {
+            pods.entry(policy.pod).or_default().push(policy);
+        }
+        pods
+    }
+
+    /// Records kept up to date from the pods each change names, as the proxy keeps
+    /// them, always equal what a resolution of everything gives; and a change no policy
+    /// looks at names no pod.
+    #[test]
+    fn resolving_only_the_pods_a_change_names_keeps_up_with_everything() {
+        let mut view = cluster();
+        let mut records = by_pod(view.pod_policies());
+        let steps: Vec<(&str, Update)> = vec![
+            (
+                "db open to api",
+                policy(
+                    "shop",
+                    "db",
+                    json!({"podSelector": {"matchLabels": {"app": "db"}},
+                           "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}]}]}),
+                ),
+            ),
+            (
+                "web open to ops by namespace, sending on named ports anywhere",
+                policy(
+                    "shop",
+                    "web",
+                    json!({"podSelector": {"matchLabels": {"app": "web"}},
+                           "policyTypes": ["Ingress", "Egress"],
+                           "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}]}],
+                           "egress": [{"ports": [{"port": "http"}]}]}),
+                ),
+            ),
+            (
+                "api moves",
+                pod("shop", "api", "node-b", "10.2.0.9", json!({"app": "api"})),
+            ),
+            (
+                "api relabelled",
+                pod("shop", "api", "node-b", "10.2.0.9", json!({"app": "cache"})),
+            ),
+            ("ops relabelled", namespace("ops", json!({"team": "none"}))),
+            ("ops back", namespace("ops", json!({"team": "ops"}))),
+            (
+                "db becomes web",
+                pod("shop", "db", "node-a", "10.1.0.3", json!({"app": "web"})),
+            ),
+            (
+                "a new probe",
+                pod(
+                    "ops",
+                    "probe-2",
+                    "node-b",
+                    "10.2.0.6",
+                    json!({"app": "probe"}),
+                ),
+            ),
+            (
+                "web policy narrowed",
+                policy(
+                    "shop",
+                    "web",
+                    json!({"podSelector": {"matchLabels": {"app": "none"}}}),
+                ),
+            ),
+            (
+                "probe gone",
+                Update::Deleted {
+                    kind: Kind::Pod,
+                    namespace: "ops".into(),
+                    name: "probe".into(),
+                },
+            ),
+            (
+                "db policy gone",
+                Update::Deleted {
+                    kind: Kind::NetworkPolicy,
+                    namespace: "shop".into(),
+                    name: "db".into(),
+                },
+            ),
+        ];
+        for (step, update) in steps {
+            let report = view.apply([update]);
+            assert!(report.invalid.is_empty(), "{step}: {:?}", report.invalid);
+            let dirty = &report.changes.policy_pods;
+            let mut resolved = by_pod(view.pod_policies_of(dirty));
+            for pod in dirty {
+                match resolved.remove(pod) {
+                    Some(policies) => records.insert(*pod, policies),
+                    None => records.remove(pod),
+                };
+            }
+            assert_eq!(records, by_pod(view.pod_policies()), "{step}");
+        }
+
+        // A pod no policy selects or names, in a namespace none selects: nothing to do.
+        view.apply([namespace("quiet", json!({}))]);
+        let report = view.apply([pod("quiet", "x", "node-b", "10.2.0.7", json!({"app": "x"}))]);
+        assert!(report.changes.policy_pods.is_empty());
+        let report = view.apply([pod("quiet", "x", "node-b", "10.2.0.8", json!({"app": "y"}))]);
+        assert!(report.changes.policy_pods.is_empty());
     }
 }

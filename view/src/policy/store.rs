@@ -1,13 +1,23 @@
 //! The policy part of the view: every Pod (as [`PolicyPod`]), every Namespace's labels
 //! and every NetworkPolicy, each keyed by a hash of its namespace and name.
+//!
+//! Every change names the pods of this node whose verdicts it may change (`dirty`), so
+//! that only those are resolved again: a policy, the pods it selects; a pod, itself and
+//! the pods the policies it is a peer of select; a namespace, the pods the policies that
+//! select it by labels select. Finding them costs a pass over the policies, not the pods.
 
 use super::{LabelSet, NetworkPolicy, PolicyPod, release_labels};
 use crate::intern::{Interner, Sym};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// Keys of this node's pods whose verdicts may have changed.
+pub type Dirty = BTreeSet<u64>;
 
 #[derive(Default)]
 pub(crate) struct PolicyState {
     pub(super) pods: HashMap<u64, PolicyPod>,
+    /// The keys of this node's pods that have an address: those policies may select.
+    pub(super) local: BTreeSet<u64>,
     /// Labels by namespace name (the map holds one reference on the name).
     pub(super) namespaces: HashMap<Sym, LabelSet>,
     pub(super) policies: HashMap<u64, NetworkPolicy>,
@@ -18,19 +28,62 @@ impl PolicyState {
         (self.pods.len(), self.namespaces.len(), self.policies.len())
     }
 
-    /// Whether a change of pods or namespaces can change what is allowed: not while no
-    /// policy exists (a policy that comes resolves against them as they are then).
-    pub(crate) fn governs(&self) -> bool {
-        !self.policies.is_empty()
+    /// Marks the pods of this node `policy` selects.
+    fn dirty_selected(&self, policy: &NetworkPolicy, dirty: &mut Dirty) {
+        for key in &self.local {
+            if self.pods.get(key).is_some_and(|pod| policy.selects(pod)) {
+                dirty.insert(*key);
+            }
+        }
     }
 
-    /// Stores `pod` under `key`; whether that changed anything.
-    pub(crate) fn put_pod(&mut self, key: u64, pod: PolicyPod, strings: &mut Interner) -> bool {
-        put(&mut self.pods, key, pod, strings)
+    /// Marks what a change of the pod `key` from `old` to `new` may change.
+    fn pod_changes(
+        &self,
+        key: u64,
+        old: Option<&PolicyPod>,
+        new: Option<&PolicyPod>,
+        dirty: &mut Dirty,
+    ) {
+        let versions = || old.into_iter().chain(new);
+        for policy in self.policies.values() {
+            if versions().any(|pod| policy.selects(pod)) {
+                dirty.insert(key);
+            }
+            if versions().any(|pod| policy.depends_on(pod, self.namespace_labels(pod.namespace))) {
+                self.dirty_selected(policy, dirty);
+            }
+        }
     }
 
-    pub(crate) fn remove_pod(&mut self, key: u64, strings: &mut Interner) -> bool {
-        remove(&mut self.pods, key, strings)
+    /// Stores `pod` under `key`, marking what that changes.
+    pub(crate) fn put_pod(
+        &mut self,
+        key: u64,
+        pod: PolicyPod,
+        strings: &mut Interner,
+        dirty: &mut Dirty,
+    ) {
+        if self.pods.get(&key) == Some(&pod) {
+            pod.release(strings);
+            return;
+        }
+        self.pod_changes(key, self.pods.get(&key), Some(&pod), dirty);
+        match pod.local && !pod.ips.is_empty() {
+            true => self.local.insert(key),
+            false => self.local.remove(&key),
+        };
+        if let Some(old) = self.pods.insert(key, pod) {
+            old.release(strings);
+        }
+    }
+
+    pub(crate) fn remove_pod(&mut self, key: u64, strings: &mut Interner, dirty: &mut Dirty) {
+        if let Some(old) = self.pods.remove(&key) {
+            self.pod_changes(key, Some(&old), None, dirty);
+            self.local.remove(&key);
+            old.release(strings);
+        }
     }
 
     pub(crate) fn put_policy(
@@ -38,12 +91,33 @@ impl PolicyState {
         key: u64,
         policy: NetworkPolicy,
         strings: &mut Interner,
-    ) -> bool {
-        put(&mut self.policies, key, policy, strings)
+        dirty: &mut Dirty,
+    ) {
+        if self.policies.get(&key) == Some(&policy) {
+            policy.release(strings);
+            return;
+        }
+        self.dirty_selected(&policy, dirty);
+        if let Some(old) = self.policies.insert(key, policy) {
+            self.dirty_selected(&old, dirty);
+            old.release(strings);
+        }
     }
 
-    pub(crate) fn remove_policy(&mut self, key: u64, strings: &mut Interner) -> bool {
-        remove(&mut self.policies, key, strings)
+    pub(crate) fn remove_policy(&mut self, key: u64, strings: &mut Interner, dirty: &mut Dirty) {
+        if let Some(old) = self.policies.remove(&key) {
+            self.dirty_selected(&old, dirty);
+            old.release(strings);
+        }
+    }
+
+    /// Marks what a change of a namespace's labels from `old` to `new` may change.
+    fn namespace_changes(&self, old: &[(Sym, Sym)], new: &[(Sym, Sym)], dirty: &mut Dirty) {
+        for policy in self.policies.values() {
+            if policy.selects_namespace(old) || policy.selects_namespace(new) {
+                self.dirty_selected(policy, dirty);
+            }
+        }
     }
 
     pub(crate) fn put_namespace(
@@ -51,49 +125,68 @@ impl PolicyState {
         name: &str,
         labels: LabelSet,
         strings: &mut Interner,
-    ) -> bool {
-        if let Some(current) = strings.lookup(name).and_then(|n| self.namespaces.get(&n))
-            && *current == labels
-        {
+        dirty: &mut Dirty,
+    ) {
+        let current = strings.lookup(name).and_then(|n| self.namespaces.get(&n));
+        if current == Some(&labels) {
             release_labels(&labels, strings);
-            return false;
+            return;
         }
+        self.namespace_changes(current.map_or(&[], |l| &l[..]), &labels, dirty);
         let name = strings.intern(name);
         if let Some(old) = self.namespaces.insert(name, labels) {
             release_labels(&old, strings);
             strings.release(name);
         }
-        true
     }
 
-    pub(crate) fn remove_namespace(&mut self, name: &str, strings: &mut Interner) -> bool {
+    pub(crate) fn remove_namespace(
+        &mut self,
+        name: &str,
+        strings: &mut Interner,
+        dirty: &mut Dirty,
+    ) {
         let Some(sym) = strings.lookup(name) else {
-            return false;
+            return;
         };
         let Some(old) = self.namespaces.remove(&sym) else {
-            return false;
+            return;
         };
+        self.namespace_changes(&old, &[], dirty);
         release_labels(&old, strings);
         strings.release(sym);
-        true
     }
 
-    /// Removes the pods (and below, the policies) a relist did not deliver; whether there
-    /// was one.
-    pub(crate) fn retain_pods(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
-        retain(&mut self.pods, seen, strings)
+    /// Removes the pods (and below, the policies) a relist did not deliver.
+    pub(crate) fn retain_pods(
+        &mut self,
+        seen: &HashSet<u64>,
+        strings: &mut Interner,
+        dirty: &mut Dirty,
+    ) {
+        for key in stale(&self.pods, seen) {
+            self.remove_pod(key, strings, dirty);
+        }
     }
 
-    pub(crate) fn retain_policies(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
-        retain(&mut self.policies, seen, strings)
+    pub(crate) fn retain_policies(
+        &mut self,
+        seen: &HashSet<u64>,
+        strings: &mut Interner,
+        dirty: &mut Dirty,
+    ) {
+        for key in stale(&self.policies, seen) {
+            self.remove_policy(key, strings, dirty);
+        }
     }
 
-    /// Removes the namespaces whose names `keep` refuses; whether there was one.
+    /// Removes the namespaces whose names `keep` refuses.
     pub(crate) fn retain_namespaces(
         &mut self,
         keep: impl Fn(&str) -> bool,
         strings: &mut Interner,
-    ) -> bool {
+        dirty: &mut Dirty,
+    ) {
         let stale: Vec<String> = self
             .namespaces
             .keys()
@@ -102,54 +195,12 @@ impl PolicyState {
             .map(str::to_string)
             .collect();
         for name in &stale {
-            self.remove_namespace(name, strings);
+            self.remove_namespace(name, strings, dirty);
         }
-        !stale.is_empty()
     }
 }
 
-/// What the maps hold: each value holds references on interned strings.
-pub(crate) trait Holds: PartialEq {
-    fn release(&self, strings: &mut Interner);
-}
-
-impl Holds for PolicyPod {
-    fn release(&self, strings: &mut Interner) {
-        PolicyPod::release(self, strings);
-    }
-}
-
-impl Holds for NetworkPolicy {
-    fn release(&self, strings: &mut Interner) {
-        NetworkPolicy::release(self, strings);
-    }
-}
-
-/// Stores `value` under `key`; whether that changed anything.
-fn put<T: Holds>(map: &mut HashMap<u64, T>, key: u64, value: T, strings: &mut Interner) -> bool {
-    if map.get(&key) == Some(&value) {
-        value.release(strings);
-        return false;
-    }
-    if let Some(old) = map.insert(key, value) {
-        old.release(strings);
-    }
-    true
-}
-
-/// Whether there was a value to remove.
-fn remove<T: Holds>(map: &mut HashMap<u64, T>, key: u64, strings: &mut Interner) -> bool {
-    map.remove(&key).map(|old| old.release(strings)).is_some()
-}
-
-fn retain<T: Holds>(
-    map: &mut HashMap<u64, T>,
-    seen: &HashSet<u64>,
-    strings: &mut Interner,
-) -> bool {
-    let stale: Vec<u64> = map.keys().filter(|k| !seen.contains(k)).copied().collect();
-    for key in &stale {
-        remove(map, *key, strings);
-    }
-    !stale.is_empty()
+/// The keys of `map` a relist did not deliver.
+fn stale<T>(map: &HashMap<u64, T>, seen: &HashSet<u64>) -> Vec<u64> {
+    map.keys().filter(|k| !seen.contains(k)).copied().collect()
 }

@@ -1,0 +1,225 @@
+//! NetworkPolicy in the applier: the policy sets' elements per pod of this node, in
+//! transactions of their own, after the services'.
+//!
+//! The applier keeps what it committed per pod as the view resolved it ([`PodPolicy`],
+//! compact), never the elements: a pod's old elements are planned again from it when
+//! they must go. A full sync refills every policy set in one transaction; a partial one
+//! replaces the elements of the pods the view names. When the kernel refuses a
+//! transaction, each pod is tried alone, and a pod refused alone fails closed: it stays
+//! isolated and is allowed nothing but itself until its policies change or the next full
+//! sync, and it is reported. A refusal never holds back the services or the other pods.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use nodus_view::View;
+use nodus_view::policy::resolve::PodPolicy;
+use tracing::{error, warn};
+
+use super::{Error, Proxy, SyncReport};
+use crate::nft;
+use crate::plan::{PlanBatch, policy};
+
+/// A pod of this node whose allowances the kernel refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedPod {
+    pub addresses: Vec<IpAddr>,
+    /// The kernel's refusal.
+    pub reason: String,
+}
+
+/// What the policy sets hold, per pod of this node (by the view's key).
+#[derive(Debug, Default)]
+pub(super) struct PolicyRecords {
+    committed: HashMap<u64, Box<[PodPolicy]>>,
+    refused: BTreeMap<u64, RefusedPod>,
+}
+
+impl PolicyRecords {
+    pub(super) fn refused(&self) -> impl Iterator<Item = &RefusedPod> {
+        self.refused.values()
+    }
+
+    /// Pods with at least one isolated direction.
+    pub(super) fn isolated_pods(&self) -> usize {
+        self.committed.len()
+    }
+
+    fn committed(&self, pod: u64) -> &[PodPolicy] {
+        self.committed.get(&pod).map_or(&[], |p| &p[..])
+    }
+
+    fn record(&mut self, pod: u64, policies: Vec<PodPolicy>) {
+        match policies.is_empty() {
+            true => self.committed.remove(&pod),
+            false => self.committed.insert(pod, policies.into_boxed_slice()),
+        };
+    }
+}
+
+/// The view's answer grouped by pod.
+fn by_pod(policies: Vec<PodPolicy>) -> BTreeMap<u64, Vec<PodPolicy>> {
+    let mut pods: BTreeMap<u64, Vec<PodPolicy>> = BTreeMap::new();
+    for policy in policies {
+        pods.entry(policy.pod).or_default().push(policy);
+    }
+    pods
+}
+
+/// `policies` failing closed: each governed direction allows nothing (but the pod
+/// itself, which the planner always adds).
+fn closed(policies: &[PodPolicy]) -> Vec<PodPolicy> {
+    policies
+        .iter()
+        .map(|p| PodPolicy {
+            ingress: p.ingress.as_ref().map(|_| Vec::new()),
+            egress: p.egress.as_ref().map(|_| Vec::new()),
+            ..p.clone()
+        })
+        .collect()
+}
+
+/// The kernel's refusal, told in full; `None` for other failures.
+fn refusal(failure: &nft::Error) -> Option<String> {
+    matches!(failure, nft::Error::Refused { .. }).then(|| failure.to_string())
+}
+
+impl Proxy {
+    /// Refills every policy set from the view, at a full sync: what a previous run left
+    /// in them stays until this one transaction replaces it.
+    pub(super) fn program_policies(
+        &mut self,
+        view: &View,
+        report: &mut SyncReport,
+    ) -> Result<(), Error> {
+        let wanted = by_pod(view.pod_policies());
+        let all = |pods: &BTreeMap<u64, Vec<PodPolicy>>| -> Vec<PodPolicy> {
+            pods.values().flatten().cloned().collect()
+        };
+        let mut batch = PlanBatch::new();
+        batch.refill_sets(&policy::sets(&all(&wanted)));
+        let failure = match self.commit_policy(batch, report) {
+            Ok(()) => {
+                self.policy = PolicyRecords::default();
+                for (pod, policies) in wanted {
+                    self.policy.record(pod, policies);
+                }
+                return Ok(());
+            }
+            Err(failure) => failure,
+        };
+        let Some(message) = refusal(&failure) else {
+            return Err(Error::netlink("filling the policy sets")(failure));
+        };
+        warn!(refused = %message, "policy sets refused as a whole; every isolated pod fails closed, then each is tried alone");
+        let closed: BTreeMap<u64, Vec<PodPolicy>> = wanted
+            .iter()
+            .map(|(pod, policies)| (*pod, closed(policies)))
+            .collect();
+        let mut batch = PlanBatch::new();
+        batch.refill_sets(&policy::sets(&all(&closed)));
+        self.commit_policy(batch, report)
+            .map_err(Error::netlink("closing the isolated pods"))?;
+        self.policy = PolicyRecords::default();
+        for (pod, policies) in closed {
+            self.policy.record(pod, policies);
+        }
+        self.update_pods_alone(wanted, report)
+    }
+
+    /// Brings the pods `pods` names (by key) to what the view resolves for them now.
+    pub(super) fn update_policies(
+        &mut self,
+        view: &View,
+        pods: &BTreeSet<u64>,
+        report: &mut SyncReport,
+    ) -> Result<(), Error> {
+        let mut wanted = by_pod(view.pod_policies_of(pods));
+        let mut changed: BTreeMap<u64, Vec<PodPolicy>> = BTreeMap::new();
+        for pod in pods {
+            let policies = wanted.remove(pod).unwrap_or_default();
+            if self.policy.committed(*pod) != policies || self.policy.refused.contains_key(pod) {
+                changed.insert(*pod, policies);
+            }
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let mut batch = PlanBatch::new();
+        for (pod, policies) in &changed {
+            self.replace(&mut batch, *pod, policies);
+        }
+        match self.commit_policy(batch, report) {
+            Ok(()) => {
+                for (pod, policies) in changed {
+                    self.policy.refused.remove(&pod);
+                    self.policy.record(pod, policies);
+                }
+                Ok(())
+            }
+            Err(failure) if refusal(&failure).is_some() => self.update_pods_alone(changed, report),
+            Err(failure) => Err(Error::netlink("updating the policy sets")(failure)),
+        }
+    }
+
+    /// Updates each pod of `pods` in a transaction of its own; a pod the kernel refuses
+    /// fails closed and is reported.
+    fn update_pods_alone(
+        &mut self,
+        pods: BTreeMap<u64, Vec<PodPolicy>>,
+        report: &mut SyncReport,
+    ) -> Result<(), Error> {
+        for (pod, policies) in pods {
+            let mut batch = PlanBatch::new();
+            self.replace(&mut batch, pod, &policies);
+            let failure = match self.commit_policy(batch, report) {
+                Ok(()) => {
+                    self.policy.refused.remove(&pod);
+                    self.policy.record(pod, policies);
+                    continue;
+                }
+                Err(failure) => failure,
+            };
+            let Some(reason) = refusal(&failure) else {
+                return Err(Error::netlink("updating a pod's policy elements")(failure));
+            };
+            let closed = closed(&policies);
+            let mut batch = PlanBatch::new();
+            self.replace(&mut batch, pod, &closed);
+            self.commit_policy(batch, report)
+                .map_err(Error::netlink("closing a pod the kernel refused"))?;
+            let refused = RefusedPod {
+                addresses: policies.iter().map(|p| p.ip).collect(),
+                reason,
+            };
+            error!(pod = ?refused.addresses, refused = %refused.reason,
+                   "the kernel refused what policies allow this pod; it stays isolated");
+            report.policy_refused.push(refused.clone());
+            self.policy.refused.insert(pod, refused);
+            self.policy.record(pod, closed);
+        }
+        Ok(())
+    }
+
+    /// Adds to `batch` what turns the committed elements of `pod` into those of
+    /// `policies`.
+    fn replace(&self, batch: &mut PlanBatch, pod: u64, policies: &[PodPolicy]) {
+        batch.update_set_elements(
+            &policy::sets(self.policy.committed(pod)),
+            &policy::sets(policies),
+        );
+    }
+
+    fn commit_policy(
+        &mut self,
+        batch: PlanBatch,
+        report: &mut SyncReport,
+    ) -> Result<(), nft::Error> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let batch = batch.into_batch();
+        report.elements += batch.element_count();
+        self.commit(&batch, report)
+    }
+}
