@@ -5,9 +5,22 @@
 use crate::apply::{RefusedPod, SyncKind, SyncReport};
 use nodus_prom::{Histogram, Tracker, family, sample, single};
 use nodus_view::ChangeSet;
+use nodus_view::policy::resolve::Direction;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Series of `nodus_policy_denied_packets_total` at most: two per policy of a large cluster.
+pub const DENIED_SERIES_MAX: usize = 4096;
+
+/// `value` escaped for a label in the text format.
+fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
 
 /// Upper bounds of the sync histograms, in seconds.
 const SYNC_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 2.0, 10.0];
@@ -42,6 +55,8 @@ pub struct ProxyMetrics {
     owed_since: Mutex<Option<Instant>>,
     /// With NetworkPolicy on, after each sync.
     policy: Mutex<Option<PolicyEnforcement>>,
+    /// Packets dropped per isolating policy (`namespace/name`) and direction.
+    denied: Mutex<BTreeMap<(String, Direction), u64>>,
     pub status: Tracker,
 }
 
@@ -107,6 +122,7 @@ impl Default for ProxyMetrics {
             },
             owed_since: Mutex::new(None),
             policy: Mutex::new(None),
+            denied: Mutex::new(BTreeMap::new()),
             status: Tracker::default(),
         }
     }
@@ -191,6 +207,21 @@ impl ProxyMetrics {
     /// NetworkPolicy enforcement after the last sync; `None` with NetworkPolicy off.
     pub fn policy_enforcement(&self) -> Option<PolicyEnforcement> {
         self.policy_lock().clone()
+    }
+
+    /// `packets` dropped for a pod that `policies` isolate in `direction`: each of them
+    /// counts them. At most [`DENIED_SERIES_MAX`] series; later policies are not counted.
+    pub fn policy_denied(&self, policies: &[String], direction: Direction, packets: u64) {
+        let mut denied = self
+            .denied
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for policy in policies {
+            let key = (policy.clone(), direction);
+            if denied.len() < DENIED_SERIES_MAX || denied.contains_key(&key) {
+                *denied.entry(key).or_default() += packets;
+            }
+        }
     }
 
     fn policy_lock(&self) -> std::sync::MutexGuard<'_, Option<PolicyEnforcement>> {
@@ -304,6 +335,34 @@ impl ProxyMetrics {
                 "Pods of this node failing closed: the kernel refused what their NetworkPolicies allow.",
                 policy.refused.len() as u64,
             );
+            let name = "nodus_policy_denied_packets_total";
+            family(
+                out,
+                name,
+                "counter",
+                "Packets dropped for a pod of this node that the NetworkPolicy isolates, in a direction in which no policy allows them (counted for each policy isolating the pod).",
+            );
+            let denied = self
+                .denied
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            for ((policy, direction), packets) in denied.iter() {
+                let (namespace, policy) = policy.split_once('/').unwrap_or(("", policy));
+                let direction = match direction {
+                    Direction::Ingress => "ingress",
+                    Direction::Egress => "egress",
+                };
+                sample(
+                    out,
+                    name,
+                    &format!(
+                        "namespace=\"{}\",policy=\"{}\",direction=\"{direction}\"",
+                        label_value(namespace),
+                        label_value(policy)
+                    ),
+                    packets,
+                );
+            }
         }
         self.render_kube_proxy(out);
     }

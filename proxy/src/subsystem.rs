@@ -7,7 +7,9 @@ use crate::apply::{Error, Proxy, SyncReport};
 use crate::health::HealthChecks;
 use crate::metrics::{PolicyEnforcement, ProxyMetrics};
 use crate::sysctls::Sysctls;
+use nodus_view::policy::resolve::Direction;
 use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
+use std::collections::HashMap;
 use std::net::IpAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -32,6 +34,8 @@ pub struct ProxySubsystem {
     sysctls: Option<Sysctls>,
     /// Reads the host's interface addresses, for NodePorts that follow them.
     host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
+    /// The isolated sets' counters as last read, per pod address and direction.
+    denials: HashMap<(IpAddr, Direction), u64>,
 }
 
 impl ProxySubsystem {
@@ -56,7 +60,36 @@ impl ProxySubsystem {
             metrics,
             sysctls,
             host_addresses,
+            denials: HashMap::new(),
         }
+    }
+
+    /// Adds the packets the isolated sets dropped since the last reading to the
+    /// policies that isolate each pod. A counter that went down was added anew (a full
+    /// sync refills the sets): all of it is new.
+    fn count_denials(&mut self, view: &View) {
+        let denials = match self.proxy.policy_denials() {
+            Ok(denials) => denials,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the NetworkPolicy drop counters");
+                return;
+            }
+        };
+        let mut read = HashMap::with_capacity(denials.len());
+        for denial in denials {
+            let key = (denial.pod, denial.direction);
+            let last = self.denials.get(&key).copied().unwrap_or(0);
+            let new = match denial.packets >= last {
+                true => denial.packets - last,
+                false => denial.packets,
+            };
+            if new > 0 {
+                let policies = view.isolating_policies(denial.pod, denial.direction);
+                self.metrics.policy_denied(&policies, denial.direction, new);
+            }
+            read.insert(key, denial.packets);
+        }
+        self.denials = read;
     }
 
     /// Brings the kernel in step with `view`, and every half check period (also while
@@ -88,6 +121,9 @@ impl ProxySubsystem {
         // Half the tick period: a tick a few milliseconds early must not skip a check.
         if !self.needs_full && checking {
             self.last_check = Instant::now();
+            if self.proxy.enforces_policies() {
+                self.count_denials(view);
+            }
             let checked = self.proxy.check(view);
             self.record(checked, &ChangeSet::default());
         }

@@ -144,7 +144,8 @@ pub async fn follow_cluster(
         node_name: cluster.node_name.clone(),
         service_cidrs: true,
         local_pods: false,
-        policy: false,
+        // The policy chains are planned only with the policies, pods and namespaces.
+        policy: config.policy.enabled,
     };
     let (items, kinds) = watch::watch_all(&client, &set);
     let feed = Feed::new(

@@ -6,7 +6,7 @@
 //! written out per step from the policies' meaning, not from the planner.
 
 use crate::proxy_packets::{node, service};
-use crate::support::{Sandbox, WAIT};
+use crate::support::{NODUS, Sandbox, WAIT, metric, wait_for};
 use nodus_testbed::netns;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -159,6 +159,31 @@ fn kubectl(sandbox: &Sandbox, verb: &[&str], doc: Option<&Value>) {
     netns::run("kubectl", &args).expect("kubectl");
 }
 
+/// `nodus proxy trace` of a TCP connection from `from` to `to` on `node`.
+fn trace(sandbox: &Sandbox, node: &str, from: &str, to: &str) -> String {
+    let kubeconfig = sandbox.dir.join("kubeconfig");
+    let config = sandbox.dir.join(node).join("config.yaml");
+    let output = Command::new(NODUS)
+        .args(["proxy", "trace", "--node-name", node, to, "--from", from])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--config")
+        .arg(&config)
+        .env("NODUS_ALLOW_HTTP_API", "true")
+        .output()
+        .expect("nodus proxy trace runs");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A series of node `node`'s agent, which listens on its namespace's loopback.
+fn node_metric(sandbox: &Sandbox, node: &str, series: &str) -> Option<f64> {
+    let ns = sandbox.ns("nodes", node);
+    let url = "http://127.0.0.1:10256/metrics";
+    let body = netns::run("ip", &["netns", "exec", &ns, "curl", "-sf", url]).ok()?;
+    metric(&body, series)
+}
+
 fn policy(namespace: &str, name: &str, spec: Value) -> Value {
     json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
            "metadata": {"name": name, "namespace": namespace}, "spec": spec})
@@ -218,6 +243,26 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
             || (to == "web-a" && namespace_of(from) == "ops")
     };
     expect(&sandbox, "db from api, web from ops", shop_opened);
+
+    // The probes the isolation dropped are counted for the policies that isolate; the
+    // tracer names the policy that decided.
+    let denied = "nodus_policy_denied_packets_total{namespace=\"shop\",policy=\"deny-ingress\",direction=\"ingress\"}";
+    wait_for("denied packets counted for shop/deny-ingress", || {
+        node_metric(&sandbox, "node-a", denied).filter(|packets| *packets > 0.0)
+    });
+    let allowed = trace(&sandbox, "node-a", "10.244.2.11", "10.244.1.12:8080");
+    assert!(
+        allowed.contains("tcp port 8080: allowed by shop/db-from-api"),
+        "{allowed}"
+    );
+    let denied = trace(&sandbox, "node-a", "10.244.2.11", "10.244.1.12:9090");
+    assert!(
+        denied.contains(
+            "tcp port 9090: denied: isolated by shop/db-from-api, shop/deny-ingress, none allows it"
+        ),
+        "{denied}"
+    );
+    assert!(denied.ends_with("summary: DROP\n"), "{denied}");
 
     // Egress with an ipBlock less an exception and a port range: the probes (one per
     // node) may reach the pod network but web-a, on 9000-9100 only.

@@ -289,6 +289,8 @@ pub fn policy_pod(i: usize, policy: &PolicyShape, nodes: usize) -> Value {
     let nodes = nodes.max(1);
     let namespace = policy_namespace((i / nodes) % policy.namespaces);
     let mut pod = pod(i % nodes, i / nodes, &namespace);
+    pod["metadata"]["name"] = format!("app-{}-7d9f8c6b5-x{i:05}", i % 7).into();
+    pod["metadata"]["uid"] = format!("0000{i:08x}-0000-4000-8000-00000000cafe").into();
     pod["metadata"]["labels"] = json!({
         "app": format!("app-{}", i % 7), "role": ROLES[i % 3], "pod-template-hash": "7d9f8c6b5"
     });

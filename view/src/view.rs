@@ -4,7 +4,7 @@
 use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
 use crate::model::{Cidr, LocalPod, Node, Service, Slice};
-use crate::policy::resolve::PodPolicy;
+use crate::policy::resolve::{Connection, Direction, Judgement, PodPolicy};
 use crate::policy::store::{Dirty, PolicyState};
 use crate::resolve::NodeContext;
 use crate::reverse::ReverseIndex;
@@ -853,6 +853,18 @@ impl View {
     /// sorted by pod key.
     pub fn pod_policies(&self) -> Vec<PodPolicy> {
         self.policy.resolve(None)
+    }
+
+    /// The NetworkPolicies that isolate a pod of this node in one direction, each with
+    /// whether it allows `connection` (for `nodus proxy trace`).
+    pub fn judge_policies(&self, connection: &Connection) -> Vec<Judgement> {
+        self.policy.judge(connection, &self.strings)
+    }
+
+    /// The NetworkPolicies (`namespace/name`, sorted) that isolate the pod of this node at
+    /// `pod` in `direction`.
+    pub fn isolating_policies(&self, pod: IpAddr, direction: Direction) -> Vec<String> {
+        self.policy.isolating(pod, direction, &self.strings)
     }
 
     /// [`View::pod_policies`] of the pods `pods` names (by key): a pod that is gone, or

@@ -13,12 +13,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use nodus_view::View;
-use nodus_view::policy::resolve::PodPolicy;
+use nodus_view::model::Family;
+use nodus_view::policy::resolve::{Direction, PodPolicy};
 use tracing::{error, warn};
 
 use super::{Error, Proxy, SyncReport};
-use crate::nft;
-use crate::plan::{PlanBatch, policy};
+use crate::nft::{self, Table};
+use crate::plan::{PlanBatch, TABLE, policy};
 
 /// A pod of this node whose allowances the kernel refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,6 +27,15 @@ pub struct RefusedPod {
     pub addresses: Vec<IpAddr>,
     /// The kernel's refusal.
     pub reason: String,
+}
+
+/// Packets dropped for one isolated pod address in one direction since its element was
+/// added (a full sync adds it anew).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Denials {
+    pub pod: IpAddr,
+    pub direction: Direction,
+    pub packets: u64,
 }
 
 /// What the policy sets hold, per pod of this node (by the view's key).
@@ -208,6 +218,35 @@ impl Proxy {
             &policy::sets(self.policy.committed(pod)),
             &policy::sets(policies),
         );
+    }
+
+    /// What the isolated sets' counters hold.
+    pub fn policy_denials(&mut self) -> Result<Vec<Denials>, Error> {
+        let table = Table::inet(TABLE);
+        let mut denials = Vec::new();
+        for direction in Direction::ALL {
+            for family in Family::ALL {
+                let set = policy::isolated_set(direction, family);
+                let elements = self
+                    .socket
+                    .list_elements(&table, &set)
+                    .map_err(Error::netlink(format!("reading the counters of {set}")))?;
+                for element in elements {
+                    let pod = match element.key.len() {
+                        4 => <[u8; 4]>::try_from(&element.key[..]).map(IpAddr::from),
+                        _ => <[u8; 16]>::try_from(&element.key[..]).map(IpAddr::from),
+                    };
+                    if let (Ok(pod), Some(packets)) = (pod, element.packets) {
+                        denials.push(Denials {
+                            pod,
+                            direction,
+                            packets,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(denials)
     }
 
     fn commit_policy(

@@ -100,6 +100,8 @@ pub struct Set {
     pub timeout: Option<Duration>,
     /// Maximum number of elements (`size`); dynamic sets want one.
     pub size: Option<u32>,
+    /// Every element counts the packets a lookup finds it for (nft's `counter` in a set).
+    pub counter: bool,
 }
 
 impl Set {
@@ -112,6 +114,7 @@ impl Set {
             flags: SetFlags::default(),
             timeout: None,
             size: None,
+            counter: false,
         }
     }
 
@@ -133,6 +136,11 @@ impl Set {
             data: Some(SetData::Value(data.into())),
             ..Set::new(name, key)
         }
+    }
+
+    pub fn with_counter(mut self) -> Set {
+        self.counter = true;
+        self
     }
 
     pub fn with_flags(mut self, flags: SetFlags) -> Set {
@@ -228,6 +236,16 @@ impl Set {
         }
         if let Some(userdata) = self.userdata() {
             attrs.push(Attr::bytes(sys::NFTA_SET_USERDATA, userdata));
+        }
+        if self.counter {
+            // The kernel gives each element added without expressions of its own a copy.
+            attrs.push(Attr::nested(
+                sys::NFTA_SET_EXPR,
+                vec![
+                    Attr::string(sys::NFTA_EXPR_NAME, "counter"),
+                    Attr::nested(sys::NFTA_EXPR_DATA, Vec::new()),
+                ],
+            ));
         }
         attrs
     }

@@ -83,6 +83,8 @@ pub struct ListedElement {
     pub interval_end: bool,
     /// Remaining lifetime of an element with a timeout.
     pub expires_in: Option<Duration>,
+    /// Packets counted, in a set with counters.
+    pub packets: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -894,6 +896,7 @@ fn listed_element(attributes: &[u8]) -> ListedElement {
         data: None,
         interval_end: false,
         expires_in: None,
+        packets: None,
     };
     for (kind, value) in attr::parse(attributes) {
         match kind {
@@ -908,6 +911,13 @@ fn listed_element(attributes: &[u8]) -> ListedElement {
             sys::NFTA_SET_ELEM_FLAGS => {
                 element.interval_end = be_u32(value) & sys::NFT_SET_ELEM_INTERVAL_END != 0;
             }
+            sys::NFTA_SET_ELEM_EXPR => element.packets = counted_packets(value),
+            sys::NFTA_SET_ELEM_EXPRESSIONS => {
+                element.packets = attr::parse(value)
+                    .into_iter()
+                    .filter(|(kind, _)| *kind == sys::NFTA_LIST_ELEM)
+                    .find_map(|(_, expression)| counted_packets(expression));
+            }
             sys::NFTA_SET_ELEM_EXPIRATION => {
                 element.expires_in = value
                     .try_into()
@@ -918,6 +928,17 @@ fn listed_element(attributes: &[u8]) -> ListedElement {
         }
     }
     element
+}
+
+/// The packets of a `counter` expression's attributes; `None` for another expression.
+fn counted_packets(expression: &[u8]) -> Option<u64> {
+    let name = attr::find(expression, sys::NFTA_EXPR_NAME)?;
+    if name.strip_suffix(b"\0").unwrap_or(name) != b"counter" {
+        return None;
+    }
+    let data = attr::find(expression, sys::NFTA_EXPR_DATA)?;
+    let packets = attr::find(data, sys::NFTA_COUNTER_PACKETS)?;
+    packets.try_into().ok().map(u64::from_be_bytes)
 }
 
 fn be_u32(value: &[u8]) -> u32 {

@@ -110,6 +110,7 @@ pub const NFTA_SET_DATA_TYPE: u16 = 6;
 pub const NFTA_SET_DATA_LEN: u16 = 7;
 pub const NFTA_SET_DESC: u16 = 9;
 pub const NFTA_SET_ID: u16 = 10;
+pub const NFTA_SET_EXPR: u16 = 17;
 pub const NFTA_SET_TIMEOUT: u16 = 11;
 pub const NFTA_SET_USERDATA: u16 = 13;
 pub const NFTA_SET_DESC_SIZE: u16 = 1;
@@ -161,6 +162,8 @@ pub const NFTA_SET_ELEM_FLAGS: u16 = 3;
 pub const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 pub const NFTA_SET_ELEM_EXPIRATION: u16 = 5;
 pub const NFTA_SET_ELEM_KEY_END: u16 = 10;
+pub const NFTA_SET_ELEM_EXPR: u16 = 7;
+pub const NFTA_SET_ELEM_EXPRESSIONS: u16 = 11;
 pub const NFT_SET_ELEM_INTERVAL_END: u32 = 0x1;
 
 // Generation.

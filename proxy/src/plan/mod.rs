@@ -131,7 +131,11 @@ impl<'v> Planner<'v> {
     pub fn trace(&self, packet: Packet) -> Trace {
         let skeleton = self.complete_skeleton();
         let plans: Vec<ServicePlan> = self.services(&mut EndpointKeys::new()).collect();
-        Ruleset::new(&skeleton, &plans, self.node_addresses()).trace(packet)
+        let mut trace = Ruleset::new(&skeleton, &plans, self.node_addresses()).trace(packet);
+        if self.facts.network_policy {
+            trace.notes = policy::notes(self.view, &trace);
+        }
+        trace
     }
 
     pub fn node_addresses(&self) -> Vec<IpAddr> {

@@ -13,6 +13,9 @@
 //! policy-ingress   the same with daddr first, on the policy-ingress-… sets
 //! ```
 //!
+//! The isolated sets count, per pod, the packets they drop (nft's `counter` on every
+//! element): the agent reads them as `nodus_policy_denied_packets_total`.
+//!
 //! An allowed set holds, per isolated pod, the boxes `pod . peer range . protocols .
 //! ports` that its policies allow, and the pod itself (traffic of a pod to itself is
 //! always allowed). The per-packet cost is one lookup per direction, whatever the number
@@ -21,12 +24,15 @@
 //! and its own node does not cross the forward hook, so probes of the node's kubelet
 //! always reach its pods, as upstream requires.
 
+use nodus_view::View;
 use nodus_view::model::{Family, Protocol};
-use nodus_view::policy::resolve::{Direction, PodPolicy};
+use nodus_view::policy::resolve::{Connection, Direction, PodPolicy};
 use nodus_view::ranges::{from_number, to_number};
 
+use super::names::protocol_name;
 use super::objects::{ChainPlan, SetPlan, family_suffix};
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, protocol_value};
+use super::trace::{Fate, Trace};
 use crate::nft::{Chain, ChainType, DataType, Element, Fields, Hook, Set, SetFlags, Value};
 use crate::nft::{Verdict, priority};
 
@@ -47,7 +53,7 @@ fn local(direction: Direction) -> Addr {
     }
 }
 
-fn isolated_set(direction: Direction, family: Family) -> String {
+pub(crate) fn isolated_set(direction: Direction, family: Family) -> String {
     format!("{}-isolated-{}", chain(direction), family_suffix(family))
 }
 
@@ -136,8 +142,9 @@ pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
                     ));
                 }
             }
+            // Its elements count the packets dropped for want of an allowance.
             sets.push(SetPlan {
-                set: Set::new(isolated_set(direction, family), addr),
+                set: Set::new(isolated_set(direction, family), addr).with_counter(),
                 elements: isolated,
             });
             sets.push(SetPlan {
@@ -154,6 +161,69 @@ pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
         }
     }
     sets
+}
+
+/// Which NetworkPolicies decided each path of `trace` that crossed the policy chains:
+/// per direction, those that isolate the pod, and which of them allow the connection.
+pub fn notes(view: &View, trace: &Trace) -> Vec<String> {
+    let packet = &trace.packet;
+    let mut notes = Vec::new();
+    for path in &trace.paths {
+        if !path.steps.iter().any(|step| step.chain == POLICY_FORWARD) {
+            continue;
+        }
+        let to = match &path.fate {
+            Fate::Passes { to, .. } | Fate::Dropped { to, .. } => *to,
+            Fate::Rejected { .. } => continue,
+        };
+        for direction in Direction::ALL {
+            let (pod, peer) = match direction {
+                Direction::Egress => (packet.source, to.ip()),
+                Direction::Ingress => (to.ip(), packet.source),
+            };
+            let judged = view.judge_policies(&Connection {
+                direction,
+                pod,
+                peer,
+                protocol: packet.protocol,
+                port: to.port(),
+            });
+            if judged.is_empty() {
+                continue;
+            }
+            let named = |allows: bool| -> Vec<&str> {
+                judged
+                    .iter()
+                    .filter(|j| j.allows == allows)
+                    .map(|j| j.policy.as_str())
+                    .collect()
+            };
+            let allowing = named(true);
+            let verdict = if pod == peer {
+                "allowed: a pod always reaches itself".to_string()
+            } else if !allowing.is_empty() {
+                format!("allowed by {}", allowing.join(", "))
+            } else {
+                format!(
+                    "denied: isolated by {}, none allows it",
+                    named(false).join(", ")
+                )
+            };
+            let (way, label) = match direction {
+                Direction::Egress => ("from", "egress"),
+                Direction::Ingress => ("to", "ingress"),
+            };
+            let note = format!(
+                "NetworkPolicy {label} {way} pod {pod}, peer {peer}, {} port {}: {verdict}",
+                protocol_name(packet.protocol),
+                to.port()
+            );
+            if !notes.contains(&note) {
+                notes.push(note);
+            }
+        }
+    }
+    notes
 }
 
 /// Whether `name` is one of the policy sets, whose elements follow the policies rather

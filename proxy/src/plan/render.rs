@@ -103,6 +103,9 @@ fn write_set(out: &mut impl Write, set: &Set, elements: &[Element]) -> fmt::Resu
     if let Some(timeout) = set.timeout {
         writeln!(out, "\t\ttimeout {}s", timeout.as_secs())?;
     }
+    if set.counter {
+        writeln!(out, "\t\tcounter")?;
+    }
     if !elements.is_empty() {
         let elements: Vec<String> = elements.iter().map(Element::to_string).collect();
         writeln!(out, "\t\telements = {{ {} }}", elements.join(", "))?;

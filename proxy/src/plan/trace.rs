@@ -60,8 +60,9 @@ pub enum Fate {
         here: bool,
         masqueraded: bool,
     },
-    /// Dropped by a rule of `chain`: the client times out.
-    Dropped { chain: String },
+    /// Dropped by a rule of `chain`, on its way to `to` (after any DNAT): the client
+    /// times out.
+    Dropped { chain: String, to: SocketAddr },
     /// Rejected by a rule of `chain`: the client gets ICMP port unreachable.
     Rejected { chain: String },
 }
@@ -87,6 +88,8 @@ pub struct Path {
 pub struct Trace {
     pub packet: Packet,
     pub paths: Vec<Path>,
+    /// What the ruleset alone cannot say: which NetworkPolicies decided.
+    pub notes: Vec<String>,
 }
 
 impl Trace {
@@ -197,7 +200,11 @@ impl<'p> Ruleset<'p> {
         };
         let mut paths = Vec::new();
         self.run(state, &mut paths);
-        Trace { packet, paths }
+        Trace {
+            packet,
+            paths,
+            notes: Vec::new(),
+        }
     }
 
     fn run(&self, mut walk: Walk<'p>, paths: &mut Vec<Path>) {
@@ -221,10 +228,12 @@ impl<'p> Ruleset<'p> {
                 }
             }
         }
+        let to = walk.to();
         paths.push(Path {
             steps: walk.steps,
             fate: Fate::Dropped {
                 chain: format!("none: no end after {MAX_STEPS} steps (a loop in the plan)"),
+                to,
             },
         });
     }
@@ -308,6 +317,7 @@ impl<'p> Ruleset<'p> {
             Verdict::Drop => {
                 return Advance::End(Fate::Dropped {
                     chain: chain.name().to_string(),
+                    to: walk.to(),
                 });
             }
             Verdict::Continue | Verdict::Break => {}
@@ -324,6 +334,7 @@ impl<'p> Ruleset<'p> {
                 // planner bug, reported as the packet's end.
                 return Advance::End(Fate::Dropped {
                     chain: format!("{} (no chain {target})", chain.name()),
+                    to: walk.to(),
                 });
             }
             Verdict::Jump(target) => walk.stack.push(Frame {
@@ -591,6 +602,11 @@ struct Walk<'p> {
 }
 
 impl<'p> Walk<'p> {
+    /// Where the packet is headed now.
+    fn to(&self) -> SocketAddr {
+        SocketAddr::new(self.destination, self.port)
+    }
+
     fn address(&self, addr: Addr) -> IpAddr {
         match addr {
             Addr::Source => self.source,
@@ -681,7 +697,9 @@ impl fmt::Display for Fate {
                 };
                 write!(f, "{place} to {to}, {source}")
             }
-            Fate::Dropped { chain } => write!(f, "dropped in {chain} (the client times out)"),
+            Fate::Dropped { chain, .. } => {
+                write!(f, "dropped in {chain} (the client times out)")
+            }
             Fate::Rejected { chain } => {
                 write!(f, "rejected in {chain} (ICMP port unreachable)")
             }
@@ -744,6 +762,9 @@ impl fmt::Display for Trace {
                 writeln!(f, "  {step}")?;
             }
             writeln!(f, "  => {}", path.fate)?;
+        }
+        for note in &self.notes {
+            writeln!(f, "{note}")?;
         }
         writeln!(f, "summary: {}", self.summary())
     }

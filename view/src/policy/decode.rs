@@ -225,6 +225,7 @@ impl<'a> Taker<'a> {
         };
         Ok(NetworkPolicy {
             namespace: self.intern(wire.metadata.namespace.as_deref().unwrap_or_default()),
+            name: self.intern(&wire.metadata.name),
             pods: self.selector("spec.podSelector", &spec.pod_selector)?,
             ingress,
             egress,

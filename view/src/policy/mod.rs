@@ -122,6 +122,8 @@ impl Selector {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetworkPolicy {
     pub namespace: Sym,
+    /// Named in explanations and metrics only.
+    pub name: Sym,
     pub pods: Selector,
     /// `None` when the policy does not govern ingress (its `policyTypes`); an empty list
     /// isolates the pods it selects and allows nothing.
@@ -132,6 +134,7 @@ pub struct NetworkPolicy {
 impl NetworkPolicy {
     pub(crate) fn release(&self, strings: &mut Interner) {
         strings.release(self.namespace);
+        strings.release(self.name);
         self.pods.release(strings);
         for rule in self
             .ingress

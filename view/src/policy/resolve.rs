@@ -6,7 +6,7 @@
 
 use super::store::PolicyState;
 use super::{NetworkPolicy, Peer, PolicyPod, PolicyRule, PortRef, Selector};
-use crate::intern::Sym;
+use crate::intern::{Interner, Sym};
 use crate::model::{Family, Protocol};
 use crate::ranges::from_number;
 use std::collections::BTreeSet;
@@ -42,7 +42,7 @@ impl PodPolicy {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Direction {
     Ingress,
     Egress,
@@ -63,6 +63,15 @@ impl NetworkPolicy {
             Direction::Ingress => self.ingress.as_deref(),
             Direction::Egress => self.egress.as_deref(),
         }
+    }
+
+    /// `namespace/name`.
+    fn full_name(&self, strings: &Interner) -> String {
+        format!(
+            "{}/{}",
+            strings.resolve(self.namespace),
+            strings.resolve(self.name)
+        )
     }
 
     /// Whether it isolates `pod`: a pod of this node with an address, in its namespace,
@@ -232,6 +241,97 @@ impl PolicyState {
         }
         resolved.sort_unstable_by_key(|p| (p.pod, p.ip));
         resolved
+    }
+}
+
+/// How one policy that isolates a pod judges one connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Judgement {
+    /// `namespace/name`.
+    pub policy: String,
+    pub allows: bool,
+}
+
+/// One connection as a pod of this node sees it in one direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connection {
+    pub direction: Direction,
+    /// The pod of this node: the destination for ingress, the source for egress.
+    pub pod: IpAddr,
+    pub peer: IpAddr,
+    pub protocol: Protocol,
+    /// The destination port.
+    pub port: u16,
+}
+
+impl Allowance {
+    fn admits(&self, connection: &Connection) -> bool {
+        Family::of(self.peer.0) == Family::of(connection.peer)
+            && (self.peer.0..=self.peer.1).contains(&connection.peer)
+            && self.protocol.is_none_or(|p| p == connection.protocol)
+            && (self.ports.0..=self.ports.1).contains(&connection.port)
+    }
+}
+
+impl PolicyState {
+    /// The pod of this node at `ip`, and the policies that isolate it in `direction`.
+    fn isolating_policies(
+        &self,
+        ip: IpAddr,
+        direction: Direction,
+    ) -> Option<(&PolicyPod, impl Iterator<Item = &NetworkPolicy>)> {
+        let pod = self
+            .local
+            .iter()
+            .filter_map(|key| self.pods.get(key))
+            .find(|pod| pod.ips.contains(&ip))?;
+        let policies = self
+            .policies
+            .values()
+            .filter(move |policy| policy.selects(pod) && policy.rules(direction).is_some());
+        Some((pod, policies))
+    }
+
+    /// The names (`namespace/name`, sorted) of the policies that isolate the pod of this
+    /// node at `ip` in `direction`.
+    pub(crate) fn isolating(
+        &self,
+        ip: IpAddr,
+        direction: Direction,
+        strings: &Interner,
+    ) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .isolating_policies(ip, direction)
+            .into_iter()
+            .flat_map(|(_, policies)| policies)
+            .map(|policy| policy.full_name(strings))
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// The policies that isolate `connection.pod` in its direction, each with whether it
+    /// allows the connection, by name; empty when none does (everything passes).
+    pub(crate) fn judge(&self, connection: &Connection, strings: &Interner) -> Vec<Judgement> {
+        let Some((pod, policies)) = self.isolating_policies(connection.pod, connection.direction)
+        else {
+            return Vec::new();
+        };
+        let mut judged: Vec<Judgement> = policies
+            .map(|policy| {
+                let mut allowed = Vec::new();
+                for rule in policy.rules(connection.direction).into_iter().flatten() {
+                    let peers = self.peers(policy, rule);
+                    allow(connection.direction, pod, rule, &peers, self, &mut allowed);
+                }
+                Judgement {
+                    policy: policy.full_name(strings),
+                    allows: allowed.iter().any(|a| a.admits(connection)),
+                }
+            })
+            .collect();
+        judged.sort_unstable_by(|a, b| a.policy.cmp(&b.policy));
+        judged
     }
 }
 
