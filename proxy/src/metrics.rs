@@ -7,12 +7,20 @@ use nodus_prom::{Histogram, Tracker, family, sample, single};
 use nodus_view::ChangeSet;
 use nodus_view::policy::resolve::Direction;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Series of `nodus_policy_denied_packets_total` at most: two per policy of a large cluster.
 pub const DENIED_SERIES_MAX: usize = 4096;
+
+/// The metrics' mutexes hold plain data: a panic while one was held leaves nothing
+/// half-done, so a poisoned one is used as it is.
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// `value` escaped for a label in the text format.
 fn label_value(value: &str) -> String {
@@ -201,34 +209,24 @@ impl ProxyMetrics {
 
     /// NetworkPolicy enforcement as a sync left it.
     pub fn policy_enforced(&self, enforcement: PolicyEnforcement) {
-        *self.policy_lock() = Some(enforcement);
+        *locked(&self.policy) = Some(enforcement);
     }
 
     /// NetworkPolicy enforcement after the last sync; `None` with NetworkPolicy off.
     pub fn policy_enforcement(&self) -> Option<PolicyEnforcement> {
-        self.policy_lock().clone()
+        locked(&self.policy).clone()
     }
 
     /// `packets` dropped for a pod that `policies` isolate in `direction`: each of them
     /// counts them. At most [`DENIED_SERIES_MAX`] series; later policies are not counted.
     pub fn policy_denied(&self, policies: &[String], direction: Direction, packets: u64) {
-        let mut denied = self
-            .denied
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut denied = locked(&self.denied);
         for policy in policies {
             let key = (policy.clone(), direction);
             if denied.len() < DENIED_SERIES_MAX || denied.contains_key(&key) {
                 *denied.entry(key).or_default() += packets;
             }
         }
-    }
-
-    fn policy_lock(&self) -> std::sync::MutexGuard<'_, Option<PolicyEnforcement>> {
-        // Plain data: a panic while holding it leaves nothing half-done.
-        self.policy
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// A full sync programmed its plans but could not remove a previous run's leftovers
@@ -243,11 +241,8 @@ impl ProxyMetrics {
         self.owe_sync();
     }
 
-    fn owed(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
-        // Plain data: a panic while holding it leaves nothing half-done.
-        self.owed_since
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn owed(&self) -> MutexGuard<'_, Option<Instant>> {
+        locked(&self.owed_since)
     }
 
     fn owe_sync(&self) {
@@ -342,10 +337,7 @@ impl ProxyMetrics {
                 "counter",
                 "Packets dropped for a pod of this node that the NetworkPolicy isolates, in a direction in which no policy allows them (counted for each policy isolating the pod).",
             );
-            let denied = self
-                .denied
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let denied = locked(&self.denied);
             for ((policy, direction), packets) in denied.iter() {
                 let (namespace, policy) = policy.split_once('/').unwrap_or(("", policy));
                 let direction = match direction {

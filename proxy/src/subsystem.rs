@@ -79,10 +79,7 @@ impl ProxySubsystem {
         for denial in denials {
             let key = (denial.pod, denial.direction);
             let last = self.denials.get(&key).copied().unwrap_or(0);
-            let new = match denial.packets >= last {
-                true => denial.packets - last,
-                false => denial.packets,
-            };
+            let new = denial.packets.checked_sub(last).unwrap_or(denial.packets);
             if new > 0 {
                 let policies = view.isolating_policies(denial.pod, denial.direction);
                 self.metrics.policy_denied(&policies, denial.direction, new);

@@ -65,6 +65,21 @@ impl PolicyRecords {
             false => self.committed.insert(pod, policies.into_boxed_slice()),
         };
     }
+
+    /// `policies` of `pod` are in the kernel as the view resolved them: no longer refused.
+    fn committed_in_full(&mut self, pod: u64, policies: Vec<PodPolicy>) {
+        self.refused.remove(&pod);
+        self.record(pod, policies);
+    }
+
+    /// The sets hold `policies` (sorted by pod) and nothing else.
+    fn refilled(policies: Vec<PodPolicy>) -> PolicyRecords {
+        let mut records = PolicyRecords::default();
+        for (pod, policies) in by_pod(policies) {
+            records.record(pod, policies);
+        }
+        records
+    }
 }
 
 /// The view's answer grouped by pod.
@@ -102,18 +117,12 @@ impl Proxy {
         view: &View,
         report: &mut SyncReport,
     ) -> Result<(), Error> {
-        let wanted = by_pod(view.pod_policies());
-        let all = |pods: &BTreeMap<u64, Vec<PodPolicy>>| -> Vec<PodPolicy> {
-            pods.values().flatten().cloned().collect()
-        };
+        let wanted = view.pod_policies();
         let mut batch = PlanBatch::new();
-        batch.refill_sets(&policy::sets(&all(&wanted)));
+        batch.refill_sets(&policy::sets(&wanted));
         let failure = match self.commit_policy(batch, report) {
             Ok(()) => {
-                self.policy = PolicyRecords::default();
-                for (pod, policies) in wanted {
-                    self.policy.record(pod, policies);
-                }
+                self.policy = PolicyRecords::refilled(wanted);
                 return Ok(());
             }
             Err(failure) => failure,
@@ -122,19 +131,13 @@ impl Proxy {
             return Err(Error::netlink("filling the policy sets")(failure));
         };
         warn!(refused = %message, "policy sets refused as a whole; every isolated pod fails closed, then each is tried alone");
-        let closed: BTreeMap<u64, Vec<PodPolicy>> = wanted
-            .iter()
-            .map(|(pod, policies)| (*pod, closed(policies)))
-            .collect();
+        let closed = closed(&wanted);
         let mut batch = PlanBatch::new();
-        batch.refill_sets(&policy::sets(&all(&closed)));
+        batch.refill_sets(&policy::sets(&closed));
         self.commit_policy(batch, report)
             .map_err(Error::netlink("closing the isolated pods"))?;
-        self.policy = PolicyRecords::default();
-        for (pod, policies) in closed {
-            self.policy.record(pod, policies);
-        }
-        self.update_pods_alone(wanted, report)
+        self.policy = PolicyRecords::refilled(closed);
+        self.update_pods_alone(by_pod(wanted), report)
     }
 
     /// Brings the pods `pods` names (by key) to what the view resolves for them now.
@@ -162,8 +165,7 @@ impl Proxy {
         match self.commit_policy(batch, report) {
             Ok(()) => {
                 for (pod, policies) in changed {
-                    self.policy.refused.remove(&pod);
-                    self.policy.record(pod, policies);
+                    self.policy.committed_in_full(pod, policies);
                 }
                 Ok(())
             }
@@ -184,8 +186,7 @@ impl Proxy {
             self.replace(&mut batch, pod, &policies);
             let failure = match self.commit_policy(batch, report) {
                 Ok(()) => {
-                    self.policy.refused.remove(&pod);
-                    self.policy.record(pod, policies);
+                    self.policy.committed_in_full(pod, policies);
                     continue;
                 }
                 Err(failure) => failure,

@@ -47,6 +47,7 @@ pub use trace::{Entry, Fate, Packet, Path, Ruleset, Step, Trace};
 use std::net::IpAddr;
 
 use nodus_view::View;
+use nodus_view::policy::resolve::PodPolicy;
 
 /// The one table the proxy owns.
 pub const TABLE: &str = "nodus";
@@ -74,25 +75,23 @@ impl<'v> Planner<'v> {
     /// The fixed part of the table, and with NetworkPolicy on, its chains and its sets,
     /// empty: the applier fills those in transactions of their own.
     pub fn skeleton(&self) -> Skeleton {
-        let mut skeleton = skeleton::plan_skeleton(&self.facts);
-        if self.facts.network_policy {
-            skeleton.chains.extend(policy::chains());
-            skeleton.sets.extend(policy::sets(&[]));
-        }
-        skeleton
+        self.skeleton_with(&[])
     }
 
     /// [`Planner::skeleton`] with the NetworkPolicy sets filled for this node's pods: the
     /// table as it is once programmed, for rendering and tracing.
     pub fn complete_skeleton(&self) -> Skeleton {
-        let mut skeleton = self.skeleton();
+        match self.facts.network_policy {
+            true => self.skeleton_with(&self.view.pod_policies()),
+            false => self.skeleton(),
+        }
+    }
+
+    fn skeleton_with(&self, pods: &[PodPolicy]) -> Skeleton {
+        let mut skeleton = skeleton::plan_skeleton(&self.facts);
         if self.facts.network_policy {
-            skeleton
-                .sets
-                .retain(|set| !policy::is_policy_set(&set.set.name));
-            skeleton
-                .sets
-                .extend(policy::sets(&self.view.pod_policies()));
+            skeleton.chains.extend(policy::chains());
+            skeleton.sets.extend(policy::sets(pods));
         }
         skeleton
     }

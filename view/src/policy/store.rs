@@ -8,6 +8,7 @@
 
 use super::{LabelSet, NetworkPolicy, PolicyPod, release_labels};
 use crate::intern::{Interner, Sym};
+use crate::view::unseen;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 /// Keys of this node's pods whose verdicts may have changed.
@@ -164,7 +165,7 @@ impl PolicyState {
         strings: &mut Interner,
         dirty: &mut Dirty,
     ) {
-        for key in stale(&self.pods, seen) {
+        for key in unseen(&self.pods, seen) {
             self.remove_pod(key, strings, dirty);
         }
     }
@@ -175,7 +176,7 @@ impl PolicyState {
         strings: &mut Interner,
         dirty: &mut Dirty,
     ) {
-        for key in stale(&self.policies, seen) {
+        for key in unseen(&self.policies, seen) {
             self.remove_policy(key, strings, dirty);
         }
     }
@@ -198,9 +199,4 @@ impl PolicyState {
             self.remove_namespace(name, strings, dirty);
         }
     }
-}
-
-/// The keys of `map` a relist did not deliver.
-fn stale<T>(map: &HashMap<u64, T>, seen: &HashSet<u64>) -> Vec<u64> {
-    map.keys().filter(|k| !seen.contains(k)).copied().collect()
 }

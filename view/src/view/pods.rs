@@ -57,12 +57,7 @@ impl LocalPods {
     /// Removes every pod whose key is not in `seen` (a relist that did not deliver it);
     /// whether there was one.
     pub(super) fn retain(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
-        let stale: Vec<u64> = self
-            .pods
-            .keys()
-            .filter(|key| !seen.contains(key))
-            .copied()
-            .collect();
+        let stale = super::unseen(&self.pods, seen);
         for &key in &stale {
             self.remove(key, strings);
         }
