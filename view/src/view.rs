@@ -210,14 +210,6 @@ pub struct View {
     policy: PolicyState,
 }
 
-/// The keys of `map` a relist did not deliver.
-pub(crate) fn unseen<T>(map: &HashMap<u64, T>, seen: &HashSet<u64>) -> Vec<u64> {
-    map.keys()
-        .filter(|key| !seen.contains(key))
-        .copied()
-        .collect()
-}
-
 fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
     let mut h = DefaultHasher::new();
     (kind.index(), namespace, name).hash(&mut h);

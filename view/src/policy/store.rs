@@ -8,8 +8,15 @@
 
 use super::{LabelSet, NetworkPolicy, PolicyPod, release_labels};
 use crate::intern::{Interner, Sym};
-use crate::view::unseen;
 use std::collections::{BTreeSet, HashMap, HashSet};
+
+/// The keys of `map` a relist did not deliver (the view's pod index uses it too).
+pub(crate) fn unseen<T>(map: &HashMap<u64, T>, seen: &HashSet<u64>) -> Vec<u64> {
+    map.keys()
+        .filter(|key| !seen.contains(key))
+        .copied()
+        .collect()
+}
 
 /// Keys of this node's pods whose verdicts may have changed.
 pub type Dirty = BTreeSet<u64>;

@@ -5,6 +5,7 @@
 
 use crate::intern::Interner;
 use crate::model::LocalPod;
+use crate::policy::store::unseen;
 use crate::reverse::ReverseIndex;
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -57,7 +58,7 @@ impl LocalPods {
     /// Removes every pod whose key is not in `seen` (a relist that did not deliver it);
     /// whether there was one.
     pub(super) fn retain(&mut self, seen: &HashSet<u64>, strings: &mut Interner) -> bool {
-        let stale = super::unseen(&self.pods, seen);
+        let stale = unseen(&self.pods, seen);
         for &key in &stale {
             self.remove(key, strings);
         }
