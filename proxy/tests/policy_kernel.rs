@@ -5,7 +5,7 @@
 use nodus_proxy::apply::{Proxy, SyncKind};
 use nodus_proxy::plan::ProxyConfig;
 use nodus_testbed::netns::{self, Netns};
-use nodus_view::{ChangeSet, Update, View};
+use nodus_view::{ChangeSet, Kind, Update, View};
 use serde_json::json;
 
 mod common;
@@ -64,11 +64,15 @@ fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
         ..ProxyConfig::default()
     };
     let mut view: View = node_view(&TWO_ENDPOINTS);
+    // In the agent's order: the policies, then a list of the pods (which then keeps the
+    // labels the policies select other nodes' pods by).
     let report = view.apply([
+        policy(&[8080]),
+        Update::RelistStarted(Kind::Pod),
         pod("a", NODE, POD_A, "a"),
         pod("b", NODE, POD_B, "b"),
         pod("client", "node-b", CLIENT, "client"),
-        policy(&[8080]),
+        Update::RelistDone(Kind::Pod),
     ]);
     assert!(report.invalid.is_empty(), "{:?}", report.invalid);
     let mut proxy = ns
@@ -154,7 +158,7 @@ fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
 
     // A pod that leaves takes its elements along; the other one stays.
     let report = view.apply([Update::Deleted {
-        kind: nodus_view::Kind::Pod,
+        kind: Kind::Pod,
         namespace: "default".into(),
         name: "a".into(),
     }]);

@@ -297,7 +297,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         local_pods: config.dns.enabled && config.dns.autopath,
         policy: config.policy.enabled,
     };
-    let (items, kinds) = watch::watch_all(&client, &set);
+    let (items, watched) = watch::watch_all(&client, &set);
     let restored = state.as_ref().and_then(StateDir::restore);
     let mut feed = match restored {
         Some((view, restored)) => {
@@ -315,11 +315,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics.set_counts(&counts);
             metrics.view_stale.store(true, Relaxed);
             let _ = metrics.status.restored.set(restored);
-            let feed = Feed::new(view, metrics.clone(), kinds);
+            let feed = Feed::new(view, metrics.clone(), watched);
             feed.mark_restored();
             feed
         }
-        None => Feed::new(View::new(&node_name), metrics.clone(), kinds),
+        None => Feed::new(View::new(&node_name), metrics.clone(), watched),
     };
     let mut saver = state
         .clone()

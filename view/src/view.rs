@@ -409,6 +409,9 @@ impl View {
                 }
                 Update::RelistStarted(kind) => {
                     self.relists[kind.index()] = Some(HashSet::new());
+                    if kind == Kind::Pod {
+                        self.policy.pods_listing();
+                    }
                     Ok(())
                 }
                 Update::RelistDone(kind) => {
@@ -779,7 +782,8 @@ impl View {
         let key = object_hash(Kind::Pod, namespace, &wire.metadata.name);
         self.seen(Kind::Pod, namespace, &wire.metadata.name);
         let node_name = self.strings.resolve(self.node_name).to_string();
-        let for_policy = policy::decode::pod(&wire, &node_name, &mut self.strings);
+        let for_policy =
+            policy::decode::pod(&wire, &node_name, &self.policy.peer_keys, &mut self.strings);
         let local = match wire.spec.node_name.as_deref() == Some(node_name.as_str()) {
             true => Some(decode::pod(&wire, &node_name, &mut self.strings)),
             false => None,
@@ -859,6 +863,25 @@ impl View {
     /// whether it allows `connection` (for `nodus proxy trace`).
     pub fn judge_policies(&self, connection: &Connection) -> Vec<Judgement> {
         self.policy.judge(connection, &self.strings)
+    }
+
+    /// How many label keys NetworkPolicies have selected peer pods by since the view
+    /// began. Other nodes' pods keep only their labels of these keys, so the feed lists
+    /// the pods again when the count grows; until then, a selector that reads a new key
+    /// matches no pod of another node.
+    pub fn peer_label_keys(&self) -> usize {
+        self.policy.peer_key_count()
+    }
+
+    /// Each pod's namespace and how many labels it keeps, sorted.
+    #[cfg(test)]
+    pub(crate) fn policy_pod_labels(&self) -> Vec<(String, usize)> {
+        let pods = self.policy.pods.values();
+        let mut labelled: Vec<(String, usize)> = pods
+            .map(|pod| (self.strings.resolve(pod.namespace).into(), pod.labels.len()))
+            .collect();
+        labelled.sort();
+        labelled
     }
 
     /// The NetworkPolicies (`namespace/name`, sorted) that isolate the pod of this node at
@@ -1040,6 +1063,7 @@ impl View {
                 self.pods.retain(&seen, &mut self.strings);
                 self.policy
                     .retain_pods(&seen, &mut self.strings, &mut changes.policy_pods);
+                self.policy.pods_listed(&mut changes.policy_pods);
             }
             Kind::Namespace => {
                 self.policy.retain_namespaces(

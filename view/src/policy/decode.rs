@@ -12,6 +12,7 @@ use crate::intern::{Interner, Sym};
 use crate::model::Cidr;
 use crate::ranges::block_ranges;
 use crate::wire;
+use std::collections::HashSet;
 
 /// Strings interned for one object, given back if the object turns out invalid.
 struct Taker<'a> {
@@ -55,14 +56,25 @@ impl<'a> Taker<'a> {
         set.into()
     }
 
-    fn label_map(&mut self, labels: &wire::LabelMap) -> Result<LabelSet, String> {
+    /// The labels whose keys `keep` accepts (by handle; `None` when not interned).
+    fn label_map(
+        &mut self,
+        labels: &wire::LabelMap,
+        keep: impl Fn(Option<Sym>) -> bool,
+    ) -> Result<LabelSet, String> {
         if labels.overflow {
             return Err(format!(
                 "metadata.labels: more than {} labels",
                 wire::LABELS_MAX
             ));
         }
-        Ok(self.labels(labels.entries.iter().map(|(k, v)| (k, v))))
+        let kept: Vec<(&String, &String)> = labels
+            .entries
+            .iter()
+            .filter(|(key, _)| keep(self.strings.lookup(key)))
+            .map(|(key, value)| (key, value))
+            .collect();
+        Ok(self.labels(kept))
     }
 
     fn selector(&mut self, field: &str, wire: &wire::LabelSelector) -> Result<Selector, String> {
@@ -232,9 +244,17 @@ impl<'a> Taker<'a> {
         })
     }
 
-    fn pod(&mut self, wire: &wire::Pod, node_name: &str) -> Result<PolicyPod, String> {
+    fn pod(
+        &mut self,
+        wire: &wire::Pod,
+        node_name: &str,
+        peer_keys: &HashSet<Sym>,
+    ) -> Result<PolicyPod, String> {
         let ips = pod_ips(wire)?;
-        let labels = self.label_map(&wire.metadata.labels)?;
+        let local = !node_name.is_empty() && wire.spec.node_name.as_deref() == Some(node_name);
+        let labels = self.label_map(&wire.metadata.labels, |key| {
+            local || key.is_some_and(|key| peer_keys.contains(&key))
+        })?;
         let mut ports = Vec::new();
         for container in &wire.spec.containers {
             for port in &container.ports {
@@ -254,7 +274,7 @@ impl<'a> Taker<'a> {
             ips,
             labels,
             ports: ports.into(),
-            local: !node_name.is_empty() && wire.spec.node_name.as_deref() == Some(node_name),
+            local,
         })
     }
 }
@@ -279,14 +299,16 @@ pub fn network_policy(
         .map_err(|reason| invalid("NetworkPolicy", &wire.metadata, reason))
 }
 
-/// Any Pod of the cluster, as policies see it, for node `node_name`.
+/// Any Pod of the cluster, as policies see it, for node `node_name`: a pod of another
+/// node with only its labels of the keys `peer_keys` holds.
 pub fn pod(
     wire: &wire::Pod,
     node_name: &str,
+    peer_keys: &HashSet<Sym>,
     strings: &mut Interner,
 ) -> Result<PolicyPod, InvalidObject> {
     let mut taker = Taker::new(strings);
-    let pod = taker.pod(wire, node_name);
+    let pod = taker.pod(wire, node_name, peer_keys);
     taker
         .finish(pod)
         .map_err(|reason| invalid("Pod", &wire.metadata, reason))
@@ -298,7 +320,7 @@ pub fn namespace(
     strings: &mut Interner,
 ) -> Result<LabelSet, InvalidObject> {
     let mut taker = Taker::new(strings);
-    let labels = taker.label_map(&wire.metadata.labels);
+    let labels = taker.label_map(&wire.metadata.labels, |_| true);
     taker
         .finish(labels)
         .map_err(|reason| invalid("Namespace", &wire.metadata, reason))

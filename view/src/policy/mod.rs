@@ -1,6 +1,7 @@
 //! NetworkPolicy in the view: the compact stored form of policies, of the Pods they
-//! select (every pod of the cluster, as its addresses, namespace, labels and named ports)
-//! and of Namespaces (their labels), decoded lean ([`decode`]), kept ([`store`]) and
+//! select (every pod of the cluster, as its addresses, namespace, labels and named ports;
+//! of other nodes' pods only the labels some policy selects peers by) and of Namespaces
+//! (their labels), decoded lean ([`decode`]), kept ([`store`]) and
 //! resolved into what each pod of this node may send and receive ([`resolve`]).
 //!
 //! Label keys and values are interned, so that a selector matches by comparing handles.
@@ -105,6 +106,12 @@ impl Selector {
                     Operator::DoesNotExist => value.is_none(),
                 }
             })
+    }
+
+    /// The label keys it reads.
+    fn keys(&self) -> impl Iterator<Item = Sym> {
+        let required = self.requirements.iter().map(|r| r.key);
+        self.labels.iter().map(|(key, _)| *key).chain(required)
     }
 
     fn release(&self, strings: &mut Interner) {

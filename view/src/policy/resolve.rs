@@ -110,16 +110,30 @@ impl NetworkPolicy {
         })
     }
 
-    /// Whether it selects peers by namespace labels that `labels` match.
-    pub(super) fn selects_namespace(&self, labels: &[(Sym, Sym)]) -> bool {
+    /// The peers of all its rules.
+    fn all_peers(&self) -> impl Iterator<Item = &Peer> {
         Direction::ALL
             .into_iter()
             .flat_map(|direction| self.rules(direction).into_iter().flatten())
             .flat_map(|rule| rule.peers.iter())
-            .any(|peer| {
-                matches!(peer, Peer::Pods { namespaces: Some(selector), .. }
-                    if selector.matches(labels))
+    }
+
+    /// Whether it selects peers by namespace labels that `labels` match.
+    pub(super) fn selects_namespace(&self, labels: &[(Sym, Sym)]) -> bool {
+        self.all_peers().any(|peer| {
+            matches!(peer, Peer::Pods { namespaces: Some(selector), .. }
+                if selector.matches(labels))
+        })
+    }
+
+    /// The label keys it selects peer pods by.
+    pub(super) fn peer_label_keys(&self) -> impl Iterator<Item = Sym> {
+        self.all_peers()
+            .filter_map(|peer| match peer {
+                Peer::Pods { pods, .. } => Some(pods),
+                Peer::Block(_) => None,
             })
+            .flat_map(Selector::keys)
     }
 
     /// Whether a pod of namespace `namespace` (labelled `labels`) is in the namespaces a
@@ -172,6 +186,8 @@ impl PolicyState {
                     self.pods
                         .values()
                         .filter(|pod| !pod.ips.is_empty())
+                        // Fail closed: other nodes' pods may lack a label not kept so far.
+                        .filter(|pod| pod.local || self.all_listed(selector))
                         .filter(|pod| {
                             policy.in_namespaces(
                                 namespaces.as_ref(),
@@ -483,11 +499,8 @@ mod tests {
         }
     }
 
-    fn cluster() -> View {
-        let mut view = View::new("node-a");
-        let report = view.apply([
-            namespace("shop", json!({"team": "shop"})),
-            namespace("ops", json!({"team": "ops"})),
+    fn pods() -> [Update; 4] {
+        [
             pod("shop", "web", "node-a", "10.1.0.2", json!({"app": "web"})),
             pod("shop", "db", "node-a", "10.1.0.3", json!({"app": "db"})),
             pod("shop", "api", "node-b", "10.2.0.4", json!({"app": "api"})),
@@ -498,9 +511,25 @@ mod tests {
                 "10.2.0.5",
                 json!({"app": "probe"}),
             ),
-        ]);
+        ]
+    }
+
+    fn cluster() -> View {
+        let mut view = View::new("node-a");
+        let namespaces = [
+            namespace("shop", json!({"team": "shop"})),
+            namespace("ops", json!({"team": "ops"})),
+        ];
+        let report = view.apply(namespaces.into_iter().chain(pods()));
         assert!(report.invalid.is_empty(), "{:?}", report.invalid);
         view
+    }
+
+    /// Every pod listed again, as the feed does when a policy selects by a new key.
+    fn list_pods_again(view: &mut View) -> crate::ApplyReport {
+        let started = Update::RelistStarted(Kind::Pod);
+        let done = Update::RelistDone(Kind::Pod);
+        view.apply(std::iter::once(started).chain(pods()).chain([done]))
     }
 
     #[test]
@@ -515,14 +544,87 @@ mod tests {
                                 "ports": [{"port": 5432}]}]}),
         )]);
         assert!(!report.changes.policy_pods.is_empty());
+        // Nobody selected by `app` before: node-b's pods were kept without that label, so
+        // the policy matches none of them until they are listed again (closed, not open).
+        assert_eq!(view.peer_label_keys(), 1);
         let policies = view.pod_policies();
         assert_eq!(policies.len(), 1, "{policies:?}");
         assert_eq!(policies[0].ip, ip("10.1.0.3"));
+        assert_eq!(policies[0].ingress, Some(vec![]));
+        let report = list_pods_again(&mut view);
+        assert_eq!(report.changes.policy_pods.len(), 1, "db's verdicts change");
+        let policies = view.pod_policies();
         assert_eq!(
             policies[0].ingress,
             Some(vec![one("10.2.0.4", Some(Protocol::Tcp), (5432, 5432))])
         );
         assert_eq!(policies[0].egress, None);
+    }
+
+    #[test]
+    fn other_nodes_pods_keep_only_the_labels_policies_select_peers_by() {
+        let mut view = cluster();
+        // Only this node's pods keep `app` while no policy reads it.
+        let labelled = |view: &View| view.policy_pod_labels();
+        let only_local = [
+            ("ops".into(), 0),
+            ("shop".into(), 0),
+            ("shop".into(), 1),
+            ("shop".into(), 1),
+        ];
+        assert_eq!(labelled(&view), only_local);
+        // A NotIn selector on a key not kept would match every other pod: it matches none
+        // until the list, then exactly those whose label says so.
+        view.apply([policy(
+            "shop",
+            "db-not-from-probes",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{
+                       "namespaceSelector": {},
+                       "podSelector": {"matchExpressions": [
+                           {"key": "app", "operator": "NotIn", "values": ["probe"]}]}}]}]}),
+        )]);
+        let peers = |view: &View| -> Vec<(IpAddr, IpAddr)> {
+            let policies = view.pod_policies();
+            policies[0]
+                .ingress
+                .iter()
+                .flatten()
+                .map(|a| a.peer)
+                .collect()
+        };
+        // This node's pods (web, and db itself) are fully known: they alone are allowed
+        // before the list.
+        let local = [
+            (ip("10.1.0.2"), ip("10.1.0.2")),
+            (ip("10.1.0.3"), ip("10.1.0.3")),
+        ];
+        assert_eq!(peers(&view), local);
+        list_pods_again(&mut view);
+        let api = (ip("10.2.0.4"), ip("10.2.0.4"));
+        assert_eq!(peers(&view), [local[0], local[1], api]);
+        let all = [
+            ("ops".into(), 1),
+            ("shop".into(), 1),
+            ("shop".into(), 1),
+            ("shop".into(), 1),
+        ];
+        assert_eq!(labelled(&view), all);
+        // A pod's other labels stay out; a key used before needs no new list.
+        view.apply([pod(
+            "shop",
+            "api",
+            "node-b",
+            "10.2.0.4",
+            json!({"app": "api", "pod-template-hash": "5d4f8c"}),
+        )]);
+        assert_eq!(labelled(&view), all);
+        view.apply([Update::Deleted {
+            kind: Kind::NetworkPolicy,
+            namespace: "shop".into(),
+            name: "db-not-from-probes".into(),
+        }]);
+        assert_eq!(view.peer_label_keys(), 1);
     }
 
     #[test]

@@ -1,12 +1,16 @@
 //! The policy part of the view: every Pod (as [`PolicyPod`]), every Namespace's labels
 //! and every NetworkPolicy, each keyed by a hash of its namespace and name.
 //!
+//! Of other nodes' pods, only the labels some policy selects peers by are kept. A policy
+//! that selects by a key not kept so far matches no other node's pod by it (fails
+//! closed) until the pods are listed again ([`PolicyState::peer_key_count`] grows).
+//!
 //! Every change names the pods of this node whose verdicts it may change (`dirty`), so
 //! that only those are resolved again: a policy, the pods it selects; a pod, itself and
 //! the pods the policies it is a peer of select; a namespace, the pods the policies that
 //! select it by labels select. Finding them costs a pass over the policies, not the pods.
 
-use super::{LabelSet, NetworkPolicy, PolicyPod, release_labels};
+use super::{LabelSet, NetworkPolicy, PolicyPod, Selector, release_labels};
 use crate::intern::{Interner, Sym};
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -23,17 +27,58 @@ pub type Dirty = BTreeSet<u64>;
 
 #[derive(Default)]
 pub(crate) struct PolicyState {
-    pub(super) pods: HashMap<u64, PolicyPod>,
+    pub(crate) pods: HashMap<u64, PolicyPod>,
     /// The keys of this node's pods that have an address: those policies may select.
     pub(super) local: BTreeSet<u64>,
     /// Labels by namespace name (the map holds one reference on the name).
     pub(super) namespaces: HashMap<Sym, LabelSet>,
     pub(super) policies: HashMap<u64, NetworkPolicy>,
+    /// The label keys some policy selects peer pods by: of other nodes' pods, only these
+    /// labels are kept. The set never shrinks, so that a key used again needs no new list
+    /// of the pods; it holds one reference on each key.
+    pub(crate) peer_keys: HashSet<Sym>,
+    /// Keys of `peer_keys` that other nodes' pods stored before the key was tracked lack:
+    /// until a list of the pods delivers them, a selector that reads one matches no pod
+    /// of another node.
+    unlisted_keys: HashSet<Sym>,
+    /// The unlisted keys the list of pods under way delivers.
+    listing_keys: HashSet<Sym>,
 }
 
 impl PolicyState {
     pub(crate) fn counts(&self) -> (usize, usize, usize) {
         (self.pods.len(), self.namespaces.len(), self.policies.len())
+    }
+
+    /// Whether other nodes' pods carry every label `selector` reads, as far as it matters.
+    pub(super) fn all_listed(&self, selector: &Selector) -> bool {
+        self.unlisted_keys.is_empty() || selector.keys().all(|k| !self.unlisted_keys.contains(&k))
+    }
+
+    /// How many label keys policies select peer pods by, ever: when it grows, the pods
+    /// must be listed again to learn their labels of the new key.
+    pub(crate) fn peer_key_count(&self) -> usize {
+        self.peer_keys.len()
+    }
+
+    /// A list of every pod begins: it delivers the labels of every key tracked now.
+    pub(crate) fn pods_listing(&mut self) {
+        self.listing_keys.clone_from(&self.unlisted_keys);
+    }
+
+    /// That list is complete: the pods selected by the policies that read its keys may
+    /// have more peers now.
+    pub(crate) fn pods_listed(&mut self, dirty: &mut Dirty) {
+        let listed = std::mem::take(&mut self.listing_keys);
+        if listed.is_empty() {
+            return;
+        }
+        self.unlisted_keys.retain(|key| !listed.contains(key));
+        for policy in self.policies.values() {
+            if policy.peer_label_keys().any(|key| listed.contains(&key)) {
+                self.dirty_selected(policy, dirty);
+            }
+        }
     }
 
     /// Marks the pods of this node `policy` selects.
@@ -104,6 +149,12 @@ impl PolicyState {
         if self.policies.get(&key) == Some(&policy) {
             policy.release(strings);
             return;
+        }
+        for label in policy.peer_label_keys() {
+            if self.peer_keys.insert(label) {
+                strings.retain(label);
+                self.unlisted_keys.insert(label);
+            }
         }
         self.dirty_selected(&policy, dirty);
         if let Some(old) = self.policies.insert(key, policy) {
