@@ -1,17 +1,22 @@
 //! NetworkPolicy with real packets: `nodus sandbox` runs two nodes with five pods in two
-//! namespaces, and every pod connects to every other on two ports (a probe matrix, as the
-//! upstream NetworkPolicy e2e suite and cyclonus do) before and after each policy of a
-//! set that covers isolation, pod and namespace selectors, named ports, `ipBlock` with
-//! `except`, `endPort`, egress, the proxy's DNAT and the mesh. The expected matrices are
-//! written out per step from the policies' meaning, not from the planner.
+//! namespaces, and every pod connects to every other on two ports over TCP and UDP (a
+//! probe matrix, as the upstream NetworkPolicy e2e suite and cyclonus do) before and
+//! after each policy of a set that covers isolation, pod and namespace selectors, named
+//! ports of both protocols, `ipBlock` with `except`, `endPort`, egress, the proxy's DNAT,
+//! the mesh and a restart of the agent. The expected matrices are written out per step
+//! from the policies' meaning, not from the planner. (SCTP is left out: this kernel has
+//! no SCTP sockets to probe with.)
 
 use crate::proxy_packets::{node, service};
 use crate::support::{NODUS, Sandbox, WAIT, metric, wait_for};
 use nodus_testbed::netns;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::net::UdpSocket;
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
 
 /// `(name, namespace, node, address, app label)`.
 const PODS: [(&str, &str, &str, &str, &str); 5] = [
@@ -22,6 +27,7 @@ const PODS: [(&str, &str, &str, &str, &str); 5] = [
     ("probe-b", "ops", "node-b", "10.244.2.12", "probe"),
 ];
 const PORTS: [u16; 2] = [8080, 9090];
+const PROTOCOLS: [&str; 2] = ["tcp", "udp"];
 
 fn pod(
     name: &str,
@@ -51,7 +57,8 @@ fn cluster() -> String {
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
             "spec": {"nodeName": node, "containers": [{"name": "echo", "ports": [
                 {"name": "http", "containerPort": 8080},
-                {"name": "admin", "containerPort": 9090}]}]},
+                {"name": "admin", "containerPort": 9090},
+                {"name": "admin-udp", "containerPort": 9090, "protocol": "UDP"}]}]},
             "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}));
         endpoints.push(json!({"addresses": [ip], "conditions": {"ready": true},
             "nodeName": node, "targetRef": {"kind": "Pod", "name": name}}));
@@ -80,10 +87,14 @@ fn cluster() -> String {
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
 
-/// One connection from each pod to each other pod's address and port, all at once: who
-/// answered, by `(from, to, port)`.
-fn matrix(sandbox: &Sandbox) -> BTreeMap<(String, String, u16), bool> {
-    let mut probes = Vec::new();
+/// Who answered, by `(from, to, protocol, port)`.
+type Matrix = BTreeMap<(String, String, &'static str, u16), bool>;
+
+/// One connection (TCP) or datagram (UDP) from each pod to each other pod's address and
+/// port, all at once.
+fn matrix(sandbox: &Sandbox) -> Matrix {
+    let mut tcp = Vec::new();
+    let mut udp = Vec::new();
     for (from, ..) in PODS {
         for (to, _, _, ip, _) in PODS {
             if from == to {
@@ -91,14 +102,36 @@ fn matrix(sandbox: &Sandbox) -> BTreeMap<(String, String, u16), bool> {
             }
             for port in PORTS {
                 let child = probe(sandbox, from, &format!("http://{ip}:{port}/"));
-                probes.push(((from.to_string(), to.to_string(), port), to, child));
+                tcp.push(((from.to_string(), to.to_string(), "tcp", port), to, child));
+                let ns = sandbox.ns("pods", from);
+                let datagram = std::thread::spawn(move || udp_answered(&ns, ip, port, to));
+                udp.push(((from.to_string(), to.to_string(), "udp", port), datagram));
             }
         }
     }
-    probes
+    let tcp = tcp
         .into_iter()
-        .map(|(key, to, child)| (key, answered(child, to)))
-        .collect()
+        .map(|(key, to, child)| (key, answered(child, to)));
+    let udp = udp
+        .into_iter()
+        .map(|(key, datagram)| (key, datagram.join().expect("UDP probe")));
+    tcp.chain(udp).collect()
+}
+
+/// Whether a datagram sent from namespace `ns` to `ip:port` gets `expected` back.
+fn udp_answered(ns: &str, ip: &str, port: u16, expected: &str) -> bool {
+    netns::enter(ns, || {
+        let socket = UdpSocket::bind("0.0.0.0:0").expect("UDP socket");
+        socket
+            .set_read_timeout(Some(Duration::from_secs(1)))
+            .expect("timeout");
+        socket.send_to(b"probe", (ip, port)).expect("send");
+        let mut buf = [0u8; 64];
+        socket
+            .recv(&mut buf)
+            .is_ok_and(|n| String::from_utf8_lossy(&buf[..n]).trim() == expected)
+    })
+    .expect("entering the pod's namespace")
 }
 
 fn probe(sandbox: &Sandbox, from: &str, url: &str) -> std::process::Child {
@@ -116,18 +149,18 @@ fn answered(child: std::process::Child, expected: &str) -> bool {
     output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == expected
 }
 
-/// Waits until the matrix is what `allowed` says, and fails with the differences if it
-/// does not become that.
-fn expect(sandbox: &Sandbox, step: &str, allowed: impl Fn(&str, &str, u16) -> bool) {
+/// Waits until the matrix is what `allowed(from, to, protocol, port)` says, and fails
+/// with the differences if it does not become that.
+fn expect(sandbox: &Sandbox, step: &str, allowed: impl Fn(&str, &str, &str, u16) -> bool) {
     let deadline = Instant::now() + WAIT;
     loop {
         let seen = matrix(sandbox);
         let wrong: Vec<String> = seen
             .iter()
-            .filter(|((from, to, port), ok)| allowed(from, to, *port) != **ok)
-            .map(|((from, to, port), ok)| {
+            .filter(|((from, to, protocol, port), ok)| allowed(from, to, protocol, *port) != **ok)
+            .map(|((from, to, protocol, port), ok)| {
                 format!(
-                    "{from} -> {to}:{port} {}",
+                    "{from} -> {to}:{port}/{protocol} {}",
                     if *ok { "passed" } else { "blocked" }
                 )
             })
@@ -193,10 +226,53 @@ fn namespace_of(name: &str) -> &'static str {
     pod(name).1
 }
 
+/// Restarts node-a's agent while the `denied` connections (to port 9090) are tried over
+/// and over: none may pass at any moment, and the matrix is `allowed` again once the new
+/// agent is ready.
+fn restart_keeps_isolation(
+    sandbox: &mut Sandbox,
+    denied: &[(&str, &str)],
+    allowed: impl Fn(&str, &str, &str, u16) -> bool,
+) {
+    let tries: Vec<(String, String, &str)> = denied
+        .iter()
+        .map(|(from, to)| {
+            let url = format!("http://{}:9090/", pod(to).3);
+            (sandbox.ns("pods", from), url, *to)
+        })
+        .collect();
+    let stop = AtomicBool::new(false);
+    let leaked = std::thread::scope(|scope| {
+        let hammer = scope.spawn(|| {
+            let mut leaked = Vec::new();
+            while !stop.load(Relaxed) {
+                for (ns, url, to) in &tries {
+                    let curl = ["netns", "exec", ns, "curl", "-s", "-m", "1", url];
+                    if netns::run("ip", &curl).is_ok_and(|body| body.trim() == *to) {
+                        leaked.push(format!("{ns} -> {url}"));
+                    }
+                }
+            }
+            leaked
+        });
+        eprintln!("{}", sandbox.restart_agent("node-a", Path::new(NODUS)));
+        let node = sandbox.ns("nodes", "node-a");
+        let readyz = "http://127.0.0.1:10256/readyz";
+        wait_for("node-a's new agent to be ready", || {
+            let ready = netns::run("ip", &["netns", "exec", &node, "curl", "-sf", readyz]);
+            ready.ok().map(|_| ())
+        });
+        expect(sandbox, "after node-a's restart", &allowed);
+        stop.store(true, Relaxed);
+        hammer.join().expect("the probes during the restart")
+    });
+    assert!(leaked.is_empty(), "passed during the restart: {leaked:?}");
+}
+
 #[test]
 fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
-    let sandbox = Sandbox::start("policy", Some(&cluster()));
-    let everyone = |_: &str, _: &str, _: u16| true;
+    let mut sandbox = Sandbox::start("policy", Some(&cluster()));
+    let everyone = |_: &str, _: &str, _: &str, _: u16| true;
     expect(&sandbox, "no policy", everyone);
 
     // Isolation: every shop pod takes no ingress at all; its own connections out (and
@@ -210,11 +286,12 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
             json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
         )),
     );
-    let shop_isolated = |_: &str, to: &str, _: u16| namespace_of(to) != "shop";
+    let shop_isolated = |_: &str, to: &str, _: &str, _: u16| namespace_of(to) != "shop";
     expect(&sandbox, "shop denies ingress", shop_isolated);
 
-    // A pod selector with a named port, across the mesh: api-b reaches db-a on `http`
-    // only.
+    // A pod selector (a label key no policy read before: node-b's pods are listed again
+    // for it) with named ports of both protocols, across the mesh: api-b reaches db-a on
+    // `http` (TCP 8080) and `admin-udp` (UDP 9090) only.
     kubectl(
         &sandbox,
         &["apply"],
@@ -223,7 +300,8 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
             "db-from-api",
             json!({"podSelector": {"matchLabels": {"app": "db"}},
                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
-                                "ports": [{"port": "http"}]}]}),
+                                "ports": [{"port": "http"},
+                                          {"protocol": "UDP", "port": "admin-udp"}]}]}),
         )),
     );
     // A namespace selector: web-a takes anything from the ops namespace.
@@ -237,9 +315,11 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
                    "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}]}]}),
         )),
     );
-    let shop_opened = |from: &str, to: &str, port: u16| {
-        shop_isolated(from, to, port)
-            || (to == "db-a" && from == "api-b" && port == 8080)
+    let shop_opened = |from: &str, to: &str, protocol: &str, port: u16| {
+        shop_isolated(from, to, protocol, port)
+            || (to == "db-a"
+                && from == "api-b"
+                && matches!((protocol, port), ("tcp", 8080) | ("udp", 9090)))
             || (to == "web-a" && namespace_of(from) == "ops")
     };
     expect(&sandbox, "db from api, web from ops", shop_opened);
@@ -264,8 +344,17 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     );
     assert!(denied.ends_with("summary: DROP\n"), "{denied}");
 
-    // Egress with an ipBlock less an exception and a port range: the probes (one per
-    // node) may reach the pod network but web-a, on 9000-9100 only.
+    // A restart of node-a's agent (which restores its view, then lists policies, then
+    // pods) never lets a denied connection through: the kernel keeps the sets meanwhile.
+    restart_keeps_isolation(
+        &mut sandbox,
+        &[("probe-a", "db-a"), ("api-b", "db-a"), ("api-b", "web-a")],
+        shop_opened,
+    );
+
+    // Egress with an ipBlock less an exception, a TCP port range and a UDP port: the
+    // probes (one per node) may reach the pod network but web-a, on TCP 9000-9100 and
+    // UDP 8080 only.
     kubectl(
         &sandbox,
         &["apply"],
@@ -276,12 +365,14 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
                    "policyTypes": ["Egress"],
                    "egress": [{"to": [{"ipBlock": {"cidr": "10.244.0.0/16",
                                                    "except": ["10.244.1.11/32"]}}],
-                               "ports": [{"protocol": "TCP", "port": 9000, "endPort": 9100}]}]}),
+                               "ports": [{"protocol": "TCP", "port": 9000, "endPort": 9100},
+                                         {"protocol": "UDP", "port": 8080}]}]}),
         )),
     );
-    let probes_limited = |from: &str, to: &str, port: u16| {
-        shop_opened(from, to, port)
-            && (namespace_of(from) != "ops" || (to != "web-a" && port == 9090))
+    let probes_limited = |from: &str, to: &str, protocol: &str, port: u16| {
+        shop_opened(from, to, protocol, port)
+            && (namespace_of(from) != "ops"
+                || (to != "web-a" && matches!((protocol, port), ("tcp", 9090) | ("udp", 8080))))
     };
     expect(&sandbox, "probes' egress limited", probes_limited);
 
