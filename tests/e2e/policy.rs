@@ -27,7 +27,6 @@ const PODS: [(&str, &str, &str, &str, &str); 5] = [
     ("probe-b", "ops", "node-b", "10.244.2.12", "probe"),
 ];
 const PORTS: [u16; 2] = [8080, 9090];
-const PROTOCOLS: [&str; 2] = ["tcp", "udp"];
 
 fn pod(
     name: &str,
