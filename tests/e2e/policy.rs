@@ -18,7 +18,8 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// `(name, namespace, node, address, app label)`.
+/// `(name, namespace, node, IPv4 address, app label)`; each pod has an IPv6 address too
+/// ([`v6_of`]).
 const PODS: [(&str, &str, &str, &str, &str); 5] = [
     ("web-a", "shop", "node-a", "10.244.1.11", "web"),
     ("db-a", "shop", "node-a", "10.244.1.12", "db"),
@@ -43,6 +44,12 @@ fn pod(
         .unwrap_or_else(|| panic!("no pod {name}"))
 }
 
+/// A pod's IPv6 address: `10.244.N.H` has `fd00:244:N::H`.
+fn v6_of(v4: &str) -> String {
+    let octets: Vec<&str> = v4.split('.').collect();
+    format!("fd00:244:{}::{}", octets[2], octets[3])
+}
+
 fn cluster() -> String {
     let mut docs = vec![node("node-a", 1), node("node-b", 2)];
     for (name, team) in [("shop", "shop"), ("ops", "ops")] {
@@ -50,28 +57,35 @@ fn cluster() -> String {
             "metadata": {"name": name, "labels": {"team": team,
                                                   "kubernetes.io/metadata.name": name}}}));
     }
-    let mut endpoints = Vec::new();
+    let (mut endpoints, mut endpoints_v6) = (Vec::new(), Vec::new());
     for (name, namespace, node, ip, app) in PODS {
+        let v6 = v6_of(ip);
         docs.push(json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
             "spec": {"nodeName": node, "containers": [{"name": "echo", "ports": [
                 {"name": "http", "containerPort": 8080},
                 {"name": "admin", "containerPort": 9090},
                 {"name": "admin-udp", "containerPort": 9090, "protocol": "UDP"}]}]},
-            "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}));
+            "status": {"phase": "Running", "podIP": ip,
+                       "podIPs": [{"ip": ip}, {"ip": v6}]}}));
         endpoints.push(json!({"addresses": [ip], "conditions": {"ready": true},
             "nodeName": node, "targetRef": {"kind": "Pod", "name": name}}));
+        endpoints_v6.push(json!({"addresses": [v6], "conditions": {"ready": true},
+            "nodeName": node, "targetRef": {"kind": "Pod", "name": name}}));
     }
-    // Every pod behind one headless service, so that the sandbox starts them with both
-    // ports; db-a alone behind `db`, to reach it through the proxy's DNAT.
-    docs.push(
-        json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "all", "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": "all"}},
-        "addressType": "IPv4", "endpoints": endpoints,
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"},
-                  {"name": "admin", "port": 9090, "protocol": "TCP"}]}),
-    );
+    // Every pod behind one headless dual-stack service, so that the sandbox starts them
+    // with both ports and both families; db-a alone behind `db`, to reach it through the
+    // proxy's DNAT.
+    for (family, endpoints) in [("IPv4", endpoints), ("IPv6", endpoints_v6)] {
+        docs.push(
+            json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": format!("all-{}", family.to_lowercase()), "namespace": "default",
+                         "labels": {"kubernetes.io/service-name": "all"}},
+            "addressType": family, "endpoints": endpoints,
+            "ports": [{"name": "http", "port": 8080, "protocol": "TCP"},
+                      {"name": "admin", "port": 9090, "protocol": "TCP"}]}),
+        );
+    }
     docs.push(service("db", json!({"clusterIP": "10.96.5.1"})));
     let (_, _, node, ip, _) = pod("db-a");
     docs.push(
@@ -86,41 +100,63 @@ fn cluster() -> String {
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
 
-/// Who answered, by `(from, to, protocol, port)`.
-type Matrix = BTreeMap<(String, String, &'static str, u16), bool>;
+/// One probe of the matrix: a connection (TCP) or datagram (UDP) from one pod to
+/// another's address of one family, on one port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Probe {
+    from: &'static str,
+    to: &'static str,
+    v6: bool,
+    udp: bool,
+    port: u16,
+}
 
-/// One connection (TCP) or datagram (UDP) from each pod to each other pod's address and
-/// port, all at once.
-fn matrix(sandbox: &Sandbox) -> Matrix {
+/// Every probe, all at once: who answered.
+fn matrix(sandbox: &Sandbox) -> BTreeMap<Probe, bool> {
     let mut tcp = Vec::new();
     let mut udp = Vec::new();
     for (from, ..) in PODS {
-        for (to, _, _, ip, _) in PODS {
+        for (to, _, _, v4, _) in PODS {
             if from == to {
                 continue;
             }
-            for port in PORTS {
-                let child = probe(sandbox, from, &format!("http://{ip}:{port}/"));
-                tcp.push(((from.to_string(), to.to_string(), "tcp", port), to, child));
-                let ns = sandbox.ns("pods", from);
-                let datagram = std::thread::spawn(move || udp_answered(&ns, ip, port, to));
-                udp.push(((from.to_string(), to.to_string(), "udp", port), datagram));
+            for (v6, ip) in [(false, v4.to_string()), (true, v6_of(v4))] {
+                for port in PORTS {
+                    let probe_of = |udp| Probe {
+                        from,
+                        to,
+                        v6,
+                        udp,
+                        port,
+                    };
+                    let host = if v6 { format!("[{ip}]") } else { ip.clone() };
+                    let child = probe(sandbox, from, &format!("http://{host}:{port}/"));
+                    tcp.push((probe_of(false), child));
+                    let (ns, ip) = (sandbox.ns("pods", from), ip.clone());
+                    let datagram = std::thread::spawn(move || udp_answered(&ns, &ip, port, to));
+                    udp.push((probe_of(true), datagram));
+                }
             }
         }
     }
     let tcp = tcp
         .into_iter()
-        .map(|(key, to, child)| (key, answered(child, to)));
+        .map(|(probe, child)| (probe, answered(child, probe.to)));
     let udp = udp
         .into_iter()
-        .map(|(key, datagram)| (key, datagram.join().expect("UDP probe")));
+        .map(|(probe, datagram)| (probe, datagram.join().expect("UDP probe")));
     tcp.chain(udp).collect()
 }
 
 /// Whether a datagram sent from namespace `ns` to `ip:port` gets `expected` back.
 fn udp_answered(ns: &str, ip: &str, port: u16, expected: &str) -> bool {
     netns::enter(ns, || {
-        let socket = UdpSocket::bind("0.0.0.0:0").expect("UDP socket");
+        let any = if ip.contains(':') {
+            "[::]:0"
+        } else {
+            "0.0.0.0:0"
+        };
+        let socket = UdpSocket::bind(any).expect("UDP socket");
         socket
             .set_read_timeout(Some(Duration::from_secs(1)))
             .expect("timeout");
@@ -148,21 +184,16 @@ fn answered(child: std::process::Child, expected: &str) -> bool {
     output.status.success() && String::from_utf8_lossy(&output.stdout).trim() == expected
 }
 
-/// Waits until the matrix is what `allowed(from, to, protocol, port)` says, and fails
-/// with the differences if it does not become that.
-fn expect(sandbox: &Sandbox, step: &str, allowed: impl Fn(&str, &str, &str, u16) -> bool) {
+/// Waits until the matrix is what `allowed` says, and fails with the differences if it
+/// does not become that.
+fn expect(sandbox: &Sandbox, step: &str, allowed: impl Fn(&Probe) -> bool) {
     let deadline = Instant::now() + WAIT;
     loop {
         let seen = matrix(sandbox);
         let wrong: Vec<String> = seen
             .iter()
-            .filter(|((from, to, protocol, port), ok)| allowed(from, to, protocol, *port) != **ok)
-            .map(|((from, to, protocol, port), ok)| {
-                format!(
-                    "{from} -> {to}:{port}/{protocol} {}",
-                    if *ok { "passed" } else { "blocked" }
-                )
-            })
+            .filter(|(probe, ok)| allowed(probe) != **ok)
+            .map(|(probe, ok)| format!("{probe:?} {}", if *ok { "passed" } else { "blocked" }))
             .collect();
         if wrong.is_empty() {
             return;
@@ -231,7 +262,7 @@ fn namespace_of(name: &str) -> &'static str {
 fn restart_keeps_isolation(
     sandbox: &mut Sandbox,
     denied: &[(&str, &str)],
-    allowed: impl Fn(&str, &str, &str, u16) -> bool,
+    allowed: impl Fn(&Probe) -> bool,
 ) {
     let tries: Vec<(String, String, &str)> = denied
         .iter()
@@ -271,7 +302,7 @@ fn restart_keeps_isolation(
 #[test]
 fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     let mut sandbox = Sandbox::start("policy", Some(&cluster()));
-    let everyone = |_: &str, _: &str, _: &str, _: u16| true;
+    let everyone = |_: &Probe| true;
     expect(&sandbox, "no policy", everyone);
 
     // Isolation: every shop pod takes no ingress at all; its own connections out (and
@@ -285,7 +316,7 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
             json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
         )),
     );
-    let shop_isolated = |_: &str, to: &str, _: &str, _: u16| namespace_of(to) != "shop";
+    let shop_isolated = |p: &Probe| namespace_of(p.to) != "shop";
     expect(&sandbox, "shop denies ingress", shop_isolated);
 
     // A pod selector (a label key no policy read before: node-b's pods are listed again
@@ -314,12 +345,12 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
                    "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}]}]}),
         )),
     );
-    let shop_opened = |from: &str, to: &str, protocol: &str, port: u16| {
-        shop_isolated(from, to, protocol, port)
-            || (to == "db-a"
-                && from == "api-b"
-                && matches!((protocol, port), ("tcp", 8080) | ("udp", 9090)))
-            || (to == "web-a" && namespace_of(from) == "ops")
+    let shop_opened = |p: &Probe| {
+        shop_isolated(p)
+            || (p.to == "db-a"
+                && p.from == "api-b"
+                && matches!((p.udp, p.port), (false, 8080) | (true, 9090)))
+            || (p.to == "web-a" && namespace_of(p.from) == "ops")
     };
     expect(&sandbox, "db from api, web from ops", shop_opened);
 
@@ -352,8 +383,8 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     );
 
     // Egress with an ipBlock less an exception, a TCP port range and a UDP port: the
-    // probes (one per node) may reach the pod network but web-a, on TCP 9000-9100 and
-    // UDP 8080 only.
+    // probes (one per node) may reach the IPv4 pod network but web-a, on TCP 9000-9100
+    // and UDP 8080 only, and nothing over IPv6.
     kubectl(
         &sandbox,
         &["apply"],
@@ -368,10 +399,12 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
                                          {"protocol": "UDP", "port": 8080}]}]}),
         )),
     );
-    let probes_limited = |from: &str, to: &str, protocol: &str, port: u16| {
-        shop_opened(from, to, protocol, port)
-            && (namespace_of(from) != "ops"
-                || (to != "web-a" && matches!((protocol, port), ("tcp", 9090) | ("udp", 8080))))
+    let probes_limited = |p: &Probe| {
+        shop_opened(p)
+            && (namespace_of(p.from) != "ops"
+                || (!p.v6
+                    && p.to != "web-a"
+                    && matches!((p.udp, p.port), (false, 9090) | (true, 8080))))
     };
     expect(&sandbox, "probes' egress limited", probes_limited);
 
