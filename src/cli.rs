@@ -38,10 +38,18 @@ pub enum Command {
         #[arg(long)]
         yes: bool,
         /// Instead, remove what kube-proxy left, and nothing of nodus's: its `ip`/`ip6
-        /// kube-proxy` nftables tables and its iptables chains (through
-        /// `iptables-save`/`-restore` when installed); the kubelet's chains stay.
-        #[arg(long)]
+        /// kube-proxy` nftables tables, its iptables chains (through
+        /// `iptables-save`/`-restore` when installed) and its IPVS mode's `kube-ipvs0`;
+        /// the kubelet's chains stay. Lists them first.
+        #[arg(long, conflicts_with = "foreign")]
         kube_proxy: bool,
+        /// Instead, remove what kube-proxy and flannel left, and nothing of nodus's:
+        /// kube-proxy's as `--kube-proxy` does, and flannel's `ip`/`ip6 flannel` tables,
+        /// `FLANNEL-*` iptables chains, `flannel.1`, `flannel-v6.1`, `flannel-wg*` and
+        /// `cni0` devices and its CNI configuration beside the mesh's conflist. Lists
+        /// them first.
+        #[arg(long)]
+        foreign: bool,
     },
     /// Copy the CNI plugins the mesh's conflist uses (ptp, host-local, portmap, loopback)
     /// into the runtime's plugin directory: the DaemonSet's init container.

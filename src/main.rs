@@ -98,11 +98,19 @@ fn main() -> anyhow::Result<()> {
             init_logging(&args.cluster);
             runtime()?.block_on(cmd::proxy::trace(args))
         }
-        Some(Command::Cleanup { yes, kube_proxy }) => cmd::proxy::cleanup(
+        Some(Command::Cleanup {
             yes,
             kube_proxy,
-            &Config::load_or_default(cli.run.cluster.config.as_deref())?,
-        ),
+            foreign,
+        }) => {
+            use cmd::cleanup::Foreign;
+            let config = Config::load_or_default(cli.run.cluster.config.as_deref())?;
+            match (foreign, kube_proxy) {
+                (true, _) => cmd::cleanup::foreign(yes, &Foreign::ALL, &config),
+                (false, true) => cmd::cleanup::foreign(yes, &[Foreign::KubeProxy], &config),
+                (false, false) => cmd::cleanup::own(yes, &config),
+            }
+        }
         Some(Command::InstallCni { from, to }) => {
             for (plugin, written) in nodus_mesh::cni::install_plugins(&from, &to)? {
                 let done = if written { "installed" } else { "unchanged" };

@@ -1,8 +1,10 @@
-//! What kube-proxy leaves on a node it no longer runs on (checklist K.65), removed by
-//! `nodus cleanup --kube-proxy`: the `ip kube-proxy` and `ip6 kube-proxy` tables of its
-//! nftables mode, and the chains of its iptables mode with the jumps to them from the
-//! base chains. The kubelet's own chains (`KUBE-FIREWALL`, `KUBE-KUBELET-CANARY`,
-//! `KUBE-IPTABLES-HINT`) and every rule of other programs stay.
+//! What other programs leave on a node nodus takes over, removed by `nodus cleanup
+//! --foreign` (or `--kube-proxy`): their nftables tables, and the chains of their
+//! iptables rules with the jumps to them from the base chains. Which tables and chains
+//! are whose is the caller's to say; kube-proxy's iptables chains are named here
+//! (checklist K.65), since the kubelet's (`KUBE-FIREWALL`, `KUBE-KUBELET-CANARY`,
+//! `KUBE-IPTABLES-HINT`) share their prefix and must stay. Every rule of other programs
+//! stays.
 //!
 //! The iptables half goes through `iptables-save` and `iptables-restore --noflush` (and
 //! their `ip6` twins), as kube-proxy's own cleanup does: they speak whichever backend
@@ -38,36 +40,67 @@ const PER_SERVICE_PREFIXES: [&str; 6] = [
     "KUBE-SVL-",
 ];
 
-fn is_kube_proxy_chain(name: &str) -> bool {
+/// Whether kube-proxy's iptables mode made the chain `name` (the kubelet's are not).
+pub fn is_kube_proxy_chain(name: &str) -> bool {
     FIXED_CHAINS.contains(&name) || PER_SERVICE_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// Deletes kube-proxy's nftables tables from the calling thread's network namespace;
-/// the ones that were there.
-pub fn remove_kube_proxy_tables() -> Result<Vec<String>, Error> {
+/// The tables named `name` in the `ip` and `ip6` families.
+pub fn tables_named(name: &str) -> [Table; 2] {
+    [Family::Ip, Family::Ip6].map(|family| Table {
+        family,
+        name: name.into(),
+    })
+}
+
+/// `table ip kube-proxy`.
+pub fn describe(table: &Table) -> String {
+    format!("table {} {}", table.family.name(), table.name)
+}
+
+/// Those of `tables` that exist in the calling thread's network namespace.
+pub fn existing_tables(tables: &[Table]) -> Result<Vec<Table>, Error> {
+    let mut socket = Socket::open().map_err(Error::Open)?;
+    let mut found = Vec::new();
+    for table in tables {
+        if socket
+            .table_exists(table)
+            .map_err(Error::netlink(format!("looking for {}", describe(table))))?
+        {
+            found.push(table.clone());
+        }
+    }
+    Ok(found)
+}
+
+/// Deletes `tables` from the calling thread's network namespace; the ones that were there.
+pub fn remove_tables(tables: &[Table]) -> Result<Vec<Table>, Error> {
     let mut socket = Socket::open().map_err(Error::Open)?;
     let mut removed = Vec::new();
-    for family in [Family::Ip, Family::Ip6] {
-        let table = Table {
-            family,
-            name: "kube-proxy".into(),
-        };
-        let name = format!("table {} kube-proxy", family.name());
+    for table in tables {
         if socket
-            .delete_table_if_exists(&table)
-            .map_err(Error::netlink(format!("deleting {name}")))?
+            .delete_table_if_exists(table)
+            .map_err(Error::netlink(format!("deleting {}", describe(table))))?
         {
-            removed.push(name);
+            removed.push(table.clone());
         }
     }
     Ok(removed)
 }
 
-/// The `iptables-restore --noflush` input that removes kube-proxy's chains from an
-/// `iptables-save` listing, and how many chains it removes; `None` when there are none.
-/// Jumps to them are deleted first (from any chain that stays), then every one of them
-/// is flushed, then deleted, so that no chain is deleted while another still refers to it.
-pub fn removal_script(saved: &str) -> Option<(String, usize)> {
+/// The chains that go from one iptables backend's rules, and how.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Removal {
+    /// `table/chain`.
+    pub chains: Vec<String>,
+    /// The `iptables-restore --noflush` input that removes them.
+    script: String,
+}
+
+/// The removal of the chains `owned` accepts from an `iptables-save` listing. Jumps to
+/// them are deleted first (from any chain that stays), then every one of them is
+/// flushed, then deleted, so that no chain is deleted while another still refers to it.
+pub fn removal_script(saved: &str, owned: impl Fn(&str) -> bool) -> Removal {
     let mut tables: Vec<TableRemoval<'_>> = Vec::new();
     for line in saved.lines() {
         if let Some(name) = line.strip_prefix('*') {
@@ -79,31 +112,32 @@ pub fn removal_script(saved: &str) -> Option<(String, usize)> {
         } else if let Some(table) = tables.last_mut() {
             if let Some(chain) = line.strip_prefix(':') {
                 let chain = chain.split_whitespace().next().unwrap_or_default();
-                if is_kube_proxy_chain(chain) {
+                if owned(chain) {
                     table.chains.push(chain);
                 }
             } else if let Some(rule) = line.strip_prefix("-A ") {
                 let owner = rule.split_whitespace().next().unwrap_or_default();
-                if !is_kube_proxy_chain(owner) && jump_target(rule).is_some_and(is_kube_proxy_chain)
-                {
+                if !owned(owner) && jump_target(rule).is_some_and(&owned) {
                     table.jumps.push(rule);
                 }
             }
         }
     }
-    let mut script = String::new();
-    let mut removed = 0;
+    let mut removal = Removal::default();
     for table in tables.iter().filter(|table| !table.chains.is_empty()) {
-        removed += table.chains.len();
-        table.write(&mut script);
+        let chains = table.chains.iter();
+        removal
+            .chains
+            .extend(chains.map(|chain| format!("{}/{chain}", table.name)));
+        table.write(&mut removal.script);
     }
-    (removed > 0).then_some((script, removed))
+    removal
 }
 
 /// What goes from one table of an `iptables-save` listing.
 struct TableRemoval<'s> {
     name: &'s str,
-    /// kube-proxy's chains.
+    /// The chains that go.
     chains: Vec<&'s str>,
     /// Rules of other chains that jump to them, as listed after `-A `.
     jumps: Vec<&'s str>,
@@ -136,38 +170,35 @@ fn jump_target(rule: &str) -> Option<&str> {
     None
 }
 
-/// What the iptables half found for one of `iptables` and `ip6tables`.
-#[derive(Debug, PartialEq, Eq)]
-pub enum IptablesOutcome {
-    /// Chains removed.
-    Removed(usize),
-    Nothing,
-    /// `<program>-save` is not installed.
-    NoProgram,
+/// The removal of the chains `owned` accepts from what `program` (`iptables`,
+/// `ip6tables`, or a backend's own such as `iptables-legacy`) lists; `Ok(None)` when
+/// `<program>-save` is not installed.
+pub fn chains_to_remove(
+    program: &str,
+    owned: impl Fn(&str) -> bool,
+) -> std::io::Result<Option<Removal>> {
+    let save = format!("{program}-save");
+    match Command::new(&save).stderr(Stdio::piped()).output() {
+        Ok(output) if output.status.success() => Ok(Some(removal_script(
+            &String::from_utf8_lossy(&output.stdout),
+            owned,
+        ))),
+        Ok(output) => Err(std::io::Error::other(format!(
+            "{save}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) => Err(std::io::Error::other(format!("{save}: {error}"))),
+    }
 }
 
-/// Removes kube-proxy's iptables chains with `program` (`iptables`, `ip6tables`, or a
-/// backend's own such as `iptables-legacy`).
-pub fn remove_kube_proxy_chains(program: &str) -> std::io::Result<IptablesOutcome> {
-    let save = format!("{program}-save");
-    let saved = match Command::new(&save).stderr(Stdio::piped()).output() {
-        Ok(output) if output.status.success() => {
-            String::from_utf8_lossy(&output.stdout).into_owned()
-        }
-        Ok(output) => {
-            return Err(std::io::Error::other(format!(
-                "{save}: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            )));
-        }
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-            return Ok(IptablesOutcome::NoProgram);
-        }
-        Err(error) => return Err(std::io::Error::other(format!("{save}: {error}"))),
-    };
-    let Some((script, removed)) = removal_script(&saved) else {
-        return Ok(IptablesOutcome::Nothing);
-    };
+/// Removes the chains `owned` accepts with `program`; the chains removed (none when
+/// there were none, or no such program).
+pub fn remove_chains(program: &str, owned: impl Fn(&str) -> bool) -> std::io::Result<Vec<String>> {
+    let removal = chains_to_remove(program, owned)?.unwrap_or_default();
+    if removal.chains.is_empty() {
+        return Ok(Vec::new());
+    }
     let restore = format!("{program}-restore");
     let mut child = Command::new(&restore)
         .arg("--noflush")
@@ -177,7 +208,7 @@ pub fn remove_kube_proxy_chains(program: &str) -> std::io::Result<IptablesOutcom
         .spawn()
         .map_err(|error| std::io::Error::other(format!("{restore}: {error}")))?;
     if let Some(mut stdin) = child.stdin.take() {
-        stdin.write_all(script.as_bytes())?;
+        stdin.write_all(removal.script.as_bytes())?;
     }
     let output = child.wait_with_output()?;
     if !output.status.success() {
@@ -186,7 +217,7 @@ pub fn remove_kube_proxy_chains(program: &str) -> std::io::Result<IptablesOutcom
             String::from_utf8_lossy(&output.stderr).trim()
         )));
     }
-    Ok(IptablesOutcome::Removed(removed))
+    Ok(removal.chains)
 }
 
 #[cfg(test)]
@@ -236,10 +267,11 @@ COMMIT
 
     #[test]
     fn k65_kube_proxys_chains_and_their_jumps_go_the_kubelets_and_others_stay() {
-        let (script, removed) = removal_script(SAVED).expect("something to remove");
-        assert_eq!(removed, 8);
+        let removal = removal_script(SAVED, is_kube_proxy_chain);
+        assert_eq!(removal.chains.len(), 8);
+        assert_eq!(removal.chains[0], "filter/KUBE-FORWARD");
         assert_eq!(
-            script,
+            removal.script,
             "*filter\n\
              -D INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL\n\
              -D FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n\
@@ -253,9 +285,10 @@ COMMIT
              -X KUBE-MARK-MASQ\n-X KUBE-POSTROUTING\n-X KUBE-SEP-ABC\n-X KUBE-SERVICES\n-X KUBE-SVC-XYZ\n\
              COMMIT\n"
         );
+        let nothing = "*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n";
         assert_eq!(
-            removal_script("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"),
-            None
+            removal_script(nothing, is_kube_proxy_chain),
+            Removal::default()
         );
     }
 }

@@ -1,5 +1,6 @@
 //! The subcommands other than `nodus run`: each a short program over the agent's pieces.
 
+pub mod cleanup;
 pub mod proxy;
 #[cfg(feature = "sandbox")]
 pub mod sandbox;

@@ -1,6 +1,5 @@
-//! `nodus proxy render`, `nodus proxy trace` and `nodus cleanup`: the service proxy's
-//! ruleset for people and tests, a packet's way through it, and removing what nodus
-//! programmed.
+//! `nodus proxy render` and `nodus proxy trace`: the service proxy's ruleset for people
+//! and tests, and a packet's way through it.
 
 use crate::agent::feed::complete_view;
 use crate::agent::state::StateDir;
@@ -115,95 +114,4 @@ fn saved_view(dir: &std::path::Path, node: &str) -> anyhow::Result<View> {
             path.display()
         )
     })
-}
-
-/// Deletes the proxy's table, the mesh's device and the CNI conflist (with `kube_proxy`,
-/// what kube-proxy left instead), after asking on a terminal unless `yes`. Services and
-/// pod traffic between nodes stop at once on this node, which is why it asks.
-pub fn cleanup(yes: bool, kube_proxy: bool, config: &Config) -> anyhow::Result<()> {
-    use std::io::IsTerminal;
-    let mesh = &config.mesh;
-    if !yes {
-        anyhow::ensure!(
-            std::io::stdin().is_terminal(),
-            "refusing to remove anything without --yes when not on a terminal"
-        );
-        match kube_proxy {
-            true => print!(
-                "Remove kube-proxy's nftables tables and iptables chains? Services that only \
-                 kube-proxy still serves stop working on this node. [y/N] "
-            ),
-            false => print!(
-                "Remove the nftables table inet nodus, the WireGuard device {} and {}? \
-                 Services and pod traffic between nodes stop working on this node. [y/N] ",
-                mesh.interface,
-                mesh.cni_conflist.display()
-            ),
-        }
-        std::io::stdout().flush()?;
-        let mut answer = String::new();
-        std::io::stdin().read_line(&mut answer)?;
-        if !matches!(answer.trim(), "y" | "Y" | "yes") {
-            println!("nothing removed");
-            return Ok(());
-        }
-    }
-    if kube_proxy {
-        return remove_kube_proxy_leftovers();
-    }
-    match nodus_proxy::apply::cleanup()? {
-        true => println!("removed table inet nodus"),
-        false => println!("no table inet nodus; nothing to remove"),
-    }
-    let removed = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?
-        .block_on(nodus_mesh::cleanup::remove(
-            &mesh.interface,
-            &mesh.cni_conflist,
-        ))
-        .map_err(|error| anyhow::anyhow!("removing the mesh: {error}"))?;
-    match removed.device {
-        true => println!("removed WireGuard device {} and its routes", mesh.interface),
-        false => println!("no WireGuard device {}", mesh.interface),
-    }
-    match removed.conflist {
-        true => println!("removed {}", mesh.cni_conflist.display()),
-        false => println!("no {}", mesh.cni_conflist.display()),
-    }
-    Ok(())
-}
-
-/// kube-proxy's nftables tables, then its iptables chains through each backend's tools
-/// that are installed; a failure of one does not keep the others from going.
-fn remove_kube_proxy_leftovers() -> anyhow::Result<()> {
-    use nodus_proxy::leftovers::{self, IptablesOutcome};
-    let tables = leftovers::remove_kube_proxy_tables()
-        .map_err(|error| anyhow::anyhow!("removing kube-proxy's nftables tables: {error}"))?;
-    match tables.is_empty() {
-        true => println!("no kube-proxy nftables tables"),
-        false => println!("removed {}", tables.join(" and ")),
-    }
-    let mut failed = Vec::new();
-    for program in [
-        "iptables",
-        "ip6tables",
-        "iptables-legacy",
-        "ip6tables-legacy",
-    ] {
-        match leftovers::remove_kube_proxy_chains(program) {
-            Ok(IptablesOutcome::Removed(chains)) => {
-                println!("removed {chains} kube-proxy chains with {program}")
-            }
-            Ok(IptablesOutcome::Nothing) => println!("no kube-proxy chains in {program}"),
-            Ok(IptablesOutcome::NoProgram) => {}
-            Err(error) => failed.push(format!("{program}: {error}")),
-        }
-    }
-    anyhow::ensure!(
-        failed.is_empty(),
-        "kube-proxy's iptables chains were not all removed: {}",
-        failed.join("; ")
-    );
-    Ok(())
 }

@@ -205,18 +205,38 @@ fn trace_follows_a_packet_from_the_api_and_from_a_saved_view() {
     assert!(stderr.contains("no usable saved view"), "{stderr}");
 }
 
-/// `nodus cleanup --kube-proxy` removes what kube-proxy left on the node instead of
-/// nodus's own: its nftables tables and its iptables chains with the jumps to them; the
-/// kubelet's chain, another program's rule and nodus's table stay, and a second run
-/// finds nothing.
+/// A directory of its own under the temporary directory, removed when dropped.
+struct ScratchDir(std::path::PathBuf);
+
+impl ScratchDir {
+    fn new(name: &str) -> ScratchDir {
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        ScratchDir(dir)
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `nodus cleanup --kube-proxy` and `--foreign` remove what kube-proxy and flannel left
+/// on the node instead of nodus's own, after listing it: their nftables tables, their
+/// iptables chains with the jumps to them, their devices and flannel's CNI
+/// configuration. The kubelet's chain, another program's rule and device and file, and
+/// nodus's table and conflist stay, and a second run finds nothing.
 #[test]
-fn cleanup_removes_kube_proxys_leftovers_when_asked() {
-    let ns = Netns::new("clkp").expect("netns");
+fn cleanup_removes_kube_proxys_and_flannels_leftovers_when_asked() {
+    let ns = Netns::new("clfo").expect("netns");
     ns.exec("nft", &["add", "table", "inet", "nodus"])
         .expect("nodus's table");
     for table in ["ip", "ip6"] {
-        ns.exec("nft", &["add", "table", table, "kube-proxy"])
-            .expect("kube-proxy's table");
+        for owner in ["kube-proxy", "flannel"] {
+            ns.exec("nft", &["add", "table", table, owner])
+                .expect("a foreign table");
+        }
     }
     let iptables = |args: &[&str]| ns.exec("iptables", args).expect("iptables");
     for chain in [
@@ -224,77 +244,149 @@ fn cleanup_removes_kube_proxys_leftovers_when_asked() {
         "KUBE-POSTROUTING",
         "KUBE-SVC-XYZ",
         "KUBE-SEP-ABC",
+        "FLANNEL-POSTRTG",
     ] {
         iptables(&["-t", "nat", "-N", chain]);
     }
     iptables(&["-t", "nat", "-A", "PREROUTING", "-j", "KUBE-SERVICES"]);
     iptables(&["-t", "nat", "-A", "POSTROUTING", "-j", "KUBE-POSTROUTING"]);
-    iptables(&[
-        "-t",
-        "nat",
-        "-A",
-        "POSTROUTING",
-        "-s",
-        "10.0.0.0/8",
-        "-j",
-        "MASQUERADE",
-    ]);
-    iptables(&[
-        "-t",
-        "nat",
-        "-A",
-        "KUBE-SERVICES",
-        "-d",
-        "10.96.0.1",
-        "-j",
-        "KUBE-SVC-XYZ",
-    ]);
+    iptables(&["-t", "nat", "-A", "POSTROUTING", "-j", "FLANNEL-POSTRTG"]);
+    let masquerade = ["-s", "10.0.0.0/8", "-j", "MASQUERADE"];
+    iptables(&[&["-t", "nat", "-A", "POSTROUTING"][..], &masquerade].concat());
+    let to_svc = ["-d", "10.96.0.1", "-j", "KUBE-SVC-XYZ"];
+    iptables(&[&["-t", "nat", "-A", "KUBE-SERVICES"][..], &to_svc].concat());
     iptables(&["-t", "nat", "-A", "KUBE-SVC-XYZ", "-j", "KUBE-SEP-ABC"]);
     iptables(&["-t", "filter", "-N", "KUBE-FIREWALL"]);
     iptables(&["-t", "filter", "-A", "INPUT", "-j", "KUBE-FIREWALL"]);
-    let asked = ns.exec(crate::support::NODUS, &["cleanup", "--kube-proxy"]);
-    assert!(asked.is_err(), "nothing without --yes off a terminal");
+    iptables(&["-t", "filter", "-N", "FLANNEL-FWD"]);
+    iptables(&["-t", "filter", "-A", "FORWARD", "-j", "FLANNEL-FWD"]);
+    // Flannel's VXLAN device and its bridge plugin's bridge; kube-proxy's IPVS dummy (a
+    // bridge here: this kernel has no dummy devices); another program's bridge.
+    let ip = |args: &[&str]| ns.ip(args).expect("ip link");
+    ip(&[
+        "link",
+        "add",
+        "flannel.1",
+        "type",
+        "vxlan",
+        "id",
+        "1",
+        "dstport",
+        "8472",
+    ]);
+    for bridge in ["cni0", "kube-ipvs0", "docker0"] {
+        ip(&["link", "add", bridge, "type", "bridge"]);
+    }
+    let cni = ScratchDir::new(&format!("nodus-e2e-cni-{}", ns.name()));
+    for file in ["10-flannel.conflist", "00-nodus.conflist", "99-other.conf"] {
+        std::fs::write(cni.0.join(file), "{}").expect("a CNI file");
+    }
+    let config = cni.0.join("nodus.yaml");
+    let conflist = cni.0.join("00-nodus.conflist");
+    let yaml = format!("mesh:\n  cni_conflist: {}\n", conflist.display());
+    std::fs::write(&config, yaml).expect("config");
+    let config = config.to_string_lossy().into_owned();
+    let cleanup = |args: &[&str]| {
+        let mut command = ns.command(crate::support::NODUS);
+        command.args(["cleanup", "--config", &config]).args(args);
+        command.output().expect("nodus cleanup runs")
+    };
+    let links = || ns.ip(&["-br", "link"]).expect("links");
+
+    // Off a terminal without --yes: listed, then refused.
+    let asked = cleanup(&["--foreign"]);
     assert!(
-        ns.exec("nft", &["list", "table", "ip", "kube-proxy"])
-            .is_ok()
+        !asked.status.success(),
+        "nothing without --yes off a terminal"
     );
-    let removed = ns
-        .exec(crate::support::NODUS, &["cleanup", "--yes", "--kube-proxy"])
-        .expect("cleanup");
+    let listed = String::from_utf8_lossy(&asked.stdout);
+    for line in [
+        "kube-proxy and flannel left on this host:",
+        "  table ip kube-proxy",
+        "  table ip6 flannel",
+        "  iptables: 6 chains (filter/FLANNEL-FWD, nat/FLANNEL-POSTRTG, nat/KUBE-POSTROUTING, nat/KUBE-SEP-ABC, nat/KUBE-SERVICES, …)",
+        "  link flannel.1",
+        "  link cni0",
+        "  link kube-ipvs0",
+    ] {
+        assert!(listed.contains(line), "{line:?} in:\n{listed}");
+    }
+    assert!(listed.contains("10-flannel.conflist"), "{listed}");
+    assert!(links().contains("cni0"), "nothing removed");
+
+    // kube-proxy's alone.
+    let removed = cleanup(&["--yes", "--kube-proxy"]);
+    let said = String::from_utf8_lossy(&removed.stdout);
+    assert!(removed.status.success(), "{removed:?}");
+    for line in [
+        "removed table ip kube-proxy",
+        "removed table ip6 kube-proxy",
+        "removed iptables: 4 chains",
+        "removed link kube-ipvs0",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+    assert!(!said.contains("flannel"), "{said}");
+    assert!(links().contains("flannel.1"), "{}", links());
+
+    // Then flannel's.
+    let removed = cleanup(&["--yes", "--foreign"]);
+    let said = String::from_utf8_lossy(&removed.stdout);
+    assert!(removed.status.success(), "{removed:?}");
+    for line in [
+        "removed table ip flannel",
+        "removed iptables: 2 chains (filter/FLANNEL-FWD, nat/FLANNEL-POSTRTG)",
+        "removed link flannel.1",
+        "removed link cni0",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+    let left = links();
     assert!(
-        removed.contains("removed table ip kube-proxy and table ip6 kube-proxy"),
-        "{removed}"
+        !left.contains("flannel.1") && !left.contains("cni0") && left.contains("docker0"),
+        "{left}"
+    );
+    let files: Vec<String> = std::fs::read_dir(&cni.0)
+        .expect("CNI directory")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|name| name.contains("conf"))
+        .collect();
+    assert!(
+        !files.contains(&"10-flannel.conflist".to_string()),
+        "{files:?}"
     );
     assert!(
-        removed.contains("removed 4 kube-proxy chains with iptables"),
-        "{removed}"
+        files.contains(&"00-nodus.conflist".to_string()),
+        "{files:?}"
     );
-    assert!(
-        ns.exec("nft", &["list", "table", "ip", "kube-proxy"])
-            .is_err()
-    );
+    assert!(files.contains(&"99-other.conf".to_string()), "{files:?}");
     let nat = iptables(&["-t", "nat", "-S"]);
-    assert!(!nat.contains("KUBE-"), "{nat}");
+    assert!(!nat.contains("KUBE-") && !nat.contains("FLANNEL-"), "{nat}");
     assert!(
         nat.contains("-A POSTROUTING -s 10.0.0.0/8 -j MASQUERADE"),
         "{nat}"
     );
     let filter = iptables(&["-t", "filter", "-S"]);
     assert!(
-        filter.contains("-A INPUT -j KUBE-FIREWALL"),
+        filter.contains("-A INPUT -j KUBE-FIREWALL") && !filter.contains("FLANNEL-"),
         "the kubelet's stays: {filter}"
     );
     assert!(
         ns.exec("nft", &["list", "table", "inet", "nodus"]).is_ok(),
         "nodus's stays"
     );
+    assert!(ns.exec("nft", &["list", "table", "ip", "flannel"]).is_err());
 
-    let again = ns
-        .exec(crate::support::NODUS, &["cleanup", "--yes", "--kube-proxy"])
-        .expect("cleanup again");
-    assert!(again.contains("no kube-proxy nftables tables"), "{again}");
+    let again = cleanup(&["--yes", "--foreign"]);
+    let said = String::from_utf8_lossy(&again.stdout);
     assert!(
-        again.contains("no kube-proxy chains in iptables"),
-        "{again}"
+        said.contains("nothing of kube-proxy and flannel on this host"),
+        "{said}"
     );
 }
