@@ -26,6 +26,11 @@ pub enum Command {
     CheckConfig {
         /// The YAML file to check.
         file: PathBuf,
+        /// Also check that this host can run it: the kernel and nftables for the proxy,
+        /// the WireGuard backend and the CNI directory for the mesh, DNS's listen
+        /// addresses free (root needed, as for `nodus run`).
+        #[arg(long)]
+        host: bool,
     },
     /// The service proxy's ruleset.
     #[command(subcommand)]

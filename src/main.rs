@@ -10,6 +10,7 @@ mod agent;
 mod cli;
 mod cmd;
 mod config;
+mod preflight;
 
 use anyhow::Context as _;
 use clap::Parser;
@@ -79,15 +80,29 @@ fn main() -> anyhow::Result<()> {
             }
             cmd::status::print(addr)
         }
-        Some(Command::CheckConfig { file }) => {
+        Some(Command::CheckConfig { file, host }) => {
             let cluster = &cli.run.cluster;
-            Config::load(&file)?
-                .with_api_server(cluster.api_server.as_deref())?
+            let config = Config::load(&file)?.with_api_server(cluster.api_server.as_deref())?;
+            config
                 .check_bootstrap(&config::ApiDiscovery::of_process(
                     cluster.kubeconfig.is_some(),
                 ))
                 .with_context(|| format!("invalid configuration {}", file.display()))?;
-            println!("{}: valid", file.display());
+            if !host {
+                println!("{}: valid", file.display());
+                return Ok(());
+            }
+            let failures = preflight::check_host(&config, false);
+            for failure in &failures {
+                eprintln!("{failure}");
+            }
+            anyhow::ensure!(
+                failures.is_empty(),
+                "{}: valid, but this host cannot run it as it is ({} checks failed)",
+                file.display(),
+                failures.len()
+            );
+            println!("{}: valid, and this host can run it", file.display());
             Ok(())
         }
         Some(Command::Proxy(ProxyCommand::Render(args))) => {

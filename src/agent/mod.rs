@@ -278,6 +278,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         Some(state) => take_over(state).await,
         None => Sockets::default(),
     };
+    for failure in crate::preflight::check_host(&config, !inherited.dns.is_empty()) {
+        tracing::error!(
+            check = %failure,
+            "start-up check failed; what needs it is retried until the host allows it"
+        );
+    }
     let metrics = Arc::new(Metrics::default());
     let http = http::serve(
         config.http_addr,

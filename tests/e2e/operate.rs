@@ -355,3 +355,78 @@ fn with_only_the_daemonsets_capabilities_it_programs_and_answers_and_sigterm_lea
         .expect("the table is still there");
     assert!(after.contains("10.96.0.20"), "{after}");
 }
+
+/// `nodus check-config --host` names, one line each, what this host lacks for a
+/// configuration: DNS's port taken (and by whom), a WireGuard backend that cannot run, a
+/// CNI directory that cannot be made; and passes once the host allows it.
+#[test]
+fn check_config_host_names_what_the_host_lacks() {
+    let ns = Netns::new("prfl").expect("netns");
+    ns.ip(&["link", "set", "lo", "up"]).expect("loopback up");
+    let held = ns
+        .enter(|| std::net::UdpSocket::bind("127.0.0.1:53").expect("hold UDP 53"))
+        .expect("entering the namespace");
+    let dir = std::env::temp_dir().join(format!("nodus-e2e-preflight-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("scratch directory");
+    let not_a_directory = dir.join("file");
+    std::fs::write(&not_a_directory, b"").expect("a file");
+    let write_config = |wireguard_go: &str, conflist: &Path| {
+        let file = dir.join("nodus.yaml");
+        let yaml = format!(
+            "cluster_cidrs: [10.244.0.0/16]\ndns:\n  listen: [\"127.0.0.1:53\"]\nmesh:\n  \
+             enabled: true\n  backend: wireguard-go\n  wireguard_go: {wireguard_go}\n  \
+             cni_conflist: {}\n",
+            conflist.display()
+        );
+        std::fs::write(&file, yaml).expect("config");
+        file
+    };
+    let check = |config: &Path| {
+        let mut command = ns.command(NODUS);
+        command.args(["check-config", "--host"]).arg(config);
+        command.output().expect("nodus check-config runs")
+    };
+
+    let config = write_config(
+        "/nonexistent/wireguard-go",
+        &not_a_directory.join("00-nodus.conflist"),
+    );
+    let refused = check(&config);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{said}");
+    let me = format!("(pid {})", std::process::id());
+    for line in [
+        "mesh.backend wireguard-go: mesh.wireguard_go /nonexistent/wireguard-go: not found",
+        &format!(
+            "mesh.cni_conflist {}",
+            not_a_directory.join("00-nodus.conflist").display()
+        ),
+        "is not a directory",
+        "dns.listen 127.0.0.1:53: udp port 53 is in use by ",
+        &me,
+        "3 checks failed",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+
+    drop(held);
+    let wireguard_go = Command::new("sh")
+        .args(["-c", "command -v wireguard-go"])
+        .output()
+        .expect("sh");
+    let wireguard_go = String::from_utf8_lossy(&wireguard_go.stdout)
+        .trim()
+        .to_string();
+    assert!(
+        !wireguard_go.is_empty(),
+        "wireguard-go is installed by .ci/run"
+    );
+    let config = write_config(&wireguard_go, &dir.join("net.d/00-nodus.conflist"));
+    let passed = check(&config);
+    assert!(passed.status.success(), "{passed:?}");
+    assert!(
+        String::from_utf8_lossy(&passed.stdout).contains("valid, and this host can run it"),
+        "{passed:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
