@@ -58,34 +58,33 @@ pub fn describe(table: &Table) -> String {
     format!("table {} {}", table.family.name(), table.name)
 }
 
-/// Those of `tables` that exist in the calling thread's network namespace.
-pub fn existing_tables(tables: &[Table]) -> Result<Vec<Table>, Error> {
+/// Those of `tables` for which `act` (on a socket in the calling thread's network
+/// namespace) says yes; `doing` names the act in an error.
+fn tables_where(
+    tables: &[Table],
+    doing: &str,
+    act: impl Fn(&mut Socket, &Table) -> crate::nft::Result<bool>,
+) -> Result<Vec<Table>, Error> {
     let mut socket = Socket::open().map_err(Error::Open)?;
-    let mut found = Vec::new();
+    let mut chosen = Vec::new();
     for table in tables {
-        if socket
-            .table_exists(table)
-            .map_err(Error::netlink(format!("looking for {}", describe(table))))?
+        if act(&mut socket, table)
+            .map_err(Error::netlink(format!("{doing} {}", describe(table))))?
         {
-            found.push(table.clone());
+            chosen.push(table.clone());
         }
     }
-    Ok(found)
+    Ok(chosen)
 }
 
-/// Deletes `tables` from the calling thread's network namespace; the ones that were there.
+/// Those of `tables` that exist.
+pub fn existing_tables(tables: &[Table]) -> Result<Vec<Table>, Error> {
+    tables_where(tables, "looking for", Socket::table_exists)
+}
+
+/// Deletes `tables`; the ones that were there.
 pub fn remove_tables(tables: &[Table]) -> Result<Vec<Table>, Error> {
-    let mut socket = Socket::open().map_err(Error::Open)?;
-    let mut removed = Vec::new();
-    for table in tables {
-        if socket
-            .delete_table_if_exists(table)
-            .map_err(Error::netlink(format!("deleting {}", describe(table))))?
-        {
-            removed.push(table.clone());
-        }
-    }
-    Ok(removed)
+    tables_where(tables, "deleting", Socket::delete_table_if_exists)
 }
 
 /// The chains that go from one iptables backend's rules, and how.
