@@ -29,6 +29,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The example cluster, built in so that the sandbox runs from any directory.
 const EXAMPLE_CLUSTER: &str = include_str!("../../deploy/examples/cluster.yaml");
+/// The replacement overlay's configuration, which every node runs with the sandbox's own
+/// facts on top ([`node_config`]), and its `kube-dns` Service, which the cluster gets.
+const OVERLAY_CONFIG: &str = include_str!("../../deploy/overlays/replace/nodus.yaml");
+const OVERLAY_KUBE_DNS: &str = include_str!("../../deploy/overlays/replace/kube-dns.yaml");
 /// The underlay the example's Node addresses live on.
 const UNDERLAY_V4: [u8; 3] = [172, 30, 0];
 const UNDERLAY_V6: [u16; 4] = [0xfd00, 0x172, 0x30, 0];
@@ -726,11 +730,7 @@ fn demonstrate_curl_by_name(pod: &Pod) {
 /// The ClusterIP of kube-system/kube-dns, if the cluster has that Service.
 fn cluster_dns_ip(docs: &[Value]) -> Option<IpAddr> {
     docs.iter()
-        .find(|d| {
-            d["kind"] == "Service"
-                && d["metadata"]["namespace"] == "kube-system"
-                && d["metadata"]["name"] == "kube-dns"
-        })
+        .find(|d| is_kube_dns(d))
         .and_then(|d| d["spec"]["clusterIP"].as_str())
         .and_then(|ip| ip.parse().ok())
 }
@@ -762,6 +762,45 @@ impl Agent {
         let pid = node.ns.spawn(cmd)?;
         Ok(Agent { pid, args, log })
     }
+}
+
+/// A node's configuration: the replacement overlay's (`deploy/overlays/replace/nodus.yaml`)
+/// with what differs in the sandbox on top: both families' pod ranges; the cluster DNS IP
+/// answered by each node itself (no nodus pods back `kube-dns` here); no lame duck (no
+/// load balancer or next pod waits on a sandbox node, and Ctrl-C should not); the mesh's
+/// device (names are host-wide for wireguard-go), key and conflist, and the saved view,
+/// in the node's directory.
+fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> {
+    let mut config: Value =
+        serde_saphyr::from_str(OVERLAY_CONFIG).context("reading the overlay's nodus.yaml")?;
+    let path = |relative: &str| Value::from(node_dir.join(relative).to_string_lossy());
+    config["cluster_cidrs"] = json!(["10.244.0.0/16", "fd00:244::/32"]);
+    config["lameduck_seconds"] = 0.into();
+    config["dns"]["serve_cluster_dns_ip"] = true.into();
+    config["mesh"]["interface"] = interface.into();
+    config["mesh"]["key_file"] = path("key/wireguard.key");
+    config["mesh"]["cni_conflist"] = path("10-nodus.conflist");
+    config["state_dir"] = path("state");
+    Ok(serde_json::to_string_pretty(&config)?)
+}
+
+/// The overlay's `kube-dns` Service in place of the cluster's own, at the cluster's
+/// cluster DNS IP when it has one (the overlay's kustomization sets it so).
+fn with_overlay_kube_dns(docs: &mut Vec<Value>) -> anyhow::Result<()> {
+    let mut kube_dns: Value =
+        serde_saphyr::from_str(OVERLAY_KUBE_DNS).context("reading the overlay's kube-dns.yaml")?;
+    if let Some(ip) = cluster_dns_ip(docs) {
+        kube_dns["spec"]["clusterIP"] = ip.to_string().into();
+    }
+    docs.retain(|d| !is_kube_dns(d));
+    docs.push(kube_dns);
+    Ok(())
+}
+
+fn is_kube_dns(doc: &Value) -> bool {
+    doc["kind"] == "Service"
+        && doc["metadata"]["namespace"] == "kube-system"
+        && doc["metadata"]["name"] == "kube-dns"
 }
 
 /// `restart NODE [BINARY]`, read from stdin: stops the node's nodus with SIGTERM, as a
@@ -903,6 +942,7 @@ fn serve(
         ]);
     }
 
+    with_overlay_kube_dns(&mut docs)?;
     let store = Store::new(ApiServerConfig::default());
     for doc in &docs {
         store.apply_value(doc.clone())?;
@@ -920,11 +960,12 @@ fn serve(
     )?;
     let user_kubeconfig = dir.path.join("kubeconfig");
     apiserver::write_kubeconfig(&user_kubeconfig, &server.url())?;
+    // As in a pod of the overlay's DaemonSet: the in-cluster address is the `kubernetes`
+    // Service's cluster IP, which nothing has programmed on a new node, so `api_server`
+    // (the overlay's NODUS_API_SERVER) names the API's own address.
     let node_kubeconfig = dir.path.join("node-kubeconfig");
-    apiserver::write_kubeconfig(
-        &node_kubeconfig,
-        &format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1)),
-    )?;
+    apiserver::write_kubeconfig(&node_kubeconfig, "https://10.96.0.1:443")?;
+    let api_server = format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1));
 
     let exe = std::env::current_exe().context("finding the nodus binary")?;
     let agent_binary = args.agent_binary.as_deref().unwrap_or(&exe);
@@ -951,23 +992,14 @@ fn serve(
             "via",
             &underlay.v6(1).to_string(),
         ])?;
-        // DNS on every address of the node, so that pods reach it through their gateway;
-        // the proxy programming the node's own namespace; the mesh with its key and CNI
-        // conflist in the sandbox directory. Device names are host-wide for wireguard-go.
         let node_dir = dir.path.join(name);
         let interface = unique_name("wg");
         let node_config = node_dir.join("config.yaml");
         std::fs::create_dir_all(&node_dir)?;
-        std::fs::write(
-            &node_config,
-            format!(
-                "cluster_cidrs: [10.244.0.0/16, \"fd00:244::/32\"]\ndns:\n  listen: [\"0.0.0.0:53\"]\n  serve_cluster_dns_ip: true\nproxy:\n  enabled: true\npolicy:\n  enabled: true\nmesh:\n  enabled: true\n  \
-                 interface: {interface}\n  key_file: {}\n  cni_conflist: {}\nstate_dir: {}\n",
-                node_dir.join("key/wireguard.key").display(),
-                node_dir.join("10-nodus.conflist").display(),
-                node_dir.join("state").display()
-            ),
-        )?;
+        std::fs::write(&node_config, node_config_text(&node_dir, &interface)?)?;
+        // The DaemonSet's init container: the image's plugins into the node's CNI bin
+        // directory, from which the pods below are made.
+        nodus_mesh::cni::install_plugins(Path::new(cni::CNI_PATH), &node_dir.join("cni-bin"))?;
         interfaces.push(interface);
         // A new log; the agent's restarts append to it.
         let log = dir.path.join(format!("{name}.log"));
@@ -978,6 +1010,8 @@ fn serve(
             name.clone(),
             "--kubeconfig".to_string(),
             node_kubeconfig.to_string_lossy().into_owned(),
+            "--api-server".to_string(),
+            api_server.clone(),
             "--config".to_string(),
             node_config.to_string_lossy().into_owned(),
             "--http-addr".to_string(),
@@ -1004,8 +1038,16 @@ fn serve(
             .into_iter()
             .flatten()
             .collect();
-        let pod = cni::add_pod(node, &conflist, &name, &node_dir.join("ipam"), &ips)
-            .with_context(|| format!("creating pod {name} with the CNI plugins"))?;
+        let cni_bin = node_dir.join("cni-bin");
+        let pod = cni::add_pod(
+            node,
+            &conflist,
+            &name,
+            &node_dir.join("ipam"),
+            &ips,
+            &cni_bin,
+        )
+        .with_context(|| format!("creating pod {name} with the CNI plugins"))?;
         let mut cmd = pod.ns.command(&exe.to_string_lossy());
         cmd.args(["echo", "--name", &name]);
         for port in &plan.ports {
@@ -1064,6 +1106,12 @@ fn serve(
             .join(", ")
     );
     println!("logs: {}/<node>.log", dir.path.display());
+    println!(
+        "each node runs deploy/overlays/replace's configuration ({}/<node>/config.yaml: its \
+         own paths and both families on top), api_server set, the overlay's kube-dns \
+         Service, and the CNI plugins installed in <node>/cni-bin",
+        dir.path.display()
+    );
     // A dual-stack pod, so that both families of a dual-stack service can be shown.
     if let Some(pod) = pods
         .iter()

@@ -276,6 +276,7 @@ fn pod_on(node: &MeshNode, name: &str) -> Pod {
         &unique_name(name),
         &node.dir.join("ipam"),
         &[],
+        std::path::Path::new(cni::CNI_PATH),
     )
     .expect("the CNI plugins create the pod");
     let mut echo = pod.ns.command(NODUS);

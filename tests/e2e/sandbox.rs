@@ -86,6 +86,61 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
         );
     }
 
+    // Each node runs the replacement overlay's configuration: every key of the overlay's
+    // file as it is but the sandbox's own facts, the API reached through `api_server`
+    // (the node's kubeconfig names the `kubernetes` Service's cluster IP, as a pod's
+    // in-cluster configuration does), the overlay's kube-dns Service, and the plugins
+    // installed into the node's CNI directory as the DaemonSet's init container does.
+    let overlay: Value =
+        serde_saphyr::from_str(include_str!("../../deploy/overlays/replace/nodus.yaml"))
+            .expect("the overlay's nodus.yaml");
+    let config: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("node-1/config.yaml")).expect("node-1's config"),
+    )
+    .expect("node-1's config is JSON");
+    let sandbox_keys = ["cluster_cidrs", "lameduck_seconds", "state_dir"];
+    for (key, value) in overlay.as_object().expect("a mapping") {
+        match (key.as_str(), value.as_object()) {
+            (key, _) if sandbox_keys.contains(&key) => {}
+            (_, Some(section)) => {
+                for (inner, value) in section {
+                    assert_eq!(&config[key][inner], value, "{key}.{inner}");
+                }
+            }
+            _ => assert_eq!(&config[key], value, "{key}"),
+        }
+    }
+    assert_eq!(config["policy"]["enabled"], true);
+    let node_kubeconfig =
+        std::fs::read_to_string(dir.join("node-kubeconfig")).expect("the nodes' kubeconfig");
+    assert!(
+        node_kubeconfig.contains("https://10.96.0.1:443"),
+        "{node_kubeconfig}"
+    );
+    for plugin in nodus_mesh::cni::PLUGINS {
+        let path = dir.join("node-2/cni-bin").join(plugin);
+        let mode = std::fs::metadata(&path).map(|m| m.permissions().mode());
+        assert!(mode.is_ok_and(|m| m & 0o111 != 0), "{}", path.display());
+    }
+    let kube_dns = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(dir.join("kubeconfig"))
+        .args([
+            "get",
+            "service",
+            "-n",
+            "kube-system",
+            "kube-dns",
+            "-o",
+            "json",
+        ])
+        .output()
+        .expect("kubectl runs");
+    let kube_dns: Value = serde_json::from_slice(&kube_dns.stdout).expect("kube-dns JSON");
+    assert_eq!(kube_dns["metadata"]["labels"]["k8s-app"], "kube-dns");
+    assert_eq!(kube_dns["spec"]["selector"]["k8s-app"], "kube-dns");
+    assert_eq!(kube_dns["spec"]["clusterIP"], "10.96.0.10");
+
     // `nodus view` against the sandbox's API server shows the example cluster.
     let view = Command::new(NODUS)
         .args(["view", "--node-name", "node-3", "--kubeconfig"])

@@ -16,12 +16,14 @@ pub const CNI_PATH: &str = "/usr/lib/cni";
 /// `conflist`, chained as a runtime chains them. `host-local` keeps its leases in
 /// `data_dir` (a runtime would use /var/lib/cni, which is shared by every namespace).
 /// `ips` asks `host-local` for fixed addresses through the `args.cni.ips` convention.
+/// The plugins are those in `cni_bin` ([`CNI_PATH`], or a node's own directory).
 pub fn add_pod(
     node: &Node,
     conflist: &Path,
     name: &str,
     data_dir: &Path,
     ips: &[IpAddr],
+    cni_bin: &Path,
 ) -> anyhow::Result<Pod> {
     let text = std::fs::read_to_string(conflist)
         .with_context(|| format!("reading {}", conflist.display()))?;
@@ -55,7 +57,7 @@ pub fn add_pod(
             .as_str()
             .context("a plugin without a type")?
             .to_string();
-        result = run_plugin(node.ns.name(), &kind, ns.name(), &config)?;
+        result = run_plugin(node.ns.name(), cni_bin, &kind, ns.name(), &config)?;
     }
     let mut pod = Pod {
         ns,
@@ -79,14 +81,22 @@ pub fn add_pod(
     Ok(pod)
 }
 
-fn run_plugin(node_ns: &str, kind: &str, pod_ns: &str, config: &Value) -> anyhow::Result<Value> {
+fn run_plugin(
+    node_ns: &str,
+    cni_bin: &Path,
+    kind: &str,
+    pod_ns: &str,
+    config: &Value,
+) -> anyhow::Result<Value> {
+    let plugin = cni_bin.join(kind);
     let mut child = Command::new("ip")
-        .args(["netns", "exec", node_ns, &format!("{CNI_PATH}/{kind}")])
+        .args(["netns", "exec", node_ns])
+        .arg(&plugin)
         .env("CNI_COMMAND", "ADD")
         .env("CNI_CONTAINERID", pod_ns)
         .env("CNI_NETNS", format!("/var/run/netns/{pod_ns}"))
         .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", CNI_PATH)
+        .env("CNI_PATH", cni_bin)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
