@@ -870,18 +870,13 @@ impl View {
     /// the pods again when the count grows; until then, a selector that reads a new key
     /// matches no pod of another node.
     pub fn peer_label_keys(&self) -> usize {
-        self.policy.peer_key_count()
+        self.policy.peer_keys.len()
     }
 
-    /// Each pod's namespace and how many labels it keeps, sorted.
+    /// Each policy pod's namespace and how many labels it keeps, sorted.
     #[cfg(test)]
     pub(crate) fn policy_pod_labels(&self) -> Vec<(String, usize)> {
-        let pods = self.policy.pods.values();
-        let mut labelled: Vec<(String, usize)> = pods
-            .map(|pod| (self.strings.resolve(pod.namespace).into(), pod.labels.len()))
-            .collect();
-        labelled.sort();
-        labelled
+        self.policy.pod_labels(&self.strings)
     }
 
     /// The NetworkPolicies (`namespace/name`, sorted) that isolate the pod of this node at

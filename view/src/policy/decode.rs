@@ -44,23 +44,31 @@ impl<'a> Taker<'a> {
         result
     }
 
+    /// `labels` interned, sorted by key; with `only`, just those whose keys it holds (a
+    /// key not interned yet is in no such set).
     fn labels<'l>(
         &mut self,
         labels: impl IntoIterator<Item = (&'l String, &'l String)>,
+        only: Option<&HashSet<Sym>>,
     ) -> LabelSet {
-        let mut set: Vec<(Sym, Sym)> = labels
-            .into_iter()
-            .map(|(key, value)| (self.intern(key), self.intern(value)))
-            .collect();
+        let mut set: Vec<(Sym, Sym)> = Vec::new();
+        for (key, value) in labels {
+            let kept = only.is_none_or(|keys| {
+                let key = self.strings.lookup(key);
+                key.is_some_and(|key| keys.contains(&key))
+            });
+            if kept {
+                set.push((self.intern(key), self.intern(value)));
+            }
+        }
         set.sort_unstable_by_key(|(key, _)| *key);
         set.into()
     }
 
-    /// The labels whose keys `keep` accepts (by handle; `None` when not interned).
     fn label_map(
         &mut self,
         labels: &wire::LabelMap,
-        keep: impl Fn(Option<Sym>) -> bool,
+        only: Option<&HashSet<Sym>>,
     ) -> Result<LabelSet, String> {
         if labels.overflow {
             return Err(format!(
@@ -68,17 +76,11 @@ impl<'a> Taker<'a> {
                 wire::LABELS_MAX
             ));
         }
-        let kept: Vec<(&String, &String)> = labels
-            .entries
-            .iter()
-            .filter(|(key, _)| keep(self.strings.lookup(key)))
-            .map(|(key, value)| (key, value))
-            .collect();
-        Ok(self.labels(kept))
+        Ok(self.labels(labels.entries.iter().map(|(k, v)| (k, v)), only))
     }
 
     fn selector(&mut self, field: &str, wire: &wire::LabelSelector) -> Result<Selector, String> {
-        let labels = self.labels(&wire.match_labels);
+        let labels = self.labels(&wire.match_labels, None);
         let mut requirements = Vec::with_capacity(wire.match_expressions.len());
         for (i, r) in wire.match_expressions.iter().enumerate() {
             let field = format!("{field}.matchExpressions[{i}]");
@@ -252,9 +254,8 @@ impl<'a> Taker<'a> {
     ) -> Result<PolicyPod, String> {
         let ips = pod_ips(wire)?;
         let local = !node_name.is_empty() && wire.spec.node_name.as_deref() == Some(node_name);
-        let labels = self.label_map(&wire.metadata.labels, |key| {
-            local || key.is_some_and(|key| peer_keys.contains(&key))
-        })?;
+        let only = (!local).then_some(peer_keys);
+        let labels = self.label_map(&wire.metadata.labels, only)?;
         let mut ports = Vec::new();
         for container in &wire.spec.containers {
             for port in &container.ports {
@@ -320,7 +321,7 @@ pub fn namespace(
     strings: &mut Interner,
 ) -> Result<LabelSet, InvalidObject> {
     let mut taker = Taker::new(strings);
-    let labels = taker.label_map(&wire.metadata.labels, |_| true);
+    let labels = taker.label_map(&wire.metadata.labels, None);
     taker
         .finish(labels)
         .map_err(|reason| invalid("Namespace", &wire.metadata, reason))

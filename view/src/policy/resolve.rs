@@ -182,21 +182,24 @@ impl PolicyState {
                 Peer::Pods {
                     namespaces,
                     pods: selector,
-                } => pods.extend(
-                    self.pods
-                        .values()
-                        .filter(|pod| !pod.ips.is_empty())
-                        // Fail closed: other nodes' pods may lack a label not kept so far.
-                        .filter(|pod| pod.local || self.all_listed(selector))
-                        .filter(|pod| {
-                            policy.in_namespaces(
-                                namespaces.as_ref(),
-                                pod.namespace,
-                                self.namespace_labels(pod.namespace),
-                            )
-                        })
-                        .filter(|pod| selector.matches(&pod.labels)),
-                ),
+                } => {
+                    // Fail closed: other nodes' pods may lack a label not kept so far.
+                    let listed = self.all_listed(selector);
+                    pods.extend(
+                        self.pods
+                            .values()
+                            .filter(|pod| !pod.ips.is_empty())
+                            .filter(|pod| pod.local || listed)
+                            .filter(|pod| {
+                                policy.in_namespaces(
+                                    namespaces.as_ref(),
+                                    pod.namespace,
+                                    self.namespace_labels(pod.namespace),
+                                )
+                            })
+                            .filter(|pod| selector.matches(&pod.labels)),
+                    )
+                }
             }
         }
         Peers::Some { pods, blocks }

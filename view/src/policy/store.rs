@@ -3,7 +3,7 @@
 //!
 //! Of other nodes' pods, only the labels some policy selects peers by are kept. A policy
 //! that selects by a key not kept so far matches no other node's pod by it (fails
-//! closed) until the pods are listed again ([`PolicyState::peer_key_count`] grows).
+//! closed) until the pods are listed again (`peer_keys` grows).
 //!
 //! Every change names the pods of this node whose verdicts it may change (`dirty`), so
 //! that only those are resolved again: a policy, the pods it selects; a pod, itself and
@@ -27,7 +27,7 @@ pub type Dirty = BTreeSet<u64>;
 
 #[derive(Default)]
 pub(crate) struct PolicyState {
-    pub(crate) pods: HashMap<u64, PolicyPod>,
+    pub(super) pods: HashMap<u64, PolicyPod>,
     /// The keys of this node's pods that have an address: those policies may select.
     pub(super) local: BTreeSet<u64>,
     /// Labels by namespace name (the map holds one reference on the name).
@@ -50,15 +50,20 @@ impl PolicyState {
         (self.pods.len(), self.namespaces.len(), self.policies.len())
     }
 
+    /// Each pod's namespace and how many labels it keeps, sorted.
+    #[cfg(test)]
+    pub(crate) fn pod_labels(&self, strings: &Interner) -> Vec<(String, usize)> {
+        let pods = self.pods.values();
+        let mut labelled: Vec<(String, usize)> = pods
+            .map(|pod| (strings.resolve(pod.namespace).into(), pod.labels.len()))
+            .collect();
+        labelled.sort();
+        labelled
+    }
+
     /// Whether other nodes' pods carry every label `selector` reads, as far as it matters.
     pub(super) fn all_listed(&self, selector: &Selector) -> bool {
         self.unlisted_keys.is_empty() || selector.keys().all(|k| !self.unlisted_keys.contains(&k))
-    }
-
-    /// How many label keys policies select peer pods by, ever: when it grows, the pods
-    /// must be listed again to learn their labels of the new key.
-    pub(crate) fn peer_key_count(&self) -> usize {
-        self.peer_keys.len()
     }
 
     /// A list of every pod begins: it delivers the labels of every key tracked now.
