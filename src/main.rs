@@ -120,11 +120,15 @@ fn main() -> anyhow::Result<()> {
         }) => {
             use cmd::cleanup::Foreign;
             let config = Config::load_or_default(cli.run.cluster.config.as_deref())?;
-            match (foreign, kube_proxy) {
-                (true, _) => cmd::cleanup::foreign(yes, &Foreign::ALL, &config),
-                (false, true) => cmd::cleanup::foreign(yes, &[Foreign::KubeProxy], &config),
-                (false, false) => cmd::cleanup::own(yes, &config),
-            }
+            runtime()?.block_on(async {
+                match (foreign, kube_proxy) {
+                    (true, _) => cmd::cleanup::foreign(yes, &Foreign::ALL, &config).await,
+                    (false, true) => {
+                        cmd::cleanup::foreign(yes, &[Foreign::KubeProxy], &config).await
+                    }
+                    (false, false) => cmd::cleanup::own(yes, &config).await,
+                }
+            })
         }
         Some(Command::InstallCni { from, to }) => {
             for (plugin, written) in nodus_mesh::cni::install_plugins(&from, &to)? {

@@ -106,19 +106,16 @@ fn wireguard_backend(mesh: &MeshConfig) -> Option<String> {
         MeshBackend::Embedded => tun()
             .err()
             .map(|error| format!("mesh.backend embedded: {error}")),
-        MeshBackend::Auto => {
-            if kernel_wireguard() {
-                return None;
-            }
-            match tun() {
-                // wireguard-go, when installed, or the embedded device.
-                Ok(()) => None,
-                Err(error) => Some(format!(
-                    "mesh.backend auto: {no_kernel}, and neither wireguard-go nor the \
-                     embedded device can run without {error}"
-                )),
-            }
-        }
+        // wireguard-go, when installed, or the embedded device; else the kernel's. The
+        // device file first: it is one open, the module lists are long files to read.
+        MeshBackend::Auto => match tun() {
+            Ok(()) => None,
+            Err(_) if kernel_wireguard() => None,
+            Err(error) => Some(format!(
+                "mesh.backend auto: {no_kernel}, and neither wireguard-go nor the embedded \
+                 device can run without {error}"
+            )),
+        },
     }
 }
 

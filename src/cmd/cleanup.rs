@@ -89,16 +89,10 @@ fn confirmed(question: &str) -> anyhow::Result<bool> {
     Ok(yes)
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    Ok(tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?)
-}
-
 /// Deletes the proxy's table, the mesh's device and the CNI conflist, after asking on a
 /// terminal unless `yes`. Services and pod traffic between nodes stop at once on this
 /// node, which is why it asks.
-pub fn own(yes: bool, config: &Config) -> anyhow::Result<()> {
+pub async fn own(yes: bool, config: &Config) -> anyhow::Result<()> {
     let mesh = &config.mesh;
     let question = format!(
         "Remove the nftables table inet nodus, the WireGuard device {} and {}? Services and \
@@ -113,11 +107,8 @@ pub fn own(yes: bool, config: &Config) -> anyhow::Result<()> {
         true => println!("removed table inet nodus"),
         false => println!("no table inet nodus; nothing to remove"),
     }
-    let removed = runtime()?
-        .block_on(nodus_mesh::cleanup::remove(
-            &mesh.interface,
-            &mesh.cni_conflist,
-        ))
+    let removed = nodus_mesh::cleanup::remove(&mesh.interface, &mesh.cni_conflist)
+        .await
         .map_err(|error| anyhow::anyhow!("removing the mesh: {error}"))?;
     match removed.device {
         true => println!("removed WireGuard device {} and its routes", mesh.interface),
@@ -141,22 +132,21 @@ struct Leftovers {
 }
 
 impl Leftovers {
-    fn find(programs: &[Foreign], cni_dir: &Path) -> anyhow::Result<Leftovers> {
+    async fn find(programs: &[Foreign], cni_dir: &Path) -> anyhow::Result<Leftovers> {
         let tables: Vec<Table> = programs.iter().flat_map(|p| p.tables()).collect();
         let tables = leftovers::existing_tables(&tables)
             .map_err(|error| anyhow::anyhow!("looking for nftables tables: {error}"))?;
         let mut chains = Vec::new();
         for program in IPTABLES {
-            let owned = |chain: &str| programs.iter().any(|p| p.owns_chain(chain));
-            let removal = leftovers::chains_to_remove(program, owned)
+            let removal = leftovers::chains_to_remove(program, |c| owned(programs, c))
                 .map_err(|error| anyhow::anyhow!("listing the chains of {program}: {error}"))?;
             if let Some(removal) = removal.filter(|r| !r.chains.is_empty()) {
                 chains.push((program, removal.chains));
             }
         }
         let names: Vec<&str> = programs.iter().flat_map(|p| p.links()).copied().collect();
-        let links = runtime()?
-            .block_on(nodus_mesh::cleanup::existing_links(&names))
+        let links = nodus_mesh::cleanup::existing_links(&names)
+            .await
             .map_err(|error| anyhow::anyhow!("looking for links: {error}"))?;
         let mut files = Vec::new();
         // No CNI directory: nothing of theirs in it.
@@ -198,7 +188,7 @@ impl Leftovers {
 
     /// Removes everything found, and says what went; a failure of one does not keep
     /// the others from going.
-    fn remove(&self, programs: &[Foreign]) -> anyhow::Result<()> {
+    async fn remove(&self, programs: &[Foreign]) -> anyhow::Result<()> {
         let mut failed = Vec::new();
         match leftovers::remove_tables(&self.tables) {
             Ok(removed) => {
@@ -209,17 +199,13 @@ impl Leftovers {
             Err(error) => failed.push(format!("nftables tables: {error}")),
         }
         for (program, _) in &self.chains {
-            let owned = |chain: &str| programs.iter().any(|p| p.owns_chain(chain));
-            match leftovers::remove_chains(program, owned) {
+            match leftovers::remove_chains(program, |c| owned(programs, c)) {
                 Ok(chains) => println!("removed {}", chains_line(program, &chains)),
                 Err(error) => failed.push(format!("{program}: {error}")),
             }
         }
         let links: Vec<&str> = self.links.iter().map(String::as_str).collect();
-        match runtime().and_then(|rt| {
-            rt.block_on(nodus_mesh::cleanup::remove_links(&links))
-                .map_err(anyhow::Error::from)
-        }) {
+        match nodus_mesh::cleanup::remove_links(&links).await {
             Ok(removed) => {
                 for link in removed {
                     println!("removed link {link}");
@@ -242,6 +228,11 @@ impl Leftovers {
     }
 }
 
+/// Whether one of `programs` made the iptables chain `chain`.
+fn owned(programs: &[Foreign], chain: &str) -> bool {
+    programs.iter().any(|p| p.owns_chain(chain))
+}
+
 /// `iptables: 4 chains (nat/KUBE-SERVICES, …)`.
 fn chains_line(program: &str, chains: &[String]) -> String {
     const SHOWN: usize = 5;
@@ -260,7 +251,7 @@ fn chains_line(program: &str, chains: &[String]) -> String {
 
 /// Lists what `programs` left on this host, then removes it after asking on a terminal
 /// unless `yes`. CNI configuration is looked for beside the mesh's conflist.
-pub fn foreign(yes: bool, programs: &[Foreign], config: &Config) -> anyhow::Result<()> {
+pub async fn foreign(yes: bool, programs: &[Foreign], config: &Config) -> anyhow::Result<()> {
     let names: Vec<&str> = programs.iter().map(|p| p.name()).collect();
     let names = names.join(" and ");
     let cni_dir = config
@@ -268,7 +259,7 @@ pub fn foreign(yes: bool, programs: &[Foreign], config: &Config) -> anyhow::Resu
         .cni_conflist
         .parent()
         .unwrap_or(Path::new("/etc/cni/net.d"));
-    let found = Leftovers::find(programs, cni_dir)?;
+    let found = Leftovers::find(programs, cni_dir).await?;
     if found.is_empty() {
         println!("nothing of {names} on this host");
         return Ok(());
@@ -284,5 +275,5 @@ pub fn foreign(yes: bool, programs: &[Foreign], config: &Config) -> anyhow::Resu
     if !yes && !confirmed(&question)? {
         return Ok(());
     }
-    found.remove(programs)
+    found.remove(programs).await
 }

@@ -30,7 +30,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// The example cluster, built in so that the sandbox runs from any directory.
 const EXAMPLE_CLUSTER: &str = include_str!("../../deploy/examples/cluster.yaml");
 /// The replacement overlay's configuration, which every node runs with the sandbox's own
-/// facts on top ([`node_config`]), and its `kube-dns` Service, which the cluster gets.
+/// facts on top ([`node_config_text`]), and its `kube-dns` Service, which the cluster
+/// gets.
 const OVERLAY_CONFIG: &str = include_str!("../../deploy/overlays/replace/nodus.yaml");
 const OVERLAY_KUBE_DNS: &str = include_str!("../../deploy/overlays/replace/kube-dns.yaml");
 /// The underlay the example's Node addresses live on.

@@ -170,8 +170,13 @@ fn udp_answered(ns: &str, ip: &str, port: u16, expected: &str) -> bool {
 }
 
 fn probe(sandbox: &Sandbox, from: &str, url: &str) -> std::process::Child {
+    probe_in(&sandbox.ns("pods", from), url)
+}
+
+/// A connection to `url` from the namespace `ns`, as [`probe`] makes it.
+fn probe_in(ns: &str, url: &str) -> std::process::Child {
     Command::new("ip")
-        .args(["netns", "exec", &sandbox.ns("pods", from)])
+        .args(["netns", "exec", ns])
         .args(["curl", "-s", "-m", "1", url])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -277,8 +282,7 @@ fn restart_keeps_isolation(
             let mut leaked = Vec::new();
             while !stop.load(Relaxed) {
                 for (ns, url, to) in &tries {
-                    let curl = ["netns", "exec", ns, "curl", "-s", "-m", "1", url];
-                    if netns::run("ip", &curl).is_ok_and(|body| body.trim() == *to) {
+                    if answered(probe_in(ns, url), to) {
                         leaked.push(format!("{ns} -> {url}"));
                     }
                 }
