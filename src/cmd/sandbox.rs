@@ -515,16 +515,45 @@ fn node_status(node: &Node) -> (bool, BTreeMap<String, String>) {
 fn pod_gateway(docs: &[Value], ip: IpAddr) -> Option<IpAddr> {
     docs.iter()
         .filter(|d| d["kind"] == "Node")
-        .flat_map(|d| {
-            d["spec"]["podCIDRs"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
-        })
-        .filter_map(|c| c.as_str().and_then(|c| c.parse::<Cidr>().ok()))
+        .flat_map(pod_cidrs)
         .find(|c| c.contains(ip))
         .and_then(|c| nodus_mesh::plan::first_host(&c))
         .map(|c| c.addr)
+}
+
+/// The pod CIDRs of the Node `node`.
+fn pod_cidrs(node: &Value) -> impl Iterator<Item = Cidr> + '_ {
+    let cidrs = node["spec"]["podCIDRs"].as_array().into_iter().flatten();
+    cidrs.filter_map(|c| c.as_str()?.parse::<Cidr>().ok())
+}
+
+/// The address of node `name`'s WireGuard device: the first of its IPv4 pod CIDR.
+fn mesh_address(docs: &[Value], name: &str) -> Option<IpAddr> {
+    let node = docs
+        .iter()
+        .find(|d| d["kind"] == "Node" && d["metadata"]["name"] == name)?;
+    pod_cidrs(node)
+        .find(|c| c.addr.is_ipv4())
+        .and_then(|c| nodus_mesh::plan::first_host(&c))
+        .map(|c| c.addr)
+}
+
+/// Whether every node reaches every other node's WireGuard address (a TCP connection to
+/// its DNS port there): the first packet of each pair starts its key exchange, and the
+/// connection stands once it is done.
+fn mesh_reached(nodes: &[Node], docs: &[Value]) -> bool {
+    let addresses: Vec<Option<IpAddr>> = nodes
+        .iter()
+        .map(|node| mesh_address(docs, &node.name))
+        .collect();
+    nodes.iter().enumerate().all(|(i, from)| {
+        let others = addresses.iter().enumerate().filter(|(j, _)| *j != i);
+        others.filter_map(|(_, to)| *to).all(|to| {
+            let dns = SocketAddr::new(to, 53);
+            let connect = || std::net::TcpStream::connect_timeout(&dns, Duration::from_secs(1));
+            from.ns.enter(|| connect().is_ok()).unwrap_or(false)
+        })
+    })
 }
 
 /// The first of up to four tries that succeeds, or the last failure. A tunnel to a peer
@@ -1067,12 +1096,13 @@ fn serve(
     let deadline = Instant::now() + Duration::from_secs(60);
     let statuses: Vec<_> = loop {
         let statuses: Vec<_> = nodes.iter().map(node_status).collect();
-        // Ready, and a WireGuard peer for every other node, so that the demonstrations
-        // below do not race the nodes' key exchange.
+        // Ready, a WireGuard peer for every other node, and every pair's key exchange
+        // done, so that the demonstrations below do not race it.
         let peers = (nodes.len() - 1).to_string();
         let settled = statuses
             .iter()
-            .all(|(ready, objects)| *ready && objects.get("peer") == Some(&peers));
+            .all(|(ready, objects)| *ready && objects.get("peer") == Some(&peers))
+            && mesh_reached(&nodes, &docs);
         if settled || Instant::now() > deadline {
             break statuses;
         }
