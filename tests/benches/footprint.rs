@@ -187,6 +187,45 @@ impl Node<'_> {
     }
 }
 
+/// A `dig -f` batch of questions to the agent's DNS, and the answers it should give.
+struct DnsQuestions {
+    batch: String,
+    found: usize,
+    missing: usize,
+}
+
+/// Services' A, AAAA (no IPv6 in these clusters: no data, but found), SRV and PTR records,
+/// and names that do not exist, 200 of each, over UDP with a tenth over TCP.
+fn dns_questions(shape: &Shape, port: u16) -> DnsQuestions {
+    const EACH: usize = 200;
+    let mut batch = String::new();
+    for k in 0..EACH {
+        let i = (k * 7919) % shape.services;
+        let service = format!(
+            "{}.{}.svc.cluster.local",
+            scale::service_name(i),
+            scale::namespace(i)
+        );
+        let transport = if k % 10 == 0 { "+tcp" } else { "+notcp" };
+        for question in [
+            format!("{service} A"),
+            format!("{service} AAAA"),
+            format!("_http._tcp.{service} SRV"),
+            format!("-x {}", scale::cluster_ip(i)),
+            format!("missing-{k}.{}.svc.cluster.local A", scale::namespace(i)),
+        ] {
+            batch.push_str(&format!(
+                "@127.0.0.1 -p {port} +tries=1 +time=2 {transport} {question}\n"
+            ));
+        }
+    }
+    DnsQuestions {
+        batch,
+        found: 4 * EACH,
+        missing: EACH,
+    }
+}
+
 /// The generated cluster, every Node with a WireGuard key of its own, as a meshed cluster
 /// has them.
 fn cluster(shape: &Shape, policy: Option<&PolicyShape>) -> anyhow::Result<Vec<Value>> {
@@ -214,11 +253,12 @@ fn run_shape(
 ) -> anyhow::Result<Vec<Phase>> {
     let cluster = BenchCluster::new(CHURN + 20_000, cluster(&shape, policy.as_ref())?)?;
     let interface = unique_name("wg");
+    let dns_port = free_port()?;
     let config = format!(
         "cluster_cidrs: [10.0.0.0/8]\nproxy:\n  enabled: true\ndns:\n  listen: [\"127.0.0.1:{}\"]\n\
          mesh:\n  enabled: true\n  backend: wireguard-go\n  interface: {interface}\n  \
          key_file: {}\n  cni_conflist: {}\npolicy:\n  enabled: {}\n",
-        free_port()?,
+        dns_port,
         cluster.dir.join("key/wireguard.key").display(),
         cluster.dir.join("10-nodus.conflist").display(),
         policy.is_some()
@@ -265,6 +305,23 @@ fn run_shape(
             .store
             .apply_value(scale::slice(shape.services, &marker, 0))?;
         node.wait_above(ENDPOINTS, before, "the churn")
+    })?);
+
+    phases.push(node.phase("1,000 DNS questions", |node| {
+        let questions = dns_questions(&shape, dns_port);
+        let batch = node.cluster.dir.join("dns-questions");
+        std::fs::write(&batch, questions.batch)?;
+        let answers = node.ns.exec("dig", &["-f", &batch.to_string_lossy()])?;
+        let count = |status: &str| answers.matches(&format!("status: {status},")).count();
+        let (found, missing) = (count("NOERROR"), count("NXDOMAIN"));
+        if (found, missing) != (questions.found, questions.missing) {
+            bail!(
+                "DNS answered {found} NOERROR and {missing} NXDOMAIN, expected {} and {}",
+                questions.found,
+                questions.missing
+            );
+        }
+        Ok(())
     })?);
 
     const RESTARTS: &str = "nodus_watch_restarts_total{kind=\"endpointslice\"}";
