@@ -6,13 +6,13 @@
 //! network namespace of its own with the proxy, DNS (on loopback) and the mesh
 //! (`wireguard-go`) on, in a memory cgroup of the bench's own. Then, one phase after the
 //! other: the cold start; an annotation on an unrelated Node; 1,000 EndpointSlice updates;
-//! a `410 Gone` relist; commits of another program to a table of its own; a restart that
+//! 1,000 DNS questions (their answers checked); a `410 Gone` relist; commits of another program to a table of its own; a restart that
 //! adopts the table. Before each phase the agent's peak (VmHWM) is reset
 //! (`/proc/<pid>/clear_refs`), so each row's peak is that phase's. Per phase it prints the
 //! time the phase took, nodus's RSS, anonymous memory and peak, the kernel memory charged
 //! to the cgroup (the ruleset, the agent's sockets; it stays charged across the restart),
-//! the full proxy syncs the phase caused, and the WireGuard daemon's RSS. It prints
-//! figures; it asserts nothing.
+//! the full proxy syncs the phase caused and the seconds they took, and the WireGuard
+//! daemon's RSS. It prints figures; it asserts nothing (but that DNS answered right).
 //!
 //! With `--policy PODSxPOLICIESxNAMESPACES`, each shape runs a second time with
 //! NetworkPolicy on and that many Pods (spread over the shape's nodes), NetworkPolicies
@@ -78,8 +78,15 @@ struct Phase {
     took: Duration,
     memory: ProcMemory,
     kernel_bytes: u64,
-    full_syncs: f64,
+    full_syncs: FullSyncs,
     wireguard_kib: u64,
+}
+
+/// The proxy's full syncs: how many, and the seconds they took.
+#[derive(Clone, Copy, Default)]
+struct FullSyncs {
+    count: f64,
+    seconds: f64,
 }
 
 /// The agent under measurement and what it runs beside.
@@ -123,19 +130,30 @@ impl Node<'_> {
             .unwrap_or(0.0)
     }
 
-    /// The measurement after a phase that took `took`.
+    fn full_syncs(&self) -> FullSyncs {
+        FullSyncs {
+            count: self.metric("nodus_proxy_full_sync_duration_seconds_count"),
+            seconds: self.metric("nodus_proxy_full_sync_duration_seconds_sum"),
+        }
+    }
+
+    /// The measurement after a phase that took `took`, of the full syncs since `before`.
     fn measure(
         &self,
         name: &'static str,
         took: Duration,
-        full_syncs: f64,
+        before: FullSyncs,
     ) -> anyhow::Result<Phase> {
+        let now = self.full_syncs();
         Ok(Phase {
             name,
             took,
             memory: proc_memory(self.pid())?,
             kernel_bytes: self.kernel.bytes()?,
-            full_syncs,
+            full_syncs: FullSyncs {
+                count: now.count - before.count,
+                seconds: now.seconds - before.seconds,
+            },
             wireguard_kib: self.wireguard_kib(),
         })
     }
@@ -164,14 +182,13 @@ impl Node<'_> {
         name: &'static str,
         phase: impl FnOnce(&mut Self) -> anyhow::Result<()>,
     ) -> anyhow::Result<Phase> {
-        const FULL_SYNCS: &str = "nodus_proxy_full_sync_duration_seconds_count";
         self.reset_peak()?;
-        let syncs = self.metric(FULL_SYNCS);
+        let before = self.full_syncs();
         let start = Instant::now();
         phase(self)?;
         let took = start.elapsed();
         std::thread::sleep(SETTLE);
-        self.measure(name, took, self.metric(FULL_SYNCS) - syncs)
+        self.measure(name, took, before)
     }
 
     /// RSS of the other processes in the namespace: the `wireguard-go` daemon.
@@ -272,11 +289,10 @@ fn run_shape(
         agent: None,
     };
     let mut phases = Vec::new();
-    const FULL_SYNCS: &str = "nodus_proxy_full_sync_duration_seconds_count";
     // The cold start's peak is the process's own: nothing to reset.
     let ready = node.start()?;
     std::thread::sleep(SETTLE);
-    phases.push(node.measure("cold start", ready, node.metric(FULL_SYNCS))?);
+    phases.push(node.measure("cold start", ready, FullSyncs::default())?);
 
     const APPLIED: &str = "nodus_view_apply_duration_seconds_count";
     phases.push(node.phase("another Node annotated", |node| {
@@ -360,7 +376,7 @@ fn run_shape(
     node.stop();
     let ready = node.start()?;
     std::thread::sleep(SETTLE);
-    phases.push(node.measure("restart, table adopted", ready, node.metric(FULL_SYNCS))?);
+    phases.push(node.measure("restart, table adopted", ready, FullSyncs::default())?);
     Ok(phases)
 }
 
@@ -412,7 +428,7 @@ fn main() -> anyhow::Result<()> {
         kernel.method()
     );
     println!(
-        "{:<36} {:<28} {:>7} | {:>7} {:>7} {:>7} | {:>7} | {:>6} | {:>4}",
+        "{:<36} {:<28} {:>7} | {:>7} {:>7} {:>7} | {:>7} | {:>6} | {:>4} {:>6}",
         "shape S×E×N [+policy P×Q×NS]",
         "phase",
         "took s",
@@ -421,7 +437,8 @@ fn main() -> anyhow::Result<()> {
         "peak",
         "kernel",
         "wg-go",
-        "full"
+        "full",
+        "sync s"
     );
     let runs: Vec<(Shape, Option<PolicyShape>)> = opts
         .shapes
@@ -438,7 +455,7 @@ fn main() -> anyhow::Result<()> {
         };
         for phase in run_shape(&opts, shape, policy, &kernel)? {
             println!(
-                "{:<36} {:<28} {:>7.2} | {:>7} {:>7} {:>7} | {:>7.1} | {:>6} | {:>4}",
+                "{:<36} {:<28} {:>7.2} | {:>7} {:>7} {:>7} | {:>7.1} | {:>6} | {:>4} {:>6.2}",
                 label,
                 phase.name,
                 phase.took.as_secs_f64(),
@@ -447,7 +464,8 @@ fn main() -> anyhow::Result<()> {
                 mib(phase.memory.peak_rss_kib),
                 phase.kernel_bytes as f64 / (1024.0 * 1024.0),
                 mib(phase.wireguard_kib),
-                phase.full_syncs
+                phase.full_syncs.count,
+                phase.full_syncs.seconds
             );
         }
     }

@@ -284,6 +284,16 @@ fn pod_on(node: &MeshNode, name: &str) -> Pod {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     pod.ns.spawn(echo).expect("echo server");
+    // Listening before anyone asks across the mesh: a ping can pass before the server
+    // has started, and a connection then is refused.
+    for ip in [pod.v4.map(IpAddr::V4), pod.v6.map(IpAddr::V6)]
+        .into_iter()
+        .flatten()
+    {
+        wait_for(&format!("{name}'s echo server at {ip}"), || {
+            who(&pod, ip).ok().filter(|answer| answer == name)
+        });
+    }
     pod
 }
 
