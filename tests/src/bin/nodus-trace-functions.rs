@@ -9,8 +9,9 @@
 //! function costs one trap however often it runs, and a function that runs once is seen as
 //! surely as a hot one (sampling would miss it, yet it maps its 64 KiB of code all the
 //! same). Functions are found in the program's link map (`NODUS_LINK_MAP`, see `build.rs`),
-//! so the binary traced is the one released, symbol table stripped and all. Its threads are traced; children it forks are traced until they execute another
-//! program. SIGTERM and SIGINT are passed on to it. x86-64 Linux only.
+//! so the binary traced is the one released, symbol table stripped and all. Its threads
+//! are traced; children it forks are traced until they execute another program. SIGTERM
+//! and SIGINT are passed on to it. x86-64 Linux only.
 
 #![allow(unsafe_code)] // ptrace, waitpid and sigaction, each block with its SAFETY comment
 
@@ -35,7 +36,7 @@ struct Args {
     /// Directory to write `functions-<pid>.txt` into: one mangled name per line.
     #[arg(long)]
     out: PathBuf,
-    /// The program (with its symbol table) and its arguments.
+    /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true)]
     command: Vec<String>,
 }
@@ -58,7 +59,9 @@ struct Entry {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let program = PathBuf::from(&args.command[0]);
-    let mut entries = function_entries(&args.map)?;
+    let map = std::fs::read_to_string(&args.map)
+        .with_context(|| format!("reading {}", args.map.display()))?;
+    let mut entries = function_entries(&map)?;
     // SAFETY: the child only calls ptrace (async-signal-safe) between fork and exec.
     let child = unsafe {
         Command::new(&program)
@@ -128,11 +131,12 @@ fn main() -> anyhow::Result<()> {
                 let offset = regs.rip - 1 - base;
                 match entries.get_mut(&offset) {
                     Some(entry) => {
-                        // A forked child has its own copy of the code; threads share it.
+                        // Restored in the memory of the task that trapped: threads share
+                        // the program's; a forked child has a copy of its own, and traps
+                        // (and is restored) separately.
                         open_memory(task)?.write_all_at(&[entry.original], regs.rip - 1)?;
                         if !entry.hit {
                             entry.hit = true;
-                            memory.write_all_at(&[entry.original], regs.rip - 1)?;
                             order.push(offset);
                         }
                         regs.rip -= 1;
@@ -173,13 +177,11 @@ fn main() -> anyhow::Result<()> {
 /// line starts with four fixed-width columns (`%16x %16x %8x %5d `: address, load address,
 /// size, alignment); after them an output section is not indented, an input section by 8
 /// spaces and a symbol by 16.
-fn function_entries(map: &Path) -> anyhow::Result<BTreeMap<u64, Entry>> {
+fn function_entries(map: &str) -> anyhow::Result<BTreeMap<u64, Entry>> {
     const COLUMNS: usize = 49;
-    let text =
-        std::fs::read_to_string(map).with_context(|| format!("reading {}", map.display()))?;
     let mut entries = BTreeMap::new();
     let mut in_text = false;
-    for line in text.lines().skip(1) {
+    for line in map.lines().skip(1) {
         let (Some(columns), Some(rest)) = (line.get(..COLUMNS), line.get(COLUMNS..)) else {
             continue;
         };
@@ -189,7 +191,7 @@ fn function_entries(map: &Path) -> anyhow::Result<BTreeMap<u64, Entry>> {
             16 if in_text => {
                 let address = columns.split_whitespace().next().unwrap_or_default();
                 let address = u64::from_str_radix(address, 16)
-                    .with_context(|| format!("{}: an address in {line:?}", map.display()))?;
+                    .with_context(|| format!("the link map: an address in {line:?}"))?;
                 let entry = Entry {
                     name: name.to_owned(),
                     original: 0,
@@ -201,10 +203,7 @@ fn function_entries(map: &Path) -> anyhow::Result<BTreeMap<u64, Entry>> {
         }
     }
     if entries.is_empty() {
-        bail!(
-            "{} lists no function in .text: is it an lld map?",
-            map.display()
-        );
+        bail!("the link map lists no function in .text: is it lld's?");
     }
     Ok(entries)
 }
@@ -309,14 +308,7 @@ mod tests {
           b97780           b97780     5000    64 .data
           b97780           b97780        8     1                 also_not_a_function
 ";
-        let dir =
-            std::env::temp_dir().join(format!("nodus-trace-functions-{}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("nodus.map");
-        std::fs::write(&path, map)?;
-        let entries = function_entries(&path);
-        std::fs::remove_dir_all(&dir)?;
-        let names: Vec<(u64, String)> = entries?
+        let names: Vec<(u64, String)> = function_entries(map)?
             .into_iter()
             .map(|(address, entry)| (address, entry.name))
             .collect();
