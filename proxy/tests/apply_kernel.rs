@@ -178,19 +178,47 @@ fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
         *b"one!"
     );
 
-    // A new agent process: a second proxy adopts the table.
+    // A new agent process: a second proxy adopts the table. Meanwhile someone flushed
+    // the chain that DNATs to the endpoint.
     drop(first);
+    let planner = Planner::new(&view, &ProxyConfig::default());
+    let endpoint_chain = planner
+        .services(&mut EndpointKeys::new())
+        .flat_map(|plan| plan.chains)
+        .find(|chain| chain.name().starts_with("endpoint-"))
+        .expect("an endpoint chain");
+    node.exec(
+        "nft",
+        &["flush", "chain", "inet", "nodus", endpoint_chain.name()],
+    )
+    .expect("nft flush chain");
     let mut second = open_proxy(&node);
     let report = second.full_sync(&view).expect("adopting full sync");
     assert_eq!(report.added, 5, "{report:?}");
     // Every element is in place: each chain gets its key block back from its dispatch
-    // rule, so no element is sent and nothing is left over.
+    // rule, so nothing is left over and no service element is sent. Of the services'
+    // chains only the flushed one is written again: the others' rules are in place.
+    // The skeleton is refreshed: its chains rewritten, its own sets (NodePort addresses,
+    // pod ranges) refilled.
+    let skeleton = planner.skeleton();
     assert_eq!(report.leftovers_removed, 0, "{report:?}");
-    assert_eq!(report.elements, 0, "{report:?}");
+    assert_eq!(
+        report.rules,
+        skeleton.chains.iter().map(|c| c.rules.len()).sum::<usize>() + endpoint_chain.rules.len(),
+        "{report:?}"
+    );
+    let skeleton_elements = skeleton
+        .sets
+        .iter()
+        .map(|s| s.elements.len())
+        .sum::<usize>();
+    assert_eq!(report.elements, skeleton_elements, "{report:?}");
     assert_eq!(
         round_trip(&mut established, b"two!").expect("echo after the restart"),
         *b"two!"
     );
+    let mut again = connect(&client, "10.96.0.10:80").expect("a new connection");
+    assert_eq!(round_trip(&mut again, b"new1").expect("echo"), *b"new1");
     assert!(
         second.check(&view).expect("check").is_none(),
         "nothing changed"

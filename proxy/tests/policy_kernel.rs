@@ -3,7 +3,7 @@
 //! the other pods and the services are programmed.
 
 use nodus_proxy::apply::{Proxy, SyncKind};
-use nodus_proxy::plan::ProxyConfig;
+use nodus_proxy::plan::{Planner, ProxyConfig};
 use nodus_testbed::netns::{self, Netns};
 use nodus_view::{ChangeSet, Kind, Update, View};
 use serde_json::json;
@@ -172,4 +172,76 @@ fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
     );
     let isolated = set_elements(&ns, ISOLATED);
     assert!(!isolated.contains(POD_A), "{isolated}");
+}
+
+/// A restart reads the policy sets back and sends only what differs: nothing when they
+/// are right, here one element someone deleted and one someone added.
+#[test]
+fn a_restart_sends_only_the_policy_elements_that_differ() {
+    netns::require_root();
+    let ns = Netns::new("porr").expect("namespace");
+    let config = ProxyConfig {
+        network_policy: true,
+        ..ProxyConfig::default()
+    };
+    let mut view: View = node_view(&TWO_ENDPOINTS);
+    let report = view.apply([
+        policy(&[8080]),
+        Update::RelistStarted(Kind::Pod),
+        pod("a", NODE, POD_A, "a"),
+        pod("b", NODE, POD_B, "b"),
+        pod("client", "node-b", CLIENT, "client"),
+        Update::RelistDone(Kind::Pod),
+    ]);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    let open = || {
+        ns.enter(|| Proxy::new(config.clone()).expect("proxy"))
+            .expect("entering the namespace")
+    };
+    let skeleton = Planner::new(&view, &config).skeleton();
+    let skeleton_elements: usize = skeleton.sets.iter().map(|s| s.elements.len()).sum();
+    let first = open().full_sync(&view).expect("first run");
+    assert!(first.elements > skeleton_elements, "{first:?}");
+
+    let report = open().full_sync(&view).expect("a restart");
+    assert_eq!(report.elements, skeleton_elements, "{report:?}");
+
+    ns.exec(
+        "nft",
+        &[
+            "delete",
+            "element",
+            "inet",
+            "nodus",
+            ISOLATED,
+            &format!("{{ {POD_B} }}"),
+        ],
+    )
+    .expect("deleting an element");
+    let outside = format!("10.244.1.99 . {CLIENT} . 6 . 22");
+    ns.exec(
+        "nft",
+        &[
+            "add",
+            "element",
+            "inet",
+            "nodus",
+            ALLOWED,
+            &format!("{{ {outside} }}"),
+        ],
+    )
+    .expect("adding an element");
+    let report = open().full_sync(&view).expect("another restart");
+    assert_eq!(report.elements, skeleton_elements + 2, "{report:?}");
+    let isolated = set_elements(&ns, ISOLATED);
+    assert!(
+        isolated.contains(POD_A) && isolated.contains(POD_B),
+        "{isolated}"
+    );
+    let allowed = set_elements(&ns, ALLOWED);
+    assert!(!allowed.contains("10.244.1.99"), "{allowed}");
+    assert!(
+        allows(&allowed, POD_A, 8080) && allows(&allowed, POD_B, 8080),
+        "{allowed}"
+    );
 }

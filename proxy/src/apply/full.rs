@@ -11,9 +11,12 @@
 //!    rules' key blocks ([`crate::plan::EndpointKeys::adopt`]), so that each chain gets its
 //!    block back. Services are then programmed in transactions of about
 //!    [`super::full_sync_batch_messages`] messages, each creating its chains before the elements
-//!    that name them; an element already present with the same data is not sent again (an
-//!    adoption after a restart sends no endpoint element that is in place), and one with
-//!    other data is deleted and re-added within the same transaction.
+//!    that name them. A chain whose rules are in place (as many, the first carrying the
+//!    plan's digest: [`ChainPlan::is_in_place`]) is not written again, nor is an element
+//!    already present with the same data; one with other data is deleted and re-added
+//!    within the same transaction. So an adoption after a restart sends nothing that is in
+//!    place, and its commits, which write no rule, spare the kernel a validation of the
+//!    whole table each.
 //! 3. What the previous run left and nobody claimed is removed: map elements first, then
 //!    chains are flushed, then chains and sets deleted, each step in its own bounded
 //!    transactions, so no map or rule ever points at a missing chain.
@@ -28,7 +31,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::net::{Ipv4Addr, Ipv6Addr};
 
 use nodus_view::ServiceName;
 use nodus_view::model::Family;
@@ -38,11 +40,11 @@ use super::{
     Error, Proxy, Record, RefusedService, SyncReport, full_sync_batch_messages, service_key,
 };
 use crate::nft::{
-    self, DataType, Element, ElementData, Errno, ListedData, ListedElement, Table, Tuple, Value,
+    self, Element, ElementData, Errno, ListedData, ListedElement, Table, Tuple, Value,
 };
 use crate::plan::{
-    ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet, Skeleton,
-    TABLE,
+    ChainPlan, ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet,
+    Skeleton, TABLE,
 };
 
 /// One key of a shared map during a full sync.
@@ -76,10 +78,55 @@ impl EndpointElements {
     }
 }
 
+/// A chain as a previous run left it: a hash of its name, its rules, and the digest its
+/// first rule carries ([`ChainPlan::digest`]).
+#[derive(Debug, Clone, Copy)]
+struct ListedChain {
+    name: u64,
+    rules: u32,
+    first_digest: Option<u64>,
+}
+
+/// The chains a previous run left, sorted by name hash: 16,000 bytes a thousand chains.
+#[derive(Debug, Default)]
+struct ListedChains(Vec<ListedChain>);
+
+impl ListedChains {
+    fn push_rule(&mut self, chain: &str, comment: Option<&str>) {
+        let name = name_hash(Object::Chain, chain);
+        match self.0.last_mut() {
+            // A dump lists the rules of one chain together, in order.
+            Some(last) if last.name == name => last.rules += 1,
+            _ => self.0.push(ListedChain {
+                name,
+                rules: 1,
+                first_digest: comment.and_then(ChainPlan::digest_of_comment),
+            }),
+        }
+    }
+
+    fn sort(&mut self) {
+        self.0.sort_unstable_by_key(|chain| chain.name);
+    }
+
+    fn in_place(&self, chain: &ChainPlan) -> bool {
+        let name = name_hash(Object::Chain, chain.name());
+        self.0
+            .binary_search_by_key(&name, |listed| listed.name)
+            .ok()
+            .is_some_and(|at| {
+                let listed = self.0[at];
+                chain.is_in_place(listed.rules as usize, listed.first_digest)
+            })
+    }
+}
+
 /// A service in the transaction being built, kept until it commits so that it can be
 /// retried alone.
 struct Member {
     plan: ServicePlan,
+    /// By index into `plan.chains`: whether the kernel's chain holds its rules already.
+    in_place: Vec<bool>,
     /// Indexes into `plan.elements`.
     stale: Vec<usize>,
     missing: Vec<usize>,
@@ -98,6 +145,9 @@ pub(super) struct FullSync<'a, 'v> {
     /// What a previous run left in the endpoint maps: reused where the plan wants the same
     /// key with the same verdict, avoided by new blocks, and deleted where unclaimed.
     endpoint_elements: HashMap<SharedSet, EndpointElements>,
+    /// The chains a previous run left, with their rules' digests: those in place are not
+    /// written again.
+    chains: ListedChains,
     /// Hashes of every chain and set this sync programs, by kind and name.
     wanted: HashSet<u64>,
     batch: PlanBatch,
@@ -120,6 +170,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             fresh: false,
             slots: HashMap::new(),
             endpoint_elements: HashMap::new(),
+            chains: ListedChains::default(),
             wanted: HashSet::new(),
             batch: PlanBatch::new(),
             members: Vec::new(),
@@ -144,7 +195,11 @@ impl<'a, 'v> FullSync<'a, 'v> {
         let planner = self.planner;
         for plan in planner.services(&mut keys) {
             self.add(plan)?;
-            if self.batch.len() >= self.batch_messages {
+            // An adoption sends few messages for many services, and each member holds
+            // its plan until the commit: the services are bounded too.
+            if self.batch.len() >= self.batch_messages
+                || self.members.len() >= self.batch_messages / 4
+            {
                 self.flush()?;
             }
         }
@@ -191,8 +246,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(skeleton)
     }
 
-    /// Reads the shared maps as a previous run left them, and the blocks its dispatch rules
-    /// use. A table that carried only the egress masquerade has none.
+    /// Reads the shared maps as a previous run left them, the blocks its dispatch rules
+    /// use, and its chains' rule counts and digests. A table that carried only the egress
+    /// masquerade has none.
     fn snapshot(&mut self, keys: &mut EndpointKeys) -> Result<(), Error> {
         let endpoint_maps = self
             .proxy
@@ -223,14 +279,19 @@ impl<'a, 'v> FullSync<'a, 'v> {
             self.endpoint_elements
                 .insert(map, EndpointElements { entries, claimed });
         }
+        let chains = &mut self.chains;
         self.proxy
             .socket
-            .each_dispatch(&self.table, |dispatch| {
-                if let Some(map) = SharedSet::endpoints_from_name(dispatch.map) {
-                    keys.adopt(dispatch.chain, map, dispatch.offset, dispatch.modulus);
+            .each_rule(&self.table, |rule| {
+                chains.push_rule(rule.chain, rule.comment);
+                if let Some(dispatch) = rule.dispatch
+                    && let Some(map) = SharedSet::endpoints_from_name(dispatch.map)
+                {
+                    keys.adopt(rule.chain, map, dispatch.offset, dispatch.modulus);
                 }
             })
-            .map_err(Error::netlink("listing the dispatch rules"))?;
+            .map_err(Error::netlink("listing the rules"))?;
+        chains.sort();
         let mut slots = std::mem::take(&mut self.slots);
         self.each_shared_element(|set, element| {
             slots.insert(
@@ -320,8 +381,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
         for (object, name) in needed_objects(&plan) {
             self.wanted.insert(name_hash(object, &name));
         }
+        let in_place = plan
+            .chains
+            .iter()
+            .map(|chain| self.chains.in_place(chain))
+            .collect();
         let member = Member {
             plan,
+            in_place,
             stale,
             missing,
         };
@@ -527,7 +594,12 @@ fn program(batch: &mut PlanBatch, member: &Member, fresh: bool) {
         let pick = |indexes: &[usize]| -> Vec<&ElementPlan> {
             indexes.iter().map(|&i| &member.plan.elements[i]).collect()
         };
-        batch.adopt_service(&member.plan, &pick(&member.stale), &pick(&member.missing));
+        batch.adopt_service(
+            &member.plan,
+            &member.in_place,
+            &pick(&member.stale),
+            &pick(&member.missing),
+        );
     }
 }
 
@@ -601,46 +673,7 @@ fn planned_data_hash(data: &Option<ElementData>) -> u64 {
     hasher.finish()
 }
 
-/// A key of a shared map from the kernel's bytes, to delete it. Shared maps have
-/// exact-match keys, one field unpadded or fields padded to four bytes.
+/// A key of a shared map from the kernel's bytes, to delete it.
 fn tuple_from_bytes(set: SharedSet, bytes: &[u8]) -> Option<Tuple> {
-    let fields = set.definition().key;
-    let concat = fields.is_concat();
-    let mut values = Vec::new();
-    let mut rest = bytes;
-    for field in fields.fields() {
-        let len = field.byte_len();
-        let value = rest.get(..len)?;
-        values.push(match field {
-            DataType::Ipv4Addr => Value::Ipv4(Ipv4Addr::from(<[u8; 4]>::try_from(value).ok()?)),
-            DataType::Ipv6Addr => Value::Ipv6(Ipv6Addr::from(<[u8; 16]>::try_from(value).ok()?)),
-            DataType::InetProto => Value::InetProto(value[0]),
-            DataType::InetService => Value::InetService(u16::from_be_bytes(value.try_into().ok()?)),
-            DataType::Mark => Value::Mark(u32::from_ne_bytes(value.try_into().ok()?)),
-            DataType::Integer32 => Value::Integer32(u32::from_ne_bytes(value.try_into().ok()?)),
-        });
-        let step = if concat { len.div_ceil(4) * 4 } else { len };
-        rest = rest.get(step.min(rest.len())..)?;
-    }
-    Some(Tuple(values))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_read_back_from_kernel_bytes() {
-        let set = SharedSet::new(SharedKind::ServiceIps, Family::V4);
-        let key = Tuple(vec![
-            Value::Ipv4(Ipv4Addr::new(10, 96, 0, 1)),
-            Value::TCP,
-            Value::InetService(443),
-        ]);
-        assert_eq!(tuple_from_bytes(set, &key.to_bytes()), Some(key));
-        let set = SharedSet::new(SharedKind::ClusterIps, Family::V6);
-        let key = Tuple(vec![Value::Ipv6("fd00::1".parse().expect("ip"))]);
-        assert_eq!(tuple_from_bytes(set, &key.to_bytes()), Some(key));
-        assert_eq!(tuple_from_bytes(set, &[1, 2, 3]), None);
-    }
+    Tuple::from_bytes(&set.definition().key, bytes)
 }

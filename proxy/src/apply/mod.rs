@@ -118,6 +118,8 @@ pub struct SyncReport {
     pub transactions: usize,
     /// Set and map elements those transactions added or deleted.
     pub elements: usize,
+    /// Rules those transactions wrote.
+    pub rules: usize,
     pub duration: Duration,
     /// Why a requested partial sync became a full one.
     pub fell_back: Option<String>,
@@ -139,10 +141,18 @@ impl SyncReport {
             conntrack_deletions: 0,
             transactions: 0,
             elements: 0,
+            rules: 0,
             duration: Duration::ZERO,
             fell_back: None,
             policy_refused: Vec::new(),
         }
+    }
+
+    /// Counts a transaction about to be committed.
+    fn count(&mut self, batch: &Batch) {
+        self.transactions += 1;
+        self.elements += batch.element_count();
+        self.rules += batch.rule_count();
     }
 }
 
@@ -436,8 +446,7 @@ impl Proxy {
         }
         if !batch.is_empty() {
             let batch = batch.into_batch();
-            report.transactions += 1;
-            report.elements += batch.element_count();
+            report.count(&batch);
             match self.socket.commit(&batch) {
                 Ok(generation) => self.committed(generation),
                 Err(failure) => {
@@ -558,7 +567,7 @@ impl Proxy {
     }
 
     fn commit(&mut self, batch: &Batch, report: &mut SyncReport) -> Result<(), nft::Error> {
-        report.transactions += 1;
+        report.count(batch);
         let generation = self.socket.commit(batch)?;
         self.committed(generation);
         Ok(())

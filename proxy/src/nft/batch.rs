@@ -112,6 +112,8 @@ pub struct Batch {
     next_set_id: u32,
     /// Set elements added or deleted by the messages.
     elements: usize,
+    /// Rules added by the messages.
+    rules: usize,
 }
 
 impl Batch {
@@ -135,6 +137,7 @@ impl Batch {
             entries: Vec::new(),
             next_set_id: 1,
             elements: 0,
+            rules: 0,
         }
     }
 
@@ -154,6 +157,11 @@ impl Batch {
     /// Set elements the batch adds or deletes (flushes not counted).
     pub fn element_count(&self) -> usize {
         self.elements
+    }
+
+    /// Rules the batch adds.
+    pub fn rule_count(&self) -> usize {
+        self.rules
     }
 
     /// `add table` (no error if it exists).
@@ -241,6 +249,7 @@ impl Batch {
         flags: u16,
         verb: &str,
     ) -> &mut Self {
+        self.rules += 1;
         let attrs = rule.attrs(&self.table.name, position);
         let text = format!("{verb} chain {}: {}", rule.chain, rule.summary());
         self.push(

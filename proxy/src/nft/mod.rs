@@ -23,5 +23,5 @@ pub use error::{Errno, Error, Result};
 pub use expr::{Expr, Field, Register};
 pub use object::{BaseChain, Chain, ChainType, Family, Hook, Policy, Rule, Table, priority};
 pub use set::{AnonymousSet, Element, ElementData, Set, SetData, SetFlags, SetRef};
-pub use socket::{Dispatch, ListedData, ListedElement, Socket};
+pub use socket::{Dispatch, ListedData, ListedElement, ListedRule, Socket};
 pub use types::{DataType, Fields, Tuple, Value, Verdict};

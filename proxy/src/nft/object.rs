@@ -166,6 +166,8 @@ impl Chain {
 pub struct Rule {
     pub chain: String,
     pub exprs: Vec<Expr>,
+    /// Shown by `nft list` after the rule, as nft's own `comment "…"`.
+    pub comment: Option<String>,
 }
 
 impl Rule {
@@ -173,7 +175,13 @@ impl Rule {
         Rule {
             chain: chain.into(),
             exprs: exprs.into_iter().collect(),
+            comment: None,
         }
+    }
+
+    pub fn with_comment(mut self, comment: String) -> Rule {
+        self.comment = Some(comment);
+        self
     }
 
     /// `NFT_MSG_NEWRULE` attributes; `position` is the handle to add after (or, without
@@ -190,6 +198,12 @@ impl Rule {
             sys::NFTA_RULE_EXPRESSIONS,
             self.exprs.iter().map(Expr::to_attr).collect(),
         ));
+        if let Some(comment) = &self.comment {
+            attrs.push(Attr::bytes(
+                sys::NFTA_RULE_USERDATA,
+                comment_userdata(comment),
+            ));
+        }
         attrs
     }
 
@@ -200,10 +214,45 @@ impl Rule {
     }
 }
 
+/// A comment as nft writes it in a rule's user data: one libnftnl TLV of type
+/// `NFTNL_UDATA_RULE_COMMENT`, the string with its NUL. nft shows at most 128 bytes.
+fn comment_userdata(comment: &str) -> Vec<u8> {
+    let text = &comment.as_bytes()[..comment.len().min(127)];
+    let mut userdata = vec![sys::NFTNL_UDATA_RULE_COMMENT, text.len() as u8 + 1];
+    userdata.extend_from_slice(text);
+    userdata.push(0);
+    userdata
+}
+
+/// The comment of a rule's user data, read back from the kernel.
+pub(crate) fn comment_of_userdata(mut userdata: &[u8]) -> Option<&str> {
+    while let [kind, len, rest @ ..] = userdata {
+        let value = rest.get(..usize::from(*len))?;
+        if *kind == sys::NFTNL_UDATA_RULE_COMMENT {
+            return std::str::from_utf8(value.strip_suffix(&[0]).unwrap_or(value)).ok();
+        }
+        userdata = &rest[usize::from(*len)..];
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::nft::attr::encode;
+
+    #[test]
+    fn rule_comments_are_libnftnl_tlvs_and_read_back() {
+        let userdata = comment_userdata("nodus chain 00ff");
+        assert_eq!(&userdata[..2], &[0, 17]);
+        assert_eq!(comment_of_userdata(&userdata), Some("nodus chain 00ff"));
+        // Another TLV first (an ebtables policy, type 1) is skipped.
+        let mut other = vec![1, 4, 0, 0, 0, 0];
+        other.extend_from_slice(&userdata);
+        assert_eq!(comment_of_userdata(&other), Some("nodus chain 00ff"));
+        assert_eq!(comment_of_userdata(&[0, 9, b'a']), None, "truncated");
+        assert_eq!(comment_userdata(&"x".repeat(300)).len(), 2 + 128);
+    }
 
     #[test]
     fn base_chain_hook_and_signed_priority() {

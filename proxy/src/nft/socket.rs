@@ -24,6 +24,7 @@ use super::attr::{self, Attr};
 use super::batch::{Batch, Request, ctnetlink_type, encode_message, nftables_type};
 use super::conntrack::UdpEntry;
 use super::error::{Errno, Error, Result};
+use super::object;
 use super::object::Table;
 use super::sys;
 use super::types::Verdict;
@@ -340,15 +341,12 @@ impl Socket {
         Ok(count)
     }
 
-    /// Calls `each` for every rule of `table` that picks a key with `numgen … mod N offset K`
-    /// and looks it up in a map: a dispatch to N endpoints at keys K…K+N−1. The dump is read
-    /// one datagram at a time and nothing is stored here, so that reading the dispatches of
-    /// 20,000 chains costs what `each` keeps.
-    pub fn each_dispatch(
-        &mut self,
-        table: &Table,
-        mut each: impl FnMut(Dispatch<'_>),
-    ) -> Result<()> {
+    /// Calls `each` for every rule of `table`, in each chain's order: its chain, its
+    /// comment, and whether it picks a key with `numgen … mod N offset K` and looks it up
+    /// in a map (a dispatch to N endpoints at keys K…K+N−1). The dump is read one datagram
+    /// at a time and nothing is stored here, so that reading the rules of 20,000 chains
+    /// costs what `each` keeps.
+    pub fn each_rule(&mut self, table: &Table, mut each: impl FnMut(ListedRule<'_>)) -> Result<()> {
         let attrs = [Attr::string(sys::NFTA_RULE_TABLE, &table.name)];
         let request = "list rules";
         self.query_each(
@@ -368,7 +366,10 @@ impl Socket {
                 ) else {
                     return;
                 };
+                let comment =
+                    attr::find(body, sys::NFTA_RULE_USERDATA).and_then(object::comment_of_userdata);
                 let mut numgen = None;
+                let mut dispatch = None;
                 for (kind, expression) in attr::parse(expressions) {
                     if kind != sys::NFTA_LIST_ELEM {
                         continue;
@@ -385,9 +386,10 @@ impl Socket {
                         Some("lookup") => {
                             let map =
                                 attr::find(data, sys::NFTA_LOOKUP_SET).and_then(nul_terminated);
-                            if let (Some((modulus, offset)), Some(map)) = (numgen, map) {
-                                each(Dispatch {
-                                    chain,
+                            if let (Some((modulus, offset)), Some(map), None) =
+                                (numgen, map, &dispatch)
+                            {
+                                dispatch = Some(Dispatch {
                                     map,
                                     offset,
                                     modulus,
@@ -397,6 +399,11 @@ impl Socket {
                         _ => {}
                     }
                 }
+                each(ListedRule {
+                    chain,
+                    comment,
+                    dispatch,
+                });
             },
         )?
         .map_err(|errno| Error::Request {
@@ -837,10 +844,17 @@ fn parse_error(reply: &Reply, request: &str) -> Result<ErrorReply> {
 
 /// Whether a chain, set or rule message (their table attribute is the first, 1) belongs
 /// to `table`.
-/// A dispatch rule as [`Socket::each_dispatch`] finds it.
+/// A rule as [`Socket::each_rule`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListedRule<'r> {
+    pub chain: &'r str,
+    pub comment: Option<&'r str>,
+    pub dispatch: Option<Dispatch<'r>>,
+}
+
+/// The endpoint pick of a dispatch rule: `numgen random mod N offset K` looked up in `map`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Dispatch<'r> {
-    pub chain: &'r str,
     pub map: &'r str,
     pub offset: u32,
     pub modulus: u32,

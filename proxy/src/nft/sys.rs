@@ -97,6 +97,9 @@ pub const NFTA_RULE_CHAIN: u16 = 2;
 pub const NFTA_RULE_HANDLE: u16 = 3;
 pub const NFTA_RULE_EXPRESSIONS: u16 = 4;
 pub const NFTA_RULE_POSITION: u16 = 6;
+pub const NFTA_RULE_USERDATA: u16 = 7;
+/// libnftnl's TLV type for a rule's comment in `NFTA_RULE_USERDATA`.
+pub const NFTNL_UDATA_RULE_COMMENT: u8 = 0;
 pub const NFTA_EXPR_NAME: u16 = 1;
 pub const NFTA_EXPR_DATA: u16 = 2;
 

@@ -221,6 +221,33 @@ impl fmt::Display for Value {
 pub struct Tuple(pub Vec<Value>);
 
 impl Tuple {
+    /// A key of a set with `fields` from the kernel's bytes: [`Tuple::to_bytes`] read back.
+    /// Keys are exact-match values, one field unpadded or fields padded to four bytes.
+    pub fn from_bytes(fields: &Fields, bytes: &[u8]) -> Option<Tuple> {
+        let concat = fields.is_concat();
+        let mut values = Vec::new();
+        let mut rest = bytes;
+        for field in fields.fields() {
+            let len = field.byte_len();
+            let value = rest.get(..len)?;
+            values.push(match field {
+                DataType::Ipv4Addr => Value::Ipv4(Ipv4Addr::from(<[u8; 4]>::try_from(value).ok()?)),
+                DataType::Ipv6Addr => {
+                    Value::Ipv6(Ipv6Addr::from(<[u8; 16]>::try_from(value).ok()?))
+                }
+                DataType::InetProto => Value::InetProto(value[0]),
+                DataType::InetService => {
+                    Value::InetService(u16::from_be_bytes(value.try_into().ok()?))
+                }
+                DataType::Mark => Value::Mark(u32::from_ne_bytes(value.try_into().ok()?)),
+                DataType::Integer32 => Value::Integer32(u32::from_ne_bytes(value.try_into().ok()?)),
+            });
+            let step = if concat { padded_len(len) } else { len };
+            rest = rest.get(step.min(rest.len())..)?;
+        }
+        Some(Tuple(values))
+    }
+
     /// The register image: a lone field unpadded, concatenated fields four-byte aligned.
     pub fn to_bytes(&self) -> Vec<u8> {
         if let [single] = self.0.as_slice() {
@@ -375,6 +402,22 @@ mod tests {
         assert_eq!(key.to_bytes(), [10, 96, 0, 1, 6, 0, 0, 0, 0, 80, 0, 0]);
         assert_eq!(key.to_string(), "10.96.0.1 . tcp . 80");
         assert_eq!(Tuple::from(Value::InetService(80)).to_bytes(), [0, 80]);
+    }
+
+    #[test]
+    fn keys_read_back_from_kernel_bytes() {
+        let key = Tuple(vec![
+            Value::Ipv4(Ipv4Addr::new(10, 96, 0, 1)),
+            Value::TCP,
+            Value::InetService(443),
+        ]);
+        assert_eq!(Tuple::from_bytes(&key.fields(), &key.to_bytes()), Some(key));
+        let key = Tuple(vec![Value::Ipv6("fd00::1".parse().expect("ip"))]);
+        assert_eq!(Tuple::from_bytes(&key.fields(), &key.to_bytes()), Some(key));
+        assert_eq!(
+            Tuple::from_bytes(&Fields::from(DataType::Ipv6Addr), &[1, 2, 3]),
+            None
+        );
     }
 
     #[test]

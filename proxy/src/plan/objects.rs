@@ -28,7 +28,39 @@ impl ChainPlan {
     pub fn name(&self) -> &str {
         &self.chain.name
     }
+
+    /// A digest of the chain's rules, for this build, which the chain's first rule
+    /// carries in its comment. A full sync that finds a chain with this many rules, the
+    /// first carrying this digest, leaves it alone ([`ChainPlan::is_in_place`]): an
+    /// adoption after a restart then writes no rule that is in place, and a commit that
+    /// writes none spares the kernel a validation of the whole table. The build's version
+    /// is part of it, because another build may encode the same plan otherwise.
+    pub fn digest(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        env!("CARGO_PKG_VERSION").hash(&mut hasher);
+        self.rules.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    pub fn comment(&self) -> String {
+        format!("{CHAIN_COMMENT}{:016x}", self.digest())
+    }
+
+    /// The digest a first rule's comment carries, if it is one of ours.
+    pub fn digest_of_comment(comment: &str) -> Option<u64> {
+        u64::from_str_radix(comment.strip_prefix(CHAIN_COMMENT)?, 16).ok()
+    }
+
+    /// Whether the kernel's chain, with `rules` rules and `first_digest` on the first,
+    /// holds this plan's rules: a chain missing or flushed, a rule added or deleted, or
+    /// rules written from another plan or by another build, are not in place.
+    pub fn is_in_place(&self, rules: usize, first_digest: Option<u64>) -> bool {
+        !self.rules.is_empty() && rules == self.rules.len() && first_digest == Some(self.digest())
+    }
 }
+
+/// How the comment of a chain's first rule starts.
+const CHAIN_COMMENT: &str = "nodus chain ";
 
 /// The sets and maps of the skeleton that services add elements to; one of each per
 /// IP family, because an address key has one width.

@@ -89,7 +89,7 @@ impl PlanBatch {
     /// flushed and rewritten, and its own sets (NodePort addresses, pod ranges) refilled.
     /// The shared maps keep their elements, so every service of a previous run keeps
     /// working until it is re-programmed, and so do the NetworkPolicy sets, until their
-    /// own transaction refills them. The kernel refuses this when a set or base chain
+    /// own transaction brings them up to date. The kernel refuses this when a set or base chain
     /// exists with another definition; then only [`PlanBatch::recreate_skeleton`] helps.
     pub fn refresh_skeleton(&mut self, skeleton: &Skeleton) {
         self.batch.add_table();
@@ -116,13 +116,15 @@ impl PlanBatch {
     }
 
     /// Programs `plan` over a table a previous run may have left parts of it in: its sets
-    /// and chains are created if missing, every chain is flushed and rewritten, the
+    /// are created if missing, its chains too, and every chain not `in_place` (by index;
+    /// one with other rules, see [`ChainPlan::is_in_place`]) is flushed and rewritten; the
     /// elements in `stale` (present with other data) are deleted, and then those in
     /// `missing` (which includes the stale ones) are added. Elements already present
     /// with the same data are left alone, so nothing is ever missing in between.
     pub fn adopt_service(
         &mut self,
         plan: &ServicePlan,
+        in_place: &[bool],
         stale: &[&ElementPlan],
         missing: &[&ElementPlan],
     ) {
@@ -134,11 +136,18 @@ impl PlanBatch {
                 self.batch.add_elements(&reference, &set.elements);
             }
         }
-        for chain in &plan.chains {
+        let rewritten = || {
+            plan.chains
+                .iter()
+                .enumerate()
+                .filter(|(index, _)| !in_place.get(*index).copied().unwrap_or(false))
+                .map(|(_, chain)| chain)
+        };
+        for chain in rewritten() {
             self.batch.add_chain(&chain.chain);
             self.batch.flush_chain(chain.name());
         }
-        for chain in &plan.chains {
+        for chain in rewritten() {
             self.add_rules(chain);
         }
         self.delete_elements(stale.iter().copied());
@@ -269,6 +278,17 @@ impl PlanBatch {
         }
     }
 
+    /// Creates `set` if missing, deletes its elements `gone` and adds `came`.
+    pub fn converge_set(&mut self, set: &Set, gone: &[Element], came: &[Element]) {
+        let reference = self.add_set(set);
+        if !gone.is_empty() {
+            self.batch.delete_elements(&reference, gone);
+        }
+        if !came.is_empty() {
+            self.batch.add_elements(&reference, came);
+        }
+    }
+
     /// Turns the elements of the sets `old` into those of `new` (sets of one name): the
     /// elements only one of them has are deleted or added, the others left alone.
     pub fn update_set_elements(&mut self, old: &[SetPlan], new: &[SetPlan]) {
@@ -322,9 +342,13 @@ impl PlanBatch {
         set_ref(&self.created_sets, name)
     }
 
+    /// Writes the rules of `chain`, the first with the chain's comment.
     fn add_rules(&mut self, chain: &ChainPlan) {
-        for rule in &chain.rules {
-            let rule = self.rule(chain.name(), rule);
+        for (index, rule) in chain.rules.iter().enumerate() {
+            let mut rule = self.rule(chain.name(), rule);
+            if index == 0 {
+                rule = rule.with_comment(chain.comment());
+            }
             self.batch.add_rule(&rule);
         }
     }

@@ -156,8 +156,11 @@ fn write_chain(out: &mut impl Write, chain: &ChainPlan) -> fmt::Result {
             base.priority
         )?;
     }
-    for rule in &chain.rules {
-        writeln!(out, "\t\t{rule}")?;
+    for (index, rule) in chain.rules.iter().enumerate() {
+        match index {
+            0 => writeln!(out, "\t\t{rule} comment \"{}\"", chain.comment())?,
+            _ => writeln!(out, "\t\t{rule}")?,
+        }
     }
     writeln!(out, "\t}}")
 }

@@ -95,6 +95,18 @@ fn http_slice(service: &str, endpoints: &[Ep<'_>]) -> Update {
     )
 }
 
+/// The ruleset as [`super::render`] writes it, without the digests that the first rule of
+/// each chain carries in a comment, which these tests of rules do not name.
+fn render(skeleton: &Skeleton, services: impl IntoIterator<Item = ServicePlan>) -> String {
+    let text = super::render(skeleton, services);
+    let mut bare = String::with_capacity(text.len());
+    for line in text.lines() {
+        bare.push_str(line.split(" comment \"nodus chain ").next().unwrap_or(line));
+        bare.push('\n');
+    }
+    bare
+}
+
 fn view(updates: impl IntoIterator<Item = Update>) -> View {
     let mut view = View::new(NODE);
     let report = view.apply(updates);
@@ -1214,3 +1226,37 @@ fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
 }
 
 mod flows;
+
+#[test]
+fn a_chain_is_in_place_only_with_its_rules_and_the_digest_of_this_plan() {
+    let web = plan(
+        &view([
+            this_node(),
+            service("web", json!({}), json!({})),
+            http_slice("web", &two_endpoints()),
+        ]),
+        "web",
+    );
+    let chain = web
+        .chains
+        .iter()
+        .find(|chain| chain.rules.len() > 1)
+        .expect("a chain of several rules");
+    let digest = ChainPlan::digest_of_comment(&chain.comment());
+    assert_eq!(digest, Some(chain.digest()), "{}", chain.comment());
+    let rules = chain.rules.len();
+    assert!(chain.is_in_place(rules, digest));
+    assert!(!chain.is_in_place(rules - 1, digest), "a rule deleted");
+    assert!(!chain.is_in_place(0, None), "flushed");
+    assert!(!chain.is_in_place(rules, None), "another first rule");
+    let mut other = chain.clone();
+    other.rules.swap(0, 1);
+    assert_ne!(other.digest(), chain.digest(), "rules in another order");
+    assert!(!other.is_in_place(rules, digest));
+    let empty = ChainPlan::regular("empty".into(), Vec::new());
+    assert!(
+        !empty.is_in_place(0, None),
+        "an empty chain is always added"
+    );
+    assert_eq!(ChainPlan::digest_of_comment("kube-proxy rule"), None);
+}
