@@ -65,6 +65,10 @@ pub enum Command {
         /// The runtime's CNI binary directory (`/opt/cni/bin`), as mounted.
         #[arg(long)]
         to: PathBuf,
+        /// Replace a plugin of the same name that the directory holds already. Without it
+        /// that plugin is the host's (a containerd package's, k3s's, Talos's) and is kept.
+        #[arg(long)]
+        replace: bool,
     },
     /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
     #[cfg(feature = "sandbox")]

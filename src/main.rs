@@ -130,9 +130,16 @@ fn main() -> anyhow::Result<()> {
                 }
             })
         }
-        Some(Command::InstallCni { from, to }) => {
-            for (plugin, written) in nodus_mesh::cni::install_plugins(&from, &to)? {
-                let done = if written { "installed" } else { "unchanged" };
+        Some(Command::InstallCni { from, to, replace }) => {
+            use nodus_mesh::cni::Installed;
+            for (plugin, done) in nodus_mesh::cni::install_plugins(&from, &to, replace)? {
+                let done = match done {
+                    Installed::Written => "installed",
+                    Installed::Unchanged => "unchanged",
+                    Installed::KeptHosts => {
+                        "kept the host's (another binary; --replace replaces it)"
+                    }
+                };
                 println!("{plugin}: {done} in {}", to.display());
             }
             Ok(())

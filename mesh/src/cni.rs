@@ -80,11 +80,29 @@ pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
     Ok(true)
 }
 
+/// What [`install_plugins`] did with one plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installed {
+    /// Copied in: it was missing, or replaced on request.
+    Written,
+    /// The directory held the same bytes already.
+    Unchanged,
+    /// The directory held another plugin of that name, which was kept: the host's own
+    /// (a containerd package's, k3s's, Talos's static ones), which its other networks
+    /// and every pod's `loopback` may rely on.
+    KeptHosts,
+}
+
 /// Copies each of [`PLUGINS`] from `from` into `to` (an init container's job: the image
 /// carries them, the host's runtime runs them), each through a temporary file and a rename
 /// so that the runtime never runs half a binary. A plugin already there with the same bytes
-/// is left alone. Returns the plugins and whether each was written.
-pub fn install_plugins(from: &Path, to: &Path) -> Result<Vec<(&'static str, bool)>, Error> {
+/// is left alone, and so is one with other bytes unless `replace`: a plugin of that name
+/// that the host has is the host's. Returns what was done with each plugin.
+pub fn install_plugins(
+    from: &Path,
+    to: &Path,
+    replace: bool,
+) -> Result<Vec<(&'static str, Installed)>, Error> {
     std::fs::create_dir_all(to).map_err(Error::io(format!("creating {}", to.display())))?;
     PLUGINS
         .iter()
@@ -93,12 +111,14 @@ pub fn install_plugins(from: &Path, to: &Path) -> Result<Vec<(&'static str, bool
             let target = to.join(name);
             let content = std::fs::read(&source)
                 .map_err(Error::io(format!("reading {}", source.display())))?;
-            if std::fs::read(&target).is_ok_and(|old| old == content) {
-                return Ok((*name, false));
+            match std::fs::read(&target) {
+                Ok(old) if old == content => return Ok((*name, Installed::Unchanged)),
+                Ok(_) if !replace => return Ok((*name, Installed::KeptHosts)),
+                _ => {}
             }
             let tmp = to.join(format!(".{name}.nodus-tmp"));
             nodus_durable::replace(&target, &tmp, 0o755, &content)?;
-            Ok((*name, true))
+            Ok((*name, Installed::Written))
         })
         .collect()
 }
@@ -167,9 +187,11 @@ mod tests {
         for name in PLUGINS {
             std::fs::write(from.join(name), format!("#!/bin/sh\necho {name}\n")).expect("plugin");
         }
-        let installed = install_plugins(&from, &to).expect("install");
+        let installed = install_plugins(&from, &to, false).expect("install");
         assert!(
-            installed.iter().all(|(_, written)| *written),
+            installed
+                .iter()
+                .all(|(_, done)| *done == Installed::Written),
             "{installed:?}"
         );
         let mode = std::fs::metadata(to.join("ptp"))
@@ -177,15 +199,33 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o755);
-        let again = install_plugins(&from, &to).expect("install again");
-        assert!(again.iter().all(|(_, written)| !*written), "{again:?}");
+        let again = install_plugins(&from, &to, false).expect("install again");
+        assert!(
+            again.iter().all(|(_, done)| *done == Installed::Unchanged),
+            "{again:?}"
+        );
+        // A plugin of that name with other bytes is the host's: kept, unless replaced.
         std::fs::write(from.join("portmap"), "#!/bin/sh\necho newer\n").expect("plugin");
-        let newer = install_plugins(&from, &to).expect("upgrade");
-        assert_eq!(newer.iter().filter(|(_, written)| *written).count(), 1);
+        let kept = install_plugins(&from, &to, false).expect("install beside the host's");
+        assert!(
+            kept.contains(&("portmap", Installed::KeptHosts)),
+            "{kept:?}"
+        );
+        let host = std::fs::read_to_string(to.join("portmap")).expect("portmap");
+        assert_eq!(host, "#!/bin/sh\necho portmap\n");
+        let replaced = install_plugins(&from, &to, true).expect("replace");
+        assert_eq!(
+            replaced
+                .iter()
+                .filter(|(_, done)| *done == Installed::Written)
+                .count(),
+            1,
+            "{replaced:?}"
+        );
         assert_eq!(std::fs::read_dir(&to).expect("dir").count(), PLUGINS.len());
         // A plugin missing from the image is an error that names it.
         std::fs::remove_file(from.join("loopback")).expect("rm");
-        let error = install_plugins(&from, &to).expect_err("missing");
+        let error = install_plugins(&from, &to, false).expect_err("missing");
         assert!(error.to_string().contains("loopback"), "{error}");
         let _ = std::fs::remove_dir_all(&dir);
     }

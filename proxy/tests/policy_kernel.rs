@@ -55,10 +55,9 @@ fn allows(listing: &str, pod: &str, port: u16) -> bool {
     listing.contains(&format!("{pod} . {CLIENT} . tcp . {port}"))
 }
 
-#[test]
-fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
-    netns::require_root();
-    let ns = Netns::new("pokr").expect("namespace");
+/// NetworkPolicy on, and a view where pods `a` and `b` of this node are open on 8080 to
+/// `client` of another node.
+fn servers_and_client() -> (ProxyConfig, View) {
     let config = ProxyConfig {
         network_policy: true,
         ..ProxyConfig::default()
@@ -75,6 +74,14 @@ fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
         Update::RelistDone(Kind::Pod),
     ]);
     assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    (config, view)
+}
+
+#[test]
+fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
+    netns::require_root();
+    let ns = Netns::new("pokr").expect("namespace");
+    let (config, mut view) = servers_and_client();
     let mut proxy = ns
         .enter(|| Proxy::new(config).expect("proxy"))
         .expect("entering the namespace");
@@ -180,20 +187,7 @@ fn a_pod_whose_allowances_the_kernel_refuses_fails_closed_alone() {
 fn a_restart_sends_only_the_policy_elements_that_differ() {
     netns::require_root();
     let ns = Netns::new("porr").expect("namespace");
-    let config = ProxyConfig {
-        network_policy: true,
-        ..ProxyConfig::default()
-    };
-    let mut view: View = node_view(&TWO_ENDPOINTS);
-    let report = view.apply([
-        policy(&[8080]),
-        Update::RelistStarted(Kind::Pod),
-        pod("a", NODE, POD_A, "a"),
-        pod("b", NODE, POD_B, "b"),
-        pod("client", "node-b", CLIENT, "client"),
-        Update::RelistDone(Kind::Pod),
-    ]);
-    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    let (config, view) = servers_and_client();
     let open = || {
         ns.enter(|| Proxy::new(config.clone()).expect("proxy"))
             .expect("entering the namespace")

@@ -1029,7 +1029,11 @@ fn serve(
         std::fs::write(&node_config, node_config_text(&node_dir, &interface)?)?;
         // The DaemonSet's init container: the image's plugins into the node's CNI bin
         // directory, from which the pods below are made.
-        nodus_mesh::cni::install_plugins(Path::new(cni::CNI_PATH), &node_dir.join("cni-bin"))?;
+        nodus_mesh::cni::install_plugins(
+            Path::new(cni::CNI_PATH),
+            &node_dir.join("cni-bin"),
+            false,
+        )?;
         interfaces.push(interface);
         // A new log; the agent's restarts append to it.
         let log = dir.path.join(format!("{name}.log"));
