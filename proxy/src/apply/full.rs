@@ -227,8 +227,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .table_exists(&self.table)
             .map_err(Error::netlink("looking for the nodus table"))?;
         if exists {
-            let mut batch = PlanBatch::new();
-            batch.refresh_skeleton(&skeleton);
+            let batch = self.proxy.skeleton_refresh(&skeleton)?;
             match self.proxy.commit(&batch.into_batch(), self.report) {
                 Ok(()) => return Ok(skeleton),
                 Err(refusal @ nft::Error::Refused { .. }) => {

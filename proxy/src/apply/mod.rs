@@ -14,6 +14,7 @@
 mod footprint;
 mod full;
 mod policy;
+mod sets;
 mod udp;
 
 use std::borrow::Cow;
@@ -371,8 +372,10 @@ impl Proxy {
         {
             // A Node joined or left, or a ServiceCIDR changed: only the skeleton changes.
             let skeleton = planner.skeleton();
-            let mut batch = PlanBatch::new();
-            batch.refresh_skeleton(&skeleton);
+            let batch = match self.skeleton_refresh(&skeleton) {
+                Ok(batch) => batch,
+                Err(failure) => return self.fall_back(view, failure.to_string()),
+            };
             if let Err(failure) = self.commit(&batch.into_batch(), &mut report) {
                 return self.fall_back(view, failure.to_string());
             }

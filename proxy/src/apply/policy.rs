@@ -9,9 +9,7 @@
 //! isolated and is allowed nothing but itself until its policies change or the next full
 //! sync, and it is reported. A refusal never holds back the services or the other pods.
 
-use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use nodus_view::View;
@@ -20,8 +18,8 @@ use nodus_view::policy::resolve::{Direction, PodPolicy};
 use tracing::{error, warn};
 
 use super::{Error, Proxy, SyncReport};
-use crate::nft::{self, Element, Errno, Table, Tuple};
-use crate::plan::{PlanBatch, SetPlan, TABLE, policy};
+use crate::nft::{self, Table};
+use crate::plan::{PlanBatch, TABLE, policy};
 
 /// A pod of this node whose allowances the kernel refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,28 +109,12 @@ fn refusal(failure: &nft::Error) -> Option<String> {
     matches!(failure, nft::Error::Refused { .. }).then(|| failure.to_string())
 }
 
-/// What differs between a set in the kernel and its plan.
-struct Difference<'p> {
-    /// Elements the kernel holds and the plan does not.
-    gone: Vec<Element>,
-    /// Elements the plan holds and the kernel does not.
-    came: Cow<'p, [Element]>,
-}
-
-/// Which element a key and an end are, in the kernel's bytes.
-fn element_id(key: &[u8], end: Option<&[u8]>) -> u64 {
-    let mut hasher = DefaultHasher::new();
-    (key, end).hash(&mut hasher);
-    hasher.finish()
-}
-
 impl Proxy {
     /// Brings every policy set to what the view resolves, at a full sync, in one
     /// transaction: the sets are read back, and only the elements the view no longer
-    /// wants are deleted and those missing added. An adoption after a restart that finds
-    /// them right sends none (the kernel removes an element of a `pipapo` set at a cost
-    /// that grows with the set, so refilling 10,000 took seconds), and the isolated sets'
-    /// counters of the pods that stay keep counting.
+    /// wants are deleted and those missing added ([`Proxy::set_difference`]). An adoption
+    /// after a restart that finds them right sends none (refilling 10,000 took seconds),
+    /// and the isolated sets' counters of the pods that stay keep counting.
     pub(super) fn program_policies(
         &mut self,
         view: &View,
@@ -141,8 +123,8 @@ impl Proxy {
         let wanted = view.pod_policies();
         let mut batch = PlanBatch::new();
         for set in policy::sets(&wanted) {
-            match self.difference(&set)? {
-                Some(differs) => batch.converge_set(&set.set, &differs.gone, &differs.came),
+            match self.set_difference(&set)? {
+                Some(difference) => batch.converge_set(&set.set, &difference),
                 None => batch.refill_sets(std::slice::from_ref(&set)),
             }
         }
@@ -164,59 +146,6 @@ impl Proxy {
             .map_err(Error::netlink("closing the isolated pods"))?;
         self.policy = PolicyRecords::refilled(closed);
         self.update_pods_alone(by_pod(wanted), report)
-    }
-
-    /// What turns the kernel's elements of the policy set `set` into its plan's: the
-    /// elements to delete, and those to add. `None` when an element of the kernel's is
-    /// not one this set's key can hold (a set another version defined otherwise): then
-    /// the set is refilled. Only the kernel's elements are hashed, and the plan's are
-    /// copied only when some of them are in place already, so a cold start holds no
-    /// second copy of the elements.
-    fn difference<'p>(&mut self, set: &'p SetPlan) -> Result<Option<Difference<'p>>, Error> {
-        let table = Table::inet(TABLE);
-        let step = || Error::netlink(format!("reading the policy set {}", set.set.name));
-        let mut listed = HashSet::new();
-        let read = self.socket.each_element(&table, &set.set.name, |element| {
-            listed.insert(element_id(&element.key, element.key_end.as_deref()));
-        });
-        match read {
-            Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => {}
-            read => read.map_err(step())?,
-        }
-        let missing: Vec<&Element> = set
-            .elements
-            .iter()
-            .filter(|element| {
-                let end = element.key_end.as_ref().map(Tuple::to_bytes);
-                !listed.remove(&element_id(&element.key.to_bytes(), end.as_deref()))
-            })
-            .collect();
-        let came = match missing.len() == set.elements.len() {
-            true => Cow::Borrowed(&set.elements[..]),
-            false => Cow::Owned(missing.into_iter().cloned().collect()),
-        };
-        // What is left of the kernel's elements goes: read again for their keys.
-        let mut gone = Vec::new();
-        let mut unreadable = false;
-        if !listed.is_empty() {
-            self.socket
-                .each_element(&table, &set.set.name, |element| {
-                    if !listed.contains(&element_id(&element.key, element.key_end.as_deref())) {
-                        return;
-                    }
-                    let key = Tuple::from_bytes(&set.set.key, &element.key);
-                    let end = element
-                        .key_end
-                        .map(|end| Tuple::from_bytes(&set.set.key, &end));
-                    match (key, end) {
-                        (Some(key), None) => gone.push(Element::new(key)),
-                        (Some(key), Some(Some(end))) => gone.push(Element::range(key, end)),
-                        _ => unreadable = true,
-                    }
-                })
-                .map_err(step())?;
-        }
-        Ok((!unreadable).then_some(Difference { gone, came }))
     }
 
     /// Brings the pods `pods` names (by key) to what the view resolves for them now.

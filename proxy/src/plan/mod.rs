@@ -36,8 +36,8 @@ pub use config::{
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
-    ChainPlan, ElementPlan, KeyBlock, NoLocalEndpoints, SHARDS, ServicePlan, SetPlan, SharedKind,
-    SharedSet, Skeleton, UdpFlows,
+    ChainPlan, ElementPlan, KeyBlock, NoLocalEndpoints, SHARDS, ServicePlan, SetDifference,
+    SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
 };
 pub use program::{ColdStart, PlanBatch, cold_start};
 pub use render::{render, write_ruleset, write_service};

@@ -2,6 +2,7 @@
 //! maps. Everything derives `Hash` and `Eq`, so an applier can keep one digest per
 //! service and re-program only the services whose digest changed.
 
+use std::borrow::Cow;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 
@@ -240,6 +241,14 @@ pub struct SetPlan {
 pub struct Skeleton {
     pub sets: Vec<SetPlan>,
     pub chains: Vec<ChainPlan>,
+}
+
+/// What turns a set's elements in the kernel into its plan's: those to delete, then those
+/// to add.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetDifference<'p> {
+    pub gone: Vec<Element>,
+    pub came: Cow<'p, [Element]>,
 }
 
 /// The UDP flows one service port steers, in one family: the addresses clients send to

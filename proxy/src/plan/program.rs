@@ -13,12 +13,10 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::TABLE;
-use nodus_view::model::Family;
 
 use super::objects::{
-    ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, Skeleton,
+    ChainPlan, ElementPlan, ServicePlan, SetDifference, SetPlan, SharedKind, SharedSet, Skeleton,
 };
-use super::policy;
 use super::rule::RulePlan;
 use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
 
@@ -86,24 +84,29 @@ impl PlanBatch {
 
     /// Brings an existing `nodus` table's skeleton up to date without deleting anything,
     /// in one transaction: objects are created if missing, the skeleton's chains are
-    /// flushed and rewritten, and its own sets (NodePort addresses, pod ranges) refilled.
+    /// flushed and rewritten, and its own sets ([`Skeleton::own_sets`]) changed by their
+    /// `differences` (by name) from what the table holds, or refilled where none is given.
     /// The shared maps keep their elements, so every service of a previous run keeps
     /// working until it is re-programmed, and so do the NetworkPolicy sets, until their
-    /// own transaction brings them up to date. The kernel refuses this when a set or base chain
-    /// exists with another definition; then only [`PlanBatch::recreate_skeleton`] helps.
-    pub fn refresh_skeleton(&mut self, skeleton: &Skeleton) {
+    /// own transaction brings them up to date. The kernel refuses this when a set or base
+    /// chain exists with another definition; then only [`PlanBatch::recreate_skeleton`]
+    /// helps.
+    pub fn refresh_skeleton(
+        &mut self,
+        skeleton: &Skeleton,
+        differences: &HashMap<&str, SetDifference<'_>>,
+    ) {
         self.batch.add_table();
         for set in &skeleton.sets {
-            let shared = SharedKind::ALL.iter().any(|kind| {
-                Family::ALL
-                    .iter()
-                    .any(|f| SharedSet::new(*kind, *f).name() == set.set.name)
-            });
-            match shared || policy::is_policy_set(&set.set.name) {
-                true => {
+            match (
+                set.is_skeletons_own(),
+                differences.get(set.set.name.as_str()),
+            ) {
+                (false, _) => {
                     self.add_set(&set.set);
                 }
-                false => self.refill_sets(std::slice::from_ref(set)),
+                (true, Some(difference)) => self.converge_set(&set.set, difference),
+                (true, None) => self.refill_sets(std::slice::from_ref(set)),
             }
         }
         for chain in &skeleton.chains {
@@ -278,14 +281,14 @@ impl PlanBatch {
         }
     }
 
-    /// Creates `set` if missing, deletes its elements `gone` and adds `came`.
-    pub fn converge_set(&mut self, set: &Set, gone: &[Element], came: &[Element]) {
+    /// Creates `set` if missing, and changes its elements by `difference`.
+    pub fn converge_set(&mut self, set: &Set, difference: &SetDifference<'_>) {
         let reference = self.add_set(set);
-        if !gone.is_empty() {
-            self.batch.delete_elements(&reference, gone);
+        if !difference.gone.is_empty() {
+            self.batch.delete_elements(&reference, &difference.gone);
         }
-        if !came.is_empty() {
-            self.batch.add_elements(&reference, came);
+        if !difference.came.is_empty() {
+            self.batch.add_elements(&reference, &difference.came);
         }
     }
 

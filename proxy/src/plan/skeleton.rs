@@ -9,6 +9,7 @@ use nodus_view::model::{Cidr, Family};
 
 use super::config::{NodeFacts, TableScope};
 use super::objects::{ChainPlan, SetPlan, SharedKind, SharedSet, Skeleton, family_suffix};
+use super::policy::is_policy_set;
 use super::rule::{Addr, LookupKey, RulePlan, Stmt, address_type, ip_value};
 use crate::nft::{Chain, ChainType, Element, Hook, Set, SetFlags, Verdict, priority};
 use nodus_view::ranges::merged_ranges;
@@ -376,4 +377,25 @@ fn masquerading_chain(facts: &NodeFacts, egress_families: &[Family]) -> ChainPla
             ])
             .collect(),
     )
+}
+
+impl Skeleton {
+    /// The sets whose elements the skeleton itself holds (NodePort addresses, pod and
+    /// cluster ranges): not the shared maps, which services fill, nor the NetworkPolicy
+    /// sets, which their own transactions fill.
+    pub fn own_sets(&self) -> impl Iterator<Item = &SetPlan> {
+        self.sets.iter().filter(|set| set.is_skeletons_own())
+    }
+}
+
+impl SetPlan {
+    /// Whether the skeleton itself holds this set's elements ([`Skeleton::own_sets`]).
+    pub fn is_skeletons_own(&self) -> bool {
+        let shared = SharedKind::ALL.iter().any(|kind| {
+            Family::ALL
+                .iter()
+                .any(|f| SharedSet::new(*kind, *f).name() == self.set.name)
+        });
+        !shared && !is_policy_set(&self.set.name)
+    }
 }
