@@ -7,8 +7,9 @@
 //! (`wireguard-go`) on, in a memory cgroup of the bench's own. Then, one phase after the
 //! other: the cold start; an annotation on an unrelated Node; 1,000 EndpointSlice updates;
 //! 1,000 DNS questions (their answers checked); a `410 Gone` relist; commits of another
-//! program to a table of its own; a restart that adopts the table. Before each phase the agent's peak (VmHWM) is reset
-//! (`/proc/<pid>/clear_refs`), so each row's peak is that phase's. Per phase it prints the
+//! program to a table of its own; a restart that adopts the table. Before each phase the
+//! agent's peak (VmHWM) is reset (`/proc/<pid>/clear_refs`), so each row's peak is that
+//! phase's. Per phase it prints the
 //! time the phase took, nodus's RSS, anonymous memory and peak, the kernel memory charged
 //! to the cgroup (the ruleset, the agent's sockets; it stays charged across the restart),
 //! the full proxy syncs the phase caused and the seconds they took, and the WireGuard

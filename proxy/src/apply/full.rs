@@ -39,9 +39,7 @@ use tracing::{error, warn};
 use super::{
     Error, Proxy, Record, RefusedService, SyncReport, full_sync_batch_messages, service_key,
 };
-use crate::nft::{
-    self, Element, ElementData, Errno, ListedData, ListedElement, Table, Tuple, Value,
-};
+use crate::nft::{self, Element, ElementData, ListedData, ListedElement, Table, Tuple, Value};
 use crate::plan::{
     ChainPlan, ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet,
     Skeleton, TABLE,
@@ -489,7 +487,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 .socket
                 .each_element(&self.table, &set.name(), |element| each(set, element));
             match listed {
-                Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => continue,
+                Err(missing) if missing.is_missing() => continue,
                 listed => listed.map_err(Error::netlink("listing the shared maps"))?,
             }
         }

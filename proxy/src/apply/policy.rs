@@ -4,10 +4,10 @@
 //! The applier keeps what it committed per pod as the view resolved it ([`PodPolicy`],
 //! compact), never the elements: a pod's old elements are planned again from it when
 //! they must go. A full sync reads the policy sets back and sends what differs, in one
-//! transaction; a partial one replaces the elements of the pods the view names. When the kernel refuses a
-//! transaction, each pod is tried alone, and a pod refused alone fails closed: it stays
-//! isolated and is allowed nothing but itself until its policies change or the next full
-//! sync, and it is reported. A refusal never holds back the services or the other pods.
+//! transaction; a partial one replaces the elements of the pods the view names. When the
+//! kernel refuses a transaction, each pod is tried alone, and a pod refused alone fails
+//! closed: it stays isolated and is allowed nothing but itself until its policies change
+//! or the next full sync, and it is reported. A refusal never holds back the services or the other pods.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;

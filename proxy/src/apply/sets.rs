@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 use super::{Error, Proxy};
-use crate::nft::{Element, Errno, ListedElement, Table, Tuple};
+use crate::nft::{Element, ListedElement, Table, Tuple};
 use crate::plan::{PlanBatch, SetDifference, SetPlan, Skeleton, TABLE};
 
 impl Proxy {
@@ -58,7 +58,7 @@ impl Proxy {
                 }
             });
         match read {
-            Err(missing) if missing.errno() == Some(Errno(libc::ENOENT)) => {}
+            Err(missing) if missing.is_missing() => {}
             read => read.map_err(step())?,
         }
         if ranges {

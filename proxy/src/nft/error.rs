@@ -69,6 +69,11 @@ impl Error {
             _ => None,
         }
     }
+
+    /// Whether the kernel answered that the object asked for does not exist.
+    pub fn is_missing(&self) -> bool {
+        self.errno() == Some(Errno(libc::ENOENT))
+    }
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

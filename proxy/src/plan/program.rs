@@ -284,12 +284,7 @@ impl PlanBatch {
     /// Creates `set` if missing, and changes its elements by `difference`.
     pub fn converge_set(&mut self, set: &Set, difference: &SetDifference<'_>) {
         let reference = self.add_set(set);
-        if !difference.gone.is_empty() {
-            self.batch.delete_elements(&reference, &difference.gone);
-        }
-        if !difference.came.is_empty() {
-            self.batch.add_elements(&reference, &difference.came);
-        }
+        self.change_elements(&reference, &difference.gone, &difference.came);
     }
 
     /// Turns the elements of the sets `old` into those of `new` (sets of one name): the
@@ -314,12 +309,17 @@ impl PlanBatch {
                 .cloned()
                 .collect();
             let reference = self.set_ref(&set.set.name);
-            if !gone.is_empty() {
-                self.batch.delete_elements(&reference, &gone);
-            }
-            if !came.is_empty() {
-                self.batch.add_elements(&reference, &came);
-            }
+            self.change_elements(&reference, &gone, &came);
+        }
+    }
+
+    /// Deletes `gone` from the set `reference` names, then adds `came`.
+    fn change_elements(&mut self, reference: &SetRef, gone: &[Element], came: &[Element]) {
+        if !gone.is_empty() {
+            self.batch.delete_elements(reference, gone);
+        }
+        if !came.is_empty() {
+            self.batch.add_elements(reference, came);
         }
     }
 
