@@ -56,10 +56,12 @@ pub enum Command {
         #[arg(long)]
         foreign: bool,
     },
-    /// Copy the CNI plugins the mesh's conflist uses (ptp, host-local, portmap, loopback)
-    /// into the runtime's plugin directory: the DaemonSet's init container.
+    /// Copy the CNI plugins the mesh's conflist uses (nodus's own `nodus-cni`, which is
+    /// this binary, and host-local, portmap and loopback) into the runtime's plugin
+    /// directory: the DaemonSet's init container.
     InstallCni {
-        /// Where the plugins are (the image's copy of Debian's containernetworking-plugins).
+        /// Where the reference plugins are (the image's copy of Debian's
+        /// containernetworking-plugins).
         #[arg(long, default_value = "/usr/lib/nodus/cni")]
         from: PathBuf,
         /// The runtime's CNI binary directory (`/opt/cni/bin`), as mounted.

@@ -4,7 +4,8 @@
 //! the subsystems from it and serves health and metrics. The other subcommands ([`cmd`])
 //! print the view for people and scripts, show a running agent's status, render the
 //! proxy's ruleset, validate a configuration, remove what nodus programmed and (with the
-//! default `sandbox` feature) bring up a simulated cluster.
+//! default `sandbox` feature) bring up a simulated cluster. Run as `nodus-cni`, it is the
+//! CNI plugin that links pods to the node ([`nodus_cni`]).
 
 mod agent;
 mod cli;
@@ -61,8 +62,24 @@ fn agent(args: RunArgs) -> anyhow::Result<()> {
     runtime.block_on(agent::run(args))
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    // The runtime runs the CNI plugin by its file name: a copy of this binary that
+    // `install-cni` puts in its plugin directory.
+    let name = std::env::args_os().next().map(std::path::PathBuf::from);
+    if name.is_some_and(|n| n.file_name() == Some(nodus_cni::PLUGIN.as_ref())) {
+        return nodus_cni::main();
+    }
+    match command(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            // As `main` returning the error would print it.
+            eprintln!("Error: {error:?}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn command(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         None => agent(cli.run),
         Some(Command::Run(args)) => agent(args),
@@ -132,7 +149,9 @@ fn main() -> anyhow::Result<()> {
         }
         Some(Command::InstallCni { from, to, replace }) => {
             use nodus_mesh::cni::Installed;
-            for (plugin, done) in nodus_mesh::cni::install_plugins(&from, &to, replace)? {
+            let nodus = std::env::current_exe().context("finding this binary")?;
+            let installed = nodus_mesh::cni::install_plugins(&nodus, &from, &to, replace)?;
+            for (plugin, done) in installed {
                 let done = match done {
                     Installed::Written => "installed",
                     Installed::Unchanged => "unchanged",

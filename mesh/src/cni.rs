@@ -1,7 +1,7 @@
-//! The CNI conflist kubelet (or containerd) uses for this node's pods: the reference `ptp`
-//! plugin with `host-local` IPAM over the node's pod CIDRs, both families, at the mesh MTU,
-//! then `portmap` for pods' `hostPort`s; and the installation of those plugins into the
-//! runtime's plugin directory (k3s and Talos ship no `ptp`).
+//! The CNI conflist kubelet (or containerd) uses for this node's pods: nodus's own plugin
+//! ([`nodus_cni`], the pod's veth and routes) with the reference `host-local` IPAM over the
+//! node's pod CIDRs, both families, at the mesh MTU, then `portmap` for pods' `hostPort`s;
+//! and the installation of those plugins into the runtime's plugin directory.
 //!
 //! `host-local` hands out the first address of each range as the gateway; that is also the
 //! address on the WireGuard device, so pod traffic to other nodes leaves with a source the
@@ -15,9 +15,10 @@ use std::path::Path;
 pub const NETWORK_NAME: &str = "nodus";
 
 /// The reference plugins the conflist chains, and `loopback`, which the runtime runs for
-/// every pod itself; all must be in the runtime's CNI binary directory.
-pub const PLUGINS: [&str; 4] = [POD_PLUGIN, IPAM_PLUGIN, PORT_PLUGIN, "loopback"];
-const POD_PLUGIN: &str = "ptp";
+/// every pod itself; all must be in the runtime's CNI binary directory, beside
+/// [`nodus_cni::PLUGIN`].
+pub const REFERENCE_PLUGINS: [&str; 3] = [IPAM_PLUGIN, PORT_PLUGIN, "loopback"];
+const POD_PLUGIN: &str = nodus_cni::PLUGIN;
 const IPAM_PLUGIN: &str = "host-local";
 const PORT_PLUGIN: &str = "portmap";
 
@@ -83,7 +84,7 @@ pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, Error> {
 /// What [`install_plugins`] did with one plugin.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Installed {
-    /// Copied in: it was missing, or replaced on request.
+    /// Copied in: it was missing, ours and changed, or replaced on request.
     Written,
     /// The directory held the same bytes already.
     Unchanged,
@@ -93,32 +94,37 @@ pub enum Installed {
     KeptHosts,
 }
 
-/// Copies each of [`PLUGINS`] from `from` into `to` (an init container's job: the image
-/// carries them, the host's runtime runs them), each through a temporary file and a rename
-/// so that the runtime never runs half a binary. A plugin already there with the same bytes
-/// is left alone, and so is one with other bytes unless `replace`: a plugin of that name
-/// that the host has is the host's. Returns what was done with each plugin.
+/// Copies nodus's own plugin (`nodus`, the binary that answers to [`nodus_cni::PLUGIN`])
+/// and each of [`REFERENCE_PLUGINS`] from `from` into `to` (an init container's job: the
+/// image carries them, the host's runtime runs them), each through a temporary file and a
+/// rename so that the runtime never runs half a binary. A plugin already there with the
+/// same bytes is left alone. Ours replaces an older copy of itself; a reference plugin
+/// with other bytes is the host's and is kept, unless `replace`. Returns what was done
+/// with each plugin.
 pub fn install_plugins(
+    nodus: &Path,
     from: &Path,
     to: &Path,
     replace: bool,
 ) -> Result<Vec<(&'static str, Installed)>, Error> {
     std::fs::create_dir_all(to).map_err(Error::io(format!("creating {}", to.display())))?;
-    PLUGINS
+    let ours = std::iter::once((POD_PLUGIN, nodus.to_path_buf(), true));
+    let reference = REFERENCE_PLUGINS
         .iter()
-        .map(|name| {
-            let source = from.join(name);
+        .map(|name| (*name, from.join(name), replace));
+    ours.chain(reference)
+        .map(|(name, source, replace)| {
             let target = to.join(name);
             let content = std::fs::read(&source)
                 .map_err(Error::io(format!("reading {}", source.display())))?;
             match std::fs::read(&target) {
-                Ok(old) if old == content => return Ok((*name, Installed::Unchanged)),
-                Ok(_) if !replace => return Ok((*name, Installed::KeptHosts)),
+                Ok(old) if old == content => return Ok((name, Installed::Unchanged)),
+                Ok(_) if !replace => return Ok((name, Installed::KeptHosts)),
                 _ => {}
             }
             let tmp = to.join(format!(".{name}.nodus-tmp"));
             nodus_durable::replace(&target, &tmp, 0o755, &content)?;
-            Ok((*name, Installed::Written))
+            Ok((name, Installed::Written))
         })
         .collect()
 }
@@ -136,7 +142,7 @@ mod tests {
         let text = conflist(&cidrs, 1420);
         let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
         let plugin = &doc["plugins"][0];
-        assert_eq!(plugin["type"], "ptp");
+        assert_eq!(plugin["type"], "nodus-cni");
         assert_eq!(plugin["mtu"], 1420);
         assert_eq!(plugin["ipam"]["type"], "host-local");
         assert_eq!(plugin["ipam"]["ranges"][0][0]["subnet"], "10.244.1.0/24");
@@ -184,36 +190,42 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nodus-cni-bin-{}", std::process::id()));
         let (from, to) = (dir.join("image"), dir.join("host/opt/cni/bin"));
         std::fs::create_dir_all(&from).expect("dir");
-        for name in PLUGINS {
+        for name in REFERENCE_PLUGINS {
             std::fs::write(from.join(name), format!("#!/bin/sh\necho {name}\n")).expect("plugin");
         }
-        let installed = install_plugins(&from, &to, false).expect("install");
+        let nodus = dir.join("nodus");
+        std::fs::write(&nodus, "#!/bin/sh\necho nodus 1\n").expect("nodus");
+        let installed = install_plugins(&nodus, &from, &to, false).expect("install");
         assert!(
             installed
                 .iter()
                 .all(|(_, done)| *done == Installed::Written),
             "{installed:?}"
         );
-        let mode = std::fs::metadata(to.join("ptp"))
-            .expect("ptp")
+        assert_eq!(installed.len(), 1 + REFERENCE_PLUGINS.len());
+        let mode = std::fs::metadata(to.join("nodus-cni"))
+            .expect("nodus-cni")
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o755);
-        let again = install_plugins(&from, &to, false).expect("install again");
+        let again = install_plugins(&nodus, &from, &to, false).expect("install again");
         assert!(
             again.iter().all(|(_, done)| *done == Installed::Unchanged),
             "{again:?}"
         );
-        // A plugin of that name with other bytes is the host's: kept, unless replaced.
+        // A reference plugin of that name with other bytes is the host's: kept, unless
+        // replaced. Ours replaces its older copy.
         std::fs::write(from.join("portmap"), "#!/bin/sh\necho newer\n").expect("plugin");
-        let kept = install_plugins(&from, &to, false).expect("install beside the host's");
+        std::fs::write(&nodus, "#!/bin/sh\necho nodus 2\n").expect("nodus");
+        let kept = install_plugins(&nodus, &from, &to, false).expect("install beside the host's");
         assert!(
-            kept.contains(&("portmap", Installed::KeptHosts)),
+            kept.contains(&("portmap", Installed::KeptHosts))
+                && kept.contains(&("nodus-cni", Installed::Written)),
             "{kept:?}"
         );
         let host = std::fs::read_to_string(to.join("portmap")).expect("portmap");
         assert_eq!(host, "#!/bin/sh\necho portmap\n");
-        let replaced = install_plugins(&from, &to, true).expect("replace");
+        let replaced = install_plugins(&nodus, &from, &to, true).expect("replace");
         assert_eq!(
             replaced
                 .iter()
@@ -222,10 +234,13 @@ mod tests {
             1,
             "{replaced:?}"
         );
-        assert_eq!(std::fs::read_dir(&to).expect("dir").count(), PLUGINS.len());
+        assert_eq!(
+            std::fs::read_dir(&to).expect("dir").count(),
+            1 + REFERENCE_PLUGINS.len()
+        );
         // A plugin missing from the image is an error that names it.
         std::fs::remove_file(from.join("loopback")).expect("rm");
-        let error = install_plugins(&from, &to, false).expect_err("missing");
+        let error = install_plugins(&nodus, &from, &to, false).expect_err("missing");
         assert!(error.to_string().contains("loopback"), "{error}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -297,7 +297,7 @@ fn check_prerequisites() -> anyhow::Result<()> {
             .collect()
     };
     let mut required = missing(&PREREQUISITES);
-    for plugin in nodus_mesh::cni::PLUGINS {
+    for plugin in nodus_mesh::cni::REFERENCE_PLUGINS {
         let path = Path::new(cni::CNI_PATH).join(plugin);
         if !is_executable(&path) {
             required.push((path.display().to_string(), CNI_PACKAGE.to_string()));
@@ -1030,6 +1030,7 @@ fn serve(
         // The DaemonSet's init container: the image's plugins into the node's CNI bin
         // directory, from which the pods below are made.
         nodus_mesh::cni::install_plugins(
+            agent_binary,
             Path::new(cni::CNI_PATH),
             &node_dir.join("cni-bin"),
             false,

@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `nodus` binary against the API-server stand-in over HTTP.
 
 mod agent;
+mod cni;
 mod deploy;
 mod dns;
 mod faults;

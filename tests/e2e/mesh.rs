@@ -269,6 +269,12 @@ fn who(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
         .enter(move || tcp_who(addr, Duration::from_secs(3)))?
 }
 
+/// The conflist's plugins in `dir`, as the init container would have put them.
+pub(crate) fn plugins(dir: &std::path::Path) -> PathBuf {
+    let reference = nodus_mesh::cni::REFERENCE_PLUGINS;
+    cni::plugin_dir(dir, std::path::Path::new(NODUS), &reference).expect("the CNI plugins")
+}
+
 fn pod_on(node: &MeshNode, name: &str) -> Pod {
     let pod = cni::add_pod(
         &node.node,
@@ -276,7 +282,7 @@ fn pod_on(node: &MeshNode, name: &str) -> Pod {
         &unique_name(name),
         &node.dir.join("ipam"),
         &[],
-        std::path::Path::new(cni::CNI_PATH),
+        &plugins(&node.dir),
     )
     .expect("the CNI plugins create the pod");
     let mut echo = pod.ns.command(NODUS);

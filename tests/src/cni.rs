@@ -1,5 +1,6 @@
-//! Pods made the way kubelet makes them: the reference CNI plugins (Debian's
-//! `containernetworking-plugins`) run against a conflist, inside the node's namespace.
+//! Pods made the way kubelet makes them: the conflist's CNI plugins (nodus's own, and the
+//! reference ones from Debian's `containernetworking-plugins`) run against a conflist,
+//! inside the node's namespace.
 
 use crate::netns::{Netns, Node, Pod};
 use anyhow::{Context, bail};
@@ -33,11 +34,6 @@ pub fn add_pod(
         .as_array()
         .with_context(|| format!("{}: no plugins", conflist.display()))?;
     let ns = Netns::new(name)?;
-    // No duplicate address detection on the pod's interface, which the plugins create in
-    // this namespace (the node's side is set alike in `Node::new`): addresses come from
-    // the node's own range, and `ptp` waits about 2 s a pod for IPv6 ones to leave the
-    // tentative state otherwise.
-    ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
     let mut result = Value::Null;
     for plugin in plugins {
         let mut config = plugin.clone();
@@ -79,6 +75,30 @@ pub fn add_pod(
         }
     }
     Ok(pod)
+}
+
+/// A directory with the conflist's plugins as a runtime's would hold them: `nodus-cni`
+/// (the `nodus` binary under that name) and the `reference` plugins of [`CNI_PATH`], as
+/// symbolic links made once in `dir`.
+pub fn plugin_dir(
+    dir: &Path,
+    nodus: &Path,
+    reference: &[&str],
+) -> anyhow::Result<std::path::PathBuf> {
+    let bin = dir.join("cni-bin");
+    std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
+    let reference = reference.iter().map(|p| (*p, Path::new(CNI_PATH).join(p)));
+    for (name, target) in [("nodus-cni", nodus.to_path_buf())]
+        .into_iter()
+        .chain(reference)
+    {
+        let link = bin.join(name);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(&target, &link)
+                .with_context(|| format!("linking {} to {}", link.display(), target.display()))?;
+        }
+    }
+    Ok(bin)
 }
 
 fn run_plugin(

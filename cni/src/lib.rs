@@ -1,0 +1,168 @@
+//! `nodus-cni`: the CNI plugin that links a pod to its node, in place of the reference
+//! `ptp` plugin that k3s and Talos do not ship and Debian builds against glibc. The runtime
+//! runs it as `nodus-cni` (a copy of the nodus binary, which answers to that name);
+//! addresses come from the delegated IPAM plugin (`host-local`).
+//!
+//! - [`protocol`]: the environment, the configuration, the IPAM result and the replies;
+//!   pure, so tested without root.
+//! - [`ipam`]: running the IPAM plugin.
+//! - [`link`]: the veth pair, addresses and routes, over rtnetlink.
+
+pub mod ipam;
+pub mod link;
+pub mod protocol;
+
+use protocol::{Addressing, Command, Config, Invocation};
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+/// The plugin's `type` in a conflist, and the file name the runtime runs it by.
+pub const PLUGIN: &str = "nodus-cni";
+
+/// The largest network configuration read from stdin; a conflist entry is a few hundred
+/// bytes.
+const MAX_CONFIG: u64 = 1 << 20;
+
+/// The error codes of the CNI specification this plugin uses; 100 and up are its own.
+pub mod code {
+    pub const INCOMPATIBLE_VERSION: u32 = 1;
+    pub const UNKNOWN_CONTAINER: u32 = 3;
+    pub const INVALID_ENVIRONMENT: u32 = 4;
+    pub const IO: u32 = 5;
+    pub const DECODE: u32 = 6;
+    pub const INVALID_CONFIG: u32 = 7;
+    /// The kernel refused or did not answer a change to links, addresses or routes.
+    pub const KERNEL: u32 = 100;
+}
+
+/// A failure as CNI reports it: a code, a message and details.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Error {
+    pub code: u32,
+    pub message: String,
+    pub details: String,
+}
+
+impl Error {
+    pub fn new(code: u32, message: impl Into<String>) -> Error {
+        Error {
+            code,
+            message: message.into(),
+            details: String::new(),
+        }
+    }
+
+    fn environment(message: impl Into<String>) -> Error {
+        Error::new(code::INVALID_ENVIRONMENT, message)
+    }
+
+    fn version(message: impl Into<String>) -> Error {
+        Error::new(code::INCOMPATIBLE_VERSION, message)
+    }
+
+    fn decode(message: impl Into<String>) -> Error {
+        Error::new(code::DECODE, message)
+    }
+
+    fn config(message: impl Into<String>) -> Error {
+        Error::new(code::INVALID_CONFIG, message)
+    }
+
+    fn kernel(message: impl Into<String>) -> Error {
+        Error::new(code::KERNEL, message)
+    }
+}
+
+/// The plugin's process: reads the call from the environment and stdin, prints the result
+/// or the error on stdout, as the runtime expects.
+pub fn main() -> ExitCode {
+    let mut config = Vec::new();
+    let read = std::io::stdin()
+        .take(MAX_CONFIG + 1)
+        .read_to_end(&mut config)
+        .map_err(|e| Error::new(code::IO, format!("reading the configuration: {e}")))
+        .and_then(|_| match config.len() as u64 > MAX_CONFIG {
+            true => Err(Error::config(format!(
+                "the network configuration is larger than {MAX_CONFIG} bytes"
+            ))),
+            false => Ok(()),
+        });
+    let outcome = read
+        .and_then(|()| Invocation::from_env(|name| std::env::var(name).ok()))
+        .and_then(|call| run(&call, &config));
+    let (reply, status) = match outcome {
+        Ok(reply) => (reply, ExitCode::SUCCESS),
+        Err(error) => {
+            let version = Config::parse(&config)
+                .map(|c| c.version)
+                .unwrap_or_else(|_| protocol::LATEST_VERSION.to_string());
+            eprintln!("{PLUGIN}: {error}");
+            (
+                Some(protocol::error_result(&version, &error)),
+                ExitCode::FAILURE,
+            )
+        }
+    };
+    if let Some(reply) = reply {
+        let mut out = std::io::stdout().lock();
+        // Nothing is left to tell anyone when stdout itself fails.
+        let _ = writeln!(out, "{reply}").and_then(|()| out.flush());
+    }
+    status
+}
+
+/// Carries out `call` with the network configuration `config`; `ADD` and `VERSION` reply.
+pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>, Error> {
+    if call.command == Command::Version {
+        return Ok(Some(protocol::version_result()));
+    }
+    let parsed = Config::parse(config)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::new(code::IO, format!("starting the runtime: {e}")))?;
+    let netns = call.netns.as_deref();
+    match (call.command, netns) {
+        (Command::Add, Some(netns)) => {
+            let result = ipam::delegate(&parsed.ipam, &call.cni_path, Command::Add, config)?;
+            let made = Addressing::parse(&result).and_then(|addressing| {
+                let ends = runtime.block_on(link::add(call, netns, parsed.mtu, &addressing))?;
+                Ok((ends, addressing))
+            });
+            match made {
+                Ok(((host, pod), addressing)) => Ok(Some(protocol::add_result(
+                    &parsed,
+                    &host,
+                    &pod,
+                    &addressing,
+                ))),
+                Err(error) => {
+                    // The addresses go back, or they would leak one per failed ADD.
+                    let _ = ipam::delegate(&parsed.ipam, &call.cni_path, Command::Del, config);
+                    Err(error)
+                }
+            }
+        }
+        (Command::Del, _) => {
+            ipam::delegate(&parsed.ipam, &call.cni_path, Command::Del, config)?;
+            runtime.block_on(link::del(call))?;
+            Ok(None)
+        }
+        (Command::Check, Some(netns)) => {
+            let previous = parsed
+                .prev_result
+                .as_ref()
+                .ok_or_else(|| Error::config("CHECK needs the prevResult of the ADD it checks"))?;
+            let addressing = Addressing::parse(previous)?;
+            ipam::delegate(&parsed.ipam, &call.cni_path, Command::Check, config)?;
+            runtime.block_on(link::check(call, netns, &addressing))?;
+            Ok(None)
+        }
+        // `Invocation::from_env` gives ADD and CHECK a namespace.
+        (command, _) => Err(Error::environment(format!(
+            "CNI_NETNS is not set for {}",
+            command.as_str()
+        ))),
+    }
+}

@@ -1,0 +1,255 @@
+//! `nodus-cni`, the pod plugin, called as a runtime calls it: the built `nodus` under that
+//! name, from a node's namespace, with Debian's `host-local` as its IPAM. Links, addresses,
+//! routes and packets are the kernel's; leases are `host-local`'s files.
+
+use crate::mesh::plugins;
+use nodus_testbed::netns::{Netns, require_root};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+/// One node's namespace, its plugin directory and its leases.
+struct Node {
+    ns: Netns,
+    bin: PathBuf,
+    leases: PathBuf,
+    dir: PathBuf,
+}
+
+impl Node {
+    fn new() -> Node {
+        let ns = Netns::new("cnin").expect("node namespace");
+        let dir = std::env::temp_dir().join(format!("nodus-e2e-{}", ns.name()));
+        let bin = plugins(&dir);
+        Node {
+            leases: dir.join("ipam"),
+            ns,
+            bin,
+            dir,
+        }
+    }
+
+    fn config(&self) -> Value {
+        json!({
+            "cniVersion": "1.0.0",
+            "name": "nodus",
+            "type": "nodus-cni",
+            "mtu": 1400,
+            "ipam": {
+                "type": "host-local",
+                "dataDir": self.leases,
+                "ranges": [[{ "subnet": "10.77.3.0/24" }], [{ "subnet": "fd00:77:3::/64" }]],
+                "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }],
+            },
+        })
+    }
+
+    /// Runs `command` for `container` in namespace `netns`; the exit's success and stdout.
+    fn call(&self, command: &str, container: &str, netns: &str, config: &Value) -> (bool, Value) {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", self.ns.name()])
+            .arg(self.bin.join("nodus-cni"))
+            .env("CNI_COMMAND", command)
+            .env("CNI_CONTAINERID", container)
+            .env("CNI_NETNS", netns)
+            .env("CNI_IFNAME", "eth0")
+            .env("CNI_PATH", &self.bin)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the plugin runs");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(config.to_string().as_bytes())
+            .expect("the configuration is written");
+        let output = child.wait_with_output().expect("the plugin ends");
+        let reply = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+        (output.status.success(), reply)
+    }
+
+    fn add(&self, pod: &Netns) -> Value {
+        let (ok, result) = self.call("ADD", pod.name(), &netns_path(pod), &self.config());
+        assert!(ok, "ADD: {result}");
+        result
+    }
+
+    fn leased(&self, ip: &str) -> bool {
+        self.leases.join("nodus").join(ip).exists()
+    }
+
+    /// The addresses `host-local` holds (one file each, beside its own bookkeeping).
+    fn leases(&self) -> Vec<String> {
+        let entries = std::fs::read_dir(self.leases.join("nodus"))
+            .into_iter()
+            .flatten();
+        entries
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.parse::<std::net::IpAddr>().is_ok())
+            .collect()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn netns_path(ns: &Netns) -> String {
+    format!("/var/run/netns/{}", ns.name())
+}
+
+fn address(result: &Value, i: usize) -> String {
+    let text = result["ips"][i]["address"].as_str().expect("an address");
+    text.split('/').next().unwrap_or_default().to_string()
+}
+
+fn ping(from: &Netns, to: &str) -> bool {
+    from.exec("ping", &["-c1", "-W2", to]).is_ok()
+}
+
+#[test]
+fn the_pod_plugin_links_pods_through_the_node_and_undoes_it() {
+    require_root();
+    let node = Node::new();
+    let (one, two) = (
+        Netns::new("cnia").expect("pod"),
+        Netns::new("cnib").expect("pod"),
+    );
+    let first = node.add(&one);
+    let second = node.add(&two);
+
+    // The result: the node's end, the pod's end in its namespace, both families.
+    let host = first["interfaces"][0]["name"].as_str().expect("host end");
+    assert!(host.starts_with("veth") && host.len() == 15, "{first}");
+    assert_eq!(first["interfaces"][1]["name"], "eth0");
+    assert_eq!(first["interfaces"][1]["sandbox"], netns_path(&one));
+    assert_eq!(first["ips"][0]["gateway"], "10.77.3.1");
+    assert_eq!(first["ips"][1]["gateway"], "fd00:77:3::1");
+    let (one_v4, one_v6) = (address(&first, 0), address(&first, 1));
+    let (two_v4, two_v6) = (address(&second, 0), address(&second, 1));
+    assert!(
+        node.ns
+            .ip(&["link", "show", host])
+            .is_ok_and(|l| l.contains("mtu 1400"))
+    );
+    assert_eq!(
+        node.ns
+            .exec("sysctl", &["-n", "net.ipv4.ip_forward"])
+            .expect("sysctl")
+            .trim(),
+        "1"
+    );
+
+    // Both families, both ways, at once (no DAD holds a new IPv6 address), and from pod to
+    // pod through the node: the pods share a subnet but no link.
+    for (from, to) in [
+        (&one, "10.77.3.1"),
+        (&one, "fd00:77:3::1"),
+        (&node.ns, one_v4.as_str()),
+        (&node.ns, one_v6.as_str()),
+        (&one, two_v4.as_str()),
+        (&one, two_v6.as_str()),
+    ] {
+        assert!(ping(from, to), "{} to {to}", from.name());
+    }
+    let path = one.ip(&["route", "get", &two_v4]).expect("route");
+    assert!(path.contains("via 10.77.3.1"), "{path}");
+
+    // CHECK passes on what ADD made, and fails once an address is gone.
+    let mut check = node.config();
+    check["prevResult"] = first.clone();
+    let (ok, reply) = node.call("CHECK", one.name(), &netns_path(&one), &check);
+    assert!(ok, "CHECK: {reply}");
+    one.ip(&["address", "del", &format!("{one_v6}/64"), "dev", "eth0"])
+        .expect("address removed");
+    let (ok, reply) = node.call("CHECK", one.name(), &netns_path(&one), &check);
+    assert!(!ok && reply["code"] == 100, "{reply}");
+    assert!(
+        reply["msg"].as_str().is_some_and(|m| m.contains(&one_v6)),
+        "{reply}"
+    );
+
+    // An ADD the link refuses (this namespace has an eth0) gives its addresses back.
+    let (ok, reply) = node.call("ADD", "another", &netns_path(&one), &node.config());
+    assert!(!ok && reply["code"] == 7, "{reply}");
+    assert!(
+        reply["msg"].as_str().is_some_and(|m| m.contains("eth0")),
+        "{reply}"
+    );
+    assert!(node.leased(&one_v4) && node.leased(&two_v4));
+    assert_eq!(node.leases().len(), 4, "the two pods' alone");
+    let (ok, _) = node.call("DEL", "another", &netns_path(&one), &node.config());
+    assert!(ok, "DEL of what was never made");
+    assert_eq!(node.leases().len(), 4);
+
+    // DEL removes both ends and the leases; again, and without the namespace, it succeeds.
+    let (ok, reply) = node.call("DEL", one.name(), &netns_path(&one), &node.config());
+    assert!(ok, "DEL: {reply}");
+    assert!(
+        node.ns.ip(&["link", "show", host]).is_err(),
+        "{host} is gone"
+    );
+    assert!(one.ip(&["link", "show", "eth0"]).is_err(), "eth0 is gone");
+    assert!(!node.leased(&one_v4) && !node.leased(&one_v6) && node.leased(&two_v4));
+    let (ok, reply) = node.call("DEL", one.name(), &netns_path(&one), &node.config());
+    assert!(ok, "DEL again: {reply}");
+    let gone = "/var/run/netns/nodus-no-such-namespace";
+    let (ok, reply) = node.call("DEL", two.name(), gone, &node.config());
+    assert!(ok, "DEL without the namespace: {reply}");
+    assert!(!node.leased(&two_v4));
+    // The node's end goes too: DEL finds it by the name it has for the container.
+    let links = node
+        .ns
+        .ip(&["-o", "link", "show", "type", "veth"])
+        .expect("links");
+    assert!(links.trim().is_empty(), "{links}");
+}
+
+#[test]
+fn the_pod_plugin_answers_version_and_refuses_bad_input() {
+    require_root();
+    let node = Node::new();
+    let pod = Netns::new("cnic").expect("pod");
+    let (ok, reply) = node.call("VERSION", "", "", &json!({}));
+    assert!(ok, "{reply}");
+    assert!(
+        reply["supportedVersions"]
+            .as_array()
+            .is_some_and(|v| v.contains(&json!("1.0.0")) && v.contains(&json!("0.4.0"))),
+        "{reply}"
+    );
+    let mut newer = node.config();
+    newer["cniVersion"] = "9.9.9".into();
+    let mut unknown_ipam = node.config();
+    unknown_ipam["ipam"]["type"] = "nodus-no-such-ipam".into();
+    for (config, code) in [
+        (newer, 1),
+        (unknown_ipam, 5),
+        (json!("not a configuration"), 7),
+    ] {
+        let (ok, reply) = node.call("ADD", pod.name(), &netns_path(&pod), &config);
+        assert!(!ok && reply["code"] == code, "{config}: {reply}");
+    }
+    let (ok, reply) = node.call(
+        "ADD",
+        pod.name(),
+        "/var/run/netns/nodus-nothing",
+        &node.config(),
+    );
+    assert!(!ok && reply["code"] == 3, "{reply}");
+    // Nothing stays leased or linked.
+    assert_eq!(node.leases(), Vec::<String>::new());
+    assert!(pod.ip(&["link", "show", "eth0"]).is_err());
+    // An older configuration version gets a result of its version.
+    let mut old = node.config();
+    old["cniVersion"] = "0.4.0".into();
+    let (ok, reply) = node.call("ADD", pod.name(), &netns_path(&pod), &old);
+    assert!(ok && reply["ips"][0]["version"] == "4", "{reply}");
+    assert_eq!(node.leases().len(), 2);
+}
