@@ -395,6 +395,9 @@ pub struct MeshConfig {
     pub mtu_overhead: u32,
     /// The CNI configuration written for kubelet.
     pub cni_conflist: PathBuf,
+    /// The runtime's CNI plugin directory, where the conflist's plugins must be (the init
+    /// container's `install-cni` puts them there). Only checked: nodus never writes it.
+    pub cni_bin_dir: PathBuf,
     /// Pod traffic to destinations outside the cluster leaves with the node's address.
     pub masquerade: bool,
 }
@@ -416,6 +419,7 @@ impl Default for MeshConfig {
             // `00-`: runtimes take the first file by name, and a `10-flannel.conflist` or
             // `10-calico.conflist` left behind must not win.
             cni_conflist: PathBuf::from("/etc/cni/net.d/00-nodus.conflist"),
+            cni_bin_dir: PathBuf::from("/opt/cni/bin"),
             masquerade: true,
         }
     }

@@ -1,7 +1,8 @@
 //! Start-up checks of the host: what each subsystem needs from the node before it starts,
 //! one clear error each, naming the configuration key it concerns. The proxy needs Linux
-//! 6.2 and nftables netlink; the mesh a WireGuard backend that can run here and a CNI
-//! directory it can write; DNS its listen addresses free.
+//! 6.2 and nftables netlink; the mesh a WireGuard backend that can run here, a CNI
+//! directory it can write and the conflist's plugins in the runtime's plugin directory;
+//! DNS its listen addresses free.
 //!
 //! `nodus check-config --host` fails on them. `nodus run` logs them and starts anyway:
 //! each subsystem is retried until the host allows it (systemd-resolved stopped, a module
@@ -34,6 +35,7 @@ pub fn check_host(config: &Config, dns_sockets_inherited: bool) -> Vec<String> {
     if config.mesh.enabled {
         failures.extend(wireguard_backend(&config.mesh));
         failures.extend(cni_directory(&config.mesh.cni_conflist));
+        failures.extend(cni_plugins(&config.mesh.cni_bin_dir));
     }
     if config.dns.enabled && !dns_sockets_inherited {
         failures.extend(dns_addresses(&config.dns.listen));
@@ -144,6 +146,24 @@ fn cni_directory(conflist: &Path) -> Option<String> {
     }
 }
 
+/// Every plugin the mesh's conflist names can run from `bin_dir`: without one, kubelet
+/// makes no pod on this node, and says so only in each pod's events.
+fn cni_plugins(bin_dir: &Path) -> Option<String> {
+    let plugins = std::iter::once(nodus_cni::PLUGIN).chain(nodus_mesh::cni::REFERENCE_PLUGINS);
+    let missing: Vec<&str> = plugins
+        .filter(|plugin| executable(&bin_dir.join(plugin)).is_err())
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "mesh.cni_bin_dir {}: no executable {} (the init container's `nodus install-cni \
+             --to {}` puts them there)",
+            bin_dir.display(),
+            missing.join(", "),
+            bin_dir.display()
+        )
+    })
+}
+
 /// Each address DNS will bind (a wildcard that another server's address keeps from
 /// binding stands for each host address, as DNS serves it) binds, over UDP and TCP.
 fn dns_addresses(listen: &[SocketAddr]) -> Vec<String> {
@@ -252,6 +272,30 @@ mod tests {
         std::fs::write(&file, b"").expect("a file");
         let failure = cni_directory(&file.join("00-nodus.conflist")).expect("refused");
         assert!(failure.ends_with("is not a directory"), "{failure}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_conflists_plugins_must_be_in_the_plugin_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nodus-preflight-bin-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        let failure = cni_plugins(&dir).expect("an empty directory");
+        assert!(
+            failure.contains("no executable nodus-cni, host-local, portmap, loopback"),
+            "{failure}"
+        );
+        for plugin in ["nodus-cni", "host-local", "portmap", "loopback"] {
+            std::fs::write(dir.join(plugin), b"#!/bin/sh\n").expect("plugin");
+            let mode = if plugin == "portmap" { 0o644 } else { 0o755 };
+            std::fs::set_permissions(dir.join(plugin), std::fs::Permissions::from_mode(mode))
+                .expect("mode");
+        }
+        let failure = cni_plugins(&dir).expect("portmap cannot run");
+        assert!(failure.contains("no executable portmap ("), "{failure}");
+        std::fs::set_permissions(dir.join("portmap"), std::fs::Permissions::from_mode(0o755))
+            .expect("mode");
+        assert_eq!(cni_plugins(&dir), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

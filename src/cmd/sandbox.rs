@@ -810,6 +810,7 @@ fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> 
     config["mesh"]["interface"] = interface.into();
     config["mesh"]["key_file"] = path("key/wireguard.key");
     config["mesh"]["cni_conflist"] = path("10-nodus.conflist");
+    config["mesh"]["cni_bin_dir"] = path("cni-bin");
     config["state_dir"] = path("state");
     Ok(serde_json::to_string_pretty(&config)?)
 }

@@ -358,7 +358,8 @@ fn with_only_the_daemonsets_capabilities_it_programs_and_answers_and_sigterm_lea
 
 /// `nodus check-config --host` names, one line each, what this host lacks for a
 /// configuration: DNS's port taken (and by whom), a WireGuard backend that cannot run, a
-/// CNI directory that cannot be made; and passes once the host allows it.
+/// CNI directory that cannot be made, CNI plugins missing; and passes once the host allows
+/// it (the plugins put in place by `nodus install-cni`, as the init container does).
 #[test]
 fn check_config_host_names_what_the_host_lacks() {
     let ns = Netns::new("prfl").expect("netns");
@@ -370,13 +371,15 @@ fn check_config_host_names_what_the_host_lacks() {
     std::fs::create_dir_all(&dir).expect("scratch directory");
     let not_a_directory = dir.join("file");
     std::fs::write(&not_a_directory, b"").expect("a file");
+    let cni_bin = dir.join("opt/cni/bin");
     let write_config = |wireguard_go: &str, conflist: &Path| {
         let file = dir.join("nodus.yaml");
         let yaml = format!(
             "cluster_cidrs: [10.244.0.0/16]\ndns:\n  listen: [\"127.0.0.1:53\"]\nmesh:\n  \
              enabled: true\n  backend: wireguard-go\n  wireguard_go: {wireguard_go}\n  \
-             cni_conflist: {}\n",
-            conflist.display()
+             cni_conflist: {}\n  cni_bin_dir: {}\n",
+            conflist.display(),
+            cni_bin.display()
         );
         std::fs::write(&file, yaml).expect("config");
         file
@@ -404,7 +407,11 @@ fn check_config_host_names_what_the_host_lacks() {
         "is not a directory",
         "dns.listen 127.0.0.1:53: udp port 53 is in use by ",
         &me,
-        "3 checks failed",
+        &format!(
+            "mesh.cni_bin_dir {}: no executable nodus-cni, host-local, portmap, loopback",
+            cni_bin.display()
+        ),
+        "4 checks failed",
     ] {
         assert!(said.contains(line), "{line:?} in:\n{said}");
     }
@@ -422,6 +429,17 @@ fn check_config_host_names_what_the_host_lacks() {
         "wireguard-go is installed by .ci/run"
     );
     let config = write_config(&wireguard_go, &dir.join("net.d/00-nodus.conflist"));
+    let installed = Command::new(NODUS)
+        .args([
+            "install-cni",
+            "--from",
+            nodus_testbed::cni::CNI_PATH,
+            "--to",
+        ])
+        .arg(&cni_bin)
+        .output()
+        .expect("nodus install-cni runs");
+    assert!(installed.status.success(), "{installed:?}");
     let passed = check(&config);
     assert!(passed.status.success(), "{passed:?}");
     assert!(
