@@ -382,9 +382,11 @@ pub struct MeshConfig {
     /// Which node address peers use as endpoint when a node has both: `ipv4` or `ipv6`.
     pub endpoint_family: EndpointFamily,
     /// Which address of its Node each node publishes for peers: `internal` (its
-    /// InternalIP) or `external` (its ExternalIP where it has one: nodes on other sites, or
-    /// behind a one-to-one NAT). A Node's `nodus.dev/force-endpoint` annotation (`IP` or
-    /// `IP:port`, set by the operator) wins over both.
+    /// InternalIP), `external` (its ExternalIP where it has one: nodes on other sites, or
+    /// behind a one-to-one NAT) or `learned` (where its peers see its packets come from,
+    /// as they report it, else its InternalIP: a node behind a NAT that maps its port alike
+    /// for every destination). A Node's `nodus.dev/force-endpoint` annotation (`IP` or
+    /// `IP:port`, set by the operator) wins over all.
     pub endpoint: MeshEndpoint,
     /// Seconds between keepalives to each peer; 0 for none. They keep the mapping of a NAT
     /// in front of a node open, so that peers can reach a node that cannot be reached
@@ -445,6 +447,7 @@ pub enum MeshEndpoint {
     #[default]
     Internal,
     External,
+    Learned,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
@@ -481,6 +484,7 @@ impl MeshConfig {
             endpoint: match self.endpoint {
                 MeshEndpoint::Internal => nodus_mesh::plan::EndpointChoice::Internal,
                 MeshEndpoint::External => nodus_mesh::plan::EndpointChoice::External,
+                MeshEndpoint::Learned => nodus_mesh::plan::EndpointChoice::Learned,
             },
             persistent_keepalive: self.persistent_keepalive,
         }

@@ -98,6 +98,11 @@ pub struct Mesh {
 }
 
 impl Mesh {
+    /// The endpoints of live sessions, as the device last reported them.
+    pub fn learned(&self) -> &BTreeMap<Key, SocketAddr> {
+        &self.learned
+    }
+
     /// Loads the key, opens (or adopts) the device and reads what the kernel has.
     pub async fn start(settings: MeshSettings, metrics: Arc<MeshMetrics>) -> Result<Mesh, Error> {
         let keys = KeyPair::load_or_create(&settings.key_file)?;

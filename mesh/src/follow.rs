@@ -113,6 +113,8 @@ async fn follow(
                 mesh.public_key(),
                 settings.listen_port,
                 desired.published_endpoint,
+                plan::peer_endpoints_seen(&view, &desired, mesh.learned()),
+                view.this_node(),
             );
             let missing = needs_publish(view.this_node(), &wanted);
             (desired, wanted, view.node_name().to_string(), missing)

@@ -9,8 +9,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 /// The annotations every node publishes on its own Node object (the view keeps these).
 pub use nodus_view::wire::{
-    ANNOTATION_ENDPOINT, ANNOTATION_FORCE_ENDPOINT, ANNOTATION_PORT, ANNOTATION_PUBLIC_KEY,
+    ANNOTATION_ENDPOINT, ANNOTATION_FORCE_ENDPOINT, ANNOTATION_PEER_ENDPOINTS, ANNOTATION_PORT,
+    ANNOTATION_PUBLIC_KEY,
 };
+use nodus_view::wire::{PEER_ENDPOINTS_MAX, PEER_KEY_PREFIX};
 
 /// What planning needs besides the view.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -39,6 +41,11 @@ pub enum EndpointChoice {
     /// Its ExternalIP of the endpoint family (else its InternalIP): nodes on other sites
     /// or behind a one-to-one NAT (k3s's `--flannel-external-ip`).
     External,
+    /// The address its peers see its packets come from, as most of them report it
+    /// ([`ANNOTATION_PEER_ENDPOINTS`]), else its InternalIP: a node behind a NAT that maps
+    /// its port alike for every destination, so that another such node can reach it through
+    /// the mapping its keepalives to a reachable node keep open.
+    Learned,
 }
 
 /// A peer as the device holds it.
@@ -87,7 +94,6 @@ pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
         plan.own_cidrs = own.pod_cidrs.to_vec();
         plan.device_addresses = own.pod_cidrs.iter().filter_map(first_host).collect();
         plan.own_endpoint = endpoint_ip(own, settings.endpoint_family);
-        plan.published_endpoint = own_endpoint(own, settings);
     }
     let mut claimed: BTreeSet<Cidr> = plan.own_cidrs.iter().copied().collect();
     if let Some(own) = view.this_node() {
@@ -110,7 +116,88 @@ pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
             Err(reason) => plan.skipped.push((name.into(), reason)),
         }
     }
+    if let Some(own) = view.this_node() {
+        let learned = match settings.endpoint {
+            EndpointChoice::Learned => seen_by_peers(view, &plan.peer_nodes, own_key),
+            EndpointChoice::Internal | EndpointChoice::External => None,
+        };
+        plan.published_endpoint = own_endpoint(own, settings, learned);
+    }
     plan
+}
+
+/// How `key` is named in [`ANNOTATION_PEER_ENDPOINTS`].
+fn key_prefix(key: &Key) -> String {
+    let mut text = key.to_base64();
+    text.truncate(PEER_KEY_PREFIX);
+    text
+}
+
+/// The entries of a [`ANNOTATION_PEER_ENDPOINTS`] value that parse: key prefix, endpoint.
+fn peer_endpoints(text: &str) -> impl Iterator<Item = (&str, SocketAddr)> {
+    text.split(',')
+        .take(PEER_ENDPOINTS_MAX)
+        .filter_map(|entry| {
+            let (prefix, endpoint) = entry.split_once('=')?;
+            Some((prefix, endpoint.parse().ok()?))
+        })
+}
+
+/// Where our peers see our packets come from: the endpoint most of them report for
+/// `own_key` (the lowest of a tie), `None` when none does. Only the nodes in the mesh
+/// (`peer_nodes`) count, so that a Node without a valid key cannot move us.
+fn seen_by_peers(
+    view: &View,
+    peer_nodes: &BTreeMap<Key, Box<str>>,
+    own_key: &Key,
+) -> Option<SocketAddr> {
+    let own = key_prefix(own_key);
+    let mut reports: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+    for name in peer_nodes.values() {
+        let Some(text) = view
+            .node(name)
+            .and_then(|node| node.annotation(ANNOTATION_PEER_ENDPOINTS))
+        else {
+            continue;
+        };
+        let seen = peer_endpoints(text)
+            .find(|(prefix, _)| *prefix == own)
+            .map(|(_, endpoint)| endpoint)
+            .filter(|endpoint| reachable(endpoint.ip()));
+        if let Some(endpoint) = seen {
+            *reports.entry(endpoint).or_default() += 1;
+        }
+    }
+    // Reversed so that, of equal counts, the lowest endpoint is the greatest.
+    reports
+        .into_iter()
+        .rev()
+        .max_by_key(|(_, count)| *count)
+        .map(|(endpoint, _)| endpoint)
+}
+
+/// What this node publishes in [`ANNOTATION_PEER_ENDPOINTS`]: the endpoints of live
+/// sessions (`learned`) that are none of the peer's own addresses, so come through a NAT;
+/// at most [`PEER_ENDPOINTS_MAX`], by key. A peer that publishes the address we see keeps
+/// its entry: it learned it from us, and would forget it without.
+pub fn peer_endpoints_seen(
+    view: &View,
+    desired: &Desired,
+    learned: &BTreeMap<Key, SocketAddr>,
+) -> String {
+    let entries: Vec<String> = learned
+        .iter()
+        .filter(|(key, endpoint)| {
+            let node = desired
+                .peer_nodes
+                .get(*key)
+                .and_then(|name| view.node(name));
+            node.is_some_and(|node| !node.addresses.iter().any(|a| a.address == endpoint.ip()))
+        })
+        .take(PEER_ENDPOINTS_MAX)
+        .map(|(key, endpoint)| format!("{}={endpoint}", key_prefix(key)))
+        .collect();
+    entries.join(",")
 }
 
 /// Why a node is left out while it joins: nothing is wrong with it.
@@ -178,15 +265,20 @@ fn reachable(ip: IpAddr) -> bool {
 }
 
 /// Where peers should reach `own`: its `nodus.dev/force-endpoint` (`IP` or `IP:port`),
-/// else the address `settings.endpoint` picks, at our listen port.
-fn own_endpoint(own: &Node, settings: &PlanSettings) -> Option<SocketAddr> {
+/// else what its peers see (`learned`, with [`EndpointChoice::Learned`]), else the address
+/// `settings.endpoint` picks, at our listen port.
+fn own_endpoint(
+    own: &Node,
+    settings: &PlanSettings,
+    learned: Option<SocketAddr>,
+) -> Option<SocketAddr> {
     let forced = own.annotation(ANNOTATION_FORCE_ENDPOINT).and_then(|text| {
         text.parse::<SocketAddr>()
             .ok()
             .or_else(|| Some(SocketAddr::new(text.parse().ok()?, settings.listen_port)))
     });
-    if let Some(forced) = forced.filter(|endpoint| reachable(endpoint.ip())) {
-        return Some(forced);
+    if let Some(endpoint) = forced.filter(|e| reachable(e.ip())).or(learned) {
+        return Some(endpoint);
     }
     let external = match settings.endpoint {
         EndpointChoice::External => family_first(settings.endpoint_family, |family| {
@@ -195,7 +287,7 @@ fn own_endpoint(own: &Node, settings: &PlanSettings) -> Option<SocketAddr> {
                 .find(|a| a.kind == NodeAddressKind::ExternalIP && Family::of(a.address) == family)
                 .map(|a| a.address)
         }),
-        EndpointChoice::Internal => None,
+        EndpointChoice::Internal | EndpointChoice::Learned => None,
     };
     let ip = external.or_else(|| endpoint_ip(own, settings.endpoint_family))?;
     Some(SocketAddr::new(ip, settings.listen_port))
@@ -344,11 +436,14 @@ pub fn set_changes<T: Ord + Copy>(
     )
 }
 
-/// The annotations our Node should carry.
+/// The annotations our Node should carry. `peer_endpoints` ([`peer_endpoints_seen`]) is
+/// there when it names a peer, or is emptied when `current` (our Node) still names some.
 pub fn own_annotations(
     public: &Key,
     listen_port: u16,
     endpoint: Option<SocketAddr>,
+    peer_endpoints: String,
+    current: Option<&Node>,
 ) -> BTreeMap<&'static str, String> {
     let mut wanted = BTreeMap::from([
         (ANNOTATION_PUBLIC_KEY, public.to_base64()),
@@ -356,6 +451,12 @@ pub fn own_annotations(
     ]);
     if let Some(endpoint) = endpoint {
         wanted.insert(ANNOTATION_ENDPOINT, endpoint.to_string());
+    }
+    let stale = current
+        .and_then(|node| node.annotation(ANNOTATION_PEER_ENDPOINTS))
+        .is_some_and(|old| !old.is_empty());
+    if !peer_endpoints.is_empty() || stale {
+        wanted.insert(ANNOTATION_PEER_ENDPOINTS, peer_endpoints);
     }
     wanted
 }
@@ -764,6 +865,8 @@ mod tests {
             &key(1),
             51820,
             Some("192.168.1.1:51820".parse().expect("addr")),
+            String::new(),
+            None,
         );
         assert_eq!(wanted[ANNOTATION_ENDPOINT], "192.168.1.1:51820");
         let patch = annotations_patch(&wanted);
@@ -787,7 +890,7 @@ mod tests {
             Some(key(1)),
             Some(51820),
         )]);
-        let without_endpoint = own_annotations(&key(1), 51820, None);
+        let without_endpoint = own_annotations(&key(1), 51820, None, String::new(), None);
         assert!(!needs_publish(done.this_node(), &without_endpoint));
         assert!(needs_publish(done.this_node(), &wanted));
     }
@@ -883,5 +986,102 @@ mod tests {
                 "{forced}"
             );
         }
+    }
+
+    #[test]
+    fn a_node_behind_a_nat_publishes_where_most_peers_see_it() {
+        let learned_settings = PlanSettings {
+            endpoint: EndpointChoice::Learned,
+            ..settings()
+        };
+        let own_prefix = key_prefix(&key(1));
+        let report = |endpoint: &str| format!("{}={endpoint},AAAA=192.0.2.1:1", own_prefix);
+        let (seen, other) = (report("203.0.113.7:40000"), report("203.0.113.9:1"));
+        let reporters = || {
+            vec![
+                node_with("n1", 1, &[], None),
+                node_with("n2", 2, &[(ANNOTATION_PEER_ENDPOINTS, &seen)], None),
+                node_with("n3", 3, &[(ANNOTATION_PEER_ENDPOINTS, &seen)], None),
+                node_with("n4", 4, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
+            ]
+        };
+        let plan = desired(&view(reporters()), &learned_settings, &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("203.0.113.7:40000".parse().expect("addr"))
+        );
+        // Internal publishing reads no report.
+        let plan = desired(&view(reporters()), &settings(), &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("192.168.1.1:51820".parse().expect("addr"))
+        );
+        // Nodes outside the mesh (here, without pod CIDRs) do not count, and a loopback
+        // report is no address: the InternalIP until a peer sees us.
+        let mut outside = node_with("n5", 5, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None);
+        if let Update::Node(node) = &mut outside {
+            node.spec.pod_cidrs.clear();
+            node.spec.pod_cidr = None;
+        }
+        let looped = report("127.0.0.1:51820");
+        let lone = vec![
+            node_with("n1", 1, &[], None),
+            node_with("n2", 2, &[(ANNOTATION_PEER_ENDPOINTS, &looped)], None),
+            outside,
+        ];
+        let plan = desired(&view(lone), &learned_settings, &key(1));
+        assert_eq!(plan.skipped, vec![("n5".into(), NO_POD_CIDRS)]);
+        assert_eq!(
+            plan.published_endpoint,
+            Some("192.168.1.1:51820".parse().expect("addr"))
+        );
+        // The operator's annotation still wins.
+        let mut forced = reporters();
+        forced[0] = node_with(
+            "n1",
+            1,
+            &[(ANNOTATION_FORCE_ENDPOINT, "198.51.100.1")],
+            None,
+        );
+        let plan = desired(&view(forced), &learned_settings, &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("198.51.100.1:51820".parse().expect("addr"))
+        );
+    }
+
+    #[test]
+    fn a_node_reports_the_peers_it_sees_through_a_nat() {
+        let nodes = vec![
+            node_with("n1", 1, &[], None),
+            node_with("n2", 2, &[], None),
+            node_with("n3", 3, &[], None),
+        ];
+        let cluster = view(nodes);
+        let plan = desired(&cluster, &settings(), &key(1));
+        let nat: SocketAddr = "203.0.113.9:4000".parse().expect("addr");
+        let learned = BTreeMap::from([
+            (key(2), nat),
+            (key(3), "192.168.1.3:51820".parse().expect("addr")),
+            (key(9), "203.0.113.10:1".parse().expect("addr")),
+        ]);
+        let text = peer_endpoints_seen(&cluster, &plan, &learned);
+        assert_eq!(text, format!("{}={nat}", key_prefix(&key(2))));
+        assert_eq!(
+            peer_endpoints(&text).collect::<Vec<_>>(),
+            [(key_prefix(&key(2)).as_str(), nat)]
+        );
+        assert!(text.len() <= PEER_KEY_PREFIX + 1 + 21);
+        // Published while it names a peer; emptied once, when our Node still names one.
+        let wanted = own_annotations(&key(1), 51820, None, text.clone(), None);
+        assert_eq!(wanted[ANNOTATION_PEER_ENDPOINTS], text);
+        let carrying = node_with("n1", 1, &[(ANNOTATION_PEER_ENDPOINTS, &text)], None);
+        let carrying = view(vec![carrying]);
+        let emptied = own_annotations(&key(1), 51820, None, String::new(), carrying.this_node());
+        assert_eq!(emptied[ANNOTATION_PEER_ENDPOINTS], "");
+        assert!(
+            !own_annotations(&key(1), 51820, None, String::new(), None)
+                .contains_key(ANNOTATION_PEER_ENDPOINTS)
+        );
     }
 }

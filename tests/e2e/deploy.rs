@@ -214,6 +214,7 @@ fn every_kustomization_renders_a_least_privilege_daemonset_with_a_valid_config()
             nodus_mesh::plan::ANNOTATION_PUBLIC_KEY,
             nodus_mesh::plan::ANNOTATION_PORT,
             nodus_mesh::plan::ANNOTATION_ENDPOINT,
+            nodus_mesh::plan::ANNOTATION_PEER_ENDPOINTS,
         ] {
             assert!(published.contains(&format!("'{key}'")), "{published}");
         }

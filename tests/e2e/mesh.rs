@@ -4,7 +4,7 @@
 //! pods made by the reference CNI plugins from the conflist each nodus wrote.
 
 use crate::support::{Cluster, NODUS, free_port, metric, wait_for};
-use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
+use nodus_mesh::plan::{ANNOTATION_ENDPOINT, ANNOTATION_PEER_ENDPOINTS, ANNOTATION_PUBLIC_KEY};
 use nodus_testbed::cni;
 use nodus_testbed::netns::{self, Netns, Node, Pod, Underlay, unique_name};
 use nodus_testbed::probe::{SourceEcho, http_get, tcp_who};
@@ -801,74 +801,101 @@ fn a_rogue_node_claiming_others_ranges_changes_no_route_and_traffic_flows() {
     pod_1_reaches_pods_2_and_3(&pods);
 }
 
-/// A node behind a NAT that the others cannot reach first: node 3 sits on a private LAN
-/// (192.168.204.0/24) behind a router namespace that masquerades its traffic onto the
-/// underlay, and its Node's InternalIP is the private address. Its keepalives open the
-/// NAT, nodes 1 and 2 learn the router's address from its packets and keep it across
-/// their polls, and pods are reached both ways.
-#[test]
-fn a_node_behind_a_nat_joins_and_its_pods_are_reached_both_ways() {
-    netns::require_root();
-    let underlay = Underlay::new([10, 204, 0], [0xfd00, 204, 0, 0]).expect("underlay");
-    let router = Netns::new("nat").expect("router namespace");
+/// A node on a private LAN (`192.168.{lan}.0/24`) behind a router namespace, at address
+/// `router` of the underlay, that masquerades the LAN's traffic onto it and, as home routers
+/// do, drops what comes in unasked. The Node's InternalIP is the private address.
+fn behind_nat(underlay: &Underlay, name: &str, router: u8, lan: u8) -> (Netns, Node) {
+    let router_ns = Netns::new("nat").expect("router namespace");
     underlay
-        .attach(&router, 10)
+        .attach(&router_ns, router)
         .expect("router on the underlay");
-    let lan = Netns::new("node-3").expect("node 3 namespace");
-    lan.sysctl("net.ipv6.conf.default.accept_dad", "0")
+    let host = Netns::new(name).expect("node namespace");
+    host.sysctl("net.ipv6.conf.default.accept_dad", "0")
         .expect("sysctl");
-    netns::veth(&router, "lan0", &lan, "eth0").expect("LAN");
-    router
-        .ip(&["addr", "add", "192.168.204.1/24", "dev", "lan0"])
+    netns::veth(&router_ns, "lan0", &host, "eth0").expect("LAN");
+    router_ns
+        .ip(&["addr", "add", &format!("192.168.{lan}.1/24"), "dev", "lan0"])
         .expect("router LAN address");
-    router.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
-    router
+    router_ns
+        .sysctl("net.ipv4.ip_forward", "1")
+        .expect("sysctl");
+    router_ns
         .exec(
             "nft",
-            &["add table ip nat; \
-                 add chain ip nat post { type nat hook postrouting priority 100; }; \
-                 add rule ip nat post oifname eth0 ip saddr 192.168.204.0/24 masquerade"],
+            &[&format!(
+                "add table ip nat; \
+                 add chain ip nat post {{ type nat hook postrouting priority 100; }}; \
+                 add rule ip nat post oifname eth0 ip saddr 192.168.{lan}.0/24 masquerade; \
+                 add table inet firewall; \
+                 add chain inet firewall input {{ type filter hook input priority 0; policy drop; }}; \
+                 add rule inet firewall input ct state established,related accept"
+            )],
         )
         .expect("the router masquerades the LAN");
-    let private = Ipv4Addr::new(192, 168, 204, 2);
-    lan.ip(&["addr", "add", &format!("{private}/24"), "dev", "eth0"])
-        .expect("node 3 address");
-    lan.ip(&["route", "add", "default", "via", "192.168.204.1"])
-        .expect("node 3 default route");
-    lan.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
-    lan.sysctl("net.ipv6.conf.all.forwarding", "1")
+    let private = Ipv4Addr::new(192, 168, lan, 2);
+    host.ip(&["addr", "add", &format!("{private}/24"), "dev", "eth0"])
+        .expect("node address");
+    host.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        &format!("192.168.{lan}.1"),
+    ])
+    .expect("node default route");
+    host.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
+    host.sysctl("net.ipv6.conf.all.forwarding", "1")
         .expect("sysctl");
-    let behind_nat = Node {
-        ns: lan,
-        name: "node-3".into(),
+    let node = Node {
+        ns: host,
+        name: name.into(),
         v4: private,
-        v6: "fd00:cc::2".parse().expect("v6"),
+        v6: format!("fd00:{lan}::2").parse().expect("v6"),
     };
+    (router_ns, node)
+}
+
+/// Nodes behind NATs that the others cannot reach first: nodes 3 and 4 each sit on a
+/// private LAN behind a router of their own ([`behind_nat`]). Their keepalives open their
+/// NATs, nodes 1 and 2 learn the routers' addresses from their packets, keep them across
+/// their polls and report them (`nodus.dev/wireguard-peer-endpoints`); nodes 3 and 4, with
+/// `mesh.endpoint: learned`, publish what is reported and so reach each other through both
+/// NATs. Pods are reached both ways, between the NATed nodes too.
+#[test]
+fn nodes_behind_nats_learn_their_address_and_their_pods_are_reached_both_ways() {
+    netns::require_root();
+    let underlay = Underlay::new([10, 204, 0], [0xfd00, 204, 0, 0]).expect("underlay");
+    let (router_3, behind_3) = behind_nat(&underlay, "node-3", 10, 204);
+    let (router_4, behind_4) = behind_nat(&underlay, "node-4", 11, 205);
 
     let cluster = Cluster::new("mesh-nat", "");
     for i in 1..=2 {
         cluster.apply(node_object(&format!("node-{i}"), i, &underlay));
     }
-    cluster.apply(json!({
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": "node-3"},
-        "spec": {"podCIDR": v4_cidr(3), "podCIDRs": [v4_cidr(3)]},
-        "status": {"addresses": [{"type": "InternalIP", "address": private.to_string()}]},
-    }));
+    for (i, node) in [(3, &behind_3), (4, &behind_4)] {
+        cluster.apply(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node.name},
+            "spec": {"podCIDR": v4_cidr(i), "podCIDRs": [v4_cidr(i)]},
+            "status": {"addresses": [{"type": "InternalIP", "address": node.v4.to_string()}]},
+        }));
+    }
     let kubeconfig = cluster.listen_in(&underlay.ns, SocketAddr::from((underlay.v4(1), API_PORT)));
     let mut nodes: Vec<MeshNode> = (1..=2)
         .map(|i| MeshNode::new(&cluster, &underlay, &format!("node-{i}"), i, WIREGUARD_GO))
         .collect();
-    nodes.push(MeshNode::on(&cluster, behind_nat, WIREGUARD_GO));
+    let learned = format!("{WIREGUARD_GO}  endpoint: learned\n");
+    nodes.push(MeshNode::on(&cluster, behind_3, &learned));
+    nodes.push(MeshNode::on(&cluster, behind_4, &learned));
     for node in &mut nodes {
         node.start(&kubeconfig);
     }
     for node in &nodes {
-        node.wait_metric("nodus_mesh_peers", 2.0);
+        node.wait_metric("nodus_mesh_peers", 3.0);
     }
     let pods = pod_on_each(&nodes);
-    let pod_3 = IpAddr::V4(pods[2].v4.expect("v4"));
-    let pod_1 = IpAddr::V4(pods[0].v4.expect("v4"));
+    let v4 = |pod: &Pod| IpAddr::V4(pod.v4.expect("v4"));
+    let (pod_1, pod_3, pod_4) = (v4(&pods[0]), v4(&pods[2]), v4(&pods[3]));
     wait_for("pod-1 pings pod-3 behind the NAT", || {
         ping(&pods[0], pod_3).ok()
     });
@@ -882,34 +909,62 @@ fn a_node_behind_a_nat_joins_and_its_pods_are_reached_both_ways() {
     );
 
     // Node 1 reaches node 3 at the router's address, which it learned, not at the private
-    // one node 3 published; its polls (every 10 s) keep it.
+    // one node 3 first published; its polls (every 10 s) keep it.
     let key_3 = nodes[2].published_key(&cluster).expect("node 3's key");
-    let router_address = underlay.v4(10).to_string();
-    let endpoint_of_3 = || {
-        nodes[0]
-            .wg_show("endpoints")
+    let router_3_address = underlay.v4(10).to_string();
+    let endpoint_of_3 = |on: &MeshNode| {
+        on.wg_show("endpoints")
             .into_iter()
             .find(|(key, _)| *key == key_3)
             .map(|(_, endpoint)| endpoint)
             .unwrap_or_default()
     };
     for _ in 0..12 {
-        let endpoint = endpoint_of_3();
+        let endpoint = endpoint_of_3(&nodes[0]);
         assert!(
-            endpoint.starts_with(&format!("{router_address}:")),
+            endpoint.starts_with(&format!("{router_3_address}:")),
             "node 1 sends to node 3 at {endpoint}, not through the NAT"
         );
         std::thread::sleep(Duration::from_secs(1));
     }
     assert_eq!(who(&pods[0], pod_3).expect("TCP after a poll"), "pod-3");
+
+    // Node 1 reports where node 3's packets come from; node 3 publishes it.
+    let annotation = |node: &str, name: &str| {
+        let object = cluster.store.get("v1", "Node", None, node)?;
+        object["metadata"]["annotations"][name]
+            .as_str()
+            .map(str::to_string)
+    };
+    let reported = annotation("node-1", ANNOTATION_PEER_ENDPOINTS).unwrap_or_default();
+    assert!(
+        reported.contains(&format!("{}={router_3_address}:", &key_3[..16])),
+        "node 1 reports {reported:?}"
+    );
+    let published_3 = wait_for("node 3 publishes the address its peers see", || {
+        annotation("node-3", ANNOTATION_ENDPOINT)
+            .filter(|endpoint| endpoint.starts_with(&format!("{router_3_address}:")))
+    });
+    // Through both NATs: each NATed node sends to the other's mapping, which opens its
+    // own router for the other's packets.
+    wait_for("pod-3 pings pod-4 behind the other NAT", || {
+        ping(&pods[2], pod_4).ok()
+    });
+    assert_eq!(who(&pods[2], pod_4).expect("TCP across both NATs"), "pod-4");
+    assert_eq!(
+        who(&pods[3], pod_3).expect("TCP back across both NATs"),
+        "pod-3"
+    );
+    assert_eq!(endpoint_of_3(&nodes[3]), published_3);
+
     // Keepalives are set on every peer.
     let keepalives = nodes[2].wg_show("persistent-keepalive");
     assert!(
-        keepalives.len() == 2 && keepalives.iter().all(|(_, every)| every == "25"),
+        keepalives.len() == 3 && keepalives.iter().all(|(_, every)| every == "25"),
         "{keepalives:?}"
     );
     for node in &mut nodes {
         node.stop();
     }
-    drop(router);
+    drop((router_3, router_4));
 }

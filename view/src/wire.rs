@@ -22,19 +22,32 @@ pub const ANNOTATION_ENDPOINT: &str = "nodus.dev/wireguard-endpoint";
 /// Set by the operator on a Node (never by nodus): the address, `IP` or `IP:port`, that
 /// node publishes for peers to reach it, such as a port forward on its site's router.
 pub const ANNOTATION_FORCE_ENDPOINT: &str = "nodus.dev/force-endpoint";
+/// Published by nodus on its own Node: where the packets of the peers behind a NAT come
+/// from, as its device sees them (`KEY=IP:port`, comma-separated, each key cut to
+/// [`PEER_KEY_PREFIX`] characters), so that such a node can learn and publish its own.
+pub const ANNOTATION_PEER_ENDPOINTS: &str = "nodus.dev/wireguard-peer-endpoints";
 pub const ANNOTATION_LAST_CHANGE_TRIGGER_TIME: &str =
     "endpoints.kubernetes.io/last-change-trigger-time";
-const ANNOTATIONS_KEPT: [&str; 5] = [
-    ANNOTATION_PUBLIC_KEY,
-    ANNOTATION_PORT,
-    ANNOTATION_ENDPOINT,
-    ANNOTATION_FORCE_ENDPOINT,
-    ANNOTATION_LAST_CHANGE_TRIGGER_TIME,
-];
-/// The longest value kept of those annotations: a key is 44 bytes, an endpoint at most 53
-/// (`[v6%zone]:port`). A longer one is dropped as if absent, so that no Node's author can
-/// make every agent of the cluster hold more.
+/// The longest value kept of most of those annotations: a key is 44 bytes, an endpoint at
+/// most 53 (`[v6%zone]:port`). A longer one is dropped as if absent, so that no Node's
+/// author can make every agent of the cluster hold more.
 pub const ANNOTATION_VALUE_MAX: usize = 64;
+/// The characters of a public key that name a peer in [`ANNOTATION_PEER_ENDPOINTS`]: 96
+/// bits, unique among the nodes of any cluster.
+pub const PEER_KEY_PREFIX: usize = 16;
+/// The most peers [`ANNOTATION_PEER_ENDPOINTS`] names, and its longest value kept: this
+/// many entries of the longest endpoint.
+pub const PEER_ENDPOINTS_MAX: usize = 64;
+const PEER_ENDPOINTS_VALUE_MAX: usize = PEER_ENDPOINTS_MAX * (PEER_KEY_PREFIX + 2 + 53);
+/// The annotations kept, each with the longest value kept.
+const ANNOTATIONS_KEPT: [(&str, usize); 6] = [
+    (ANNOTATION_PUBLIC_KEY, ANNOTATION_VALUE_MAX),
+    (ANNOTATION_PORT, ANNOTATION_VALUE_MAX),
+    (ANNOTATION_ENDPOINT, ANNOTATION_VALUE_MAX),
+    (ANNOTATION_FORCE_ENDPOINT, ANNOTATION_VALUE_MAX),
+    (ANNOTATION_PEER_ENDPOINTS, PEER_ENDPOINTS_VALUE_MAX),
+    (ANNOTATION_LAST_CHANGE_TRIGGER_TIME, ANNOTATION_VALUE_MAX),
+];
 
 /// An object's metadata, with its labels read as `L`: the few keys nodus acts on
 /// ([`Labels`]), or all of them ([`LabelMap`], for what NetworkPolicies select).
@@ -245,9 +258,12 @@ impl<'de> Deserialize<'de> for Annotations {
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Annotations, A::Error> {
                 let mut kept = Vec::new();
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                    if ANNOTATIONS_KEPT.contains(&&*key) {
+                    let max = ANNOTATIONS_KEPT
+                        .iter()
+                        .find_map(|(kept, max)| (*kept == key).then_some(*max));
+                    if let Some(max) = max {
                         let value: std::borrow::Cow<'de, str> = map.next_value()?;
-                        if value.len() <= ANNOTATION_VALUE_MAX {
+                        if value.len() <= max {
                             kept.push((key.into_owned(), value.into_owned()));
                         }
                     } else {
@@ -640,23 +656,34 @@ mod tests {
                 "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{…}",
                                 "nodus.dev/wireguard-public-key": "abc",
                                 "nodus.dev/anything-else": "x",
-                                "nodus.dev/wireguard-endpoint": "LONG"},
+                                "nodus.dev/wireguard-endpoint": "LONG",
+                                "nodus.dev/wireguard-peer-endpoints": "PEERS"},
                 "managedFields": [{"manager": "kubectl"}]
             },
             "addressType": "IPv4", "endpoints": null, "ports": null
         }"#;
         let json = json.replace("LONG", &"9".repeat(ANNOTATION_VALUE_MAX + 1));
-        let slice: EndpointSlice = serde_json::from_str(&json).expect("valid slice");
+        // The peers' endpoints may be longer than the other annotations, up to their cap.
+        let peers = "k".repeat(ANNOTATION_VALUE_MAX + 1);
+        let slice: EndpointSlice =
+            serde_json::from_str(&json.replace("PEERS", &peers)).expect("valid slice");
         assert_eq!(slice.metadata.labels.service_name.as_deref(), Some("web"));
         assert!(slice.metadata.labels.headless);
         assert_eq!(
             slice.metadata.annotations.0,
-            vec![(
-                "nodus.dev/wireguard-public-key".to_string(),
-                "abc".to_string()
-            )]
+            vec![
+                (
+                    "nodus.dev/wireguard-public-key".to_string(),
+                    "abc".to_string()
+                ),
+                (ANNOTATION_PEER_ENDPOINTS.to_string(), peers)
+            ]
         );
         assert!(slice.endpoints.is_empty());
+        let too_long = "k".repeat(PEER_ENDPOINTS_VALUE_MAX + 1);
+        let slice: EndpointSlice =
+            serde_json::from_str(&json.replace("PEERS", &too_long)).expect("valid slice");
+        assert_eq!(slice.metadata.annotations.0.len(), 1);
     }
 
     #[test]
