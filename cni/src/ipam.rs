@@ -1,8 +1,8 @@
 //! The delegated IPAM plugin (`host-local`): found in `CNI_PATH`, run with this call's
 //! environment and the network configuration, as the specification's delegation asks.
 
+use crate::error::{Error, code};
 use crate::protocol::Command;
-use crate::{Error, code};
 use serde_json::Value;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -3,15 +3,18 @@
 //! runs it as `nodus-cni` (a copy of the nodus binary, which answers to that name);
 //! addresses come from the delegated IPAM plugin (`host-local`).
 //!
+//! - [`error`]: failures as CNI reports them, with the specification's codes.
 //! - [`protocol`]: the environment, the configuration, the IPAM result and the replies;
 //!   pure, so tested without root.
 //! - [`ipam`]: running the IPAM plugin.
 //! - [`link`]: the veth pair, addresses and routes, over rtnetlink.
 
+pub mod error;
 pub mod ipam;
 pub mod link;
 pub mod protocol;
 
+pub use error::{Error, code};
 use protocol::{Addressing, Command, Config, Invocation};
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -22,57 +25,6 @@ pub const PLUGIN: &str = "nodus-cni";
 /// The largest network configuration read from stdin; a conflist entry is a few hundred
 /// bytes.
 const MAX_CONFIG: u64 = 1 << 20;
-
-/// The error codes of the CNI specification this plugin uses; 100 and up are its own.
-pub mod code {
-    pub const INCOMPATIBLE_VERSION: u32 = 1;
-    pub const UNKNOWN_CONTAINER: u32 = 3;
-    pub const INVALID_ENVIRONMENT: u32 = 4;
-    pub const IO: u32 = 5;
-    pub const DECODE: u32 = 6;
-    pub const INVALID_CONFIG: u32 = 7;
-    /// The kernel refused or did not answer a change to links, addresses or routes.
-    pub const KERNEL: u32 = 100;
-}
-
-/// A failure as CNI reports it: a code, a message and details.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct Error {
-    pub code: u32,
-    pub message: String,
-    pub details: String,
-}
-
-impl Error {
-    pub fn new(code: u32, message: impl Into<String>) -> Error {
-        Error {
-            code,
-            message: message.into(),
-            details: String::new(),
-        }
-    }
-
-    fn environment(message: impl Into<String>) -> Error {
-        Error::new(code::INVALID_ENVIRONMENT, message)
-    }
-
-    fn version(message: impl Into<String>) -> Error {
-        Error::new(code::INCOMPATIBLE_VERSION, message)
-    }
-
-    fn decode(message: impl Into<String>) -> Error {
-        Error::new(code::DECODE, message)
-    }
-
-    fn config(message: impl Into<String>) -> Error {
-        Error::new(code::INVALID_CONFIG, message)
-    }
-
-    fn kernel(message: impl Into<String>) -> Error {
-        Error::new(code::KERNEL, message)
-    }
-}
 
 /// The plugin's process: reads the call from the environment and stdin, prints the result
 /// or the error on stdout, as the runtime expects.

@@ -9,8 +9,8 @@
 
 #![allow(unsafe_code)] // setns(2), which std does not offer.
 
+use crate::error::{Error, code};
 use crate::protocol::{Addressing, Interface, Invocation, Prefix, mac_text};
-use crate::{Error, code};
 use futures::TryStreamExt;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage};

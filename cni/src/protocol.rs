@@ -2,7 +2,7 @@
 //! the environment the runtime sets, the network configuration on stdin, the delegated IPAM
 //! plugin's result, and what the plugin prints. Nothing here touches the kernel.
 
-use crate::Error;
+use crate::error::Error;
 use serde_json::{Value, json};
 use std::net::IpAddr;
 use std::path::PathBuf;
