@@ -113,7 +113,7 @@ async fn follow(
                 mesh.public_key(),
                 settings.listen_port,
                 desired.published_endpoint,
-                plan::peer_endpoints_seen(&view, &desired, mesh.learned()),
+                plan::peer_endpoints_seen(&desired, mesh.learned()),
                 view.this_node(),
             );
             let missing = needs_publish(view.this_node(), &wanted);

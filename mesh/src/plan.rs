@@ -42,9 +42,10 @@ pub enum EndpointChoice {
     /// or behind a one-to-one NAT (k3s's `--flannel-external-ip`).
     External,
     /// The address its peers see its packets come from, as most of them report it
-    /// ([`ANNOTATION_PEER_ENDPOINTS`]), else its InternalIP: a node behind a NAT that maps
-    /// its port alike for every destination, so that another such node can reach it through
-    /// the mapping its keepalives to a reachable node keep open.
+    /// ([`ANNOTATION_PEER_ENDPOINTS`]), else what it published last, else its InternalIP: a
+    /// node behind a NAT that maps its port alike for every destination, so that another
+    /// such node can reach it through the mapping its keepalives to a reachable node keep
+    /// open.
     Learned,
 }
 
@@ -117,8 +118,12 @@ pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
         }
     }
     if let Some(own) = view.this_node() {
+        // Peers stop reporting what we publish: what we published stays until they see
+        // another address.
         let learned = match settings.endpoint {
-            EndpointChoice::Learned => seen_by_peers(view, &plan.peer_nodes, own_key),
+            EndpointChoice::Learned => {
+                seen_by_peers(view, &plan.peer_nodes, own_key).or_else(|| published_endpoint(own))
+            }
             EndpointChoice::Internal | EndpointChoice::External => None,
         };
         plan.published_endpoint = own_endpoint(own, settings, learned);
@@ -176,23 +181,26 @@ fn seen_by_peers(
         .map(|(endpoint, _)| endpoint)
 }
 
+/// The endpoint `node` publishes, when it is one a peer can use.
+fn published_endpoint(node: &Node) -> Option<SocketAddr> {
+    node.annotation(ANNOTATION_ENDPOINT)
+        .and_then(|text| text.parse().ok())
+        .filter(|endpoint: &SocketAddr| reachable(endpoint.ip()))
+}
+
 /// What this node publishes in [`ANNOTATION_PEER_ENDPOINTS`]: the endpoints of live
-/// sessions (`learned`) that are none of the peer's own addresses, so come through a NAT;
-/// at most [`PEER_ENDPOINTS_MAX`], by key. A peer that publishes the address we see keeps
-/// its entry: it learned it from us, and would forget it without.
-pub fn peer_endpoints_seen(
-    view: &View,
-    desired: &Desired,
-    learned: &BTreeMap<Key, SocketAddr>,
-) -> String {
+/// sessions (`learned`) other than the one the peer publishes (it is behind a NAT, or its
+/// address changed); at most [`PEER_ENDPOINTS_MAX`], by key. Once the peer publishes what
+/// we see its entry goes, so that in a settled mesh every such annotation is empty, and no
+/// agent holds them.
+pub fn peer_endpoints_seen(desired: &Desired, learned: &BTreeMap<Key, SocketAddr>) -> String {
     let entries: Vec<String> = learned
         .iter()
         .filter(|(key, endpoint)| {
-            let node = desired
-                .peer_nodes
+            desired
+                .peers
                 .get(*key)
-                .and_then(|name| view.node(name));
-            node.is_some_and(|node| !node.addresses.iter().any(|a| a.address == endpoint.ip()))
+                .is_some_and(|peer| peer.endpoint != Some(**endpoint))
         })
         .take(PEER_ENDPOINTS_MAX)
         .map(|(key, endpoint)| format!("{}={endpoint}", key_prefix(key)))
@@ -238,13 +246,9 @@ fn peer_of(
         .and_then(|p| p.parse().ok())
         .unwrap_or(settings.listen_port);
     // What the node published (its ExternalIP, a forced address), else its own address.
-    let endpoint = node
-        .annotation(ANNOTATION_ENDPOINT)
-        .and_then(|text| text.parse().ok())
-        .filter(|endpoint: &SocketAddr| reachable(endpoint.ip()))
-        .or_else(|| {
-            endpoint_ip(node, settings.endpoint_family).map(|ip| SocketAddr::new(ip, port))
-        });
+    let endpoint = published_endpoint(node).or_else(|| {
+        endpoint_ip(node, settings.endpoint_family).map(|ip| SocketAddr::new(ip, port))
+    });
     Ok((
         key,
         Peer {
@@ -1035,6 +1039,27 @@ mod tests {
             plan.published_endpoint,
             Some("192.168.1.1:51820".parse().expect("addr"))
         );
+        // What it published stays once the reports stop (its peers see what it publishes),
+        // and a report of another address moves it.
+        let published = [(ANNOTATION_ENDPOINT, "203.0.113.7:40000")];
+        let quiet = vec![
+            node_with("n1", 1, &published, None),
+            node_with("n2", 2, &[], None),
+        ];
+        let plan = desired(&view(quiet), &learned_settings, &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("203.0.113.7:40000".parse().expect("addr"))
+        );
+        let moved = vec![
+            node_with("n1", 1, &published, None),
+            node_with("n2", 2, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
+        ];
+        let plan = desired(&view(moved), &learned_settings, &key(1));
+        assert_eq!(
+            plan.published_endpoint,
+            Some("203.0.113.9:1".parse().expect("addr"))
+        );
         // The operator's annotation still wins.
         let mut forced = reporters();
         forced[0] = node_with(
@@ -1065,8 +1090,16 @@ mod tests {
             (key(3), "192.168.1.3:51820".parse().expect("addr")),
             (key(9), "203.0.113.10:1".parse().expect("addr")),
         ]);
-        let text = peer_endpoints_seen(&cluster, &plan, &learned);
+        let text = peer_endpoints_seen(&plan, &learned);
         assert_eq!(text, format!("{}={nat}", key_prefix(&key(2))));
+        // Once the peer publishes what we see, there is nothing to report.
+        let settled = view(vec![
+            node_with("n1", 1, &[], None),
+            node_with("n2", 2, &[(ANNOTATION_ENDPOINT, "203.0.113.9:4000")], None),
+            node_with("n3", 3, &[], None),
+        ]);
+        let settled_plan = desired(&settled, &settings(), &key(1));
+        assert_eq!(peer_endpoints_seen(&settled_plan, &learned), "");
         assert_eq!(
             peer_endpoints(&text).collect::<Vec<_>>(),
             [(key_prefix(&key(2)).as_str(), nat)]
