@@ -149,8 +149,8 @@ fn cni_directory(conflist: &Path) -> Option<String> {
 /// Every plugin the mesh's conflist names can run from `bin_dir`: without one, kubelet
 /// makes no pod on this node, and says so only in each pod's events.
 fn cni_plugins(bin_dir: &Path) -> Option<String> {
-    let plugins = std::iter::once(nodus_cni::PLUGIN).chain(nodus_mesh::cni::REFERENCE_PLUGINS);
-    let missing: Vec<&str> = plugins
+    let missing: Vec<&str> = nodus_mesh::cni::PLUGINS
+        .into_iter()
         .filter(|plugin| executable(&bin_dir.join(plugin)).is_err())
         .collect();
     (!missing.is_empty()).then(|| {

@@ -90,9 +90,22 @@ async fn bounded<T>(
     context: impl std::fmt::Display,
     request: impl Future<Output = Result<T, rtnetlink::Error>>,
 ) -> Result<T, Error> {
+    bounded_unless(context, request, None).await
+}
+
+/// [`bounded`], with the kernel's refusal `errno` (no such link, already there) answered
+/// by `instead` rather than failing.
+async fn bounded_unless<T>(
+    context: impl std::fmt::Display,
+    request: impl Future<Output = Result<T, rtnetlink::Error>>,
+    refusal: Option<(i32, T)>,
+) -> Result<T, Error> {
     match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(Error::kernel(format!("{context}: {error}"))),
+        Ok(Err(error)) => match refusal {
+            Some((errno, instead)) if is_errno(&error, errno) => Ok(instead),
+            _ => Err(Error::kernel(format!("{context}: {error}"))),
+        },
         Err(_) => Err(Error::kernel(format!(
             "{context}: no reply from the kernel within {REQUEST_TIMEOUT:?}"
         ))),
@@ -106,30 +119,15 @@ fn is_errno(error: &rtnetlink::Error, errno: i32) -> bool {
 /// The link named `name`, `None` when there is none.
 async fn find(handle: &Handle, name: &str) -> Result<Option<LinkMessage>, Error> {
     let mut replies = handle.link().get().match_name(name.to_string()).execute();
-    match tokio::time::timeout(REQUEST_TIMEOUT, replies.try_next()).await {
-        Ok(Ok(link)) => Ok(link),
-        Ok(Err(error)) if is_errno(&error, libc::ENODEV) => Ok(None),
-        Ok(Err(error)) => Err(Error::kernel(format!("finding link {name}: {error}"))),
-        Err(_) => Err(Error::kernel(format!(
-            "finding link {name}: no reply from the kernel within {REQUEST_TIMEOUT:?}"
-        ))),
-    }
+    let context = format_args!("finding link {name}");
+    bounded_unless(context, replies.try_next(), Some((libc::ENODEV, None))).await
 }
 
 async fn delete(handle: &Handle, name: &str) -> Result<(), Error> {
     if let Some(link) = find(handle, name).await? {
         let request = handle.link().del(link.header.index).execute();
-        match tokio::time::timeout(REQUEST_TIMEOUT, request).await {
-            Ok(Err(error)) if !is_errno(&error, libc::ENODEV) => {
-                return Err(Error::kernel(format!("deleting link {name}: {error}")));
-            }
-            Err(_) => {
-                return Err(Error::kernel(format!(
-                    "deleting link {name}: no reply from the kernel within {REQUEST_TIMEOUT:?}"
-                )));
-            }
-            _ => {}
-        }
+        let context = format_args!("deleting link {name}");
+        bounded_unless(context, request, Some((libc::ENODEV, ()))).await?;
     }
     Ok(())
 }
@@ -296,14 +294,8 @@ async fn add_address(handle: &Handle, index: u32, address: Prefix) -> Result<(),
         .push(AddressAttribute::Flags(
             AddressFlags::Nodad | AddressFlags::Noprefixroute,
         ));
-    match tokio::time::timeout(REQUEST_TIMEOUT, request.execute()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) if is_errno(&error, libc::EEXIST) => Ok(()),
-        Ok(Err(error)) => Err(Error::kernel(format!("adding address {address}: {error}"))),
-        Err(_) => Err(Error::kernel(format!(
-            "adding address {address}: no reply from the kernel within {REQUEST_TIMEOUT:?}"
-        ))),
-    }
+    let context = format_args!("adding address {address}");
+    bounded_unless(context, request.execute(), Some((libc::EEXIST, ()))).await
 }
 
 /// A route to `dst` over link `index`: through `via`, or on the link itself.

@@ -259,15 +259,17 @@ impl Addressing {
     /// Reads an IPAM result (or a previous result, for `CHECK`) of any supported version.
     pub fn parse(result: &Value) -> Result<Addressing, Error> {
         let invalid = |what: String| Error::config(format!("the IPAM result: {what}"));
-        let ips = result["ips"].as_array().map(Vec::as_slice).unwrap_or(&[]);
+        // The list under `field`, absent read as empty; at most `max` of what it holds.
+        let list = |field: &str, what: &str, max: usize| {
+            let items = result[field].as_array().map(Vec::as_slice).unwrap_or(&[]);
+            match items.len() > max {
+                true => Err(invalid(format!("{} {what}, more than {max}", items.len()))),
+                false => Ok(items),
+            }
+        };
+        let ips = list("ips", "addresses", MAX_ADDRESSES)?;
         if ips.is_empty() {
             return Err(invalid("no address".into()));
-        }
-        if ips.len() > MAX_ADDRESSES {
-            return Err(invalid(format!(
-                "{} addresses, more than {MAX_ADDRESSES}",
-                ips.len()
-            )));
         }
         let addresses = ips
             .iter()
@@ -291,17 +293,7 @@ impl Addressing {
                 Ok(Address { address, gateway })
             })
             .collect::<Result<Vec<_>, Error>>()?;
-        let routes = result["routes"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        if routes.len() > MAX_ROUTES {
-            return Err(invalid(format!(
-                "{} routes, more than {MAX_ROUTES}",
-                routes.len()
-            )));
-        }
-        let routes = routes
+        let routes = list("routes", "routes", MAX_ROUTES)?
             .iter()
             .map(|route| {
                 let text = route["dst"].as_str().unwrap_or_default();

@@ -18,6 +18,9 @@ pub const NETWORK_NAME: &str = "nodus";
 /// every pod itself; all must be in the runtime's CNI binary directory, beside
 /// [`nodus_cni::PLUGIN`].
 pub const REFERENCE_PLUGINS: [&str; 3] = [IPAM_PLUGIN, PORT_PLUGIN, "loopback"];
+/// Every plugin the runtime needs in its CNI binary directory for this conflist: ours and
+/// [`REFERENCE_PLUGINS`].
+pub const PLUGINS: [&str; 4] = [POD_PLUGIN, IPAM_PLUGIN, PORT_PLUGIN, "loopback"];
 const POD_PLUGIN: &str = nodus_cni::PLUGIN;
 const IPAM_PLUGIN: &str = "host-local";
 const PORT_PLUGIN: &str = "portmap";
