@@ -384,8 +384,8 @@ pub struct MeshConfig {
     /// Which address of its Node each node publishes for peers: `internal` (its
     /// InternalIP), `external` (its ExternalIP where it has one: nodes on other sites, or
     /// behind a one-to-one NAT) or `learned` (where its peers see its packets come from,
-    /// as they report it, else its InternalIP: a node behind a NAT that maps its port alike
-    /// for every destination). A Node's `nodus.dev/force-endpoint` annotation (`IP` or
+    /// as they report it, else what it published last, else its InternalIP: a node behind
+    /// a NAT that maps its port alike for every destination). A Node's `nodus.dev/force-endpoint` annotation (`IP` or
     /// `IP:port`, set by the operator) wins over all.
     pub endpoint: MeshEndpoint,
     /// Seconds between keepalives to each peer; 0 for none. They keep the mapping of a NAT

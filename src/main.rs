@@ -62,21 +62,14 @@ fn agent(args: RunArgs) -> anyhow::Result<()> {
     runtime.block_on(agent::run(args))
 }
 
-fn main() -> std::process::ExitCode {
+fn main() -> anyhow::Result<std::process::ExitCode> {
     // The runtime runs the CNI plugin by its file name: a copy of this binary that
     // `install-cni` puts in its plugin directory.
     let name = std::env::args_os().next().map(std::path::PathBuf::from);
     if name.is_some_and(|n| n.file_name() == Some(nodus_cni::PLUGIN.as_ref())) {
-        return nodus_cni::main();
+        return Ok(nodus_cni::main());
     }
-    match command(Cli::parse()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(error) => {
-            // As `main` returning the error would print it.
-            eprintln!("Error: {error:?}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    command(Cli::parse()).map(|()| std::process::ExitCode::SUCCESS)
 }
 
 fn command(cli: Cli) -> anyhow::Result<()> {
