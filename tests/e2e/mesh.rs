@@ -929,23 +929,39 @@ fn nodes_behind_nats_learn_their_address_and_their_pods_are_reached_both_ways() 
     }
     assert_eq!(who(&pods[0], pod_3).expect("TCP after a poll"), "pod-3");
 
-    // Node 1 reported where node 3's packets come from; node 3 publishes it, and node 1
-    // then stops reporting it: a settled mesh's reports are empty (the annotation is there,
-    // empty, only once it has named a peer).
+    // Nodes 1 and 2 report where the NATed nodes' packets come from; nodes 3 and 4 publish
+    // it (only a report can have told them), and the reports then stop: a settled mesh's
+    // reports are empty. Either hub may be the one that reported, or both.
     let annotation = |node: &str, name: &str| {
         let object = cluster.store.get("v1", "Node", None, node)?;
         object["metadata"]["annotations"][name]
             .as_str()
             .map(str::to_string)
     };
-    let published_3 = wait_for("node 3 publishes the address its peers see", || {
-        annotation("node-3", ANNOTATION_ENDPOINT)
-            .filter(|endpoint| endpoint.starts_with(&format!("{router_3_address}:")))
-    });
-    wait_for("node 1 reports nothing once nodes 3 and 4 publish", || {
-        let reported = annotation("node-1", ANNOTATION_PEER_ENDPOINTS)?;
-        reported.is_empty().then_some(())
-    });
+    let publishes_router = |node: &str, router: String| {
+        wait_for(
+            &format!("{node} publishes the address its peers see"),
+            || {
+                annotation(node, ANNOTATION_ENDPOINT)
+                    .filter(|endpoint| endpoint.starts_with(&format!("{router}:")))
+            },
+        )
+    };
+    let published_3 = publishes_router("node-3", router_3_address.clone());
+    publishes_router("node-4", underlay.v4(11).to_string());
+    wait_for(
+        "nodes 1 and 2 report nothing once nodes 3 and 4 publish",
+        || {
+            ["node-1", "node-2"]
+                .iter()
+                .all(|hub| {
+                    annotation(hub, ANNOTATION_PEER_ENDPOINTS)
+                        .unwrap_or_default()
+                        .is_empty()
+                })
+                .then_some(())
+        },
+    );
     // Through both NATs: each NATed node sends to the other's mapping, which opens its
     // own router for the other's packets.
     wait_for("pod-3 pings pod-4 behind the other NAT", || {
