@@ -15,6 +15,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
 use nodus_testbed::cni;
+use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, Relay};
 use nodus_testbed::netns::{self, Node, Pod, Underlay, unique_name};
 use nodus_testbed::probe::http_get;
 use nodus_view::model::Cidr;
@@ -57,6 +58,12 @@ pub struct SandboxArgs {
     /// previous version, to try an upgrade with `restart NODE BINARY`.
     #[arg(long)]
     pub agent_binary: Option<PathBuf>,
+    /// Serve the cluster from a real control plane (etcd, kube-apiserver,
+    /// kube-controller-manager, kube-scheduler, built by k8s/build.sh from the modules
+    /// k8s/go.mod pins; the first build takes minutes) instead of the API-server stand-in.
+    /// Each node's nodus uses deploy/base's ServiceAccount with a token bound to its node.
+    #[arg(long)]
+    pub real_api: bool,
 }
 
 #[derive(Args, Debug)]
@@ -974,29 +981,14 @@ fn serve(
     }
 
     with_overlay_kube_dns(&mut docs)?;
-    let store = Store::new(ApiServerConfig::default());
-    for doc in &docs {
-        store.apply_value(doc.clone())?;
-    }
-    let local = rt
-        .block_on(tokio::net::TcpListener::bind((
-            Ipv4Addr::LOCALHOST,
-            args.api_port,
-        )))
-        .with_context(|| format!("binding 127.0.0.1:{}", args.api_port))?;
-    let server = rt.block_on(apiserver::serve(store.clone(), local))?;
-    server.listen_in(
-        &underlay.ns,
-        SocketAddr::from((underlay.v4(1), API_PORT_ON_UNDERLAY)),
-    )?;
     let user_kubeconfig = dir.path.join("kubeconfig");
-    apiserver::write_kubeconfig(&user_kubeconfig, &server.url())?;
-    // As in a pod of the overlay's DaemonSet: the in-cluster address is the `kubernetes`
-    // Service's cluster IP, which nothing has programmed on a new node, so `api_server`
-    // (the overlay's NODUS_API_SERVER) names the API's own address.
-    let node_kubeconfig = dir.path.join("node-kubeconfig");
-    apiserver::write_kubeconfig(&node_kubeconfig, "https://10.96.0.1:443")?;
-    let api_server = format!("http://{}:{API_PORT_ON_UNDERLAY}", underlay.v4(1));
+    let api = if args.real_api {
+        stop.check()?;
+        SandboxApi::real(args, dir, &underlay, &docs, &user_kubeconfig)?
+    } else {
+        SandboxApi::stand_in(args, dir, &underlay, &docs, &user_kubeconfig, rt)?
+    };
+    let api_server = api.on_underlay();
 
     let exe = std::env::current_exe().context("finding the nodus binary")?;
     let agent_binary = args.agent_binary.as_deref().unwrap_or(&exe);
@@ -1045,7 +1037,7 @@ fn serve(
             "--node-name".to_string(),
             name.clone(),
             "--kubeconfig".to_string(),
-            node_kubeconfig.to_string_lossy().into_owned(),
+            api.node_kubeconfig(dir, name)?.to_string_lossy().into_owned(),
             "--api-server".to_string(),
             api_server.clone(),
             "--config".to_string(),
@@ -1115,8 +1107,9 @@ fn serve(
         stop.sleep(Duration::from_millis(200))?;
     };
     println!(
-        "nodus sandbox: API server {} ({} objects)",
-        server.url(),
+        "nodus sandbox: {} {} ({} objects)",
+        api.kind(),
+        api.url(),
         docs.len()
     );
     println!(
@@ -1198,6 +1191,113 @@ fn serve(
     };
     println!("{signal}: tearing down");
     drop((pods, nodes, underlay, host_state));
-    rt.block_on(server.shutdown());
+    api.shutdown(rt);
     Ok(())
+}
+
+/// The API server the sandbox's nodes and its user talk to.
+enum SandboxApi {
+    /// The stand-in, and where it listens on the underlay.
+    StandIn(apiserver::ServerHandle, SocketAddr),
+    /// The relay carries the nodes' connections from the underlay to the API server on
+    /// loopback.
+    Real(ControlPlane, Relay),
+}
+
+impl SandboxApi {
+    /// The stand-in, loaded with `docs`, on 127.0.0.1 (`--api-port`) and on the underlay.
+    fn stand_in(
+        args: &SandboxArgs,
+        dir: &SandboxDir,
+        underlay: &Underlay,
+        docs: &[Value],
+        user_kubeconfig: &Path,
+        rt: &tokio::runtime::Runtime,
+    ) -> anyhow::Result<SandboxApi> {
+        let store = Store::new(ApiServerConfig::default());
+        for doc in docs {
+            store.apply_value(doc.clone())?;
+        }
+        let local = rt
+            .block_on(tokio::net::TcpListener::bind((
+                Ipv4Addr::LOCALHOST,
+                args.api_port,
+            )))
+            .with_context(|| format!("binding 127.0.0.1:{}", args.api_port))?;
+        let server = rt.block_on(apiserver::serve(store, local))?;
+        let on_underlay = SocketAddr::from((underlay.v4(1), API_PORT_ON_UNDERLAY));
+        server.listen_in(&underlay.ns, on_underlay)?;
+        apiserver::write_kubeconfig(user_kubeconfig, &server.url())?;
+        // As in a pod of the overlay's DaemonSet: the in-cluster address is the
+        // `kubernetes` Service's cluster IP, which nothing has programmed on a new node, so
+        // `api_server` (the overlay's NODUS_API_SERVER) names the API's own address.
+        apiserver::write_kubeconfig(&dir.path.join("node-kubeconfig"), "https://10.96.0.1:443")?;
+        Ok(SandboxApi::StandIn(server, on_underlay))
+    }
+
+    /// A real control plane in `<dir>/control-plane`, advertised at the underlay's `.1`
+    /// (where the relay listens, on the same port), with `deploy/base` applied, then `docs`.
+    fn real(
+        args: &SandboxArgs,
+        dir: &SandboxDir,
+        underlay: &Underlay,
+        docs: &[Value],
+        user_kubeconfig: &Path,
+    ) -> anyhow::Result<SandboxApi> {
+        let config = ControlPlaneConfig {
+            advertise: IpAddr::V4(underlay.v4(1)),
+            api_port: Some(args.api_port),
+            ..ControlPlaneConfig::default()
+        };
+        let plane = ControlPlane::start(&dir.path.join("control-plane"), &config)?;
+        plane.apply_deploy_base()?;
+        plane.apply(docs)?;
+        std::fs::copy(&plane.admin_kubeconfig, user_kubeconfig)
+            .with_context(|| format!("writing {}", user_kubeconfig.display()))?;
+        let relay = Relay::in_namespace(
+            &underlay.ns,
+            SocketAddr::from((underlay.v4(1), plane.api_port)),
+            plane.api_addr(),
+        )?;
+        Ok(SandboxApi::Real(plane, relay))
+    }
+
+    /// What the nodes' `api_server` names: the API on the underlay's `.1`.
+    fn on_underlay(&self) -> String {
+        match self {
+            SandboxApi::StandIn(_, on_underlay) => format!("http://{on_underlay}"),
+            SandboxApi::Real(_, relay) => format!("https://{}", relay.addr),
+        }
+    }
+
+    /// The kubeconfig a node's nodus runs with, naming the in-cluster address as a pod's
+    /// does (`api_server` overrides it): the stand-in's, shared; a token of `deploy/base`'s
+    /// ServiceAccount bound to the node, from the real API server.
+    fn node_kubeconfig(&self, dir: &SandboxDir, node: &str) -> anyhow::Result<PathBuf> {
+        match self {
+            SandboxApi::StandIn(..) => Ok(dir.path.join("node-kubeconfig")),
+            SandboxApi::Real(plane, _) => plane.nodus_kubeconfig(node, "https://10.96.0.1:443"),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            SandboxApi::StandIn(..) => "API server stand-in",
+            SandboxApi::Real(..) => "real control plane, API server",
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            SandboxApi::StandIn(server, _) => server.url(),
+            SandboxApi::Real(plane, _) => plane.url(),
+        }
+    }
+
+    fn shutdown(self, rt: &tokio::runtime::Runtime) {
+        match self {
+            SandboxApi::StandIn(server, _) => rt.block_on(server.shutdown()),
+            SandboxApi::Real(plane, relay) => drop((relay, plane)),
+        }
+    }
 }

@@ -1,7 +1,9 @@
-//! End-to-end tests: the real `nodus` binary against the API-server stand-in over HTTP.
+//! End-to-end tests: the real `nodus` binary against a real control plane
+//! (`control_plane.rs`) and against the API-server stand-in.
 
 mod agent;
 mod cni;
+mod control_plane;
 mod deploy;
 mod dns;
 mod faults;

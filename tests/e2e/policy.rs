@@ -62,7 +62,7 @@ fn cluster() -> String {
         let v6 = v6_of(ip);
         docs.push(json!({"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app": app}},
-            "spec": {"nodeName": node, "containers": [{"name": "echo", "ports": [
+            "spec": {"nodeName": node, "containers": [{"name": "echo", "image": "echo:test", "ports": [
                 {"name": "http", "containerPort": 8080},
                 {"name": "admin", "containerPort": 9090},
                 {"name": "admin-udp", "containerPort": 9090, "protocol": "UDP"}]}]},
@@ -305,7 +305,7 @@ fn restart_keeps_isolation(
 
 #[test]
 fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
-    let mut sandbox = Sandbox::start("policy", Some(&cluster()));
+    let mut sandbox = Sandbox::start_with("policy", Some(&cluster()), &["--real-api".as_ref()]);
     let everyone = |_: &Probe| true;
     expect(&sandbox, "no policy", everyone);
 

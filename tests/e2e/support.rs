@@ -4,6 +4,7 @@
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
 use nodus_testbed::apiserver::{self, ApiServerConfig, ServerHandle, Store};
+use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, Relay};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::probe::http_get;
 use std::ffi::OsStr;
@@ -61,24 +62,13 @@ impl Cluster {
 
     /// `nodus <args> --kubeconfig <ours>`, logging to a file in the test's directory.
     pub fn nodus(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(NODUS);
-        cmd.args(args)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .env("NODUS_LOG", "info")
-            .env("NODUS_ALLOW_HTTP_API", "true")
-            .env("NODUS_STATE_DIR", self.dir.join("state"))
-            .stdin(Stdio::null());
+        let mut cmd = nodus_command(&self.kubeconfig, &self.dir, args);
+        cmd.env("NODUS_ALLOW_HTTP_API", "true");
         cmd
     }
 
-    pub fn spawn(&mut self, mut cmd: Command) -> &mut Child {
-        let log =
-            std::fs::File::create(self.dir.join(format!("nodus-{}.log", self.children.len())))
-                .expect("log file");
-        let child = cmd.stderr(log).spawn().expect("nodus starts");
-        self.children.push(child);
-        self.children.last_mut().expect("just pushed")
+    pub fn spawn(&mut self, cmd: Command) -> &mut Child {
+        spawn_logged(&mut self.children, &self.dir, cmd)
     }
 
     /// Starts `nodus run` for `node` and returns its HTTP address.
@@ -95,13 +85,9 @@ impl Cluster {
 
     /// Starts `nodus run` for `node` with DNS on `dns`; returns the HTTP address.
     pub fn run_agent_with_dns_on(&mut self, node: &str, dns: SocketAddr) -> SocketAddr {
-        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
-        let config = self
-            .dir
-            .join(format!("config-{}.yaml", self.children.len()));
-        std::fs::write(&config, format!("dns:\n  listen: [\"{dns}\"]\n")).expect("config");
-        let mut cmd = self.nodus(&["run", "--node-name", node, "--http-addr", &http.to_string()]);
-        cmd.arg("--config").arg(&config);
+        let (args, http) = agent_args(&self.dir, self.children.len(), node, dns);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cmd = self.nodus(&args);
         self.spawn(cmd);
         http
     }
@@ -178,6 +164,116 @@ impl Cluster {
 }
 
 impl Drop for Cluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// `nodus <args> --kubeconfig <kubeconfig>`, its state in `dir`.
+fn nodus_command(kubeconfig: &Path, dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(NODUS);
+    cmd.args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env("NODUS_LOG", "info")
+        .env("NODUS_STATE_DIR", dir.join("state"))
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Starts `cmd` with its stderr in `<dir>/nodus-<n>.log`, n counting `children`.
+fn spawn_logged<'a>(children: &'a mut Vec<Child>, dir: &Path, mut cmd: Command) -> &'a mut Child {
+    let log = std::fs::File::create(dir.join(format!("nodus-{}.log", children.len())))
+        .expect("log file");
+    let child = cmd.stderr(log).spawn().expect("nodus starts");
+    children.push(child);
+    children.last_mut().expect("just pushed")
+}
+
+/// The arguments of `nodus run` for `node` with DNS on `dns` and a config file of the
+/// `index`th process in `dir`; and its HTTP address.
+fn agent_args(dir: &Path, index: usize, node: &str, dns: SocketAddr) -> (Vec<String>, SocketAddr) {
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+    let config = dir.join(format!("config-{index}.yaml"));
+    std::fs::write(&config, format!("dns:\n  listen: [\"{dns}\"]\n")).expect("config");
+    let args = ["run", "--node-name", node, "--http-addr", &http.to_string(), "--config"]
+        .map(str::to_string)
+        .into_iter()
+        .chain([config.to_string_lossy().into_owned()])
+        .collect();
+    (args, http)
+}
+
+/// A real control plane for one test (`nodus_testbed::control_plane`): `deploy/base`'s
+/// ServiceAccount, RBAC and admission policy applied as a user applies them, a fixture
+/// loaded, and nodus processes started with the `nodus` ServiceAccount's token bound to
+/// their node, reaching the API server through a relay that can cut their connections.
+pub struct RealCluster {
+    pub plane: ControlPlane,
+    pub relay: Relay,
+    pub dir: PathBuf,
+    children: Vec<Child>,
+}
+
+impl RealCluster {
+    pub fn new(test: &str, yaml: &str) -> RealCluster {
+        let dir = std::env::temp_dir().join(format!("nodus-e2e-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        // A directory of its own, which it removes after it stops.
+        let plane_dir = dir.with_extension("control-plane");
+        let plane = ControlPlane::start(&plane_dir, &ControlPlaneConfig::default())
+            .expect("the control plane starts");
+        plane.apply_deploy_base().expect("deploy/base applies");
+        plane.apply_yaml(yaml).expect("the fixture applies");
+        let relay = Relay::on_loopback(plane.api_addr()).expect("relay");
+        RealCluster {
+            plane,
+            relay,
+            dir,
+            children: Vec::new(),
+        }
+    }
+
+    /// `nodus <args>` on `node`, with the token its DaemonSet pod would have, through the
+    /// relay.
+    pub fn nodus(&self, node: &str, args: &[&str]) -> Command {
+        let kubeconfig = self
+            .plane
+            .nodus_kubeconfig(node, &format!("https://{}", self.relay.addr))
+            .expect("a token for nodus");
+        nodus_command(&kubeconfig, &self.dir, args)
+    }
+
+    /// Starts `nodus run` for `node` with DNS on an ephemeral port; returns the HTTP and
+    /// DNS addresses.
+    pub fn run_agent_with_dns(&mut self, node: &str) -> (SocketAddr, SocketAddr) {
+        let dns = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
+        let (args, http) = agent_args(&self.dir, self.children.len(), node, dns);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let cmd = self.nodus(node, &args);
+        spawn_logged(&mut self.children, &self.dir, cmd);
+        (http, dns)
+    }
+
+    /// The log of the `index`th nodus process started.
+    pub fn log(&self, index: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("nodus-{index}.log"))).unwrap_or_default()
+    }
+
+    pub fn apply(&self, object: serde_json::Value) {
+        self.plane.apply(&[object]).expect("the API server accepts the object");
+    }
+}
+
+impl Drop for RealCluster {
     fn drop(&mut self) {
         for child in &mut self.children {
             let _ = child.kill();

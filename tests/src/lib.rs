@@ -1,9 +1,12 @@
-//! The nodus test bed: a stand-in for the Kubernetes API server, network namespaces as
-//! nodes and pods, and the pieces the scale bench and the sandbox share.
+//! The nodus test bed: a real Kubernetes control plane built from its published modules, a
+//! stand-in for the Kubernetes API server (for the faults a real one cannot be made to
+//! show), network namespaces as nodes and pods, and the pieces the scale bench and the
+//! sandbox share.
 
 pub mod apiserver;
 pub mod bench;
 pub mod cni;
+pub mod control_plane;
 pub mod netns;
 pub mod probe;
 pub mod scale;

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Builds the Kubernetes components of nodus's test bed from the modules pinned in k8s/go.mod
+# (Kubernetes) and k8s/etcd/go.mod (etcd), into a cache keyed by version, and prints the
+# cache's bin directory. A component already in the cache is not built again, so a second
+# run costs nothing; an interrupted build leaves nothing half-written behind (each binary
+# is linked under a temporary name and renamed).
+#
+#   k8s/build.sh                 the control plane: etcd kube-apiserver kube-controller-manager
+#                                kube-scheduler kubectl
+#   k8s/build.sh all             and kubelet, kube-proxy, agnhost, e2e.test
+#   k8s/build.sh kubelet ...     only those named
+#
+# NODUS_K8S_CACHE (default /var/cache/nodus-k8s) holds one directory per version and
+# go.sum digest: kubernetes-v1.37.2-<digest>/bin. Go's own module and build caches are
+# used as they are (GOMODCACHE, GOCACHE).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+
+control_plane=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+all=("${control_plane[@]}" kubelet kube-proxy agnhost e2e.test)
+case "${1:-}" in
+    "") wanted=("${control_plane[@]}") ;;
+    all) wanted=("${all[@]}") ;;
+    *) wanted=("$@") ;;
+esac
+
+module_version() { # module go.mod
+    awk -v m="$1" '$1 == "require" && $2 == m { print $3 } $1 == m && $2 ~ /^v/ { print $2 }' "$2" | head -n 1
+}
+version=$(module_version k8s.io/kubernetes "$here/go.mod")
+etcd_version=$(module_version go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
+digest=$(cat "$here/go.sum" "$here/etcd/go.sum" | sha256sum | cut -c1-12)
+bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/kubernetes-$version-$digest/bin
+mkdir -p "$bin"
+
+# The version every component reports (kubectl version, the Node's kubeletVersion, /version),
+# stamped as Kubernetes's own build stamps it (hack/lib/version.sh).
+minor=${version#v1.}
+minor=${minor%%.*}
+ldflags="-s -w"
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=$version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit=module-$version"
+    ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
+done
+
+build() { # name
+    local name=$1 out="$bin/.$1.partial"
+    case $name in
+        etcd)
+            (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out" go.etcd.io/etcd/server/v3) ;;
+        agnhost)
+            (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out" k8s.io/kubernetes/test/images/agnhost) ;;
+        e2e.test)
+            # A test binary of a dependency's package: its test-only imports are required
+            # through k8s/e2e.go.
+            (cd "$here" && go test -c -trimpath -ldflags "$ldflags" -o "$out" k8s.io/kubernetes/test/e2e) ;;
+        kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | kube-proxy)
+            (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out" "k8s.io/kubernetes/cmd/$name") ;;
+        *)
+            echo "k8s/build.sh: no component named $name (known: ${all[*]})" >&2
+            return 2 ;;
+    esac
+    mv -f "$out" "$bin/$name"
+}
+
+for name in "${wanted[@]}"; do
+    [[ -x $bin/$name ]] && continue
+    echo "k8s/build.sh: building $name ($([[ $name == etcd ]] && echo "$etcd_version" || echo "$version"))" >&2
+    start=$SECONDS
+    build "$name"
+    echo "k8s/build.sh: $name built in $((SECONDS - start)) s" >&2
+done
+echo "$bin"
