@@ -123,7 +123,7 @@ fn cluster() -> String {
         slice("ranged", &[A1]),
         service(
             "empty",
-            json!({"clusterIP": "10.96.1.6", "clusterIPs": ["10.96.1.6", "fd00:96::1:6"],
+            json!({"clusterIP": "10.96.1.6", "clusterIPs": ["10.96.1.6", "fd00:96::106"],
                    "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "PreferDualStack"}),
         ),
         service(
@@ -134,14 +134,14 @@ fn cluster() -> String {
         udp_slice(&[A1]),
         service(
             "six",
-            json!({"clusterIP": "fd00:96::1:1", "clusterIPs": ["fd00:96::1:1"],
+            json!({"clusterIP": "fd00:96::101", "clusterIPs": ["fd00:96::101"],
                    "ipFamilies": ["IPv6"], "ipFamilyPolicy": "SingleStack"}),
         ),
         slice("six", &[A1_V6, A2_V6, B1_V6, B2_V6]),
         service(
             "dual",
             json!({"type": "NodePort", "clusterIP": "10.96.1.8",
-                   "clusterIPs": ["10.96.1.8", "fd00:96::1:8"],
+                   "clusterIPs": ["10.96.1.8", "fd00:96::108"],
                    "ipFamilies": ["IPv4", "IPv6"], "ipFamilyPolicy": "RequireDualStack",
                    "ports": [{"name": "http", "port": 80, "targetPort": 8080,
                               "nodePort": 30092, "protocol": "TCP"}]}),
@@ -207,7 +207,7 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
     }
 
     // J.57: an IPv6-only service spreads over local and remote endpoints.
-    let seen = spread(&pod("a-2"), "http://[fd00:96::1:1]/", 40);
+    let seen = spread(&pod("a-2"), "http://[fd00:96::101]/", 40);
     for endpoint in ["a-1", "a-2", "b-1", "b-2"] {
         assert!(
             seen.contains_key(endpoint),
@@ -220,7 +220,7 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
     let client = pod("a-2");
     for (from, url) in [
         (&client, "http://10.96.1.8/".to_string()),
-        (&client, "http://[fd00:96::1:8]/".to_string()),
+        (&client, "http://[fd00:96::108]/".to_string()),
         (&underlay, format!("http://{node_b}:30092/")),
         (&underlay, format!("http://[{node_b_v6}]:30092/")),
     ] {
@@ -244,7 +244,7 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
     );
 
     // C.23: no endpoints: refused (an ICMP error), not left to time out, in both families.
-    for url in ["http://10.96.1.6/", "http://[fd00:96::1:6]/"] {
+    for url in ["http://10.96.1.6/", "http://[fd00:96::106]/"] {
         assert_eq!(curl(&pod("a-2"), url, &[]), Err(CURL_REFUSED), "{url}");
     }
 
