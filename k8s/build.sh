@@ -15,7 +15,8 @@
 # used as they are (GOMODCACHE, GOCACHE).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=mod
+# go.mod and go.sum are complete (go mod tidy): a build never changes them.
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
 control_plane=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 all=("${control_plane[@]}" kubelet kube-proxy agnhost e2e.test)
@@ -33,6 +34,9 @@ etcd_version=$(module_version go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
 digest=$(cat "$here/go.sum" "$here/etcd/go.sum" | sha256sum | cut -c1-12)
 bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/kubernetes-$version-$digest/bin
 mkdir -p "$bin"
+# One build at a time (tests and the sandbox may ask at once); the second finds the cache.
+exec 9>"$bin/../build.lock"
+flock 9
 
 # The version every component reports (kubectl version, the Node's kubeletVersion, /version),
 # stamped as Kubernetes's own build stamps it (hack/lib/version.sh).
