@@ -21,18 +21,27 @@
 //! node relabelled, and a policy added; the rows of both runs are printed, so that what
 //! policy costs is read from one sitting.
 //!
+//! With `--real-api`, the cluster is served by a real control plane instead
+//! (`nodus_testbed::control_plane`, built by `k8s/build.sh`): Nodes, Namespaces, Services
+//! and one Pod per endpoint (its IP and readiness written to its status, as a kubelet
+//! would) are created through kube-apiserver, and the EndpointSlices are the ones
+//! kube-controller-manager's controller makes from them. nodus runs with `deploy/base`'s
+//! ServiceAccount. The churn phase then changes 1,000 Pods' readiness, and the `410`
+//! phase restarts the API server after a compaction. (`--policy` is not combined with it.)
+//!
 //! `cargo bench --bench footprint -- [--shape 1000x10x100]… [--policy 10000x200x100]
-//! [--nodus PATH]`
+//! [--real-api] [--nodus PATH]`
 
 use anyhow::{Context, bail};
 use nodus_mesh::key::KeyPair;
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
-use nodus_testbed::bench::{Agent, BenchCluster, KernelMemory, free_port};
+use nodus_testbed::bench::{Agent, BenchCluster, KernelMemory, free_port, start_agent_in_with};
+use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, Relay};
 use nodus_testbed::netns::{self, Netns, unique_name};
 use nodus_testbed::scale::{self, PolicyShape, ProcMemory, Shape, mib, proc_memory};
 use serde_json::Value;
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 /// Endpoint updates in the churn phase.
@@ -44,6 +53,7 @@ const SETTLE: Duration = Duration::from_secs(3);
 struct Options {
     shapes: Vec<Shape>,
     policy: Option<PolicyShape>,
+    real_api: bool,
     nodus: PathBuf,
 }
 
@@ -51,6 +61,7 @@ fn options() -> anyhow::Result<Options> {
     let mut opts = Options {
         shapes: Vec::new(),
         policy: None,
+        real_api: false,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
     };
     let mut args = std::env::args().skip(1);
@@ -60,9 +71,13 @@ fn options() -> anyhow::Result<Options> {
             "--shape" => opts.shapes.push(Shape::parse(&value()?)?),
             "--nodus" => opts.nodus = value()?.into(),
             "--policy" => opts.policy = Some(PolicyShape::parse(&value()?)?),
+            "--real-api" => opts.real_api = true,
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
+    }
+    if opts.real_api && opts.policy.is_some() {
+        bail!("--policy and --real-api are not combined");
     }
     if opts.shapes.is_empty() {
         opts.shapes = ["100x3x3", "1000x10x100", "10000x10x100", "50000x5x1000"]
@@ -90,9 +105,24 @@ struct FullSyncs {
     seconds: f64,
 }
 
+/// Where the cluster is served from.
+enum Api {
+    StandIn(BenchCluster),
+    Real(RealCluster),
+}
+
+impl Api {
+    fn dir(&self) -> &Path {
+        match self {
+            Api::StandIn(cluster) => &cluster.dir,
+            Api::Real(cluster) => &cluster.dir,
+        }
+    }
+}
+
 /// The agent under measurement and what it runs beside.
 struct Node<'c> {
-    cluster: &'c BenchCluster,
+    api: &'c Api,
     ns: Arc<Netns>,
     kernel: &'c KernelMemory,
     nodus: PathBuf,
@@ -103,12 +133,13 @@ struct Node<'c> {
 
 impl Node<'_> {
     fn start(&mut self) -> anyhow::Result<Duration> {
-        let agent = self.cluster.start_agent_in(
-            self.ns.clone(),
-            &self.nodus,
-            &scale::node_name(0),
-            &self.config,
-        )?;
+        let node = scale::node_name(0);
+        let agent = match self.api {
+            Api::StandIn(cluster) => {
+                cluster.start_agent_in(self.ns.clone(), &self.nodus, &node, &self.config)?
+            }
+            Api::Real(cluster) => cluster.start_agent_in(&self.ns, &self.nodus, &node, &self.config)?,
+        };
         self.kernel.add_process(agent.pid())?;
         let ready = agent.wait_ready(Duration::from_secs(900))?;
         self.agent = Some(agent);
@@ -269,7 +300,14 @@ fn run_shape(
     policy: Option<PolicyShape>,
     kernel: &KernelMemory,
 ) -> anyhow::Result<Vec<Phase>> {
-    let cluster = BenchCluster::new(CHURN + 20_000, cluster(&shape, policy.as_ref())?)?;
+    let api = if opts.real_api {
+        Api::Real(RealCluster::start(&shape)?)
+    } else {
+        Api::StandIn(BenchCluster::new(
+            CHURN + 20_000,
+            cluster(&shape, policy.as_ref())?,
+        )?)
+    };
     let interface = unique_name("wg");
     let dns_port = free_port()?;
     let config = format!(
@@ -277,12 +315,12 @@ fn run_shape(
          mesh:\n  enabled: true\n  backend: wireguard-go\n  interface: {interface}\n  \
          key_file: {}\n  cni_conflist: {}\npolicy:\n  enabled: {}\n",
         dns_port,
-        cluster.dir.join("key/wireguard.key").display(),
-        cluster.dir.join("10-nodus.conflist").display(),
+        api.dir().join("key/wireguard.key").display(),
+        api.dir().join("10-nodus.conflist").display(),
         policy.is_some()
     );
     let mut node = Node {
-        cluster: &cluster,
+        api: &api,
         ns: Arc::new(Netns::new("foot")?),
         kernel,
         nodus: opts.nodus.clone(),
@@ -300,33 +338,41 @@ fn run_shape(
         let before = node.metric(APPLIED);
         let mut other = scale::node(1);
         other["metadata"]["annotations"]["example.com/last-heartbeat"] = "1".into();
-        node.cluster.store.apply_value(other)?;
+        match node.api {
+            Api::StandIn(cluster) => drop(cluster.store.apply_value(other)?),
+            Api::Real(cluster) => cluster.patch(&other, false)?,
+        }
         node.wait_above(APPLIED, before, "the annotated Node")
     })?);
 
     const ENDPOINTS: &str = "nodus_view_objects{kind=\"endpoint\"}";
     phases.push(node.phase("1,000 endpoint updates", |node| {
         let before = node.metric(ENDPOINTS);
-        for k in 0..CHURN {
-            let i = k % shape.services;
-            node.cluster
-                .store
-                .apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
+        match node.api {
+            Api::StandIn(cluster) => {
+                for k in 0..CHURN {
+                    let i = k % shape.services;
+                    cluster
+                        .store
+                        .apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
+                }
+                // A last update adds one endpoint: once it is counted, every update is in.
+                let marker = Shape {
+                    endpoints_per_service: 1,
+                    ..shape
+                };
+                cluster
+                    .store
+                    .apply_value(scale::slice(shape.services, &marker, 0))?;
+            }
+            Api::Real(cluster) => cluster.churn(&shape)?,
         }
-        // A last update adds one endpoint: once it is counted, every update is in.
-        let marker = Shape {
-            endpoints_per_service: 1,
-            ..shape
-        };
-        node.cluster
-            .store
-            .apply_value(scale::slice(shape.services, &marker, 0))?;
         node.wait_above(ENDPOINTS, before, "the churn")
     })?);
 
     phases.push(node.phase("1,000 DNS questions", |node| {
         let questions = dns_questions(&shape, dns_port);
-        let batch = node.cluster.dir.join("dns-questions");
+        let batch = node.api.dir().join("dns-questions");
         std::fs::write(&batch, questions.batch)?;
         let answers = node.ns.exec("dig", &["-f", &batch.to_string_lossy()])?;
         let count = |status: &str| answers.matches(&format!("status: {status},")).count();
@@ -344,13 +390,20 @@ fn run_shape(
     const RESTARTS: &str = "nodus_watch_restarts_total{kind=\"endpointslice\"}";
     phases.push(node.phase("410 Gone, relist", |node| {
         let before = node.metric(RESTARTS);
-        let store = &node.cluster.store;
-        for i in 0..3 {
-            store.force_compaction();
-            store.apply_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
-                "metadata": {"name": format!("compacted-{i}"), "namespace": "default"}}))?;
+        match node.api {
+            Api::StandIn(cluster) => {
+                let store = &cluster.store;
+                for i in 0..3 {
+                    store.force_compaction();
+                    store.apply_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": format!("compacted-{i}"), "namespace": "default"}}))?;
+                }
+                cluster.drop_watches();
+            }
+            // A restart after which the revision nodus resumes from is older than the new
+            // watch cache and compacted in etcd.
+            Api::Real(cluster) => cluster.restart_compacted()?,
         }
-        node.cluster.drop_watches();
         node.wait_above(RESTARTS, before, "the relist")?;
         // The relist is applied as one batch once every kind has listed again.
         let applied = node.metric(APPLIED);
@@ -404,7 +457,7 @@ fn policy_phases(
             let before = node.metric(APPLIED);
             let mut pod = scale::policy_pod(1, policy, shape.nodes);
             pod["metadata"]["labels"]["role"] = role.into();
-            node.cluster.store.apply_value(pod)?;
+            stand_in(node.api)?.store.apply_value(pod)?;
             node.wait_above(APPLIED, before, "the relabelled pod")?;
         }
         Ok(())
@@ -412,10 +465,280 @@ fn policy_phases(
     phases.push(node.phase("a policy added", |node| {
         let before = node.metric(APPLIED);
         let added = scale::network_policy(policy.policies + 1, policy);
-        node.cluster.store.apply_value(added)?;
+        stand_in(node.api)?.store.apply_value(added)?;
         node.wait_above(APPLIED, before, "the added policy")
     })?);
     Ok(phases)
+}
+
+/// The stand-in of a run with `--policy`, which `--real-api` excludes.
+fn stand_in(api: &Api) -> anyhow::Result<&BenchCluster> {
+    match api {
+        Api::StandIn(cluster) => Ok(cluster),
+        Api::Real(_) => bail!("the policy phases run against the stand-in only"),
+    }
+}
+
+/// The generated cluster served by a real control plane: what kubelets and controllers
+/// would have written, created through the API server.
+struct RealCluster {
+    /// Locked to be restarted.
+    plane: Mutex<ControlPlane>,
+    rt: tokio::runtime::Runtime,
+    client: kube::Client,
+    dir: PathBuf,
+    /// The relays into the agent's namespace, kept while the agent runs.
+    relays: Mutex<Vec<Relay>>,
+}
+
+/// Requests in flight while the cluster is created.
+const CREATORS: usize = 64;
+
+impl RealCluster {
+    fn start(shape: &Shape) -> anyhow::Result<RealCluster> {
+        let dir = std::env::temp_dir().join(format!("nodus-bench-real-{}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let started = Instant::now();
+        let plane = ControlPlane::start(&dir.join("control-plane"), &ControlPlaneConfig::default())?;
+        plane.apply_deploy_base()?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?;
+        let client = rt.block_on(async {
+            let kubeconfig = kube::config::Kubeconfig::read_from(&plane.admin_kubeconfig)?;
+            let config = kube::Config::from_custom_kubeconfig(
+                kubeconfig,
+                &kube::config::KubeConfigOptions::default(),
+            )
+            .await?;
+            anyhow::Ok(kube::Client::try_from(config)?)
+        })?;
+        let cluster = RealCluster {
+            plane: Mutex::new(plane),
+            rt,
+            client,
+            dir,
+            relays: Mutex::default(),
+        };
+        let up = started.elapsed();
+        let created = Instant::now();
+        let objects = cluster_objects(shape)?;
+        let count = objects.len();
+        // Namespaces and Nodes first: Services and Pods name them.
+        let (first, rest): (Vec<Value>, Vec<Value>) = objects
+            .into_iter()
+            .partition(|o| o["kind"] == "Namespace" || o["kind"] == "Node");
+        cluster.create_all(first)?;
+        cluster.create_all(rest)?;
+        let create_took = created.elapsed();
+        // The controller's slices: one per Service, and the `kubernetes` Service's.
+        let sliced = Instant::now();
+        loop {
+            let slices = cluster
+                .plane()
+                .kubectl(&["get", "endpointslices", "-A", "-o", "name"])?
+                .lines()
+                .count();
+            if slices > shape.services {
+                break;
+            }
+            if sliced.elapsed() > Duration::from_secs(1800) {
+                bail!("the EndpointSlice controller made {slices} slices in 30 minutes");
+            }
+            std::thread::sleep(Duration::from_secs(2));
+        }
+        eprintln!(
+            "real control plane: up in {:.1?}; {count} objects created in {:.1?}; the \
+             controller's EndpointSlices {:.1?} later",
+            up,
+            create_took,
+            sliced.elapsed()
+        );
+        Ok(cluster)
+    }
+
+    fn plane(&self) -> std::sync::MutexGuard<'_, ControlPlane> {
+        self.plane.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Creates every object (and writes the status of Pods and Nodes, which a create
+    /// drops or a kubelet writes), `CREATORS` at a time.
+    fn create_all(&self, objects: Vec<Value>) -> anyhow::Result<()> {
+        use futures::StreamExt as _;
+        self.rt.block_on(async {
+            let mut results = futures::stream::iter(objects)
+                .map(|object| create(&self.client, object))
+                .buffer_unordered(CREATORS);
+            while let Some(result) = results.next().await {
+                result?;
+            }
+            anyhow::Ok(())
+        })
+    }
+
+    /// A merge patch of `object`'s metadata, or of its status.
+    fn patch(&self, object: &Value, status: bool) -> anyhow::Result<()> {
+        self.rt.block_on(patch(&self.client, object, status))
+    }
+
+    /// 1,000 Pods' readiness changed (the first endpoint of each of 1,000 Services becomes
+    /// ready when it was not and the other way round), then one Pod more for Service 0:
+    /// its endpoint is counted once the controller reached it.
+    fn churn(&self, shape: &Shape) -> anyhow::Result<()> {
+        use futures::StreamExt as _;
+        let flips: Vec<Value> = (0..CHURN)
+            .map(|k| {
+                let mut pod = endpoint_pods(k % shape.services, shape, 0).swap_remove(0);
+                let ready = pod["status"]["conditions"][0]["status"] == "True";
+                pod["status"]["conditions"][0]["status"] = if ready { "False" } else { "True" }.into();
+                pod
+            })
+            .collect();
+        self.rt.block_on(async {
+            let mut results = futures::stream::iter(flips)
+                .map(|pod| async move { patch(&self.client, &pod, true).await })
+                .buffer_unordered(CREATORS);
+            while let Some(result) = results.next().await {
+                result?;
+            }
+            anyhow::Ok(())
+        })?;
+        let mut marker = endpoint_pods(0, shape, 0).swap_remove(0);
+        marker["metadata"]["name"] = format!("{}-marker", scale::service_name(0)).into();
+        marker["status"]["podIP"] = "10.255.255.1".into();
+        marker["status"]["podIPs"] = serde_json::json!([{"ip": "10.255.255.1"}]);
+        marker["status"]["conditions"][0]["status"] = "True".into();
+        self.rt.block_on(create(&self.client, marker))
+    }
+
+    /// Stops the API server, moves etcd's revision on and compacts it, and starts the API
+    /// server again: every watch that resumes gets `410 Gone`.
+    fn restart_compacted(&self) -> anyhow::Result<()> {
+        let mut plane = self.plane.lock().unwrap_or_else(PoisonError::into_inner);
+        plane.stop_api_server();
+        plane.bump_etcd_revision()?;
+        plane.compact_etcd()?;
+        plane.start_api_server()
+    }
+
+    fn start_agent_in(
+        &self,
+        ns: &Arc<Netns>,
+        nodus: &Path,
+        node: &str,
+        config: &str,
+    ) -> anyhow::Result<Agent> {
+        let addr = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, free_port()?));
+        let plane = self.plane();
+        let relay = Relay::in_namespace(ns, addr, plane.api_addr())?;
+        let kubeconfig = plane.nodus_kubeconfig(node, &format!("https://{addr}"))?;
+        self.relays
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(relay);
+        start_agent_in_with(ns.clone(), nodus, &self.dir, &kubeconfig, node, config)
+    }
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The generated cluster as kubelets and users would have written it to a real API
+/// server: Namespaces, Nodes with WireGuard keys, Services, and the Pods behind each
+/// Service's endpoints (the stand-in's EndpointSlices are made by the controller here).
+fn cluster_objects(shape: &Shape) -> anyhow::Result<Vec<Value>> {
+    let namespaces = (0..scale::NAMESPACES.min(shape.services.max(1))).map(|i| {
+        serde_json::json!({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": scale::namespace(i)}})
+    });
+    let mut objects: Vec<Value> = namespaces.collect();
+    for object in cluster(shape, None)? {
+        match object["kind"].as_str() {
+            Some("EndpointSlice") => {}
+            Some("Service") => {
+                let mut service = object;
+                if let Some(meta) = service["metadata"].as_object_mut() {
+                    meta.remove("managedFields");
+                }
+                objects.push(service);
+            }
+            _ => objects.push(object),
+        }
+    }
+    objects.extend((0..shape.services).flat_map(|i| endpoint_pods(i, shape, 0)));
+    Ok(objects)
+}
+
+/// The Pods behind the endpoints of `scale::slice(i, shape, generation)`: its addresses,
+/// nodes and readiness, as their kubelets report them.
+fn endpoint_pods(i: usize, shape: &Shape, generation: usize) -> Vec<Value> {
+    let slice = scale::slice(i, shape, generation);
+    let (namespace, service) = (scale::namespace(i), scale::service_name(i));
+    slice["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|endpoint| {
+            let ip = endpoint["addresses"][0].clone();
+            let ready = if endpoint["conditions"]["ready"] == true { "True" } else { "False" };
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": endpoint["targetRef"]["name"], "namespace": namespace,
+                             "labels": {"app": service}},
+                "spec": {"nodeName": endpoint["nodeName"],
+                         "containers": [{"name": "app", "image": "registry.example/app:1.4.2",
+                                         "ports": [{"name": "http", "containerPort": 8080}]}]},
+                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                           "conditions": [{"type": "Ready", "status": ready}]}})
+        })
+        .collect()
+}
+
+/// The dynamic API of `object`'s kind (the plural is the kind's lowercase name plus "s",
+/// true of every kind created here) and its name.
+fn dynamic_api(client: &kube::Client, object: &Value) -> anyhow::Result<(kube::Api<kube::api::DynamicObject>, String)> {
+    let api_version = object["apiVersion"].as_str().context("apiVersion")?;
+    let kind = object["kind"].as_str().context("kind")?;
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
+    let name = object["metadata"]["name"].as_str().context("name")?.to_string();
+    let api = match object["metadata"]["namespace"].as_str() {
+        Some(namespace) => kube::Api::namespaced_with(client.clone(), namespace, &resource),
+        None => kube::Api::all_with(client.clone(), &resource),
+    };
+    Ok((api, name))
+}
+
+async fn create(client: &kube::Client, object: Value) -> anyhow::Result<()> {
+    let (api, name) = dynamic_api(client, &object)?;
+    let dynamic: kube::api::DynamicObject = serde_json::from_value(object.clone())?;
+    match api.create(&kube::api::PostParams::default(), &dynamic).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => return Err(error).with_context(|| format!("creating {name}")),
+    }
+    if matches!(object["kind"].as_str(), Some("Pod" | "Node")) {
+        patch(client, &object, true).await?;
+    }
+    Ok(())
+}
+
+async fn patch(client: &kube::Client, object: &Value, status: bool) -> anyhow::Result<()> {
+    let (api, name) = dynamic_api(client, object)?;
+    let params = kube::api::PatchParams::default();
+    if status {
+        let change = serde_json::json!({"status": object["status"]});
+        api.patch_status(&name, &params, &kube::api::Patch::Merge(&change)).await
+    } else {
+        let change = serde_json::json!({"metadata": {"annotations": object["metadata"]["annotations"]}});
+        api.patch(&name, &params, &kube::api::Patch::Merge(&change)).await
+    }
+    .with_context(|| format!("patching {name}"))?;
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {

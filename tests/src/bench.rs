@@ -158,38 +158,73 @@ impl BenchCluster {
 
     fn start(
         &self,
-        mut command: Command,
+        command: Command,
         kubeconfig: &Path,
         ns: Option<Arc<Netns>>,
         node: &str,
         config: &str,
         state: &Path,
     ) -> anyhow::Result<Agent> {
-        let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
-        let config_path = self.dir.join(format!("config-{}.yaml", http.port()));
-        std::fs::write(&config_path, config)?;
-        let log = self.dir.join(format!("nodus-{}.log", http.port()));
-        let child = command
-            .args(["run", "--node-name", node, "--http-addr", &http.to_string()])
-            .arg("--kubeconfig")
-            .arg(kubeconfig)
-            .arg("--config")
-            .arg(&config_path)
-            .env("NODUS_LOG", "warn")
-            .env("NODUS_ALLOW_HTTP_API", "true")
-            .env("NODUS_STATE_DIR", state)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .with_context(|| format!("starting {command:?}"))?;
-        Ok(Agent {
-            child,
-            http,
-            ns,
-            started: Instant::now(),
-            log,
-        })
+        spawn_agent(command, &self.dir, kubeconfig, ns, node, config, state)
     }
+}
+
+/// Starts `nodus run` inside `ns` as node `node` with `kubeconfig` and the configuration
+/// `config` (YAML), its configuration and log in `dir`, named after its HTTP port.
+pub fn start_agent_in_with(
+    ns: Arc<Netns>,
+    nodus: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    node: &str,
+    config: &str,
+) -> anyhow::Result<Agent> {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", ns.name()]).arg(nodus);
+    spawn_agent(
+        command,
+        dir,
+        kubeconfig,
+        Some(ns),
+        node,
+        config,
+        &dir.join("state"),
+    )
+}
+
+fn spawn_agent(
+    mut command: Command,
+    dir: &Path,
+    kubeconfig: &Path,
+    ns: Option<Arc<Netns>>,
+    node: &str,
+    config: &str,
+    state: &Path,
+) -> anyhow::Result<Agent> {
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+    let config_path = dir.join(format!("config-{}.yaml", http.port()));
+    std::fs::write(&config_path, config)?;
+    let log = dir.join(format!("nodus-{}.log", http.port()));
+    let child = command
+        .args(["run", "--node-name", node, "--http-addr", &http.to_string()])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--config")
+        .arg(&config_path)
+        .env("NODUS_LOG", "warn")
+        .env("NODUS_ALLOW_HTTP_API", "true")
+        .env("NODUS_STATE_DIR", state)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .with_context(|| format!("starting {command:?}"))?;
+    Ok(Agent {
+        child,
+        http,
+        ns,
+        started: Instant::now(),
+        log,
+    })
 }
 
 impl Drop for BenchCluster {
