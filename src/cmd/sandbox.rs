@@ -1037,7 +1037,9 @@ fn serve(
             "--node-name".to_string(),
             name.clone(),
             "--kubeconfig".to_string(),
-            api.node_kubeconfig(dir, name)?.to_string_lossy().into_owned(),
+            api.node_kubeconfig(dir, name)?
+                .to_string_lossy()
+                .into_owned(),
             "--api-server".to_string(),
             api_server.clone(),
             "--config".to_string(),

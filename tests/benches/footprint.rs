@@ -138,7 +138,9 @@ impl Node<'_> {
             Api::StandIn(cluster) => {
                 cluster.start_agent_in(self.ns.clone(), &self.nodus, &node, &self.config)?
             }
-            Api::Real(cluster) => cluster.start_agent_in(&self.ns, &self.nodus, &node, &self.config)?,
+            Api::Real(cluster) => {
+                cluster.start_agent_in(&self.ns, &self.nodus, &node, &self.config)?
+            }
         };
         self.kernel.add_process(agent.pid())?;
         let ready = agent.wait_ready(Duration::from_secs(900))?;
@@ -349,22 +351,7 @@ fn run_shape(
     phases.push(node.phase("1,000 endpoint updates", |node| {
         let before = node.metric(ENDPOINTS);
         match node.api {
-            Api::StandIn(cluster) => {
-                for k in 0..CHURN {
-                    let i = k % shape.services;
-                    cluster
-                        .store
-                        .apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
-                }
-                // A last update adds one endpoint: once it is counted, every update is in.
-                let marker = Shape {
-                    endpoints_per_service: 1,
-                    ..shape
-                };
-                cluster
-                    .store
-                    .apply_value(scale::slice(shape.services, &marker, 0))?;
-            }
+            Api::StandIn(cluster) => cluster.churn_slices(&shape, CHURN)?,
             Api::Real(cluster) => cluster.churn(&shape)?,
         }
         node.wait_above(ENDPOINTS, before, "the churn")
@@ -395,7 +382,8 @@ fn run_shape(
                 let store = &cluster.store;
                 for i in 0..3 {
                     store.force_compaction();
-                    store.apply_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    store
+                        .apply_value(serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap",
                         "metadata": {"name": format!("compacted-{i}"), "namespace": "default"}}))?;
                 }
                 cluster.drop_watches();
@@ -499,7 +487,8 @@ impl RealCluster {
         let dir = std::env::temp_dir().join(format!("nodus-bench-real-{}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let started = Instant::now();
-        let plane = ControlPlane::start(&dir.join("control-plane"), &ControlPlaneConfig::default())?;
+        let plane =
+            ControlPlane::start(&dir.join("control-plane"), &ControlPlaneConfig::default())?;
         plane.apply_deploy_base()?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -532,25 +521,24 @@ impl RealCluster {
         cluster.create_all(first)?;
         cluster.create_all(rest)?;
         let create_took = created.elapsed();
-        // The controller's slices: one per Service, and the `kubernetes` Service's.
+        // The controller has caught up once its slices hold every Pod's endpoint.
         let sliced = Instant::now();
+        let wanted = shape.services * shape.endpoints_per_service;
         loop {
-            let slices = cluster
-                .plane()
-                .kubectl(&["get", "endpointslices", "-A", "-o", "name"])?
-                .lines()
-                .count();
-            if slices > shape.services {
+            let endpoints = cluster.rt.block_on(count_endpoints(&cluster.client))?;
+            if endpoints >= wanted {
                 break;
             }
             if sliced.elapsed() > Duration::from_secs(1800) {
-                bail!("the EndpointSlice controller made {slices} slices in 30 minutes");
+                bail!(
+                    "the EndpointSlice controller wrote {endpoints} of {wanted} endpoints in 30 minutes"
+                );
             }
             std::thread::sleep(Duration::from_secs(2));
         }
         eprintln!(
             "real control plane: up in {:.1?}; {count} objects created in {:.1?}; the \
-             controller's EndpointSlices {:.1?} later",
+             controller's EndpointSlices held every endpoint {:.1?} later",
             up,
             create_took,
             sliced.elapsed()
@@ -591,7 +579,8 @@ impl RealCluster {
             .map(|k| {
                 let mut pod = endpoint_pods(k % shape.services, shape, 0).swap_remove(0);
                 let ready = pod["status"]["conditions"][0]["status"] == "True";
-                pod["status"]["conditions"][0]["status"] = if ready { "False" } else { "True" }.into();
+                pod["status"]["conditions"][0]["status"] =
+                    if ready { "False" } else { "True" }.into();
                 pod
             })
             .collect();
@@ -684,7 +673,11 @@ fn endpoint_pods(i: usize, shape: &Shape, generation: usize) -> Vec<Value> {
         .flatten()
         .map(|endpoint| {
             let ip = endpoint["addresses"][0].clone();
-            let ready = if endpoint["conditions"]["ready"] == true { "True" } else { "False" };
+            let ready = if endpoint["conditions"]["ready"] == true {
+                "True"
+            } else {
+                "False"
+            };
             serde_json::json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": endpoint["targetRef"]["name"], "namespace": namespace,
                              "labels": {"app": service}},
@@ -697,15 +690,43 @@ fn endpoint_pods(i: usize, shape: &Shape, generation: usize) -> Vec<Value> {
         .collect()
 }
 
+/// The endpoints of every EndpointSlice but the `kubernetes` Service's, listed in pages.
+async fn count_endpoints(client: &kube::Client) -> anyhow::Result<usize> {
+    let slices: kube::Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        kube::Api::all(client.clone());
+    let mut params = kube::api::ListParams::default().limit(500);
+    let mut count = 0;
+    loop {
+        let page = slices.list(&params).await?;
+        count += page
+            .items
+            .iter()
+            .filter(|slice| slice.metadata.namespace.as_deref() != Some("default"))
+            .map(|slice| slice.endpoints.len())
+            .sum::<usize>();
+        match page.metadata.continue_ {
+            Some(token) if !token.is_empty() => params = params.continue_token(&token),
+            _ => return Ok(count),
+        }
+    }
+}
+
 /// The dynamic API of `object`'s kind (the plural is the kind's lowercase name plus "s",
 /// true of every kind created here) and its name.
-fn dynamic_api(client: &kube::Client, object: &Value) -> anyhow::Result<(kube::Api<kube::api::DynamicObject>, String)> {
+fn dynamic_api(
+    client: &kube::Client,
+    object: &Value,
+) -> anyhow::Result<(kube::Api<kube::api::DynamicObject>, String)> {
     let api_version = object["apiVersion"].as_str().context("apiVersion")?;
     let kind = object["kind"].as_str().context("kind")?;
     let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
     let gvk = kube::api::GroupVersionKind::gvk(group, version, kind);
-    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
-    let name = object["metadata"]["name"].as_str().context("name")?.to_string();
+    let resource =
+        kube::api::ApiResource::from_gvk_with_plural(&gvk, &format!("{}s", kind.to_lowercase()));
+    let name = object["metadata"]["name"]
+        .as_str()
+        .context("name")?
+        .to_string();
     let api = match object["metadata"]["namespace"].as_str() {
         Some(namespace) => kube::Api::namespaced_with(client.clone(), namespace, &resource),
         None => kube::Api::all_with(client.clone(), &resource),
@@ -716,7 +737,10 @@ fn dynamic_api(client: &kube::Client, object: &Value) -> anyhow::Result<(kube::A
 async fn create(client: &kube::Client, object: Value) -> anyhow::Result<()> {
     let (api, name) = dynamic_api(client, &object)?;
     let dynamic: kube::api::DynamicObject = serde_json::from_value(object.clone())?;
-    match api.create(&kube::api::PostParams::default(), &dynamic).await {
+    match api
+        .create(&kube::api::PostParams::default(), &dynamic)
+        .await
+    {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 409 => {}
         Err(error) => return Err(error).with_context(|| format!("creating {name}")),
@@ -732,10 +756,13 @@ async fn patch(client: &kube::Client, object: &Value, status: bool) -> anyhow::R
     let params = kube::api::PatchParams::default();
     if status {
         let change = serde_json::json!({"status": object["status"]});
-        api.patch_status(&name, &params, &kube::api::Patch::Merge(&change)).await
+        api.patch_status(&name, &params, &kube::api::Patch::Merge(&change))
+            .await
     } else {
-        let change = serde_json::json!({"metadata": {"annotations": object["metadata"]["annotations"]}});
-        api.patch(&name, &params, &kube::api::Patch::Merge(&change)).await
+        let change =
+            serde_json::json!({"metadata": {"annotations": object["metadata"]["annotations"]}});
+        api.patch(&name, &params, &kube::api::Patch::Merge(&change))
+            .await
     }
     .with_context(|| format!("patching {name}"))?;
     Ok(())

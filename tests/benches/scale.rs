@@ -110,20 +110,7 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     let endpoints_before = agent.metric(endpoints)?;
     let apply_before = agent.metric(apply_sum)?;
     let churn_start = Instant::now();
-    for k in 0..opts.churn {
-        let i = k % shape.services;
-        cluster
-            .store
-            .apply_value(scale::slice(i, &shape, k / shape.services + 1))?;
-    }
-    // A last update adds one endpoint: once nodus counts it, every update before it is in.
-    let marker = Shape {
-        endpoints_per_service: 1,
-        ..shape
-    };
-    cluster
-        .store
-        .apply_value(scale::slice(shape.services, &marker, 0))?;
+    cluster.churn_slices(&shape, opts.churn)?;
     while agent.metric(endpoints)? <= endpoints_before {
         if churn_start.elapsed() > Duration::from_secs(300) {
             bail!("churn not applied after 5 minutes");

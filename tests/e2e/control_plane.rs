@@ -64,7 +64,14 @@ fn the_agent_follows_the_real_api_server_and_its_controllers() {
     });
     cluster
         .plane
-        .kubectl(&["delete", "service", "cache", "-n", "default", "--wait=false"])
+        .kubectl(&[
+            "delete",
+            "service",
+            "cache",
+            "-n",
+            "default",
+            "--wait=false",
+        ])
         .expect("delete");
     wait_for("the deleted Service to be NXDOMAIN", || {
         (dig(dns, "cache.default.svc.cluster.local", "A").0 == "NXDOMAIN").then_some(())
@@ -72,7 +79,10 @@ fn the_agent_follows_the_real_api_server_and_its_controllers() {
     let (_, body) = get(http, "/metrics").expect("metrics");
     for kind in ["service", "endpointslice", "node"] {
         assert_eq!(
-            metric(&body, &format!("nodus_invalid_objects_total{{kind=\"{kind}\"}}")),
+            metric(
+                &body,
+                &format!("nodus_invalid_objects_total{{kind=\"{kind}\"}}")
+            ),
             Some(0.0),
             "every object of the real server decodes: {kind}\n{body}"
         );
@@ -86,14 +96,24 @@ fn the_agent_follows_the_real_api_server_and_its_controllers() {
 fn the_admission_policy_lets_a_nodes_token_change_only_its_own_nodus_annotations() {
     let cluster = RealCluster::new("real-admission", EXAMPLE);
     let plane = &cluster.plane;
-    let own = plane.nodus_token("node-1").expect("a token bound to node-1");
+    let own = plane
+        .nodus_token("node-1")
+        .expect("a token bound to node-1");
     let patch = |token: &str, node: &str, change: Value| {
         plane
-            .request_as(token, "PATCH", &format!("/api/v1/nodes/{node}"), Some(&change))
+            .request_as(
+                token,
+                "PATCH",
+                &format!("/api/v1/nodes/{node}"),
+                Some(&change),
+            )
             .expect("the API server answers")
     };
     let annotation = |key: &str| json!({"metadata": {"annotations": {key: "x"}}});
-    for key in ["nodus.dev/wireguard-public-key", "nodus.dev/wireguard-peer-endpoints"] {
+    for key in [
+        "nodus.dev/wireguard-public-key",
+        "nodus.dev/wireguard-peer-endpoints",
+    ] {
         let (code, answer) = patch(&own, "node-1", annotation(key));
         assert_eq!(code, 200, "its own Node's {key}: {answer}");
     }
@@ -131,19 +151,31 @@ fn the_admission_policy_lets_a_nodes_token_change_only_its_own_nodus_annotations
             .request_as(&own, method, path, None)
             .expect("the API server answers")
     };
-    refused(request("DELETE", "/api/v1/nodes/node-2"), 403, "cannot delete resource \"nodes\"");
+    refused(
+        request("DELETE", "/api/v1/nodes/node-2"),
+        403,
+        "cannot delete resource \"nodes\"",
+    );
     refused(
         request("GET", "/api/v1/namespaces/kube-system/secrets"),
         403,
         "cannot list resource \"secrets\"",
     );
-    refused(request("GET", "/api/v1/nodes/node-1"), 403, "cannot get resource \"nodes\"");
+    refused(
+        request("GET", "/api/v1/nodes/node-1"),
+        403,
+        "cannot get resource \"nodes\"",
+    );
     // A token of the same ServiceAccount bound to no pod names no node: refused everywhere.
     let unbound = plane
         .kubectl(&["create", "token", "nodus", "-n", "kube-system"])
         .expect("an unbound token");
     refused(
-        patch(unbound.trim(), "node-1", annotation("nodus.dev/wireguard-port")),
+        patch(
+            unbound.trim(),
+            "node-1",
+            annotation("nodus.dev/wireguard-port"),
+        ),
         422,
         "nodus may change only the Node its pod runs on (), not node-1",
     );
@@ -151,8 +183,15 @@ fn the_admission_policy_lets_a_nodes_token_change_only_its_own_nodus_annotations
         .kubectl(&["get", "node", "node-1", "-o", "json"])
         .expect("kubectl get");
     let node: Value = serde_json::from_str(&node).expect("JSON");
-    assert_eq!(node["metadata"]["labels"]["topology.kubernetes.io/zone"], "zone-a");
-    assert!(node["metadata"]["annotations"].get("example.com/owner").is_none());
+    assert_eq!(
+        node["metadata"]["labels"]["topology.kubernetes.io/zone"],
+        "zone-a"
+    );
+    assert!(
+        node["metadata"]["annotations"]
+            .get("example.com/owner")
+            .is_none()
+    );
 }
 
 /// Nodes as their kubelets report them: Ready, a role label, a version.
@@ -201,7 +240,10 @@ fn columns(output: &str) -> Vec<Vec<String>> {
 #[test]
 fn kubectl_get_nodes_shows_status_roles_and_version() {
     let real = RealCluster::new("real-kubectl", &reported_nodes());
-    let printed = real.plane.kubectl(&["get", "nodes"]).expect("kubectl get nodes");
+    let printed = real
+        .plane
+        .kubectl(&["get", "nodes"])
+        .expect("kubectl get nodes");
     assert_eq!(
         columns(&printed),
         [
@@ -224,14 +266,20 @@ fn restarts_compaction_and_cut_connections_of_the_real_server() {
     wait_ready(http);
     let steady = |what: &str| {
         assert_eq!(resolves(dns, "web"), ["10.96.0.20"], "{what}");
-        assert_eq!(get(http, "/readyz").map(|(code, _)| code), Some(200), "{what}");
+        assert_eq!(
+            get(http, "/readyz").map(|(code, _)| code),
+            Some(200),
+            "{what}"
+        );
     };
     let arrives = |cluster: &RealCluster, name: &str, ip: &str| {
         let since = Instant::now();
         cluster.apply(service(name, ip));
-        wait_within(&format!("{name} to resolve"), Duration::from_secs(90), || {
-            (resolves(dns, name) == [ip]).then_some(())
-        });
+        wait_within(
+            &format!("{name} to resolve"),
+            Duration::from_secs(90),
+            || (resolves(dns, name) == [ip]).then_some(()),
+        );
         since.elapsed()
     };
 
@@ -241,7 +289,10 @@ fn restarts_compaction_and_cut_connections_of_the_real_server() {
         steady("while the API server is down");
         std::thread::sleep(Duration::from_secs(1));
     }
-    cluster.plane.start_api_server().expect("the API server starts again");
+    cluster
+        .plane
+        .start_api_server()
+        .expect("the API server starts again");
     let took = arrives(&cluster, "after-restart", "10.96.5.1");
     println!("real API server restarted: the next change arrived {took:.1?} after it was made");
 
@@ -252,7 +303,10 @@ fn restarts_compaction_and_cut_connections_of_the_real_server() {
     cluster.plane.bump_etcd_revision().expect("a write to etcd");
     let compacted = cluster.plane.compact_etcd().expect("compaction");
     steady("while etcd is compacted");
-    cluster.plane.start_api_server().expect("the API server starts again");
+    cluster
+        .plane
+        .start_api_server()
+        .expect("the API server starts again");
     let took = arrives(&cluster, "after-compaction", "10.96.5.2");
     println!(
         "real API server restarted after a compaction to revision {compacted}: the next change \
@@ -270,7 +324,9 @@ fn restarts_compaction_and_cut_connections_of_the_real_server() {
     let services = metric(&body, "nodus_view_objects{kind=\"service\"}");
     cluster.relay.cut();
     let took = arrives(&cluster, "after-cut", "10.96.5.3");
-    println!("connections to the real API server cut: the next change arrived {took:.1?} after it was made");
+    println!(
+        "connections to the real API server cut: the next change arrived {took:.1?} after it was made"
+    );
     let (_, body) = get(http, "/metrics").expect("metrics");
     assert_eq!(
         metric(&body, "nodus_view_objects{kind=\"service\"}"),

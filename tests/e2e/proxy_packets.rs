@@ -183,11 +183,7 @@ const CURL_REFUSED: i32 = 7;
 
 #[test]
 fn services_deliver_real_connections_where_kube_proxy_would() {
-    let sandbox = Sandbox::start_with(
-        "proxy-packets",
-        Some(&cluster()),
-        &["--real-api".as_ref()],
-    );
+    let sandbox = Sandbox::start_with("proxy-packets", Some(&cluster()), &["--real-api".as_ref()]);
     let pod = |name: &str| sandbox.ns("pods", name);
     let underlay = sandbox.namespaces["underlay"]
         .as_str()

@@ -165,15 +165,7 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        stop_and_clean(&mut self.children, &self.dir);
     }
 }
 
@@ -191,8 +183,8 @@ fn nodus_command(kubeconfig: &Path, dir: &Path, args: &[&str]) -> Command {
 
 /// Starts `cmd` with its stderr in `<dir>/nodus-<n>.log`, n counting `children`.
 fn spawn_logged<'a>(children: &'a mut Vec<Child>, dir: &Path, mut cmd: Command) -> &'a mut Child {
-    let log = std::fs::File::create(dir.join(format!("nodus-{}.log", children.len())))
-        .expect("log file");
+    let log =
+        std::fs::File::create(dir.join(format!("nodus-{}.log", children.len()))).expect("log file");
     let child = cmd.stderr(log).spawn().expect("nodus starts");
     children.push(child);
     children.last_mut().expect("just pushed")
@@ -204,11 +196,18 @@ fn agent_args(dir: &Path, index: usize, node: &str, dns: SocketAddr) -> (Vec<Str
     let http = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()));
     let config = dir.join(format!("config-{index}.yaml"));
     std::fs::write(&config, format!("dns:\n  listen: [\"{dns}\"]\n")).expect("config");
-    let args = ["run", "--node-name", node, "--http-addr", &http.to_string(), "--config"]
-        .map(str::to_string)
-        .into_iter()
-        .chain([config.to_string_lossy().into_owned()])
-        .collect();
+    let args = [
+        "run",
+        "--node-name",
+        node,
+        "--http-addr",
+        &http.to_string(),
+        "--config",
+    ]
+    .map(str::to_string)
+    .into_iter()
+    .chain([config.to_string_lossy().into_owned()])
+    .collect();
     (args, http)
 }
 
@@ -269,21 +268,28 @@ impl RealCluster {
     }
 
     pub fn apply(&self, object: serde_json::Value) {
-        self.plane.apply(&[object]).expect("the API server accepts the object");
+        self.plane
+            .apply(&[object])
+            .expect("the API server accepts the object");
     }
 }
 
 impl Drop for RealCluster {
     fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("logs kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        stop_and_clean(&mut self.children, &self.dir);
+    }
+}
+
+/// Kills a test's nodus processes, and removes its directory unless the test failed.
+fn stop_and_clean(children: &mut [Child], dir: &Path) {
+    for child in children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    if std::thread::panicking() {
+        eprintln!("logs kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
 

@@ -6,6 +6,7 @@
 use crate::apiserver::{self, ApiServerConfig, ServerHandle, Store};
 use crate::netns::Netns;
 use crate::probe::http_get;
+use crate::scale::{self, Shape};
 use anyhow::{Context, bail};
 use serde_json::Value;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -105,14 +106,32 @@ impl BenchCluster {
 
     pub fn start_agent(&self, nodus: &Path, node: &str, config: &str) -> anyhow::Result<Agent> {
         let state = self.dir.join("state");
-        self.start(
+        spawn_agent(
             Command::new(nodus),
+            &self.dir,
             &self.kubeconfig,
             None,
             node,
             config,
             &state,
         )
+    }
+
+    /// Writes `count` EndpointSlice updates (moving endpoints of services in turn), then
+    /// one that adds an endpoint: once nodus counts it, every update before it is in.
+    pub fn churn_slices(&self, shape: &Shape, count: usize) -> anyhow::Result<()> {
+        for k in 0..count {
+            let i = k % shape.services;
+            self.store
+                .apply_value(scale::slice(i, shape, k / shape.services + 1))?;
+        }
+        let marker = Shape {
+            endpoints_per_service: 1,
+            ..*shape
+        };
+        self.store
+            .apply_value(scale::slice(shape.services, &marker, 0))?;
+        Ok(())
     }
 
     /// As [`BenchCluster::start_agent`], inside `ns` (which gets its own API listener), so
@@ -151,22 +170,24 @@ impl BenchCluster {
     ) -> anyhow::Result<Agent> {
         let api = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         let kubeconfig = self.listen_in(&ns, api)?;
-        let mut command = Command::new("ip");
-        command.args(["netns", "exec", ns.name()]).arg(nodus);
-        self.start(command, &kubeconfig, Some(ns), node, config, state)
+        let command = in_namespace(&ns, nodus);
+        spawn_agent(
+            command,
+            &self.dir,
+            &kubeconfig,
+            Some(ns),
+            node,
+            config,
+            state,
+        )
     }
+}
 
-    fn start(
-        &self,
-        command: Command,
-        kubeconfig: &Path,
-        ns: Option<Arc<Netns>>,
-        node: &str,
-        config: &str,
-        state: &Path,
-    ) -> anyhow::Result<Agent> {
-        spawn_agent(command, &self.dir, kubeconfig, ns, node, config, state)
-    }
+/// `nodus` run inside `ns`.
+fn in_namespace(ns: &Netns, nodus: &Path) -> Command {
+    let mut command = Command::new("ip");
+    command.args(["netns", "exec", ns.name()]).arg(nodus);
+    command
 }
 
 /// Starts `nodus run` inside `ns` as node `node` with `kubeconfig` and the configuration
@@ -179,10 +200,8 @@ pub fn start_agent_in_with(
     node: &str,
     config: &str,
 ) -> anyhow::Result<Agent> {
-    let mut command = Command::new("ip");
-    command.args(["netns", "exec", ns.name()]).arg(nodus);
     spawn_agent(
-        command,
+        in_namespace(&ns, nodus),
         dir,
         kubeconfig,
         Some(ns),

@@ -114,7 +114,12 @@ impl ControlPlane {
         let etcd_peer_port = free_port()?;
         let url = format!("https://127.0.0.1:{api_port}");
         let admin_kubeconfig = dir.join("admin.kubeconfig");
-        write_kubeconfig(&admin_kubeconfig, &url, &pki.ca, Credentials::Cert(&pki.admin))?;
+        write_kubeconfig(
+            &admin_kubeconfig,
+            &url,
+            &pki.ca,
+            Credentials::Cert(&pki.admin),
+        )?;
         let kcm_kubeconfig = dir.join("controller-manager.kubeconfig");
         write_kubeconfig(&kcm_kubeconfig, &url, &pki.ca, Credentials::Cert(&pki.kcm))?;
         let scheduler_kubeconfig = dir.join("scheduler.kubeconfig");
@@ -153,11 +158,20 @@ impl ControlPlane {
                     format!("--tls-cert-file={}", path(&pki.apiserver.cert)),
                     format!("--tls-private-key-file={}", path(&pki.apiserver.key)),
                     format!("--client-ca-file={}", path(&pki.ca.cert)),
-                    format!("--kubelet-client-certificate={}", path(&pki.apiserver_kubelet.cert)),
+                    format!(
+                        "--kubelet-client-certificate={}",
+                        path(&pki.apiserver_kubelet.cert)
+                    ),
                     format!("--kubelet-client-key={}", path(&pki.apiserver_kubelet.key)),
                     format!("--kubelet-certificate-authority={}", path(&pki.ca.cert)),
-                    format!("--service-account-key-file={}", path(&pki.service_account_public)),
-                    format!("--service-account-signing-key-file={}", path(&pki.service_account_key)),
+                    format!(
+                        "--service-account-key-file={}",
+                        path(&pki.service_account_public)
+                    ),
+                    format!(
+                        "--service-account-signing-key-file={}",
+                        path(&pki.service_account_key)
+                    ),
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                     format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
                     "--service-node-port-range=30000-32767".into(),
@@ -179,7 +193,10 @@ impl ControlPlane {
                     format!("--secure-port={}", free_port()?),
                     "--leader-elect=false".into(),
                     "--use-service-account-credentials=true".into(),
-                    format!("--service-account-private-key-file={}", path(&pki.service_account_key)),
+                    format!(
+                        "--service-account-private-key-file={}",
+                        path(&pki.service_account_key)
+                    ),
                     format!("--root-ca-file={}", path(&pki.ca.cert)),
                     format!("--cluster-signing-cert-file={}", path(&pki.ca.cert)),
                     format!("--cluster-signing-key-file={}", path(&pki.ca.key)),
@@ -202,7 +219,10 @@ impl ControlPlane {
                 bin.join("kube-scheduler"),
                 &[
                     format!("--kubeconfig={}", path(&scheduler_kubeconfig)),
-                    format!("--authentication-kubeconfig={}", path(&scheduler_kubeconfig)),
+                    format!(
+                        "--authentication-kubeconfig={}",
+                        path(&scheduler_kubeconfig)
+                    ),
                     format!("--authorization-kubeconfig={}", path(&scheduler_kubeconfig)),
                     "--bind-address=127.0.0.1".into(),
                     format!("--secure-port={}", free_port()?),
@@ -231,7 +251,15 @@ impl ControlPlane {
         // in a namespace: pods can be created from then on.
         plane.wait_for("the controller manager's ServiceAccount controller", || {
             plane
-                .kubectl(&["get", "serviceaccount", "default", "-n", "default", "-o", "name"])
+                .kubectl(&[
+                    "get",
+                    "serviceaccount",
+                    "default",
+                    "-n",
+                    "default",
+                    "-o",
+                    "name",
+                ])
                 .is_ok()
         })?;
         Ok(plane)
@@ -247,7 +275,7 @@ impl ControlPlane {
     }
 
     /// The built `kubectl`, as the cluster's administrator.
-    pub fn kubectl_command(&self) -> Command {
+    fn kubectl_command(&self) -> Command {
         let mut command = Command::new(self.bin.join("kubectl"));
         command
             .arg("--kubeconfig")
@@ -378,7 +406,16 @@ impl ControlPlane {
     ) -> anyhow::Result<(u16, Value)> {
         let mut command = Command::new("curl");
         command
-            .args(["-sS", "-m", "10", "-X", method, "-w", "\n%{http_code}", "--cacert"])
+            .args([
+                "-sS",
+                "-m",
+                "10",
+                "-X",
+                method,
+                "-w",
+                "\n%{http_code}",
+                "--cacert",
+            ])
             .arg(&self.ca().cert)
             .args(["-H", &format!("Authorization: Bearer {token}")])
             .args(["-H", "Content-Type: application/merge-patch+json"]);
@@ -391,7 +428,10 @@ impl ControlPlane {
             .trim_end()
             .rsplit_once('\n')
             .context("curl printed no status")?;
-        Ok((code.parse()?, serde_json::from_str(answer).unwrap_or(Value::Null)))
+        Ok((
+            code.parse()?,
+            serde_json::from_str(answer).unwrap_or(Value::Null),
+        ))
     }
 
     /// The CA, for kubeconfigs of other identities.
@@ -399,23 +439,9 @@ impl ControlPlane {
         Pair::at(&self.dir.join("pki"), "ca")
     }
 
-    /// A kubeconfig with a bearer token, for `server`.
-    pub fn token_kubeconfig(&self, name: &str, server: &str, token: &str) -> anyhow::Result<PathBuf> {
-        let path = self.dir.join(format!("{name}.kubeconfig"));
-        write_kubeconfig(&path, server, &self.ca(), Credentials::Token(token))?;
-        Ok(path)
-    }
-
-    /// Stops the API server (SIGTERM, as a rollout does) and starts it again with the same
-    /// command line; returns once it is ready. Its watch cache starts empty.
-    pub fn restart_api_server(&mut self) -> anyhow::Result<()> {
-        let index = self.index_of("kube-apiserver");
-        self.components[index].stop();
-        self.components[index].spawn(&self.dir)?;
-        self.wait_ready()
-    }
-
-    /// Stops the API server, and leaves it stopped until [`ControlPlane::start_api_server`].
+    /// Stops the API server (SIGTERM, as a rollout does), and leaves it stopped until
+    /// [`ControlPlane::start_api_server`], which starts it with the same command line. Its
+    /// watch cache starts empty.
     pub fn stop_api_server(&mut self) {
         let index = self.index_of("kube-apiserver");
         self.components[index].stop();
@@ -447,28 +473,31 @@ impl ControlPlane {
     /// nodus does not watch do.
     pub fn bump_etcd_revision(&self) -> anyhow::Result<()> {
         // "/nodus-test/bump" and "x", base64.
-        self.etcd_call("/v3/kv/put", r#"{"key":"L25vZHVzLXRlc3QvYnVtcA==","value":"eA=="}"#)
-            .map(drop)
+        self.etcd_call(
+            "/v3/kv/put",
+            r#"{"key":"L25vZHVzLXRlc3QvYnVtcA==","value":"eA=="}"#,
+        )
+        .map(drop)
     }
 
     /// A call to etcd's JSON gateway on loopback.
     fn etcd_call(&self, path: &str, body: &str) -> anyhow::Result<Value> {
         let text = run_with_input(
             Command::new("curl")
-                .args(["-sS", "--fail", "-m", "10", "-X", "POST", "--data-binary", "@-"])
+                .args([
+                    "-sS",
+                    "--fail",
+                    "-m",
+                    "10",
+                    "-X",
+                    "POST",
+                    "--data-binary",
+                    "@-",
+                ])
                 .arg(format!("http://127.0.0.1:{}{path}", self.etcd_port)),
             Some(body),
         )?;
         serde_json::from_str(&text).with_context(|| format!("etcd answered {path} with {text}"))
-    }
-
-    /// The process id of a running component.
-    pub fn pid_of(&self, name: &str) -> Option<u32> {
-        self.components
-            .iter()
-            .find(|c| c.name == name)
-            .and_then(|c| c.child.as_ref())
-            .map(Child::id)
     }
 
     fn index_of(&self, name: &str) -> usize {
@@ -478,7 +507,7 @@ impl ControlPlane {
             .expect("a component of the control plane")
     }
 
-    fn wait_etcd(&mut self) -> anyhow::Result<()> {
+    fn wait_etcd(&self) -> anyhow::Result<()> {
         let etcd = self.index_of("etcd");
         self.wait_for("etcd to answer", || {
             Command::new("curl")
@@ -491,7 +520,7 @@ impl ControlPlane {
         .map_err(|e| e.context(self.components[etcd].log_tail(&self.dir)))
     }
 
-    fn wait_ready(&mut self) -> anyhow::Result<()> {
+    fn wait_ready(&self) -> anyhow::Result<()> {
         let apiserver = self.index_of("kube-apiserver");
         self.wait_for("the API server's /readyz", || {
             self.kubectl(&["get", "--raw", "/readyz"])
@@ -598,7 +627,8 @@ impl Component {
     }
 
     fn log_tail(&self, dir: &Path) -> String {
-        let log = std::fs::read_to_string(dir.join(format!("{}.log", self.name))).unwrap_or_default();
+        let log =
+            std::fs::read_to_string(dir.join(format!("{}.log", self.name))).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         format!(
             "{}.log ends:\n{}",
@@ -610,7 +640,11 @@ impl Component {
 
 fn run_with_input(command: &mut Command, input: Option<&str>) -> anyhow::Result<String> {
     command
-        .stdin(if input.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = command
@@ -669,21 +703,66 @@ impl Pki {
                 .map(drop)
                 .context("openssl (Debian's openssl package)")
         };
+        // An ECDSA P-256 key, `<name>.key`.
+        let key = |name: &str| {
+            openssl(&[
+                "ecparam",
+                "-name",
+                "prime256v1",
+                "-genkey",
+                "-noout",
+                "-out",
+                &format!("{name}.key"),
+            ])
+        };
         let ca = Pair::at(dir, "ca");
-        openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"])?;
+        key("ca")?;
         openssl(&[
-            "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=nodus-test-ca", "-days",
-            "3650", "-addext", "basicConstraints=critical,CA:TRUE", "-addext",
-            "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.crt",
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            "ca.key",
+            "-subj",
+            "/CN=nodus-test-ca",
+            "-days",
+            "3650",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
+            "-out",
+            "ca.crt",
         ])?;
         let leaf = |name: &str, subject: &str, extensions: &str| -> anyhow::Result<Pair> {
             let ext = dir.join(format!("{name}.ext"));
             std::fs::write(&ext, extensions)?;
-            openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")])?;
-            openssl(&["req", "-new", "-key", &format!("{name}.key"), "-subj", subject, "-out", &format!("{name}.csr")])?;
+            key(name)?;
             openssl(&[
-                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "3650", "-extfile", &format!("{name}.ext"), "-out",
+                "req",
+                "-new",
+                "-key",
+                &format!("{name}.key"),
+                "-subj",
+                subject,
+                "-out",
+                &format!("{name}.csr"),
+            ])?;
+            openssl(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-days",
+                "3650",
+                "-extfile",
+                &format!("{name}.ext"),
+                "-out",
                 &format!("{name}.crt"),
             ])?;
             Ok(Pair::at(dir, name))
@@ -717,7 +796,11 @@ impl Pki {
             client,
         )?;
         let admin = leaf("admin", "/O=system:masters/CN=kubernetes-admin", client)?;
-        let kcm = leaf("controller-manager", "/CN=system:kube-controller-manager", client)?;
+        let kcm = leaf(
+            "controller-manager",
+            "/CN=system:kube-controller-manager",
+            client,
+        )?;
         let scheduler = leaf("scheduler", "/CN=system:kube-scheduler", client)?;
         openssl(&["genrsa", "-out", "sa.key", "2048"])?;
         openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
@@ -740,7 +823,12 @@ enum Credentials<'a> {
 }
 
 /// A kubeconfig for `server` that trusts `ca`, with the certificates' contents inline.
-fn write_kubeconfig(path: &Path, server: &str, ca: &Pair, user: Credentials<'_>) -> anyhow::Result<()> {
+fn write_kubeconfig(
+    path: &Path,
+    server: &str,
+    ca: &Pair,
+    user: Credentials<'_>,
+) -> anyhow::Result<()> {
     use base64::Engine as _;
     let inline = |file: &Path| -> anyhow::Result<String> {
         let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
@@ -817,7 +905,11 @@ impl Relay {
     }
 
     /// Relays `addr` inside namespace `ns` to `target` in this one.
-    pub fn in_namespace(ns: &crate::netns::Netns, addr: SocketAddr, target: SocketAddr) -> anyhow::Result<Relay> {
+    pub fn in_namespace(
+        ns: &crate::netns::Netns,
+        addr: SocketAddr,
+        target: SocketAddr,
+    ) -> anyhow::Result<Relay> {
         let listener = ns
             .enter(|| TcpListener::bind(addr))?
             .with_context(|| format!("binding {addr} in {}", ns.name()))?;
@@ -826,7 +918,10 @@ impl Relay {
 
     /// Closes every connection it relays now; new ones are relayed again.
     pub fn cut(&self) {
-        let mut tracked = self.connections.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut tracked = self
+            .connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for stream in tracked.drain(..) {
             let _ = stream.shutdown(Shutdown::Both);
         }
@@ -838,7 +933,10 @@ impl Drop for Relay {
         // Wakes the accepting thread, which then ends.
         // SAFETY: shutting down a listening socket we own; the fd stays open until drop.
         unsafe {
-            libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(&self.listener), libc::SHUT_RDWR)
+            libc::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&self.listener),
+                libc::SHUT_RDWR,
+            )
         };
         self.cut();
     }
