@@ -1,6 +1,7 @@
 //! `nodus sandbox`: a small simulated cluster on this machine.
 //!
-//! The API-server stand-in serves an example cluster; every Node becomes a network
+//! The API-server stand-in (or, with `--real-api`, a real control plane built from the
+//! Kubernetes modules) serves an example cluster; every Node becomes a network
 //! namespace on an underlay bridge running a real `nodus run` with the proxy, DNS and the
 //! WireGuard mesh on; every pod named by an EndpointSlice becomes a namespace made by the
 //! reference CNI plugins from the conflist its node's nodus wrote (at the EndpointSlice's

@@ -1,11 +1,11 @@
-//! NetworkPolicy with real packets: `nodus sandbox` runs two nodes with five pods in two
-//! namespaces, and every pod connects to every other on two ports over TCP and UDP (a
-//! probe matrix, as the upstream NetworkPolicy e2e suite and cyclonus do) before and
-//! after each policy of a set that covers isolation, pod and namespace selectors, named
-//! ports of both protocols, `ipBlock` with `except`, `endPort`, egress, the proxy's DNAT,
-//! the mesh and a restart of the agent. The expected matrices are written out per step
-//! from the policies' meaning, not from the planner. (SCTP is left out: this kernel has
-//! no SCTP sockets to probe with.)
+//! NetworkPolicy with real packets: `nodus sandbox --real-api` runs two nodes, served by a
+//! real control plane, with five pods in two namespaces, and every pod connects to every
+//! other on two ports over TCP and UDP (a probe matrix, as the upstream NetworkPolicy e2e
+//! suite and cyclonus do) before and after each policy of a set that covers isolation, pod
+//! and namespace selectors, named ports of both protocols, `ipBlock` with `except`,
+//! `endPort`, egress, the proxy's DNAT, the mesh and a restart of the agent. The expected
+//! matrices are written out per step from the policies' meaning, not from the planner.
+//! (SCTP is left out: this kernel has no SCTP sockets to probe with.)
 
 use crate::proxy_packets::{node, service};
 use crate::support::{NODUS, Sandbox, WAIT, metric, wait_for};

@@ -1,7 +1,8 @@
-//! The proxy with real packets: `nodus sandbox` runs a two-node cluster in network
-//! namespaces, each node running `nodus run` with the proxy on, and pods running the
-//! echo server, which answers with its pod name. Clients in pod namespaces (or on the
-//! underlay, outside the cluster) connect with `curl` and check where they landed.
+//! The proxy with real packets: `nodus sandbox --real-api` runs a two-node cluster served
+//! by a real control plane, in network namespaces, each node running `nodus run` with the
+//! proxy on, and pods running the echo server, which answers with its pod name. Clients in
+//! pod namespaces (or on the underlay, outside the cluster) connect with `curl` and check
+//! where they landed.
 
 use crate::support::{Sandbox, WAIT, wait_for};
 use nodus_testbed::netns;

@@ -325,3 +325,89 @@ fn a_directory_other_users_share_is_refused() {
     let error = String::from_utf8_lossy(&output.stderr);
     assert!(error.contains("/tmp is shared"), "{error}");
 }
+
+/// The control-plane processes (programs of `k8s/build.sh`'s directory) whose command
+/// line names `dir`. (The nodes' nodus name it too, in their kubeconfig's path.)
+fn control_plane_in(dir: &std::path::Path) -> Vec<String> {
+    let bin = nodus_testbed::control_plane::binaries().expect("the control plane's binaries");
+    let (needle, bin) = (
+        dir.to_string_lossy().into_owned(),
+        bin.to_string_lossy().into_owned(),
+    );
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().parse::<i32>().is_ok())
+        .filter_map(|entry| std::fs::read(entry.path().join("cmdline")).ok())
+        .map(|cmdline| String::from_utf8_lossy(&cmdline).replace('\0', " "))
+        .filter(|cmdline| cmdline.starts_with(&bin) && cmdline.contains(&needle))
+        .collect()
+}
+
+/// `nodus sandbox --real-api`: the example cluster served by a real control plane; kubectl
+/// shows what a user sees; Ctrl-C stops the control plane with the rest; a SIGKILL takes it
+/// along too (its processes die with the sandbox), and the next start begins afresh in the
+/// same directory (the killed one's etcd data is not reused).
+#[test]
+fn the_sandbox_on_a_real_control_plane_starts_again_after_ctrl_c_and_after_a_kill() {
+    let dir = std::env::temp_dir().join(format!("nodus-e2e-sandbox-real-{}", std::process::id()));
+    let control_plane = dir.join("control-plane");
+    let real: [&std::ffi::OsStr; 1] = ["--real-api".as_ref()];
+    // What the killed sandbox leaves, removed even when an assertion fails.
+    let _leftovers = SandboxLeftovers {
+        dir: dir.clone(),
+        scope: netns::scope_for(&dir),
+    };
+
+    let mut sandbox = Sandbox::start_in(&dir, None, &real);
+    assert!(
+        sandbox
+            .printed
+            .contains("real control plane, API server https://127.0.0.1:"),
+        "{}",
+        sandbox.printed
+    );
+    assert_every_node_ready(&sandbox);
+    // etcd, the API server, the controller manager and the scheduler.
+    assert_eq!(
+        control_plane_in(&control_plane).len(),
+        4,
+        "{:?}",
+        control_plane_in(&control_plane)
+    );
+    let nodes = netns::run(
+        "kubectl",
+        &[
+            "--kubeconfig",
+            &dir.join("kubeconfig").to_string_lossy(),
+            "get",
+            "nodes",
+        ],
+    )
+    .expect("kubectl get nodes");
+    assert!(
+        nodes.starts_with("NAME") && nodes.contains("STATUS") && nodes.contains("ROLES"),
+        "{nodes}"
+    );
+    assert!(sandbox.interrupt().success());
+    assert_eq!(
+        control_plane_in(&control_plane),
+        Vec::<String>::new(),
+        "left by Ctrl-C"
+    );
+    drop(sandbox);
+
+    let mut sandbox = Sandbox::start_in(&dir, None, &real);
+    assert_every_node_ready(&sandbox);
+    assert_eq!(control_plane_in(&control_plane).len(), 4);
+    sandbox.kill();
+    drop(sandbox);
+    wait_for("the control plane to die with the killed sandbox", || {
+        control_plane_in(&control_plane).is_empty().then_some(())
+    });
+
+    let mut sandbox = Sandbox::start_in(&dir, None, &real);
+    assert_every_node_ready(&sandbox);
+    assert!(sandbox.interrupt().success());
+}

@@ -100,10 +100,17 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// Starts a control plane in `dir` (created, and removed when it drops) and waits until
-    /// the API server is ready and the controllers run.
+    /// Starts a control plane in `dir` (made afresh, and removed when it drops) and waits
+    /// until the API server is ready and the controllers run.
     pub fn start(dir: &Path, config: &ControlPlaneConfig) -> anyhow::Result<ControlPlane> {
         let bin = binaries()?;
+        // What a killed control plane left here (its etcd data above all) is not this one's.
+        match std::fs::remove_dir_all(dir) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                return Err(error).with_context(|| format!("removing {}", dir.display()));
+            }
+            _ => {}
+        }
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let pki = Pki::create(&dir.join("pki"), config)?;
         let api_port = match config.api_port {
