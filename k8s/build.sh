@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Builds the Kubernetes components of nodus's test bed from the modules pinned in k8s/go.mod
-# (Kubernetes) and k8s/etcd/go.mod (etcd), into a cache keyed by version, and prints the
-# cache's bin directory. A component already in the cache is not built again, so a second
-# run costs nothing; an interrupted build leaves nothing half-written behind (each binary
-# is linked under a temporary name and renamed).
+# (Kubernetes), k8s/etcd/go.mod (etcd) and k8s/containerd/go.mod (containerd), into a cache
+# keyed by version, and prints the cache's bin directory. A component already in the cache
+# is not built again, so a second run costs nothing; an interrupted build leaves nothing
+# half-written behind (each binary is linked under a temporary name and renamed).
 #
 #   k8s/build.sh                 the control plane: etcd kube-apiserver kube-controller-manager
 #                                kube-scheduler kubectl
-#   k8s/build.sh all             and kubelet, kube-proxy, agnhost, e2e.test
+#   k8s/build.sh all             and kubelet, kube-proxy, agnhost, e2e.test, and containerd
+#                                (containerd, its runc shim, ctr) for real nodes
 #   k8s/build.sh kubelet ...     only those named
 #
 # NODUS_K8S_CACHE (default /var/cache/nodus-k8s) holds one directory per version and
@@ -19,7 +20,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
 control_plane=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
-all=("${control_plane[@]}" kubelet kube-proxy agnhost e2e.test)
+all=("${control_plane[@]}" kubelet kube-proxy agnhost e2e.test containerd containerd-shim-runc-v2 ctr)
 case "${1:-}" in
     "") wanted=("${control_plane[@]}") ;;
     all) wanted=("${all[@]}") ;;
@@ -31,7 +32,8 @@ module_version() { # module go.mod
 }
 version=$(module_version k8s.io/kubernetes "$here/go.mod")
 etcd_version=$(module_version go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
-digest=$(cat "$here/go.sum" "$here/etcd/go.sum" | sha256sum | cut -c1-12)
+containerd_version=$(module_version github.com/containerd/containerd/v2 "$here/containerd/go.mod")
+digest=$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/containerd/go.sum" | sha256sum | cut -c1-12)
 bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/kubernetes-$version-$digest/bin
 mkdir -p "$bin"
 # One build at a time (tests and the sandbox may ask at once); the second finds the cache.
@@ -54,6 +56,9 @@ build() { # name
     case $name in
         etcd)
             (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out" go.etcd.io/etcd/server/v3) ;;
+        containerd | containerd-shim-runc-v2 | ctr)
+            (cd "$here/containerd" &&
+                go build -trimpath -ldflags "-s -w" -o "$out" "github.com/containerd/containerd/v2/cmd/$name") ;;
         agnhost)
             (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out" k8s.io/kubernetes/test/images/agnhost) ;;
         e2e.test)
@@ -71,7 +76,12 @@ build() { # name
 
 for name in "${wanted[@]}"; do
     [[ -x $bin/$name ]] && continue
-    echo "k8s/build.sh: building $name ($([[ $name == etcd ]] && echo "$etcd_version" || echo "$version"))" >&2
+    case $name in
+        etcd) of=$etcd_version ;;
+        containerd | containerd-shim-runc-v2 | ctr) of=$containerd_version ;;
+        *) of=$version ;;
+    esac
+    echo "k8s/build.sh: building $name ($of)" >&2
     start=$SECONDS
     build "$name"
     echo "k8s/build.sh: $name built in $((SECONDS - start)) s" >&2
