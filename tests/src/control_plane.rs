@@ -120,22 +120,15 @@ impl ControlPlane {
         let etcd_port = free_port()?;
         let etcd_peer_port = free_port()?;
         let url = format!("https://127.0.0.1:{api_port}");
-        let admin_kubeconfig = dir.join("admin.kubeconfig");
-        write_kubeconfig(
-            &admin_kubeconfig,
-            &url,
-            &pki.ca,
-            Credentials::Cert(&pki.admin),
-        )?;
-        let kcm_kubeconfig = dir.join("controller-manager.kubeconfig");
-        write_kubeconfig(&kcm_kubeconfig, &url, &pki.ca, Credentials::Cert(&pki.kcm))?;
-        let scheduler_kubeconfig = dir.join("scheduler.kubeconfig");
-        write_kubeconfig(
-            &scheduler_kubeconfig,
-            &url,
-            &pki.ca,
-            Credentials::Cert(&pki.scheduler),
-        )?;
+        // A kubeconfig for one of the control plane's own client certificates.
+        let client_kubeconfig = |name: &str, pair: &Pair| -> anyhow::Result<PathBuf> {
+            let path = dir.join(format!("{name}.kubeconfig"));
+            write_kubeconfig(&path, &url, &pki.ca, Credentials::Cert(pair))?;
+            Ok(path)
+        };
+        let admin_kubeconfig = client_kubeconfig("admin", &pki.admin)?;
+        let kcm_kubeconfig = client_kubeconfig("controller-manager", &pki.kcm)?;
+        let scheduler_kubeconfig = client_kubeconfig("scheduler", &pki.scheduler)?;
         let path = |p: &Path| p.to_string_lossy().into_owned();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let components = vec![
