@@ -4,7 +4,7 @@
 //! so a subsystem syncs once per burst rather than once per event.
 
 use crate::agent::metrics::Metrics;
-use crate::agent::watch::{self, PodLists, WatchItem, WatchSet, Watched};
+use crate::agent::watch::{self, WatchItem, WatchSet};
 use crate::cli::ClusterArgs;
 use crate::config::Config;
 use futures::{Stream, StreamExt};
@@ -21,16 +21,15 @@ pub struct Feed {
     pub metrics: Arc<Metrics>,
     /// Kinds whose initial list has not completed yet.
     waiting: Vec<Kind>,
-    pod_lists: PodLists,
 }
 
 impl Feed {
-    pub fn new(view: View, metrics: Arc<Metrics>, watched: Watched) -> Feed {
+    /// A feed of `view` that is complete once every kind of `watched` is listed.
+    pub fn new(view: View, metrics: Arc<Metrics>, watched: Vec<Kind>) -> Feed {
         Feed {
             view: ViewWriter::new(view),
             metrics,
-            waiting: watched.kinds,
-            pod_lists: watched.pod_lists,
+            waiting: watched,
         }
     }
 
@@ -86,18 +85,7 @@ impl Feed {
         if !report.changes.is_empty() || report.pods {
             self.metrics.set_counts(&view.counts());
         }
-        let peer_label_keys = view.peer_label_keys();
         drop(view);
-        // The pods are listed once the policies are, then again for each new label key.
-        if !self.waiting.contains(&Kind::NetworkPolicy)
-            && self.pod_lists.want(1 + peer_label_keys)
-            && !self.waiting.contains(&Kind::Pod)
-        {
-            tracing::info!(
-                "a NetworkPolicy selects pods by a label key whose values nodus did not keep; \
-                 listing the pods again (until then it matches no pod of another node)"
-            );
-        }
         if !was_complete && self.waiting.is_empty() {
             self.view.mark_complete();
         }

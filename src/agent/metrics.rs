@@ -25,6 +25,8 @@ pub struct Metrics {
     policy_pods: AtomicU64,
     namespaces: AtomicU64,
     network_policies: AtomicU64,
+    /// Pods and namespaces with more labels than nodus keeps, failing closed.
+    over_label_cap: AtomicU64,
     strings: AtomicU64,
     watch_restarts: [AtomicU64; Kind::ALL.len()],
     invalid_objects: [AtomicU64; Kind::ALL.len()],
@@ -65,6 +67,7 @@ impl Default for Metrics {
             policy_pods: AtomicU64::new(0),
             namespaces: AtomicU64::new(0),
             network_policies: AtomicU64::new(0),
+            over_label_cap: AtomicU64::new(0),
             strings: AtomicU64::new(0),
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
@@ -142,6 +145,8 @@ impl Metrics {
         self.namespaces.store(counts.namespaces as u64, Relaxed);
         self.network_policies
             .store(counts.network_policies as u64, Relaxed);
+        self.over_label_cap
+            .store(counts.over_label_cap as u64, Relaxed);
         self.strings.store(counts.strings as u64, Relaxed);
     }
 
@@ -176,7 +181,7 @@ impl Metrics {
     }
 
     /// Objects in the view by kind, as `nodus_view_objects` labels them.
-    pub fn view_objects(&self) -> [(&'static str, u64); 8] {
+    pub fn view_objects(&self) -> [(&'static str, u64); 9] {
         [
             ("service", &self.services),
             ("endpointslice", &self.endpoint_slices),
@@ -186,6 +191,7 @@ impl Metrics {
             ("policy_pod", &self.policy_pods),
             ("namespace", &self.namespaces),
             ("networkpolicy", &self.network_policies),
+            ("over_label_cap", &self.over_label_cap),
         ]
         .map(|(kind, value)| (kind, value.load(Relaxed)))
     }

@@ -20,7 +20,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::Duration;
-use tokio::sync::watch;
 
 /// A wire struct that kube-rs can list and watch.
 pub trait WireKind: DeserializeOwned + Clone + Debug + Send + 'static {
@@ -402,58 +401,12 @@ fn watch_item<T: WireKind>(event: watcher::Result<Event<Lean<T>>>) -> WatchItem 
     }
 }
 
-/// `start`'s stream, begun once `lists` is above zero and begun again (with a fresh list)
-/// whenever it changes; it ends when the sender goes.
-fn listed_on_demand<S: Stream + Send + 'static>(
-    start: impl Fn() -> S + Send + 'static,
-    lists: watch::Receiver<usize>,
-) -> impl Stream<Item = S::Item> + Send {
-    stream::unfold(lists, move |mut lists| {
-        let next = start();
-        async move {
-            lists.wait_for(|wanted| *wanted > 0).await.ok()?;
-            lists.borrow_and_update();
-            let mut changed = lists.clone();
-            let stop = async move {
-                let _ = changed.changed().await;
-            };
-            Some((next.take_until(stop), lists))
-        }
-    })
-    .flatten()
-}
-
-/// Lists every Pod when the view asks for it: first once the NetworkPolicies are listed,
-/// so that the pods' labels of every key the policies select by are kept in one list,
-/// then again whenever a policy selects by a key not kept so far
-/// ([`nodus_view::View::peer_label_keys`]).
-pub struct PodLists(Option<watch::Sender<usize>>);
-
-impl PodLists {
-    /// Asks for `wanted` lists in all: a new one when it grew.
-    pub fn want(&self, wanted: usize) -> bool {
-        self.0.as_ref().is_some_and(|lists| {
-            lists.send_if_modified(|current| {
-                let more = wanted > *current;
-                *current = (*current).max(wanted);
-                more
-            })
-        })
-    }
-}
-
-/// What [`watch_all`] follows besides its stream.
-pub struct Watched {
-    /// The kinds it must list before the view is complete.
-    pub kinds: Vec<Kind>,
-    pub pod_lists: PodLists,
-}
-
-/// The merged stream of every watch nodus needs, and what it follows.
+/// The merged stream of every watch nodus needs, and the kinds it must list before the
+/// view is complete.
 pub fn watch_all(
     client: &Client,
     set: &WatchSet,
-) -> (impl Stream<Item = WatchItem> + Send + use<>, Watched) {
+) -> (impl Stream<Item = WatchItem> + Send + use<>, Vec<Kind>) {
     let config = watcher::Config::default().page_size(set.page_size);
     let nodes = if set.all_nodes {
         Some(config.clone())
@@ -467,7 +420,6 @@ pub fn watch_all(
         None
     };
     let mut kinds = vec![Kind::Service, Kind::EndpointSlice];
-    let mut pod_lists = PodLists(None);
     let mut streams = vec![
         kind_stream::<wire::Service>(Api::all(client.clone()), config.clone(), Presence::Required)
             .boxed(),
@@ -497,15 +449,8 @@ pub fn watch_all(
             pods = pods.fields(&format!("spec.nodeName={}", set.node_name));
         }
         kinds.push(Kind::Pod);
-        let api = Api::all(client.clone());
-        let start = move || kind_stream::<wire::Pod>(api.clone(), pods.clone(), pod_presence);
-        if set.policy {
-            let (lists, wanted) = watch::channel(0);
-            pod_lists = PodLists(Some(lists));
-            streams.push(listed_on_demand(start, wanted).boxed());
-        } else {
-            streams.push(start().boxed());
-        }
+        streams
+            .push(kind_stream::<wire::Pod>(Api::all(client.clone()), pods, pod_presence).boxed());
     }
     if set.policy {
         kinds.extend([Kind::Namespace, Kind::NetworkPolicy]);
@@ -533,48 +478,5 @@ pub fn watch_all(
                 .boxed(),
         );
     }
-    (stream::select_all(streams), Watched { kinds, pod_lists })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicUsize;
-
-    /// The next item, unless none comes within a while.
-    async fn next(items: &mut stream::BoxStream<'static, usize>) -> Result<Option<usize>, ()> {
-        let item = tokio::time::timeout(Duration::from_millis(200), items.next());
-        item.await.map_err(|_| ())
-    }
-
-    /// Each start yields its number, then waits, as a watch does.
-    #[tokio::test]
-    async fn pods_are_listed_when_asked_and_again_when_asked_for_more() {
-        let started = Arc::new(AtomicUsize::new(0));
-        let counter = started.clone();
-        let start = move || {
-            let n = counter.fetch_add(1, Relaxed) + 1;
-            stream::iter([n]).chain(stream::pending())
-        };
-        let (lists, wanted) = watch::channel(0);
-        let lists = PodLists(Some(lists));
-        let mut items = listed_on_demand(start, wanted).boxed();
-        assert!(
-            next(&mut items).await.is_err(),
-            "nothing before it is asked"
-        );
-        assert!(lists.want(3));
-        assert_eq!(next(&mut items).await.ok().flatten(), Some(1));
-        assert!(!lists.want(3), "the same number asks for nothing");
-        assert!(!lists.want(2), "nor a smaller one");
-        assert!(next(&mut items).await.is_err());
-        assert!(lists.want(4));
-        assert_eq!(next(&mut items).await.ok().flatten(), Some(2));
-        drop(lists);
-        assert_eq!(
-            next(&mut items).await.ok().flatten(),
-            None,
-            "ends with the sender"
-        );
-    }
+    (stream::select_all(streams), kinds)
 }

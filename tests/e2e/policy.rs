@@ -227,6 +227,26 @@ fn kubectl(sandbox: &Sandbox, verb: &[&str], doc: Option<&Value>) {
     netns::run("kubectl", &args).expect("kubectl");
 }
 
+/// How many LISTs of Pods the API server has answered since it started (its own
+/// `apiserver_request_total`).
+fn pod_lists(sandbox: &Sandbox) -> u64 {
+    let kubeconfig = sandbox.dir.join("kubeconfig");
+    let output = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .expect("kubectl get --raw /metrics");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| l.contains("resource=\"pods\"") && l.contains("verb=\"LIST\""))
+        .filter(|l| l.contains("subresource=\"\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// `nodus proxy trace` of a TCP connection from `from` to `to` on `node`.
 fn trace(sandbox: &Sandbox, node: &str, from: &str, to: &str) -> String {
     let kubeconfig = sandbox.dir.join("kubeconfig");
@@ -323,9 +343,11 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     let shop_isolated = |p: &Probe| namespace_of(p.to) != "shop";
     expect(&sandbox, "shop denies ingress", shop_isolated);
 
-    // A pod selector (a label key no policy read before: node-b's pods are listed again
-    // for it) with named ports of both protocols, across the mesh: api-b reaches db-a on
-    // `http` (TCP 8080) and `admin-udp` (UDP 9090) only.
+    // A pod selector (a label key no policy read before: the agents judge every pod on
+    // the labels they keep, and list no pod again) with named ports of both protocols,
+    // across the mesh: api-b reaches db-a on `http` (TCP 8080) and `admin-udp` (UDP 9090)
+    // only.
+    let lists_before = pod_lists(&sandbox);
     kubectl(
         &sandbox,
         &["apply"],
@@ -357,6 +379,29 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
             || (p.to == "web-a" && namespace_of(p.from) == "ops")
     };
     expect(&sandbox, "db from api, web from ops", shop_opened);
+    assert_eq!(
+        pod_lists(&sandbox),
+        lists_before,
+        "no agent listed the pods again for a policy's new label keys"
+    );
+
+    // More labels than nodus keeps fail closed, on a pod and on a namespace: web-a is then
+    // allowed nothing (a selector cannot tell whether it matches), and no longer lets in
+    // ops, whose labels `web-from-ops` can no longer read.
+    let web_shut = |p: &Probe| shop_opened(p) && p.to != "web-a";
+    let many_labels: Vec<String> = (1..=1025).map(|i| format!("l{i}=x")).collect();
+    let unlabel: Vec<String> = (1..=1025).map(|i| format!("l{i}-")).collect();
+    let label = |what: &[&str], labels: &[String]| {
+        let mut args: Vec<&str> = [&["label", "--overwrite"], what].concat();
+        args.extend(labels.iter().map(String::as_str));
+        kubectl(&sandbox, &args, None);
+    };
+    label(&["pod", "-n", "shop", "web-a"], &many_labels);
+    expect(&sandbox, "web-a with 1,025 labels shut", web_shut);
+    label(&["pod", "-n", "shop", "web-a"], &unlabel);
+    label(&["namespace", "ops"], &many_labels);
+    expect(&sandbox, "ops with 1,025 labels kept out", web_shut);
+    label(&["namespace", "ops"], &unlabel);
 
     // The probes the isolation dropped are counted for the policies that isolate; the
     // tracer names the policy that decided.

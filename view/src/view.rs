@@ -178,6 +178,8 @@ pub struct Counts {
     pub policy_pods: usize,
     pub namespaces: usize,
     pub network_policies: usize,
+    /// Pods and namespaces with more labels than nodus keeps, failing closed.
+    pub over_label_cap: usize,
     pub strings: usize,
 }
 
@@ -356,6 +358,7 @@ impl View {
             policy_pods,
             namespaces,
             network_policies,
+            over_label_cap: self.policy.over_label_cap(),
             strings: self.strings.len(),
             ..Counts::default()
         };
@@ -387,12 +390,17 @@ impl View {
                 }
                 Update::Node(node) => self.upsert_node(*node, &mut report.changes),
                 Update::ServiceCidr(cidr) => self.upsert_service_cidr(*cidr, &mut report.changes),
-                Update::Pod(pod) => {
-                    self.upsert_pod(*pod, &mut report.pods, &mut report.changes.policy_pods)
-                }
-                Update::Namespace(namespace) => {
-                    self.upsert_namespace(*namespace, &mut report.changes.policy_pods)
-                }
+                Update::Pod(pod) => self.upsert_pod(
+                    *pod,
+                    &mut report.pods,
+                    &mut report.changes.policy_pods,
+                    &mut partly_invalid,
+                ),
+                Update::Namespace(namespace) => self.upsert_namespace(
+                    *namespace,
+                    &mut report.changes.policy_pods,
+                    &mut partly_invalid,
+                ),
                 Update::NetworkPolicy(policy) => {
                     self.upsert_policy(*policy, &mut report.changes.policy_pods)
                 }
@@ -409,9 +417,6 @@ impl View {
                 }
                 Update::RelistStarted(kind) => {
                     self.relists[kind.index()] = Some(HashSet::new());
-                    if kind == Kind::Pod {
-                        self.policy.pods_listing();
-                    }
                     Ok(())
                 }
                 Update::RelistDone(kind) => {
@@ -771,19 +776,23 @@ impl View {
     }
 
     /// A pod of this node changes what DNS reads per question (`local_changed`); any pod
-    /// may change what policies allow the pods `policy_pods` collects.
+    /// may change what policies allow the pods `policy_pods` collects. A pod with more
+    /// labels than nodus keeps is kept failing closed and reported (`partly_invalid`).
     fn upsert_pod(
         &mut self,
         wire: wire::Pod,
         local_changed: &mut bool,
         policy_pods: &mut Dirty,
+        partly_invalid: &mut Option<InvalidObject>,
     ) -> Result<(), (Kind, InvalidObject)> {
         let namespace = wire.metadata.namespace.as_deref().unwrap_or_default();
         let key = object_hash(Kind::Pod, namespace, &wire.metadata.name);
         self.seen(Kind::Pod, namespace, &wire.metadata.name);
         let node_name = self.strings.resolve(self.node_name).to_string();
-        let for_policy =
-            policy::decode::pod(&wire, &node_name, &self.policy.peer_keys, &mut self.strings);
+        let for_policy = policy::decode::pod(&wire, &node_name, &mut self.strings);
+        if wire.metadata.labels.overflow {
+            *partly_invalid = Some(policy::decode::over_label_cap("Pod", &wire.metadata));
+        }
         let local = match wire.spec.node_name.as_deref() == Some(node_name.as_str()) {
             true => Some(decode::pod(&wire, &node_name, &mut self.strings)),
             false => None,
@@ -810,25 +819,23 @@ impl View {
         error.map_or(Ok(()), |e| Err((Kind::Pod, e)))
     }
 
+    /// A namespace with more labels than nodus keeps is kept failing closed and reported
+    /// (`partly_invalid`).
     fn upsert_namespace(
         &mut self,
         wire: wire::Namespace,
         policy_pods: &mut Dirty,
+        partly_invalid: &mut Option<InvalidObject>,
     ) -> Result<(), (Kind, InvalidObject)> {
         self.seen(Kind::Namespace, "", &wire.metadata.name);
-        let name = &wire.metadata.name;
-        match policy::decode::namespace(&wire, &mut self.strings) {
-            Ok(labels) => {
-                self.policy
-                    .put_namespace(name, labels, &mut self.strings, policy_pods);
-                Ok(())
-            }
-            Err(error) => {
-                self.policy
-                    .remove_namespace(name, &mut self.strings, policy_pods);
-                Err((Kind::Namespace, error))
-            }
+        let labels = policy::decode::namespace(&wire, &mut self.strings);
+        if labels.is_none() {
+            *partly_invalid = Some(policy::decode::over_label_cap("Namespace", &wire.metadata));
         }
+        let name = &wire.metadata.name;
+        self.policy
+            .put_namespace(name, labels, &mut self.strings, policy_pods);
+        Ok(())
     }
 
     fn upsert_policy(
@@ -865,18 +872,16 @@ impl View {
         self.policy.judge(connection, &self.strings)
     }
 
-    /// How many label keys NetworkPolicies have selected peer pods by since the view
-    /// began. Other nodes' pods keep only their labels of these keys, so the feed lists
-    /// the pods again when the count grows; until then, a selector that reads a new key
-    /// matches no pod of another node.
-    pub fn peer_label_keys(&self) -> usize {
-        self.policy.peer_keys.len()
-    }
-
     /// Each policy pod's namespace and how many labels it keeps, sorted.
     #[cfg(test)]
     pub(crate) fn policy_pod_labels(&self) -> Vec<(String, usize)> {
         self.policy.pod_labels(&self.strings)
+    }
+
+    /// Distinct sets of pod labels stored.
+    #[cfg(test)]
+    pub(crate) fn policy_label_sets(&self) -> usize {
+        self.policy.label_sets.len()
     }
 
     /// The NetworkPolicies (`namespace/name`, sorted) that isolate the pod of this node at
@@ -1058,7 +1063,6 @@ impl View {
                 self.pods.retain(&seen, &mut self.strings);
                 self.policy
                     .retain_pods(&seen, &mut self.strings, &mut changes.policy_pods);
-                self.policy.pods_listed(&mut changes.policy_pods);
             }
             Kind::Namespace => {
                 self.policy.retain_namespaces(

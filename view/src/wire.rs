@@ -189,8 +189,12 @@ impl<'de> Deserialize<'de> for Labels {
 }
 
 /// Every label of an object that NetworkPolicies select (Pods, Namespaces), in the
-/// order written. At most [`LABELS_MAX`] are kept; `overflow` tells that there were more,
-/// and decoding refuses such an object rather than let a selector see part of it.
+/// order written. Kubernetes sets no limit on their number, only the object's size; nodus
+/// keeps up to [`LABELS_MAX`] labels of up to [`LABEL_BYTES_MAX`] bytes in all, far more
+/// than any workload writes, so that no tenant can make every node hold megabytes per
+/// object. `overflow` tells that there were more: such an object is matched by no selector but
+/// the empty one, and its pods fail closed (`policy::decode`), since a selector must never judge it on
+/// part of its labels.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct LabelMap {
     pub entries: Vec<(String, String)>,
@@ -198,9 +202,10 @@ pub struct LabelMap {
     pub overflow: bool,
 }
 
-/// Labels kept per object; the API server allows more only within its 256 KiB limit,
-/// which no selector needs.
-pub const LABELS_MAX: usize = 64;
+/// Labels kept per object.
+pub const LABELS_MAX: usize = 1024;
+/// Bytes of label keys and values kept per object.
+pub const LABEL_BYTES_MAX: usize = 64 * 1024;
 
 impl<'de> Deserialize<'de> for LabelMap {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -215,14 +220,21 @@ impl<'de> Deserialize<'de> for LabelMap {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LabelMap, A::Error> {
                 let mut labels = LabelMap::default();
+                let mut bytes = 0;
                 while let Some(key) = map.next_key::<String>()? {
-                    if labels.entries.len() == LABELS_MAX {
+                    if labels.overflow {
                         map.next_value::<IgnoredAny>()?;
-                        labels.overflow = true;
                         continue;
                     }
                     let value = map.next_value::<Option<String>>()?.unwrap_or_default();
-                    labels.entries.push((key, value));
+                    bytes += key.len() + value.len();
+                    labels.overflow = labels.entries.len() == LABELS_MAX || bytes > LABEL_BYTES_MAX;
+                    if labels.overflow {
+                        // What was kept is useless now: give it back at once.
+                        labels.entries = Vec::new();
+                    } else {
+                        labels.entries.push((key, value));
+                    }
                 }
                 Ok(labels)
             }

@@ -4,7 +4,7 @@
 
 use super::{
     LabelSet, NamedPort, NetworkPolicy, Operator, Peer, PolicyPod, PolicyRule, PortMatch, PortRef,
-    Requirement, Selector,
+    Requirement, Selector, SharedLabels,
 };
 use crate::InvalidObject;
 use crate::decode::{invalid, parse_port, parse_protocol, pod_ips};
@@ -12,7 +12,6 @@ use crate::intern::{Interner, Sym};
 use crate::model::Cidr;
 use crate::ranges::block_ranges;
 use crate::wire;
-use std::collections::HashSet;
 
 /// Strings interned for one object, given back if the object turns out invalid.
 struct Taker<'a> {
@@ -44,43 +43,27 @@ impl<'a> Taker<'a> {
         result
     }
 
-    /// `labels` interned, sorted by key; with `only`, just those whose keys it holds (a
-    /// key not interned yet is in no such set).
+    /// `labels` interned, sorted by key.
     fn labels<'l>(
         &mut self,
         labels: impl IntoIterator<Item = (&'l String, &'l String)>,
-        only: Option<&HashSet<Sym>>,
     ) -> LabelSet {
-        let mut set: Vec<(Sym, Sym)> = Vec::new();
-        for (key, value) in labels {
-            let kept = only.is_none_or(|keys| {
-                let key = self.strings.lookup(key);
-                key.is_some_and(|key| keys.contains(&key))
-            });
-            if kept {
-                set.push((self.intern(key), self.intern(value)));
-            }
-        }
+        let mut set: Vec<(Sym, Sym)> = labels
+            .into_iter()
+            .map(|(key, value)| (self.intern(key), self.intern(value)))
+            .collect();
         set.sort_unstable_by_key(|(key, _)| *key);
         set.into()
     }
 
-    fn label_map(
-        &mut self,
-        labels: &wire::LabelMap,
-        only: Option<&HashSet<Sym>>,
-    ) -> Result<LabelSet, String> {
-        if labels.overflow {
-            return Err(format!(
-                "metadata.labels: more than {} labels",
-                wire::LABELS_MAX
-            ));
-        }
-        Ok(self.labels(labels.entries.iter().map(|(k, v)| (k, v)), only))
+    /// An object's labels; `None` when it has more than nodus keeps.
+    fn label_map(&mut self, labels: &wire::LabelMap) -> Option<LabelSet> {
+        let entries = labels.entries.iter().map(|(k, v)| (k, v));
+        (!labels.overflow).then(|| self.labels(entries))
     }
 
     fn selector(&mut self, field: &str, wire: &wire::LabelSelector) -> Result<Selector, String> {
-        let labels = self.labels(&wire.match_labels, None);
+        let labels = self.labels(&wire.match_labels);
         let mut requirements = Vec::with_capacity(wire.match_expressions.len());
         for (i, r) in wire.match_expressions.iter().enumerate() {
             let field = format!("{field}.matchExpressions[{i}]");
@@ -246,16 +229,12 @@ impl<'a> Taker<'a> {
         })
     }
 
-    fn pod(
-        &mut self,
-        wire: &wire::Pod,
-        node_name: &str,
-        peer_keys: &HashSet<Sym>,
-    ) -> Result<PolicyPod, String> {
+    fn pod(&mut self, wire: &wire::Pod, node_name: &str) -> Result<PolicyPod, String> {
         let ips = pod_ips(wire)?;
         let local = !node_name.is_empty() && wire.spec.node_name.as_deref() == Some(node_name);
-        let only = (!local).then_some(peer_keys);
-        let labels = self.label_map(&wire.metadata.labels, only)?;
+        let labels = self
+            .label_map(&wire.metadata.labels)
+            .map(SharedLabels::from);
         let mut ports = Vec::new();
         for container in &wire.spec.containers {
             for port in &container.ports {
@@ -300,29 +279,35 @@ pub fn network_policy(
         .map_err(|reason| invalid("NetworkPolicy", &wire.metadata, reason))
 }
 
-/// Any Pod of the cluster, as policies see it, for node `node_name`: a pod of another
-/// node with only its labels of the keys `peer_keys` holds.
+/// Any Pod of the cluster, as policies see it, for node `node_name`.
 pub fn pod(
     wire: &wire::Pod,
     node_name: &str,
-    peer_keys: &HashSet<Sym>,
     strings: &mut Interner,
 ) -> Result<PolicyPod, InvalidObject> {
     let mut taker = Taker::new(strings);
-    let pod = taker.pod(wire, node_name, peer_keys);
+    let pod = taker.pod(wire, node_name);
     taker
         .finish(pod)
         .map_err(|reason| invalid("Pod", &wire.metadata, reason))
 }
 
-/// A Namespace's labels.
-pub fn namespace(
-    wire: &wire::Namespace,
-    strings: &mut Interner,
-) -> Result<LabelSet, InvalidObject> {
-    let mut taker = Taker::new(strings);
-    let labels = taker.label_map(&wire.metadata.labels, None);
-    taker
-        .finish(labels)
-        .map_err(|reason| invalid("Namespace", &wire.metadata, reason))
+/// A Namespace's labels; `None` when it has more than nodus keeps.
+pub fn namespace(wire: &wire::Namespace, strings: &mut Interner) -> Option<LabelSet> {
+    Taker::new(strings).label_map(&wire.metadata.labels)
+}
+
+/// Why an object with more labels than nodus keeps fails closed, to report it.
+pub fn over_label_cap(kind: &'static str, meta: &wire::Meta<wire::LabelMap>) -> InvalidObject {
+    let consequence = match kind {
+        "Pod" => "every NetworkPolicy of its namespace isolates it with nothing allowed",
+        _ => "its pods are in no namespace a NetworkPolicy selects",
+    };
+    let reason = format!(
+        "metadata.labels: more than {} labels or {} KiB, more than nodus keeps; \
+         no selector but the empty one matches it and {consequence}",
+        wire::LABELS_MAX,
+        wire::LABEL_BYTES_MAX / 1024
+    );
+    invalid(kind, meta, reason)
 }

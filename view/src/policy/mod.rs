@@ -1,10 +1,12 @@
 //! NetworkPolicy in the view: the compact stored form of policies, of the Pods they
-//! select (every pod of the cluster, as its addresses, namespace, labels and named ports;
-//! of other nodes' pods only the labels some policy selects peers by) and of Namespaces
-//! (their labels), decoded lean ([`decode`]), kept ([`store`]) and
+//! select (every pod of the cluster, as its addresses, namespace, labels and named ports)
+//! and of Namespaces (their labels), decoded lean ([`decode`]), kept ([`store`]) and
 //! resolved into what each pod of this node may send and receive ([`resolve`]).
 //!
-//! Label keys and values are interned, so that a selector matches by comparing handles.
+//! Every label of every pod is kept, so that a new policy is judged at once on the pods
+//! already known, with no new list of them. Label keys and values are interned, so that a
+//! selector matches by comparing handles, and each distinct set of a pod's labels is
+//! stored once: the pods of one ReplicaSet share theirs.
 
 pub mod decode;
 pub mod resolve;
@@ -13,11 +15,15 @@ pub(crate) mod store;
 use crate::intern::{Interner, Sym};
 use crate::model::Protocol;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// Labels sorted by key handle, each key once.
 pub type LabelSet = Box<[(Sym, Sym)]>;
 
-fn release_labels(labels: &LabelSet, strings: &mut Interner) {
+/// A pod's labels, shared by every pod that has the same ([`store`]'s `LabelSets`).
+pub type SharedLabels = Arc<[(Sym, Sym)]>;
+
+fn release_labels(labels: &[(Sym, Sym)], strings: &mut Interner) {
     for (key, value) in labels.iter() {
         strings.release(*key);
         strings.release(*value);
@@ -38,7 +44,10 @@ pub struct PolicyPod {
     /// One per family; none for a host-network pod (policies do not apply to it, and its
     /// address is its node's) or one that has ended.
     pub ips: Box<[IpAddr]>,
-    pub labels: LabelSet,
+    /// `None` when it has more labels than nodus keeps ([`crate::wire::LABELS_MAX`]): no
+    /// selector but the empty one matches it, and every policy of its namespace isolates it with nothing
+    /// allowed (it fails closed).
+    pub labels: Option<SharedLabels>,
     /// Its containers' named ports, which policies may name.
     pub ports: Box<[NamedPort]>,
     /// It runs on this node: the policies that select it are enforced here.
@@ -46,12 +55,21 @@ pub struct PolicyPod {
 }
 
 impl PolicyPod {
-    pub(crate) fn release(&self, strings: &mut Interner) {
+    /// Gives back its strings but for its labels, which its owner gives back (decoded
+    /// labels to the interner, stored ones to the shared sets).
+    pub(crate) fn release_but_labels(&self, strings: &mut Interner) {
         strings.release(self.namespace);
-        release_labels(&self.labels, strings);
         for port in self.ports.iter() {
             strings.release(port.name);
         }
+    }
+
+    /// Whether `selector` matches it; when its labels are not known, only the empty
+    /// selector, which matches whatever they are.
+    pub(crate) fn matched_by(&self, selector: &Selector) -> bool {
+        self.labels
+            .as_deref()
+            .map_or(selector.is_empty(), |l| selector.matches(l))
     }
 
     /// The port its container names `name` for `protocol`.
@@ -93,6 +111,11 @@ pub struct Selector {
 }
 
 impl Selector {
+    /// The empty selector, which selects everything.
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.requirements.is_empty()
+    }
+
     pub fn matches(&self, labels: &[(Sym, Sym)]) -> bool {
         self.labels
             .iter()
@@ -106,12 +129,6 @@ impl Selector {
                     Operator::DoesNotExist => value.is_none(),
                 }
             })
-    }
-
-    /// The label keys it reads.
-    fn keys(&self) -> impl Iterator<Item = Sym> {
-        let required = self.requirements.iter().map(|r| r.key);
-        self.labels.iter().map(|(key, _)| *key).chain(required)
     }
 
     fn release(&self, strings: &mut Interner) {

@@ -75,18 +75,23 @@ impl NetworkPolicy {
     }
 
     /// Whether it isolates `pod`: a pod of this node with an address, in its namespace,
-    /// that its pod selector matches.
+    /// that its pod selector matches, or whose labels are not known (failing closed: such
+    /// a pod is isolated by every policy of its namespace and allowed nothing).
     pub(super) fn selects(&self, pod: &PolicyPod) -> bool {
         pod.local
             && !pod.ips.is_empty()
             && pod.namespace == self.namespace
-            && self.pods.matches(&pod.labels)
+            && pod.labels.as_deref().is_none_or(|l| self.pods.matches(l))
     }
 
     /// Whether what it allows depends on `pod`, whose namespace has `namespace_labels`:
     /// the pod is a peer of one of its rules, or may be (an egress rule open to everyone
     /// on a named port resolves the name on every pod).
-    pub(super) fn depends_on(&self, pod: &PolicyPod, namespace_labels: &[(Sym, Sym)]) -> bool {
+    pub(super) fn depends_on(
+        &self,
+        pod: &PolicyPod,
+        namespace_labels: Option<&[(Sym, Sym)]>,
+    ) -> bool {
         if pod.ips.is_empty() {
             return false;
         }
@@ -103,7 +108,7 @@ impl NetworkPolicy {
                     Peer::Block(_) => false,
                     Peer::Pods { namespaces, pods } => {
                         self.in_namespaces(namespaces.as_ref(), pod.namespace, namespace_labels)
-                            && pods.matches(&pod.labels)
+                            && pod.matched_by(pods)
                     }
                 })
             })
@@ -126,27 +131,18 @@ impl NetworkPolicy {
         })
     }
 
-    /// The label keys it selects peer pods by.
-    pub(super) fn peer_label_keys(&self) -> impl Iterator<Item = Sym> {
-        self.all_peers()
-            .filter_map(|peer| match peer {
-                Peer::Pods { pods, .. } => Some(pods),
-                Peer::Block(_) => None,
-            })
-            .flat_map(Selector::keys)
-    }
-
-    /// Whether a pod of namespace `namespace` (labelled `labels`) is in the namespaces a
-    /// peer names: those `namespaces` matches, or the policy's own when `None`.
+    /// Whether a pod of namespace `namespace` (labelled `labels`, `None` when not known:
+    /// then only the empty selector matches) is in the namespaces a peer names: those
+    /// `namespaces` matches, or the policy's own when `None`.
     fn in_namespaces(
         &self,
         namespaces: Option<&Selector>,
         namespace: Sym,
-        labels: &[(Sym, Sym)],
+        labels: Option<&[(Sym, Sym)]>,
     ) -> bool {
         match namespaces {
             None => namespace == self.namespace,
-            Some(selector) => selector.matches(labels),
+            Some(selector) => labels.map_or(selector.is_empty(), |l| selector.matches(l)),
         }
     }
 }
@@ -164,10 +160,10 @@ enum Peers<'a> {
 }
 
 impl PolicyState {
-    pub(super) fn namespace_labels(&self, namespace: Sym) -> &[(Sym, Sym)] {
-        self.namespaces
-            .get(&namespace)
-            .map_or(&[], |labels| &labels[..])
+    /// A namespace's labels; `None` when it is not known or has more labels than nodus
+    /// keeps (then no namespace selector matches it).
+    pub(super) fn namespace_labels(&self, namespace: Sym) -> Option<&[(Sym, Sym)]> {
+        self.namespaces.get(&namespace)?.as_deref()
     }
 
     fn peers<'a>(&'a self, policy: &NetworkPolicy, rule: &PolicyRule) -> Peers<'a> {
@@ -182,24 +178,19 @@ impl PolicyState {
                 Peer::Pods {
                     namespaces,
                     pods: selector,
-                } => {
-                    // Fail closed: other nodes' pods may lack a label not kept so far.
-                    let listed = self.all_listed(selector);
-                    pods.extend(
-                        self.pods
-                            .values()
-                            .filter(|pod| !pod.ips.is_empty())
-                            .filter(|pod| pod.local || listed)
-                            .filter(|pod| {
-                                policy.in_namespaces(
-                                    namespaces.as_ref(),
-                                    pod.namespace,
-                                    self.namespace_labels(pod.namespace),
-                                )
-                            })
-                            .filter(|pod| selector.matches(&pod.labels)),
-                    )
-                }
+                } => pods.extend(
+                    self.pods
+                        .values()
+                        .filter(|pod| !pod.ips.is_empty())
+                        .filter(|pod| {
+                            policy.in_namespaces(
+                                namespaces.as_ref(),
+                                pod.namespace,
+                                self.namespace_labels(pod.namespace),
+                            )
+                        })
+                        .filter(|pod| pod.matched_by(selector)),
+                ),
             }
         }
         Peers::Some { pods, blocks }
@@ -239,6 +230,9 @@ impl PolicyState {
                 for &i in &selected {
                     let entry = governed[i].get_or_insert_with(Governed::default);
                     let allowed = entry[direction.index()].get_or_insert_with(Vec::new);
+                    if local[i].1.labels.is_none() {
+                        continue; // failing closed
+                    }
                     for (rule, peers) in rules.iter().zip(&peers) {
                         allow(direction, local[i].1, rule, peers, self, allowed);
                     }
@@ -339,7 +333,9 @@ impl PolicyState {
         let mut judged: Vec<Judgement> = policies
             .map(|policy| {
                 let mut allowed = Vec::new();
-                for rule in policy.rules(connection.direction).into_iter().flatten() {
+                let rules = policy.rules(connection.direction).into_iter().flatten();
+                // A pod whose labels are not known is allowed nothing.
+                for rule in rules.take_while(|_| pod.labels.is_some()) {
                     let peers = self.peers(policy, rule);
                     allow(connection.direction, pod, rule, &peers, self, &mut allowed);
                 }
@@ -528,13 +524,6 @@ mod tests {
         view
     }
 
-    /// Every pod listed again, as the feed does when a policy selects by a new key.
-    fn list_pods_again(view: &mut View) -> crate::ApplyReport {
-        let started = Update::RelistStarted(Kind::Pod);
-        let done = Update::RelistDone(Kind::Pod);
-        view.apply(std::iter::once(started).chain(pods()).chain([done]))
-    }
-
     #[test]
     fn only_selected_pods_are_isolated_and_only_in_the_governed_direction() {
         let mut view = cluster();
@@ -546,17 +535,11 @@ mod tests {
                    "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
                                 "ports": [{"port": 5432}]}]}),
         )]);
-        assert!(!report.changes.policy_pods.is_empty());
-        // Nobody selected by `app` before: node-b's pods were kept without that label, so
-        // the policy matches none of them until they are listed again (closed, not open).
-        assert_eq!(view.peer_label_keys(), 1);
+        assert_eq!(report.changes.policy_pods.len(), 1, "db's verdicts change");
+        // node-b's api pod is a peer at once: every pod keeps all of its labels.
         let policies = view.pod_policies();
         assert_eq!(policies.len(), 1, "{policies:?}");
         assert_eq!(policies[0].ip, ip("10.1.0.3"));
-        assert_eq!(policies[0].ingress, Some(vec![]));
-        let report = list_pods_again(&mut view);
-        assert_eq!(report.changes.policy_pods.len(), 1, "db's verdicts change");
-        let policies = view.pod_policies();
         assert_eq!(
             policies[0].ingress,
             Some(vec![one("10.2.0.4", Some(Protocol::Tcp), (5432, 5432))])
@@ -564,20 +547,28 @@ mod tests {
         assert_eq!(policies[0].egress, None);
     }
 
+    /// The peers `view` lets into its first isolated pod.
+    fn ingress_peers(view: &View) -> Vec<(IpAddr, IpAddr)> {
+        let policies = view.pod_policies();
+        policies[0]
+            .ingress
+            .iter()
+            .flatten()
+            .map(|a| a.peer)
+            .collect()
+    }
+
     #[test]
-    fn other_nodes_pods_keep_only_the_labels_policies_select_peers_by() {
+    fn every_pod_keeps_all_its_labels_in_sets_shared_by_equal_pods() {
         let mut view = cluster();
-        // Only this node's pods keep `app` while no policy reads it.
-        let labelled = |view: &View| view.policy_pod_labels();
-        let only_local = [
-            ("ops".into(), 0),
-            ("shop".into(), 0),
+        let all = [
+            ("ops".into(), 1),
+            ("shop".into(), 1),
             ("shop".into(), 1),
             ("shop".into(), 1),
         ];
-        assert_eq!(labelled(&view), only_local);
-        // A NotIn selector on a key not kept would match every other pod: it matches none
-        // until the list, then exactly those whose label says so.
+        assert_eq!(view.policy_pod_labels(), all);
+        // A NotIn selector on any key judges every pod by its labels, with no new list.
         view.apply([policy(
             "shop",
             "db-not-from-probes",
@@ -587,47 +578,143 @@ mod tests {
                        "podSelector": {"matchExpressions": [
                            {"key": "app", "operator": "NotIn", "values": ["probe"]}]}}]}]}),
         )]);
-        let peers = |view: &View| -> Vec<(IpAddr, IpAddr)> {
-            let policies = view.pod_policies();
-            policies[0]
-                .ingress
-                .iter()
-                .flatten()
-                .map(|a| a.peer)
-                .collect()
-        };
-        // This node's pods (web, and db itself) are fully known: they alone are allowed
-        // before the list.
-        let local = [
-            (ip("10.1.0.2"), ip("10.1.0.2")),
-            (ip("10.1.0.3"), ip("10.1.0.3")),
-        ];
-        assert_eq!(peers(&view), local);
-        list_pods_again(&mut view);
-        let api = (ip("10.2.0.4"), ip("10.2.0.4"));
-        assert_eq!(peers(&view), [local[0], local[1], api]);
-        let all = [
-            ("ops".into(), 1),
-            ("shop".into(), 1),
-            ("shop".into(), 1),
-            ("shop".into(), 1),
-        ];
-        assert_eq!(labelled(&view), all);
-        // A pod's other labels stay out; a key used before needs no new list.
-        view.apply([pod(
-            "shop",
-            "api",
-            "node-b",
-            "10.2.0.4",
-            json!({"app": "api", "pod-template-hash": "5d4f8c"}),
-        )]);
-        assert_eq!(labelled(&view), all);
-        view.apply([Update::Deleted {
-            kind: Kind::NetworkPolicy,
+        let [web, db, api] = ["10.1.0.2", "10.1.0.3", "10.2.0.4"].map(|a| (ip(a), ip(a)));
+        assert_eq!(ingress_peers(&view), [web, db, api]);
+        // Pods with equal labels share one stored set; it goes with the last of them.
+        let sets = view.policy_label_sets();
+        let twin = |name: &str| pod("shop", name, "node-b", "10.2.0.9", json!({"app": "api"}));
+        view.apply([twin("api-2"), twin("api-3")]);
+        assert_eq!(view.policy_label_sets(), sets);
+        let strings = view.counts().strings;
+        let hashed = json!({"app": "api", "pod-template-hash": "5d4f8c"});
+        view.apply([pod("shop", "api-2", "node-b", "10.2.0.9", hashed.clone())]);
+        view.apply([pod("shop", "api-3", "node-b", "10.2.0.9", hashed)]);
+        assert_eq!(view.policy_label_sets(), sets + 1);
+        let gone = |name: &str| Update::Deleted {
+            kind: Kind::Pod,
             namespace: "shop".into(),
-            name: "db-not-from-probes".into(),
-        }]);
-        assert_eq!(view.peer_label_keys(), 1);
+            name: name.into(),
+        };
+        view.apply([gone("api-2"), gone("api-3")]);
+        assert_eq!(view.policy_label_sets(), sets);
+        assert_eq!(
+            view.counts().strings,
+            strings,
+            "its strings went with the set"
+        );
+    }
+
+    /// The peers `view` lets into db (10.1.0.3).
+    fn db_peers(view: &View) -> Vec<(IpAddr, IpAddr)> {
+        let policies = view.pod_policies();
+        let db = policies.iter().find(|p| p.ip == ip("10.1.0.3"));
+        let ingress = db.into_iter().flat_map(|p| p.ingress.iter().flatten());
+        ingress.map(|a| a.peer).collect()
+    }
+
+    /// Labels `l1=x` … `l{count}=x`, and `extra`.
+    fn many_labels(count: usize, extra: serde_json::Value) -> serde_json::Value {
+        let mut labels: serde_json::Map<String, serde_json::Value> =
+            (1..=count).map(|i| (format!("l{i}"), "x".into())).collect();
+        labels.extend(
+            extra
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        labels.into()
+    }
+
+    #[test]
+    fn a_pod_or_namespace_with_more_labels_than_kept_fails_closed() {
+        let mut view = cluster();
+        view.apply([policy(
+            "shop",
+            "deny",
+            json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Ingress"]}),
+        )]);
+        let many = crate::wire::LABELS_MAX;
+        // web with every label it may have is selected as before; one more and no
+        // selector can tell whether it matches, so every policy of its namespace
+        // isolates it, allowing nothing, even one that does not select it by its labels.
+        let web = |count| {
+            pod(
+                "shop",
+                "web",
+                "node-a",
+                "10.1.0.2",
+                many_labels(count, json!({"app": "web"})),
+            )
+        };
+        let report = view.apply([web(many - 1)]);
+        assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+        view.apply([policy(
+            "shop",
+            "from-anyone-to-db",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"namespaceSelector": {},
+                                          "podSelector": {"matchExpressions": [
+                       {"key": "app", "operator": "NotIn", "values": ["nothing"]}]}}]}]}),
+        )]);
+        let isolated = |view: &View| -> BTreeSet<IpAddr> {
+            view.pod_policies().iter().map(|p| p.ip).collect()
+        };
+        assert_eq!(
+            isolated(&view),
+            BTreeSet::from([ip("10.1.0.2"), ip("10.1.0.3")])
+        );
+        let report = view.apply([web(many)]);
+        assert_eq!(report.invalid.len(), 1, "reported");
+        assert!(
+            report.invalid[0].reason.contains("more than 1024 labels"),
+            "{:?}",
+            report.invalid
+        );
+        assert_eq!(view.counts().over_label_cap, 1);
+        let web_policy = view
+            .pod_policies()
+            .into_iter()
+            .find(|p| p.ip == ip("10.1.0.2"));
+        assert_eq!(
+            web_policy.map(|p| p.ingress),
+            Some(Some(vec![])),
+            "closed, not gone"
+        );
+        // As a peer it matches no selector but the empty one: db, open to every pod with
+        // `app NotIn [nothing]`, lets in all but web.
+        let peers = db_peers(&view);
+        assert!(
+            !peers.contains(&(ip("10.1.0.2"), ip("10.1.0.2"))),
+            "{peers:?}"
+        );
+        assert!(
+            peers.contains(&(ip("10.2.0.5"), ip("10.2.0.5"))),
+            "{peers:?}"
+        );
+
+        // A namespace with too many labels is in no namespace a selector matches, NotIn
+        // included: `ops` (team=ops) is kept out of `team NotIn [ops]` with 1,025 labels.
+        view.apply([policy(
+            "shop",
+            "from-anyone-to-db",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"namespaceSelector": {"matchExpressions": [
+                       {"key": "team", "operator": "NotIn", "values": ["ops"]}]}}]}]}),
+        )]);
+        let probe = (ip("10.2.0.5"), ip("10.2.0.5"));
+        assert!(!db_peers(&view).contains(&probe));
+        let report = view.apply([namespace("ops", many_labels(many, json!({"team": "ops"})))]);
+        assert_eq!(report.invalid.len(), 1, "reported");
+        assert_eq!(view.counts().over_label_cap, 2);
+        assert!(!db_peers(&view).contains(&probe), "{:?}", db_peers(&view));
+        view.apply([namespace("ops", json!({"team": "dev"}))]);
+        assert!(
+            db_peers(&view).contains(&probe),
+            "a namespace with fewer labels is judged again"
+        );
+        view.apply([web(1)]);
+        assert_eq!(view.counts().over_label_cap, 0);
     }
 
     #[test]

@@ -1,18 +1,15 @@
 //! The policy part of the view: every Pod (as [`PolicyPod`]), every Namespace's labels
 //! and every NetworkPolicy, each keyed by a hash of its namespace and name.
 //!
-//! Of other nodes' pods, only the labels some policy selects peers by are kept. A policy
-//! that selects by a key not kept so far matches no other node's pod by it (fails
-//! closed) until the pods are listed again (`peer_keys` grows).
-//!
 //! Every change names the pods of this node whose verdicts it may change (`dirty`), so
 //! that only those are resolved again: a policy, the pods it selects; a pod, itself and
 //! the pods the policies it is a peer of select; a namespace, the pods the policies that
 //! select it by labels select. Finding them costs a pass over the policies, not the pods.
 
-use super::{LabelSet, NetworkPolicy, PolicyPod, Selector, release_labels};
+use super::{LabelSet, NetworkPolicy, PolicyPod, SharedLabels, release_labels};
 use crate::intern::{Interner, Sym};
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
 /// The keys of `map` a relist did not deliver (the view's pod index uses it too).
 pub(crate) fn unseen<T>(map: &HashMap<u64, T>, seen: &HashSet<u64>) -> Vec<u64> {
@@ -25,24 +22,47 @@ pub(crate) fn unseen<T>(map: &HashMap<u64, T>, seen: &HashSet<u64>) -> Vec<u64> 
 /// Keys of this node's pods whose verdicts may have changed.
 pub type Dirty = BTreeSet<u64>;
 
+/// Each distinct set of pod labels, stored once and shared by the pods that have it; a
+/// set holds one reference on each of its strings, and goes with its last pod.
+#[derive(Default)]
+pub(crate) struct LabelSets(HashSet<SharedLabels>);
+
+impl LabelSets {
+    /// `labels` (just decoded, holding their own references), as the set stored.
+    fn share(&mut self, labels: SharedLabels, strings: &mut Interner) -> SharedLabels {
+        if let Some(stored) = self.0.get(&labels[..]) {
+            release_labels(&labels, strings);
+            return stored.clone();
+        }
+        self.0.insert(labels.clone());
+        labels
+    }
+
+    /// A pod gives its set back; the last one frees it.
+    fn give_back(&mut self, labels: SharedLabels, strings: &mut Interner) {
+        // This pod's and the table's are the last two references.
+        if Arc::strong_count(&labels) == 2 {
+            self.0.remove(&labels[..]);
+            release_labels(&labels, strings);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 #[derive(Default)]
 pub(crate) struct PolicyState {
     pub(super) pods: HashMap<u64, PolicyPod>,
     /// The keys of this node's pods that have an address: those policies may select.
     pub(super) local: BTreeSet<u64>,
-    /// Labels by namespace name (the map holds one reference on the name).
-    pub(super) namespaces: HashMap<Sym, LabelSet>,
+    /// Labels by namespace name (the map holds one reference on the name); `None` for a
+    /// namespace with more labels than nodus keeps, which only the empty selector matches.
+    pub(super) namespaces: HashMap<Sym, Option<LabelSet>>,
     pub(super) policies: HashMap<u64, NetworkPolicy>,
-    /// The label keys some policy selects peer pods by: of other nodes' pods, only these
-    /// labels are kept. The set never shrinks, so that a key used again needs no new list
-    /// of the pods; it holds one reference on each key.
-    pub(crate) peer_keys: HashSet<Sym>,
-    /// Keys of `peer_keys` that other nodes' pods stored before the key was tracked lack:
-    /// until a list of the pods delivers them, a selector that reads one matches no pod
-    /// of another node.
-    unlisted_keys: HashSet<Sym>,
-    /// The unlisted keys the list of pods under way delivers.
-    listing_keys: HashSet<Sym>,
+    pub(crate) label_sets: LabelSets,
 }
 
 impl PolicyState {
@@ -50,40 +70,24 @@ impl PolicyState {
         (self.pods.len(), self.namespaces.len(), self.policies.len())
     }
 
+    /// Pods and namespaces with more labels than nodus keeps: they fail closed.
+    pub(crate) fn over_label_cap(&self) -> usize {
+        let pods = self.pods.values().filter(|pod| pod.labels.is_none());
+        pods.count() + self.namespaces.values().filter(|l| l.is_none()).count()
+    }
+
     /// Each pod's namespace and how many labels it keeps, sorted.
     #[cfg(test)]
     pub(crate) fn pod_labels(&self, strings: &Interner) -> Vec<(String, usize)> {
         let pods = self.pods.values();
         let mut labelled: Vec<(String, usize)> = pods
-            .map(|pod| (strings.resolve(pod.namespace).into(), pod.labels.len()))
+            .map(|pod| {
+                let count = pod.labels.as_ref().map_or(0, |l| l.len());
+                (strings.resolve(pod.namespace).into(), count)
+            })
             .collect();
         labelled.sort();
         labelled
-    }
-
-    /// Whether other nodes' pods carry every label `selector` reads, as far as it matters.
-    pub(super) fn all_listed(&self, selector: &Selector) -> bool {
-        self.unlisted_keys.is_empty() || selector.keys().all(|k| !self.unlisted_keys.contains(&k))
-    }
-
-    /// A list of every pod begins: it delivers the labels of every key tracked now.
-    pub(crate) fn pods_listing(&mut self) {
-        self.listing_keys.clone_from(&self.unlisted_keys);
-    }
-
-    /// That list is complete: the pods selected by the policies that read its keys may
-    /// have more peers now.
-    pub(crate) fn pods_listed(&mut self, dirty: &mut Dirty) {
-        let listed = std::mem::take(&mut self.listing_keys);
-        if listed.is_empty() {
-            return;
-        }
-        self.unlisted_keys.retain(|key| !listed.contains(key));
-        for policy in self.policies.values() {
-            if policy.peer_label_keys().any(|key| listed.contains(&key)) {
-                self.dirty_selected(policy, dirty);
-            }
-        }
     }
 
     /// Marks the pods of this node `policy` selects.
@@ -118,21 +122,30 @@ impl PolicyState {
     pub(crate) fn put_pod(
         &mut self,
         key: u64,
-        pod: PolicyPod,
+        mut pod: PolicyPod,
         strings: &mut Interner,
         dirty: &mut Dirty,
     ) {
+        pod.labels = pod.labels.map(|l| self.label_sets.share(l, strings));
         if self.pods.get(&key) == Some(&pod) {
-            pod.release(strings);
+            self.release_pod(pod, strings);
             return;
         }
         self.pod_changes(key, self.pods.get(&key), Some(&pod), dirty);
-        match pod.local && !pod.ips.is_empty() {
-            true => self.local.insert(key),
-            false => self.local.remove(&key),
-        };
+        if pod.local && !pod.ips.is_empty() {
+            self.local.insert(key);
+        } else {
+            self.local.remove(&key);
+        }
         if let Some(old) = self.pods.insert(key, pod) {
-            old.release(strings);
+            self.release_pod(old, strings);
+        }
+    }
+
+    fn release_pod(&mut self, pod: PolicyPod, strings: &mut Interner) {
+        pod.release_but_labels(strings);
+        if let Some(labels) = pod.labels {
+            self.label_sets.give_back(labels, strings);
         }
     }
 
@@ -140,7 +153,7 @@ impl PolicyState {
         if let Some(old) = self.pods.remove(&key) {
             self.pod_changes(key, Some(&old), None, dirty);
             self.local.remove(&key);
-            old.release(strings);
+            self.release_pod(old, strings);
         }
     }
 
@@ -154,12 +167,6 @@ impl PolicyState {
         if self.policies.get(&key) == Some(&policy) {
             policy.release(strings);
             return;
-        }
-        for label in policy.peer_label_keys() {
-            if self.peer_keys.insert(label) {
-                strings.retain(label);
-                self.unlisted_keys.insert(label);
-            }
         }
         self.dirty_selected(&policy, dirty);
         if let Some(old) = self.policies.insert(key, policy) {
@@ -175,8 +182,15 @@ impl PolicyState {
         }
     }
 
-    /// Marks what a change of a namespace's labels from `old` to `new` may change.
-    fn namespace_changes(&self, old: &[(Sym, Sym)], new: &[(Sym, Sym)], dirty: &mut Dirty) {
+    /// Marks what a change of a namespace's labels from `old` to `new` may change (labels
+    /// not known are taken as none: every selector that matches them matches none too).
+    fn namespace_changes(
+        &self,
+        old: Option<&[(Sym, Sym)]>,
+        new: Option<&[(Sym, Sym)]>,
+        dirty: &mut Dirty,
+    ) {
+        let (old, new) = (old.unwrap_or_default(), new.unwrap_or_default());
         for policy in self.policies.values() {
             if policy.selects_namespace(old) || policy.selects_namespace(new) {
                 self.dirty_selected(policy, dirty);
@@ -184,22 +198,24 @@ impl PolicyState {
         }
     }
 
+    /// Stores a namespace's labels; `None` when it has more than nodus keeps.
     pub(crate) fn put_namespace(
         &mut self,
         name: &str,
-        labels: LabelSet,
+        labels: Option<LabelSet>,
         strings: &mut Interner,
         dirty: &mut Dirty,
     ) {
         let current = strings.lookup(name).and_then(|n| self.namespaces.get(&n));
         if current == Some(&labels) {
-            release_labels(&labels, strings);
+            release_labels(labels.as_deref().unwrap_or_default(), strings);
             return;
         }
-        self.namespace_changes(current.map_or(&[], |l| &l[..]), &labels, dirty);
+        let old = current.map(|l| l.as_deref().unwrap_or_default());
+        self.namespace_changes(old, labels.as_deref(), dirty);
         let name = strings.intern(name);
         if let Some(old) = self.namespaces.insert(name, labels) {
-            release_labels(&old, strings);
+            release_labels(old.as_deref().unwrap_or_default(), strings);
             strings.release(name);
         }
     }
@@ -216,8 +232,8 @@ impl PolicyState {
         let Some(old) = self.namespaces.remove(&sym) else {
             return;
         };
-        self.namespace_changes(&old, &[], dirty);
-        release_labels(&old, strings);
+        self.namespace_changes(old.as_deref(), None, dirty);
+        release_labels(old.as_deref().unwrap_or_default(), strings);
         strings.release(sym);
     }
 
