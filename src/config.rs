@@ -402,6 +402,12 @@ pub struct MeshConfig {
     pub cni_bin_dir: PathBuf,
     /// Pod traffic to destinations outside the cluster leaves with the node's address.
     pub masquerade: bool,
+    /// The ranges node addresses lie in. A peer's node addresses are accepted as sources
+    /// from its tunnel (replies to NodePorts that it un-NATs); with ranges set, only its
+    /// addresses inside them, so that a node cannot list an address that an `ipBlock`
+    /// allows and send from it. Empty: every address its Node lists.
+    #[serde(deserialize_with = "cidrs")]
+    pub node_cidrs: Vec<Cidr>,
 }
 
 impl Default for MeshConfig {
@@ -423,6 +429,7 @@ impl Default for MeshConfig {
             cni_conflist: PathBuf::from("/etc/cni/net.d/00-nodus.conflist"),
             cni_bin_dir: PathBuf::from("/opt/cni/bin"),
             masquerade: true,
+            node_cidrs: Vec::new(),
         }
     }
 }
@@ -481,6 +488,7 @@ impl MeshConfig {
             mtu_overhead: self.mtu_overhead,
             cni_conflist: self.cni_conflist.clone(),
             cluster_cidrs: cluster_cidrs.to_vec(),
+            node_cidrs: self.node_cidrs.clone(),
             endpoint: match self.endpoint {
                 MeshEndpoint::Internal => nodus_mesh::plan::EndpointChoice::Internal,
                 MeshEndpoint::External => nodus_mesh::plan::EndpointChoice::External,

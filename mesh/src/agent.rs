@@ -41,6 +41,8 @@ pub struct MeshSettings {
     pub cni_conflist: PathBuf,
     /// The cluster's pod ranges; every peer's pod CIDRs must lie inside them.
     pub cluster_cidrs: Vec<Cidr>,
+    /// Where node addresses may lie; empty for anywhere.
+    pub node_cidrs: Vec<Cidr>,
     /// Which of its addresses this node publishes.
     pub endpoint: EndpointChoice,
     /// Seconds between keepalives to each peer; 0 for none.
@@ -208,6 +210,7 @@ impl Mesh {
             listen_port: self.settings.listen_port,
             endpoint_family: self.settings.endpoint_family,
             cluster_cidrs: self.settings.cluster_cidrs.clone(),
+            node_cidrs: self.settings.node_cidrs.clone(),
             endpoint: self.settings.endpoint,
             persistent_keepalive: self.settings.persistent_keepalive,
         }

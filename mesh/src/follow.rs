@@ -71,7 +71,8 @@ async fn follow(
     let mut complete = false;
     let mut publishing: Option<(JoinHandle<()>, Annotations)> = None;
     let mut published: Option<Annotations> = None;
-    let mut last_skipped = Vec::new();
+    // The last plan: its claims are the established ones.
+    let mut last = plan::Desired::default();
     loop {
         mesh.metrics.heartbeat.beat();
         tokio::select! {
@@ -108,7 +109,7 @@ async fn follow(
         let settings = mesh.plan_settings();
         let (desired, wanted, node, missing) = {
             let view = view.read();
-            let desired = plan::desired(&view, &settings, mesh.public_key());
+            let desired = plan::desired(&view, &settings, mesh.public_key(), &last);
             let wanted = own_annotations(
                 mesh.public_key(),
                 settings.listen_port,
@@ -119,7 +120,7 @@ async fn follow(
             let missing = needs_publish(view.this_node(), &wanted);
             (desired, wanted, view.node_name().to_string(), missing)
         };
-        if desired.skipped != last_skipped {
+        if desired.skipped != last.skipped {
             for (node, reason) in &desired.skipped {
                 match *reason {
                     // A node that has just joined publishes these a moment later.
@@ -131,7 +132,6 @@ async fn follow(
                     }
                 }
             }
-            last_skipped = desired.skipped.clone();
         }
         match mesh.sync(&desired).await {
             Ok(report) if report.changed() => {
@@ -143,6 +143,7 @@ async fn follow(
                 tracing::error!(%error, "mesh sync failed; retrying at the next poll");
             }
         }
+        last = desired;
         if let Some((task, annotations)) = publishing.take_if(|(task, _)| task.is_finished()) {
             drop(task);
             published = Some(annotations);

@@ -24,6 +24,9 @@ pub struct PlanSettings {
     /// The cluster's pod ranges: a peer's pod CIDRs must lie inside them, or the peer is
     /// left out. Without them nothing is routed: any Node could claim any range.
     pub cluster_cidrs: Vec<Cidr>,
+    /// The ranges node addresses lie in: a peer's addresses outside them are not its
+    /// allowed IPs (it cannot send from them). Empty: every address its Node lists.
+    pub node_cidrs: Vec<Cidr>,
     /// Which of its addresses this node publishes for peers.
     pub endpoint: EndpointChoice,
     /// Seconds between keepalives to each peer, 0 for none: they keep the mapping of a
@@ -87,8 +90,16 @@ pub struct Desired {
     pub skipped: Vec<(Box<str>, &'static str)>,
 }
 
-/// The desired state from the view; `own_key` keeps a node that shares our key out.
-pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
+/// The desired state from the view; `own_key` keeps a node that shares our key out, and
+/// `previous` (the last plan) tells which claims are established.
+///
+/// Of nodes whose claims (a public key, pod CIDRs, node addresses) overlap, the one that
+/// comes first keeps them and the others are left out, the same on every node: first a
+/// ready node before one NotReady or stale (a powered-off node's leftover Node never
+/// evicts the machine that got its address); then one whose claims were all in the last
+/// plan before one that claims something new (a node that adds a peer's address or copies
+/// its key does not take them over); then the older Node, then the name.
+pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key, previous: &Desired) -> Desired {
     let mut plan = Desired::default();
     let own_name = view.node_name();
     if let Some(own) = view.this_node() {
@@ -100,23 +111,31 @@ pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key) -> Desired {
     if let Some(own) = view.this_node() {
         claimed.extend(host_prefixes(own));
     }
-    // Oldest first (then by name), so that of two nodes claiming one range the older keeps
-    // it on every node: a Node made later, by whoever holds node credentials, cannot take
-    // over a range in use.
-    let mut nodes: Vec<(&str, &Node)> = view.nodes().filter(|(n, _)| *n != own_name).collect();
-    nodes.sort_unstable_by_key(|(name, node)| (node.created, *name));
-    for (name, node) in nodes {
-        match peer_of(node, settings, own_key, &plan.peers, &claimed) {
+    let mut claims = Vec::new();
+    for (name, node) in view.nodes().filter(|(n, _)| *n != own_name) {
+        match peer_of(node, settings) {
             Ok((key, peer)) => {
+                let established = previous.holds(name, &key, &peer.allowed_ips);
+                let rank = (!node.ready, !established, node.created);
+                claims.push((rank, name, node, key, peer));
+            }
+            Err(reason) => plan.skipped.push((name.into(), reason)),
+        }
+    }
+    claims.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
+    for (_, name, node, key, peer) in claims {
+        match conflict(&key, &peer, own_key, &plan.peers, &claimed) {
+            None => {
                 claimed.extend(peer.allowed_ips.iter().copied());
                 plan.routes
                     .extend(node.pod_cidrs.iter().map(|c| network(*c)));
                 plan.peer_nodes.insert(key, name.into());
                 plan.peers.insert(key, peer);
             }
-            Err(reason) => plan.skipped.push((name.into(), reason)),
+            Some(reason) => plan.skipped.push((name.into(), reason)),
         }
     }
+    plan.skipped.sort_unstable();
     if let Some(own) = view.this_node() {
         // Peers stop reporting what we publish: what we published stays until they see
         // another address.
@@ -148,9 +167,11 @@ fn peer_endpoints(text: &str) -> impl Iterator<Item = (&str, SocketAddr)> {
         })
 }
 
-/// Where our peers see our packets come from: the endpoint most of them report for
-/// `own_key` (the lowest of a tie), `None` when none does. Only the nodes in the mesh
-/// (`peer_nodes`) count, so that a Node without a valid key cannot move us.
+/// Where our peers see our packets come from: the endpoint that more than half of the
+/// nodes in our mesh (`peer_nodes`) report for `own_key`, `None` when none has such a
+/// quorum. Peers report only what differs from what we publish, so a silent peer counts
+/// against a change: one node, or a few, cannot move us (a Node without a valid key
+/// cannot even vote).
 fn seen_by_peers(
     view: &View,
     peer_nodes: &BTreeMap<Key, Box<str>>,
@@ -173,11 +194,10 @@ fn seen_by_peers(
             *reports.entry(endpoint).or_default() += 1;
         }
     }
-    // Reversed so that, of equal counts, the lowest endpoint is the greatest.
+    let quorum = peer_nodes.len() / 2 + 1;
     reports
         .into_iter()
-        .rev()
-        .max_by_key(|(_, count)| *count)
+        .find(|(_, count)| *count >= quorum)
         .map(|(endpoint, _)| endpoint)
 }
 
@@ -212,18 +232,38 @@ pub fn peer_endpoints_seen(desired: &Desired, learned: &BTreeMap<Key, SocketAddr
 pub const NO_KEY: &str = "no WireGuard key published";
 pub const NO_POD_CIDRS: &str = "no pod CIDRs";
 
-fn peer_of(
-    node: &Node,
-    settings: &PlanSettings,
+impl Desired {
+    /// Whether the last plan had `node` as a peer with `key` and every one of
+    /// `allowed_ips` (sorted).
+    fn holds(&self, node: &str, key: &Key, allowed_ips: &[Cidr]) -> bool {
+        let same_node = self.peer_nodes.get(key).is_some_and(|n| &**n == node);
+        let held = self.peers.get(key).map_or(&[][..], |p| &p.allowed_ips[..]);
+        same_node && allowed_ips.iter().all(|c| held.binary_search(c).is_ok())
+    }
+}
+
+/// Why a node's claims cannot be granted beside what is granted already, if they cannot.
+fn conflict(
+    key: &Key,
+    peer: &Peer,
     own_key: &Key,
     peers: &BTreeMap<Key, Peer>,
     claimed: &BTreeSet<Cidr>,
-) -> Result<(Key, Peer), &'static str> {
+) -> Option<&'static str> {
+    if key == own_key || peers.contains_key(key) {
+        return Some("its key is another node's");
+    }
+    if peer.allowed_ips.iter().any(|c| overlaps_any(claimed, *c)) {
+        return Some("its pod CIDRs or addresses overlap another node's");
+    }
+    None
+}
+
+/// The peer a node asks to be, checked on its own (its key, its ranges inside the
+/// cluster's), not yet against the others.
+fn peer_of(node: &Node, settings: &PlanSettings) -> Result<(Key, Peer), &'static str> {
     let text = node.annotation(ANNOTATION_PUBLIC_KEY).ok_or(NO_KEY)?;
     let key = Key::from_base64(text).ok_or("the published key is not a WireGuard key")?;
-    if key == *own_key || peers.contains_key(&key) {
-        return Err("its key is another node's");
-    }
     let mut allowed_ips: Vec<Cidr> = node.pod_cidrs.iter().map(|c| network(*c)).collect();
     if allowed_ips.is_empty() {
         return Err(NO_POD_CIDRS);
@@ -236,10 +276,10 @@ fn peer_of(
     }) {
         return Err("its pod CIDRs are not inside cluster_cidrs");
     }
-    allowed_ips.extend(host_prefixes(node));
-    if allowed_ips.iter().any(|c| overlaps_any(claimed, *c)) {
-        return Err("its pod CIDRs or addresses overlap another node's");
-    }
+    let in_node_ranges = |host: &Cidr| {
+        settings.node_cidrs.is_empty() || settings.node_cidrs.iter().any(|r| r.contains_cidr(host))
+    };
+    allowed_ips.extend(host_prefixes(node).filter(in_node_ranges));
     allowed_ips.sort_unstable();
     let port = node
         .annotation(ANNOTATION_PORT)
@@ -490,6 +530,7 @@ mod tests {
             listen_port: 51820,
             endpoint_family: Family::V4,
             cluster_cidrs: vec![cidr("10.244.0.0/16"), cidr("fd00:10:244::/56")],
+            node_cidrs: Vec::new(),
             endpoint: EndpointChoice::Internal,
             persistent_keepalive: 25,
         }
@@ -556,7 +597,7 @@ mod tests {
             ),
             node("n3", &["10.244.3.0/24"], &["192.168.1.3"], None, None),
         ]);
-        let plan = desired(&view, &settings(), &key(1));
+        let plan = desired(&view, &settings(), &key(1), &Desired::default());
         assert_eq!(plan.peers.len(), 1);
         let peer = &plan.peers[&key(2)];
         assert_eq!(
@@ -594,6 +635,7 @@ mod tests {
                 ..settings()
             },
             &key(1),
+            &Desired::default(),
         );
         assert_eq!(
             v6.peers[&key(2)].endpoint,
@@ -648,7 +690,7 @@ mod tests {
                 None,
             ),
         ]);
-        let plan = desired(&view, &settings(), &key(1));
+        let plan = desired(&view, &settings(), &key(1), &Desired::default());
         assert_eq!(plan.peers.keys().collect::<Vec<_>>(), vec![&key(2)]);
         assert_eq!(&*plan.peer_nodes[&key(2)], "n2");
         let skipped: Vec<&str> = plan.skipped.iter().map(|(n, _)| &**n).collect();
@@ -703,13 +745,169 @@ mod tests {
             ])
         };
         for (older, newer) in [("a-old", "z-new"), ("z-old", "a-new")] {
-            let plan = desired(&nodes(older, newer), &settings(), &key(1));
+            let plan = desired(
+                &nodes(older, newer),
+                &settings(),
+                &key(1),
+                &Desired::default(),
+            );
             assert_eq!(plan.peers.keys().collect::<Vec<_>>(), vec![&key(2)]);
             assert_eq!(&*plan.peer_nodes[&key(2)], older);
             assert_eq!(plan.routes, BTreeSet::from([cidr("10.244.2.0/24")]));
             assert_eq!(plan.skipped.len(), 1);
             assert_eq!(&*plan.skipped[0].0, newer);
         }
+    }
+
+    /// `node(…)` whose kubelet reports it Ready.
+    fn ready(update: Update) -> Update {
+        let Update::Node(mut node) = update else {
+            unreachable!("node() makes nodes")
+        };
+        node.status.conditions = vec![wire::NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+        }];
+        Update::Node(node)
+    }
+
+    fn own() -> Update {
+        node(
+            "n1",
+            &["10.244.1.0/24"],
+            &["192.168.1.1"],
+            Some(key(1)),
+            None,
+        )
+    }
+
+    fn peers_of(plan: &Desired) -> Vec<&str> {
+        plan.peer_nodes.values().map(|n| &**n).collect()
+    }
+
+    #[test]
+    fn a_stale_or_not_ready_node_never_evicts_a_ready_one() {
+        // A powered-off node's leftover Node (older, NotReady) still lists the address
+        // DHCP has since given to a new machine.
+        let ghost = || {
+            let ghost = node(
+                "ghost",
+                &["10.244.9.0/24"],
+                &["192.168.1.3"],
+                Some(key(9)),
+                None,
+            );
+            created_at(ghost, "2024-01-01T00:00:00Z")
+        };
+        let new_machine = || {
+            let n3 = node(
+                "n3",
+                &["10.244.3.0/24"],
+                &["192.168.1.3"],
+                Some(key(3)),
+                None,
+            );
+            created_at(ready(n3), "2024-06-01T00:00:00Z")
+        };
+        let before = desired(
+            &view(vec![own(), ghost()]),
+            &settings(),
+            &key(1),
+            &Desired::default(),
+        );
+        assert_eq!(peers_of(&before), ["ghost"]);
+        // Even though the ghost was a peer in the last plan, the ready node takes over.
+        let plan = desired(
+            &view(vec![own(), ghost(), new_machine()]),
+            &settings(),
+            &key(1),
+            &before,
+        );
+        assert_eq!(peers_of(&plan), ["n3"]);
+        let overlap = "its pod CIDRs or addresses overlap another node's";
+        assert_eq!(plan.skipped, vec![("ghost".into(), overlap)]);
+    }
+
+    #[test]
+    fn a_node_that_claims_a_peers_address_or_key_later_does_not_take_it() {
+        // n2 is older than n3; both are ready.
+        let n2 = |ips: &[&str], key| {
+            let n2 = node("n2", &["10.244.2.0/24"], ips, Some(key), None);
+            created_at(ready(n2), "2024-01-01T00:00:00Z")
+        };
+        let n3 = || {
+            let n3 = node(
+                "n3",
+                &["10.244.3.0/24"],
+                &["192.168.1.3"],
+                Some(key(3)),
+                None,
+            );
+            created_at(ready(n3), "2024-06-01T00:00:00Z")
+        };
+        let settled = desired(
+            &view(vec![own(), n2(&["192.168.1.2"], key(2)), n3()]),
+            &settings(),
+            &key(1),
+            &Desired::default(),
+        );
+        assert_eq!(peers_of(&settled), ["n2", "n3"]);
+        // n2 adds n3's address to its own: n3's established claim holds, n2's new one is
+        // refused (and n2 with it, until it drops the address).
+        let squatting = || {
+            view(vec![
+                own(),
+                n2(&["192.168.1.2", "192.168.1.3"], key(2)),
+                n3(),
+            ])
+        };
+        let plan = desired(&squatting(), &settings(), &key(1), &settled);
+        assert_eq!(peers_of(&plan), ["n3"]);
+        let overlap = "its pod CIDRs or addresses overlap another node's";
+        assert_eq!(plan.skipped, vec![("n2".into(), overlap)]);
+        // It stays so at the next plan, now that n3 alone is established.
+        assert_eq!(
+            peers_of(&desired(&squatting(), &settings(), &key(1), &plan)),
+            ["n3"]
+        );
+        // An agent that starts afresh has no last plan: the older node wins then.
+        let afresh = desired(&squatting(), &settings(), &key(1), &Desired::default());
+        assert_eq!(peers_of(&afresh), ["n2"]);
+        // n2 copies n3's public key: the key stays n3's.
+        let copied = view(vec![own(), n2(&["192.168.1.2"], key(3)), n3()]);
+        let plan = desired(&copied, &settings(), &key(1), &settled);
+        assert_eq!(peers_of(&plan), ["n3"]);
+        assert_eq!(plan.peer_nodes.get(&key(3)).map(|n| &**n), Some("n3"));
+        assert_eq!(
+            plan.skipped,
+            vec![("n2".into(), "its key is another node's")]
+        );
+    }
+
+    #[test]
+    fn a_peer_sends_only_from_its_addresses_inside_node_cidrs() {
+        // n2 lists an address outside the node network (one an ipBlock may allow).
+        let n2 = || {
+            let ips = ["192.168.1.2", "203.0.113.80"];
+            node("n2", &["10.244.2.0/24"], &ips, Some(key(2)), None)
+        };
+        let plan = |node_cidrs: Vec<Cidr>| {
+            let settings = PlanSettings {
+                node_cidrs,
+                ..settings()
+            };
+            let view = view(vec![own(), n2()]);
+            desired(&view, &settings, &key(1), &Desired::default()).peers[&key(2)]
+                .allowed_ips
+                .clone()
+        };
+        let everything = plan(Vec::new());
+        assert!(
+            everything.contains(&cidr("203.0.113.80/32")),
+            "{everything:?}"
+        );
+        let inside = plan(vec![cidr("192.168.0.0/16")]);
+        assert_eq!(inside, [cidr("10.244.2.0/24"), cidr("192.168.1.2/32")]);
     }
 
     #[test]
@@ -732,7 +930,7 @@ mod tests {
                     None,
                 ),
             ]);
-            let plan = desired(&view, &settings(), &key(1));
+            let plan = desired(&view, &settings(), &key(1), &Desired::default());
             assert_eq!(
                 plan.peers.keys().collect::<Vec<_>>(),
                 vec![&key(2)],
@@ -760,7 +958,11 @@ mod tests {
             Some(key(2)),
             None,
         )]);
-        assert!(desired(&view, &no_ranges, &key(1)).peers.is_empty());
+        assert!(
+            desired(&view, &no_ranges, &key(1), &Desired::default())
+                .peers
+                .is_empty()
+        );
     }
 
     #[test]
@@ -935,7 +1137,12 @@ mod tests {
             None,
         );
         let lying = node_with("n3", 3, &[(ANNOTATION_ENDPOINT, "127.0.0.1:51820")], None);
-        let plan = desired(&view(vec![own(), published, lying]), &settings(), &key(1));
+        let plan = desired(
+            &view(vec![own(), published, lying]),
+            &settings(),
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.peers[&key(2)].endpoint,
             Some("198.51.100.2:51999".parse().expect("addr"))
@@ -956,7 +1163,12 @@ mod tests {
             endpoint: EndpointChoice::External,
             ..settings()
         };
-        let plan = desired(&view(vec![own()]), &external_settings, &key(1));
+        let plan = desired(
+            &view(vec![own()]),
+            &external_settings,
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("198.51.100.1:51820".parse().expect("addr"))
@@ -965,7 +1177,12 @@ mod tests {
         assert_eq!(plan.own_endpoint, Some("192.168.1.1".parse().expect("ip")));
         // Without an ExternalIP, `external` publishes the InternalIP.
         let internal_only = node_with("n1", 1, &[], None);
-        let plan = desired(&view(vec![internal_only]), &external_settings, &key(1));
+        let plan = desired(
+            &view(vec![internal_only]),
+            &external_settings,
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("192.168.1.1:51820".parse().expect("addr"))
@@ -983,7 +1200,12 @@ mod tests {
                 &[(ANNOTATION_FORCE_ENDPOINT, forced)],
                 Some("198.51.100.1"),
             );
-            let plan = desired(&view(vec![forced_node]), &external_settings, &key(1));
+            let plan = desired(
+                &view(vec![forced_node]),
+                &external_settings,
+                &key(1),
+                &Desired::default(),
+            );
             assert_eq!(
                 plan.published_endpoint,
                 Some(expected.parse().expect("addr")),
@@ -993,7 +1215,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_behind_a_nat_publishes_where_most_peers_see_it() {
+    fn a_node_behind_a_nat_publishes_where_a_quorum_of_its_peers_see_it() {
         let learned_settings = PlanSettings {
             endpoint: EndpointChoice::Learned,
             ..settings()
@@ -1009,13 +1231,23 @@ mod tests {
                 node_with("n4", 4, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
             ]
         };
-        let plan = desired(&view(reporters()), &learned_settings, &key(1));
+        let plan = desired(
+            &view(reporters()),
+            &learned_settings,
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("203.0.113.7:40000".parse().expect("addr"))
         );
         // Internal publishing reads no report.
-        let plan = desired(&view(reporters()), &settings(), &key(1));
+        let plan = desired(
+            &view(reporters()),
+            &settings(),
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("192.168.1.1:51820".parse().expect("addr"))
@@ -1033,7 +1265,7 @@ mod tests {
             node_with("n2", 2, &[(ANNOTATION_PEER_ENDPOINTS, &looped)], None),
             outside,
         ];
-        let plan = desired(&view(lone), &learned_settings, &key(1));
+        let plan = desired(&view(lone), &learned_settings, &key(1), &Desired::default());
         assert_eq!(plan.skipped, vec![("n5".into(), NO_POD_CIDRS)]);
         assert_eq!(
             plan.published_endpoint,
@@ -1046,7 +1278,12 @@ mod tests {
             node_with("n1", 1, &published, None),
             node_with("n2", 2, &[], None),
         ];
-        let plan = desired(&view(quiet), &learned_settings, &key(1));
+        let plan = desired(
+            &view(quiet),
+            &learned_settings,
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("203.0.113.7:40000".parse().expect("addr"))
@@ -1055,10 +1292,33 @@ mod tests {
             node_with("n1", 1, &published, None),
             node_with("n2", 2, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
         ];
-        let plan = desired(&view(moved), &learned_settings, &key(1));
+        let plan = desired(
+            &view(moved),
+            &learned_settings,
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("203.0.113.9:1".parse().expect("addr"))
+        );
+        // One node alone cannot move it where the mesh has more: with three peers, a
+        // report needs two. Of n2, n3 and n4, only n4 reports another address.
+        let lone_report = vec![
+            node_with("n1", 1, &published, None),
+            node_with("n2", 2, &[], None),
+            node_with("n3", 3, &[], None),
+            node_with("n4", 4, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
+        ];
+        let plan = desired(
+            &view(lone_report),
+            &learned_settings,
+            &key(1),
+            &Desired::default(),
+        );
+        assert_eq!(
+            plan.published_endpoint,
+            Some("203.0.113.7:40000".parse().expect("addr"))
         );
         // The operator's annotation still wins.
         let mut forced = reporters();
@@ -1068,7 +1328,12 @@ mod tests {
             &[(ANNOTATION_FORCE_ENDPOINT, "198.51.100.1")],
             None,
         );
-        let plan = desired(&view(forced), &learned_settings, &key(1));
+        let plan = desired(
+            &view(forced),
+            &learned_settings,
+            &key(1),
+            &Desired::default(),
+        );
         assert_eq!(
             plan.published_endpoint,
             Some("198.51.100.1:51820".parse().expect("addr"))
@@ -1083,7 +1348,7 @@ mod tests {
             node_with("n3", 3, &[], None),
         ];
         let cluster = view(nodes);
-        let plan = desired(&cluster, &settings(), &key(1));
+        let plan = desired(&cluster, &settings(), &key(1), &Desired::default());
         let nat: SocketAddr = "203.0.113.9:4000".parse().expect("addr");
         let learned = BTreeMap::from([
             (key(2), nat),
@@ -1098,7 +1363,7 @@ mod tests {
             node_with("n2", 2, &[(ANNOTATION_ENDPOINT, "203.0.113.9:4000")], None),
             node_with("n3", 3, &[], None),
         ]);
-        let settled_plan = desired(&settled, &settings(), &key(1));
+        let settled_plan = desired(&settled, &settings(), &key(1), &Desired::default());
         assert_eq!(peer_endpoints_seen(&settled_plan, &learned), "");
         assert_eq!(
             peer_endpoints(&text).collect::<Vec<_>>(),

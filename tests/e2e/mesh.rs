@@ -799,6 +799,46 @@ fn a_rogue_node_claiming_others_ranges_changes_no_route_and_traffic_flows() {
         );
     }
     pod_1_reaches_pods_2_and_3(&pods);
+
+    // node-2, an established peer, adds node-3's address to its own (as a compromised
+    // node may, with its kubelet's credentials). Made in the same second and first by
+    // name, it would win a tie of age; but node-3's claim is established and node-2's is
+    // new, so node-1 keeps node-3 and leaves node-2 out until it drops the address.
+    let addresses = |extra: Option<&str>| {
+        let mut object = cluster
+            .store
+            .get("v1", "Node", None, "node-2")
+            .expect("node-2");
+        let mut listed = object["status"]["addresses"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        listed.extend(extra.map(|ip| json!({"type": "ExternalIP", "address": ip})));
+        object["status"]["addresses"] = listed.into();
+        object
+    };
+    let original = addresses(None);
+    cluster.apply(addresses(Some(&underlay.v4(4).to_string())));
+    wait_for(
+        "node-1 to refuse node-2's claim on node-3's address",
+        || {
+            let log = std::fs::read_to_string(nodes[0].log(0)).ok()?;
+            log.lines()
+                .any(|l| l.contains("what it claims is refused") && l.contains("node-2"))
+                .then_some(())
+        },
+    );
+    assert_eq!(nodes[0].metric("nodus_mesh_peers"), Some(1.0));
+    for ip in [
+        IpAddr::V4(pods[2].v4.expect("v4")),
+        IpAddr::V6(pods[2].v6.expect("v6")),
+    ] {
+        ping(&pods[0], ip).expect("pod-1 still pings pod-3");
+        assert_eq!(who(&pods[0], ip).expect("TCP to pod-3"), "pod-3");
+    }
+    cluster.apply(original);
+    nodes[0].wait_metric("nodus_mesh_peers", 2.0);
+    pod_1_reaches_pods_2_and_3(&pods);
 }
 
 /// A node on a private LAN (`192.168.{lan}.0/24`) behind a router namespace, at address

@@ -592,6 +592,11 @@ fn check_node(wire: &wire::Node) -> Result<Node, String> {
         zone: Sym::EMPTY,
         annotations: annotations.into(),
         created: wire.metadata.creation_timestamp.unwrap_or(i64::MAX),
+        ready: wire
+            .status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
         leaving: wire.metadata.deletion_timestamp
             || wire
                 .spec

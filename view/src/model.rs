@@ -513,6 +513,10 @@ pub struct Node {
     /// The Node is being deleted, or the cluster autoscaler has tainted it for removal:
     /// load balancers should stop sending it traffic (kube-proxy's `/healthz` says so).
     pub leaving: bool,
+    /// Its `Ready` condition is `True`: its kubelet reports. A Node NotReady or stale (the
+    /// node lifecycle controller sets `Unknown` when its kubelet went silent) never keeps
+    /// an address, range or key from a ready one in the mesh.
+    pub ready: bool,
 }
 
 impl Node {

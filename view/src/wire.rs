@@ -473,6 +473,17 @@ pub struct Taint {
 pub struct NodeStatus {
     #[serde(default, deserialize_with = "null_default")]
     pub addresses: Vec<NodeAddress>,
+    /// Only each condition's type and status are read.
+    #[serde(default, deserialize_with = "null_default")]
+    pub conditions: Vec<NodeCondition>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct NodeCondition {
+    #[serde(rename = "type", default)]
+    pub type_: String,
+    #[serde(default)]
+    pub status: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

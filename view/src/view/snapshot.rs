@@ -32,7 +32,9 @@ use crate::model::{
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-const MAGIC: &[u8; 8] = b"nodusvw\x02";
+/// Version 3 adds the Node's readiness (a flag bit); version 2 the ServiceCIDRs.
+const MAGIC: &[u8; 8] = b"nodusvw\x03";
+const MAGIC_V2: &[u8; 8] = b"nodusvw\x02";
 const MAGIC_V1: &[u8; 8] = b"nodusvw\x01";
 /// What slice names hash to differs between builds of the standard library; a snapshot
 /// from a build whose hashes differ would not match the slices a fresh list delivers.
@@ -184,7 +186,7 @@ impl View {
             .filter(|&n| n >= MAGIC.len() + 8)
             .ok_or(SnapshotError::Magic)?;
         let has_service_cidrs = match &bytes[..MAGIC.len()] {
-            magic if magic == MAGIC => true,
+            magic if magic == MAGIC || magic == MAGIC_V2 => true,
             magic if magic == MAGIC_V1 => false,
             _ => return Err(SnapshotError::Magic),
         };
@@ -415,7 +417,7 @@ impl Writer<'_> {
             self.text(value);
         }
         self.i64(n.created);
-        self.flag(n.leaving);
+        self.u8(u8::from(n.leaving) | u8::from(n.ready) << 1);
     }
 }
 
@@ -771,13 +773,20 @@ impl<'a> Reader<'a> {
         let annotations = (0..count)
             .map(|_| Ok((self.text()?.into(), self.text()?.into())))
             .collect::<Read<_>>()?;
+        let created = self.i64()?;
+        // Before version 3 a flag (0 or 1): whether it is leaving.
+        let flags = self.u8()?;
+        if flags > 3 {
+            return Err(self.damaged("node flags above 3"));
+        }
         Ok(Node {
             addresses,
             pod_cidrs,
             zone,
             annotations,
-            created: self.i64()?,
-            leaving: self.flag()?,
+            created,
+            leaving: flags & 1 != 0,
+            ready: flags & 2 != 0,
         })
     }
 }
@@ -848,7 +857,8 @@ mod tests {
                                       {"type": "ExternalIP", "address": "2001:db8::1"}]}},
             {"kind": "Node", "metadata": {"name": "node-b"},
              "spec": {"podCIDR": "10.244.2.0/24"},
-             "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.2"}]}},
+             "status": {"addresses": [{"type": "InternalIP", "address": "192.168.1.2"}],
+                        "conditions": [{"type": "Ready", "status": "True"}]}},
             {"kind": "ServiceCIDR", "metadata": {"name": "kubernetes"},
              "spec": {"cidrs": ["10.96.0.0/16", "fd00:96::/112"]}},
             {"kind": "ServiceCIDR", "metadata": {"name": "extra"},
@@ -927,7 +937,12 @@ mod tests {
             1,
             "the reverse index is rebuilt"
         );
-        assert!(restored.this_node().is_some_and(|n| n.leaving));
+        assert!(restored.this_node().is_some_and(|n| n.leaving && !n.ready));
+        assert!(
+            restored
+                .node("node-b")
+                .is_some_and(|n| n.ready && !n.leaving)
+        );
         assert_eq!(restored.service_cidrs().len(), 3);
     }
 
