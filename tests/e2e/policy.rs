@@ -464,12 +464,38 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     assert!(!via_service("web-a"), "web-a to db through its service");
     assert!(via_service("db-a"), "db-a to itself through its service");
 
+    // One policy whose peers × ports (500 disjoint /32 blocks and api-b × 500 disjoint
+    // ports and 8080) the kernel would hold as 250,000 elements per pod: web-a's egress
+    // fails closed instead (not even api-b:8080 passes), and node-a reports the pod.
+    let mut to: Vec<Value> = (0..500)
+        .map(|i| json!({"ipBlock": {"cidr": format!("10.99.{}.{}/32", i / 128, (i % 128) * 2)}}))
+        .collect();
+    to.push(json!({"ipBlock": {"cidr": "10.244.2.11/32"}}));
+    let mut ports: Vec<Value> = (0..500).map(|i| json!({"port": 10000 + 2 * i})).collect();
+    ports.push(json!({"port": 8080}));
+    kubectl(
+        &sandbox,
+        &["apply"],
+        Some(&policy(
+            "shop",
+            "explode",
+            json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
+                   "egress": [{"to": to, "ports": ports}]}),
+        )),
+    );
+    let web_out_shut = |p: &Probe| probes_limited(p) && p.from != "web-a";
+    expect(&sandbox, "web-a's egress over the cap, shut", web_out_shut);
+    wait_for("node-a to report the pod over the cap", || {
+        node_metric(&sandbox, "node-a", "nodus_policy_refused_pods").filter(|n| *n == 1.0)
+    });
+
     // Policies gone, everything passes again.
     for (namespace, name) in [
         ("shop", "deny-ingress"),
         ("shop", "db-from-api"),
         ("shop", "web-from-ops"),
         ("ops", "probes-out"),
+        ("shop", "explode"),
     ] {
         kubectl(
             &sandbox,

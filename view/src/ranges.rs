@@ -13,7 +13,7 @@ pub fn merged_ranges(
     addresses: &[IpAddr],
     family: Family,
 ) -> Vec<(IpAddr, IpAddr)> {
-    let mut ranges: Vec<(u128, u128)> = cidrs
+    let ranges: Vec<(u128, u128)> = cidrs
         .iter()
         .filter(|cidr| cidr.family() == family)
         .map(|cidr| cidr_bounds(*cidr))
@@ -24,6 +24,26 @@ pub fn merged_ranges(
                 .map(|ip| (to_number(*ip), to_number(*ip))),
         )
         .collect();
+    into_addresses(merge(ranges), family)
+}
+
+/// `ranges` (inclusive, of both families) sorted, with overlapping and adjacent ones of
+/// a family merged: the IPv4 ones first.
+pub fn merge_ranges(ranges: impl IntoIterator<Item = (IpAddr, IpAddr)>) -> Vec<(IpAddr, IpAddr)> {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for (start, end) in ranges {
+        let numbers = (to_number(start), to_number(end));
+        match Family::of(start) {
+            Family::V4 => v4.push(numbers),
+            Family::V6 => v6.push(numbers),
+        }
+    }
+    let mut merged = into_addresses(merge(v4), Family::V4);
+    merged.extend(into_addresses(merge(v6), Family::V6));
+    merged
+}
+
+fn merge(mut ranges: Vec<(u128, u128)>) -> Vec<(u128, u128)> {
     ranges.sort_unstable();
     let mut merged: Vec<(u128, u128)> = Vec::with_capacity(ranges.len());
     for (start, end) in ranges {
@@ -32,7 +52,7 @@ pub fn merged_ranges(
             _ => merged.push((start, end)),
         }
     }
-    into_addresses(merged, family)
+    merged
 }
 
 /// The inclusive ranges of `cidr` less the `except` ranges inside it (a NetworkPolicy's

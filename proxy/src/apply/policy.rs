@@ -21,7 +21,8 @@ use super::{Error, Proxy, SyncReport};
 use crate::nft::{self, Table};
 use crate::plan::{PlanBatch, TABLE, policy};
 
-/// A pod of this node whose allowances the kernel refused.
+/// A pod of this node whose allowances the kernel refused, or whose policies allow more
+/// than the view keeps ([`nodus_view::policy::resolve::ALLOWANCES_MAX`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RefusedPod {
     pub addresses: Vec<IpAddr>,
@@ -60,15 +61,20 @@ impl PolicyRecords {
     }
 
     fn record(&mut self, pod: u64, policies: Vec<PodPolicy>) {
-        match policies.is_empty() {
-            true => self.committed.remove(&pod),
-            false => self.committed.insert(pod, policies.into_boxed_slice()),
-        };
+        if policies.is_empty() {
+            self.committed.remove(&pod);
+        } else {
+            self.committed.insert(pod, policies.into_boxed_slice());
+        }
     }
 
-    /// `policies` of `pod` are in the kernel as the view resolved them: no longer refused.
+    /// `policies` of `pod` are in the kernel as the view resolved them: no longer refused
+    /// by the kernel, and reported while they are over the view's cap.
     fn committed_in_full(&mut self, pod: u64, policies: Vec<PodPolicy>) {
-        self.refused.remove(&pod);
+        match over_cap(&policies) {
+            Some(refused) => self.refused.insert(pod, refused),
+            None => self.refused.remove(&pod),
+        };
         self.record(pod, policies);
     }
 
@@ -76,10 +82,35 @@ impl PolicyRecords {
     fn refilled(policies: Vec<PodPolicy>) -> PolicyRecords {
         let mut records = PolicyRecords::default();
         for (pod, policies) in by_pod(policies) {
-            records.record(pod, policies);
+            records.committed_in_full(pod, policies);
         }
         records
     }
+}
+
+/// A pod whose policies allow more than the view keeps, as reported: it fails closed in
+/// those directions (the view resolved nothing there).
+fn over_cap(policies: &[PodPolicy]) -> Option<RefusedPod> {
+    let directions = &policies.first()?.over_cap;
+    if directions.is_empty() {
+        return None;
+    }
+    let named: Vec<&str> = directions
+        .iter()
+        .map(|d| match d {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        })
+        .collect();
+    Some(RefusedPod {
+        addresses: policies.iter().map(|p| p.ip).collect(),
+        reason: format!(
+            "its NetworkPolicies allow it more than {} peer and port ranges in {}; \
+             it is allowed nothing there until they allow fewer",
+            nodus_view::policy::resolve::ALLOWANCES_MAX,
+            named.join(" and ")
+        ),
+    })
 }
 
 /// The view's answer grouped by pod.

@@ -8,7 +8,7 @@ use super::store::PolicyState;
 use super::{NetworkPolicy, Peer, PolicyPod, PolicyRule, PortRef, Selector};
 use crate::intern::{Interner, Sym};
 use crate::model::{Family, Protocol};
-use crate::ranges::from_number;
+use crate::ranges::{from_number, merge_ranges};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
@@ -30,6 +30,9 @@ pub struct PodPolicy {
     pub ip: IpAddr,
     pub ingress: Option<Vec<Allowance>>,
     pub egress: Option<Vec<Allowance>>,
+    /// The directions whose policies allow more than [`ALLOWANCES_MAX`]: they allow
+    /// nothing there (failing closed), and the pod is reported.
+    pub over_cap: Vec<Direction>,
 }
 
 impl PodPolicy {
@@ -241,7 +244,16 @@ impl PolicyState {
         }
         let mut resolved = Vec::new();
         for ((key, pod), entry) in local.iter().zip(governed) {
-            let Some(entry) = entry else { continue };
+            let Some(mut entry) = entry else { continue };
+            let mut over_cap = Vec::new();
+            for direction in Direction::ALL {
+                if let Some(allowed) = &mut entry[direction.index()]
+                    && allowed.len() > ALLOWANCES_MAX
+                {
+                    *allowed = Vec::new();
+                    over_cap.push(direction);
+                }
+            }
             for &ip in pod.ips.iter() {
                 let [ingress, egress] = &entry;
                 resolved.push(PodPolicy {
@@ -249,6 +261,7 @@ impl PolicyState {
                     ip,
                     ingress: of_family(ingress, Family::of(ip)),
                     egress: of_family(egress, Family::of(ip)),
+                    over_cap: over_cap.clone(),
                 });
             }
         }
@@ -373,7 +386,15 @@ fn everything(family: Family) -> (IpAddr, IpAddr) {
     (from_number(0, family), from_number(last, family))
 }
 
-/// Adds what `rule` allows `pod` in `direction` to `out`.
+/// The most allowances one pod keeps per direction (peer ranges × protocols × port
+/// ranges, after merging adjacent peers). The kernel holds each as a set element for each
+/// pod a policy selects, so one policy with hundreds of disjoint blocks and ports (a
+/// product in the hundreds of thousands) could exhaust the node's memory: a pod whose
+/// policies allow more fails closed in that direction and is reported.
+pub const ALLOWANCES_MAX: usize = 10_000;
+
+/// Adds what `rule` allows `pod` in `direction` to `out`, stopping once `out` holds more
+/// than [`ALLOWANCES_MAX`].
 fn allow(
     direction: Direction,
     pod: &PolicyPod,
@@ -406,6 +427,9 @@ fn allow(
     }
     let push_fixed = |peer: (IpAddr, IpAddr), out: &mut Vec<Allowance>| {
         for &(protocol, ports) in &fixed {
+            if out.len() > ALLOWANCES_MAX {
+                return;
+            }
             out.push(Allowance {
                 peer,
                 protocol,
@@ -413,16 +437,18 @@ fn allow(
             });
         }
     };
-    let push_named = |peer: &PolicyPod, out: &mut Vec<Allowance>| {
+    // A named port is resolved on the peer pod at `ip`.
+    let push_named = |peer: &PolicyPod, ip: IpAddr, out: &mut Vec<Allowance>| {
         for &(protocol, name) in &named {
+            if out.len() > ALLOWANCES_MAX {
+                return;
+            }
             if let Some(number) = peer.named_port(name, protocol) {
-                for &ip in peer.ips.iter() {
-                    out.push(Allowance {
-                        peer: (ip, ip),
-                        protocol: Some(protocol),
-                        ports: (number, number),
-                    });
-                }
+                out.push(Allowance {
+                    peer: (ip, ip),
+                    protocol: Some(protocol),
+                    ports: (number, number),
+                });
             }
         }
     };
@@ -433,19 +459,33 @@ fn allow(
             }
             if !named.is_empty() {
                 for peer in state.pods.values() {
-                    push_named(peer, out);
+                    for &ip in peer.ips.iter() {
+                        push_named(peer, ip, out);
+                    }
                 }
             }
         }
         Peers::Some { pods, blocks } => {
-            for &block in blocks {
-                push_fixed(block, out);
+            let addresses = pods
+                .iter()
+                .flat_map(|peer| peer.ips.iter().map(|&ip| (ip, ip)));
+            for range in merge_ranges(blocks.iter().copied().chain(addresses)) {
+                push_fixed(range, out);
             }
             for peer in pods {
                 for &ip in peer.ips.iter() {
-                    push_fixed((ip, ip), out);
+                    push_named(peer, ip, out);
                 }
-                push_named(peer, out);
+            }
+            // A named port with an ipBlock is resolved on the pods inside the block, as
+            // upstream's implementations do.
+            if !named.is_empty() && !blocks.is_empty() {
+                for peer in state.pods.values() {
+                    let inside = |ip: &&IpAddr| blocks.iter().any(|b| (b.0..=b.1).contains(*ip));
+                    for &ip in peer.ips.iter().filter(inside) {
+                        push_named(peer, ip, out);
+                    }
+                }
             }
         }
     }
@@ -578,8 +618,10 @@ mod tests {
                        "podSelector": {"matchExpressions": [
                            {"key": "app", "operator": "NotIn", "values": ["probe"]}]}}]}]}),
         )]);
-        let [web, db, api] = ["10.1.0.2", "10.1.0.3", "10.2.0.4"].map(|a| (ip(a), ip(a)));
-        assert_eq!(ingress_peers(&view), [web, db, api]);
+        // web and db, neighbours, merge into one range.
+        let web_and_db = (ip("10.1.0.2"), ip("10.1.0.3"));
+        let api = (ip("10.2.0.4"), ip("10.2.0.4"));
+        assert_eq!(ingress_peers(&view), [web_and_db, api]);
         // Pods with equal labels share one stored set; it goes with the last of them.
         let sets = view.policy_label_sets();
         let twin = |name: &str| pod("shop", name, "node-b", "10.2.0.9", json!({"app": "api"}));
@@ -610,6 +652,11 @@ mod tests {
         let db = policies.iter().find(|p| p.ip == ip("10.1.0.3"));
         let ingress = db.into_iter().flat_map(|p| p.ingress.iter().flatten());
         ingress.map(|a| a.peer).collect()
+    }
+
+    /// Whether one of `ranges` holds `address`.
+    fn admits(ranges: &[(IpAddr, IpAddr)], address: &str) -> bool {
+        ranges.iter().any(|r| (r.0..=r.1).contains(&ip(address)))
     }
 
     /// Labels `l1=x` … `l{count}=x`, and `extra`.
@@ -684,14 +731,8 @@ mod tests {
         // As a peer it matches no selector but the empty one: db, open to every pod with
         // `app NotIn [nothing]`, lets in all but web.
         let peers = db_peers(&view);
-        assert!(
-            !peers.contains(&(ip("10.1.0.2"), ip("10.1.0.2"))),
-            "{peers:?}"
-        );
-        assert!(
-            peers.contains(&(ip("10.2.0.5"), ip("10.2.0.5"))),
-            "{peers:?}"
-        );
+        assert!(!admits(&peers, "10.1.0.2"), "{peers:?}");
+        assert!(admits(&peers, "10.2.0.5"), "{peers:?}");
 
         // A namespace with too many labels is in no namespace a selector matches, NotIn
         // included: `ops` (team=ops) is kept out of `team NotIn [ops]` with 1,025 labels.
@@ -702,15 +743,15 @@ mod tests {
                    "ingress": [{"from": [{"namespaceSelector": {"matchExpressions": [
                        {"key": "team", "operator": "NotIn", "values": ["ops"]}]}}]}]}),
         )]);
-        let probe = (ip("10.2.0.5"), ip("10.2.0.5"));
-        assert!(!db_peers(&view).contains(&probe));
+        let probe = "10.2.0.5";
+        assert!(!admits(&db_peers(&view), probe));
         let report = view.apply([namespace("ops", many_labels(many, json!({"team": "ops"})))]);
         assert_eq!(report.invalid.len(), 1, "reported");
         assert_eq!(view.counts().over_label_cap, 2);
-        assert!(!db_peers(&view).contains(&probe), "{:?}", db_peers(&view));
+        assert!(!admits(&db_peers(&view), probe), "{:?}", db_peers(&view));
         view.apply([namespace("ops", json!({"team": "dev"}))]);
         assert!(
-            db_peers(&view).contains(&probe),
+            admits(&db_peers(&view), probe),
             "a namespace with fewer labels is judged again"
         );
         view.apply([web(1)]);
@@ -756,6 +797,86 @@ mod tests {
         let report = view.apply([namespace("ops", json!({}))]);
         assert!(!report.changes.policy_pods.is_empty());
         assert_eq!(view.pod_policies()[0].ingress, Some(vec![]));
+    }
+
+    #[test]
+    fn peers_merge_and_a_policy_allowing_more_than_the_cap_fails_closed() {
+        let mut view = cluster();
+        // 300 pods of consecutive addresses in ops, one allowance when merged.
+        let many: Vec<Update> = (0..300)
+            .map(|i| {
+                let ip = format!("10.3.{}.{}", i / 256, i % 256);
+                pod(
+                    "ops",
+                    &format!("p{i}"),
+                    "node-b",
+                    &ip,
+                    json!({"app": "many"}),
+                )
+            })
+            .collect();
+        view.apply(many);
+        view.apply([policy(
+            "shop",
+            "db-from-many",
+            json!({"podSelector": {"matchLabels": {"app": "db"}},
+                   "ingress": [{"from": [{"namespaceSelector": {},
+                                          "podSelector": {"matchLabels": {"app": "many"}}}],
+                                "ports": [{"port": 5432}]}]}),
+        )]);
+        let db = view.pod_policies();
+        assert_eq!(
+            db[0].ingress,
+            Some(vec![Allowance {
+                peer: (ip("10.3.0.0"), ip("10.3.1.43")),
+                protocol: Some(Protocol::Tcp),
+                ports: (5432, 5432),
+            }])
+        );
+        assert!(db[0].over_cap.is_empty());
+        // 500 disjoint /32 blocks × 500 disjoint ports: 250,000 boxes, far over the cap.
+        let to: Vec<_> = (0..500)
+            .map(
+                |i| json!({"ipBlock": {"cidr": format!("10.99.{}.{}/32", i / 128, (i % 128) * 2)}}),
+            )
+            .collect();
+        let ports: Vec<_> = (0..500).map(|i| json!({"port": 10000 + 2 * i})).collect();
+        view.apply([policy(
+            "shop",
+            "explode",
+            json!({"podSelector": {"matchLabels": {"app": "db"}}, "policyTypes": ["Egress"],
+                   "egress": [{"to": to, "ports": ports}]}),
+        )]);
+        let db = view.pod_policies();
+        assert_eq!(db[0].egress, Some(vec![]), "closed");
+        assert_eq!(db[0].over_cap, [Direction::Egress]);
+        assert_eq!(
+            db[0].ingress.as_ref().map(Vec::len),
+            Some(1),
+            "ingress as before"
+        );
+    }
+
+    #[test]
+    fn an_egress_named_port_to_an_ip_block_is_resolved_on_the_pods_inside() {
+        let mut view = cluster();
+        view.apply([policy(
+            "shop",
+            "web-out",
+            json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
+                   "egress": [{"to": [{"ipBlock": {"cidr": "10.2.0.0/16"}}],
+                               "ports": [{"port": "http"}]}]}),
+        )]);
+        let web = view.pod_policies();
+        // api and probe on node-b, inside the block, name `http` 8080; pods outside do not
+        // count.
+        assert_eq!(
+            web[0].egress,
+            Some(vec![
+                one("10.2.0.4", Some(Protocol::Tcp), (8080, 8080)),
+                one("10.2.0.5", Some(Protocol::Tcp), (8080, 8080)),
+            ])
+        );
     }
 
     #[test]
