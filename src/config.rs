@@ -56,12 +56,31 @@ pub struct Config {
 
 /// NetworkPolicy enforcement for this node's pods, in the proxy's table. Off by default;
 /// `deploy/` turns it on.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PolicyConfig {
     /// Watch every Pod, Namespace and NetworkPolicy, and enforce the policies (needs
     /// `proxy.enabled`).
     pub enabled: bool,
+    /// Where nodus-cni's `ADD` asks for a new pod's isolation and waits for it (written in
+    /// the conflist), so that no container of a pod starts before its policies apply.
+    pub cni_socket: PathBuf,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            enabled: false,
+            cni_socket: PathBuf::from("/run/nodus/cni.sock"),
+        }
+    }
+}
+
+impl PolicyConfig {
+    /// The isolation gate's socket, when policies are enforced.
+    pub fn gate(&self) -> Option<&Path> {
+        self.enabled.then_some(self.cni_socket.as_path())
+    }
 }
 
 impl Default for Config {
@@ -466,7 +485,12 @@ pub enum EndpointFamily {
 }
 
 impl MeshConfig {
-    pub fn settings(&self, cluster_cidrs: &[Cidr]) -> nodus_mesh::MeshSettings {
+    /// The mesh's settings; `policy_socket`: the isolation gate nodus-cni waits on.
+    pub fn settings(
+        &self,
+        cluster_cidrs: &[Cidr],
+        policy_socket: Option<&Path>,
+    ) -> nodus_mesh::MeshSettings {
         use nodus_mesh::backend::BackendKind;
         use nodus_view::model::Family;
         nodus_mesh::MeshSettings {
@@ -487,6 +511,7 @@ impl MeshConfig {
             mtu: self.mtu,
             mtu_overhead: self.mtu_overhead,
             cni_conflist: self.cni_conflist.clone(),
+            policy_socket: policy_socket.map(Path::to_path_buf),
             cluster_cidrs: cluster_cidrs.to_vec(),
             node_cidrs: self.node_cidrs.clone(),
             endpoint: match self.endpoint {

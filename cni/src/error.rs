@@ -10,6 +10,9 @@ pub mod code {
     pub const INVALID_CONFIG: u32 = 7;
     /// The kernel refused or did not answer a change to links, addresses or routes.
     pub const KERNEL: u32 = 100;
+    /// The node's agent did not confirm that the pod's NetworkPolicy isolation is in
+    /// place: the pod is not started (it fails closed), and the runtime tries again.
+    pub const POLICY_PENDING: u32 = 101;
 }
 
 /// A failure as CNI reports it: a code, a message and details.

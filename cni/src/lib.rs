@@ -8,8 +8,10 @@
 //!   pure, so tested without root.
 //! - [`ipam`]: running the IPAM plugin.
 //! - [`link`]: the veth pair, addresses and routes, over rtnetlink.
+//! - [`gate`]: waiting, in `ADD`, until the node's agent has isolated the pod.
 
 pub mod error;
+pub mod gate;
 pub mod ipam;
 pub mod link;
 pub mod protocol;
@@ -80,6 +82,23 @@ pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>
             let result = ipam::delegate(&parsed.ipam, &call.cni_path, Command::Add, config)?;
             let made = Addressing::parse(&result).and_then(|addressing| {
                 let ends = runtime.block_on(link::add(call, netns, parsed.mtu, &addressing))?;
+                // The pod's containers start when ADD returns: its isolation first.
+                if let (Some(socket), Some((namespace, name))) = (&parsed.policy_socket, &call.pod)
+                {
+                    let request = gate::GateRequest {
+                        namespace: namespace.clone(),
+                        name: name.clone(),
+                        ips: addressing
+                            .addresses
+                            .iter()
+                            .map(|a| a.address.addr)
+                            .collect(),
+                    };
+                    if let Err(error) = gate::pass(socket, &request, gate::WAIT) {
+                        let _ = runtime.block_on(link::del(call));
+                        return Err(error);
+                    }
+                }
                 Ok((ends, addressing))
             });
             match made {

@@ -51,6 +51,9 @@ pub struct Invocation {
     pub ifname: String,
     /// Where plugins are looked up (`CNI_PATH`, colon-separated).
     pub cni_path: Vec<PathBuf>,
+    /// The Kubernetes pod this call is for, as namespace and name: kubelet names it in
+    /// `CNI_ARGS` (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`); `None` for other runtimes' calls.
+    pub pod: Option<(String, String)>,
 }
 
 impl Invocation {
@@ -79,6 +82,7 @@ impl Invocation {
                 netns: None,
                 ifname: String::new(),
                 cni_path: Vec::new(),
+                pod: None,
             });
         }
         let ifname = required("CNI_IFNAME")?;
@@ -104,8 +108,22 @@ impl Invocation {
             netns,
             ifname,
             cni_path,
+            pod: var("CNI_ARGS").as_deref().and_then(kubernetes_pod),
         })
     }
+}
+
+/// The pod that `CNI_ARGS` (`KEY=VALUE;…`) names by `K8S_POD_NAMESPACE` and
+/// `K8S_POD_NAME`.
+fn kubernetes_pod(args: &str) -> Option<(String, String)> {
+    let value = |key: &str| {
+        args.split(';')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(k, _)| *k == key)
+            .map(|(_, v)| v.to_string())
+            .filter(|v| !v.is_empty())
+    };
+    Some((value("K8S_POD_NAMESPACE")?, value("K8S_POD_NAME")?))
 }
 
 fn is_interface_name(name: &str) -> bool {
@@ -128,6 +146,9 @@ pub struct Config {
     pub ipam: String,
     /// What `ADD` returned, which `CHECK` checks.
     pub prev_result: Option<Value>,
+    /// The node agent's socket that `ADD` waits on until the pod's NetworkPolicy
+    /// isolation is in place (`policy_socket`; written when the agent enforces policy).
+    pub policy_socket: Option<PathBuf>,
 }
 
 impl Config {
@@ -167,6 +188,10 @@ impl Config {
             mtu,
             ipam: ipam.to_string(),
             prev_result: Some(document["prevResult"].clone()).filter(|v| !v.is_null()),
+            policy_socket: document["policy_socket"]
+                .as_str()
+                .filter(|path| !path.is_empty())
+                .map(PathBuf::from),
         })
     }
 
@@ -465,6 +490,12 @@ mod tests {
     #[test]
     fn the_environment_is_read_and_checked() {
         let call = Invocation::from_env(env(&ADD)).expect("add");
+        assert_eq!(call.pod, None, "no CNI_ARGS: not a Kubernetes pod");
+        let kubelet_args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;\
+                            K8S_POD_INFRA_CONTAINER_ID=c1;K8S_POD_UID=u";
+        let kubelet = [&ADD[..], &[("CNI_ARGS", kubelet_args)]].concat();
+        let from_kubelet = Invocation::from_env(env(&kubelet)).expect("add");
+        assert_eq!(from_kubelet.pod, Some(("shop".into(), "web-0".into())));
         assert_eq!(call.command, Command::Add);
         assert_eq!(call.netns, Some(PathBuf::from("/var/run/netns/pod")));
         assert_eq!(
@@ -590,6 +621,7 @@ mod tests {
             mtu: None,
             ipam: "host-local".into(),
             prev_result: None,
+            policy_socket: None,
         };
         let result = add_result(&config, &host, &pod, &addressing);
         assert_eq!(result["interfaces"][1]["sandbox"], "/var/run/netns/pod");

@@ -39,6 +39,8 @@ pub struct MeshSettings {
     pub mtu: Option<u32>,
     pub mtu_overhead: u32,
     pub cni_conflist: PathBuf,
+    /// The isolation gate nodus-cni's `ADD` waits on (policies enforced), in the conflist.
+    pub policy_socket: Option<PathBuf>,
     /// The cluster's pod ranges; every peer's pod CIDRs must lie inside them.
     pub cluster_cidrs: Vec<Cidr>,
     /// Where node addresses may lie; empty for anywhere.
@@ -309,7 +311,11 @@ impl Mesh {
         report.routes_removed = remove_routes.len();
 
         if !desired.own_cidrs.is_empty() {
-            let content = cni::conflist(&desired.own_cidrs, mtu);
+            let content = cni::conflist(
+                &desired.own_cidrs,
+                mtu,
+                self.settings.policy_socket.as_deref(),
+            );
             report.cni_written = cni::write_if_changed(&self.settings.cni_conflist, &content)?;
         }
         report.took = started.elapsed();

@@ -25,8 +25,9 @@ const POD_PLUGIN: &str = nodus_cni::PLUGIN;
 const IPAM_PLUGIN: &str = "host-local";
 const PORT_PLUGIN: &str = "portmap";
 
-/// The conflist for `cidrs` (our pod CIDRs) at `mtu`, as pretty JSON ending in a newline.
-pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
+/// The conflist for `cidrs` (our pod CIDRs) at `mtu`, as pretty JSON ending in a newline;
+/// with `policy_socket`, nodus-cni's `ADD` waits there for the pod's isolation.
+pub fn conflist(cidrs: &[Cidr], mtu: u32, policy_socket: Option<&Path>) -> String {
     let ranges: Vec<_> = cidrs
         .iter()
         .map(|c| serde_json::json!([{ "subnet": crate::plan::network(*c).to_string() }]))
@@ -41,7 +42,7 @@ pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
             routes.push(serde_json::json!({ "dst": dst }));
         }
     }
-    let document = serde_json::json!({
+    let mut document = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": NETWORK_NAME,
         "plugins": [{
@@ -59,6 +60,9 @@ pub fn conflist(cidrs: &[Cidr], mtu: u32) -> String {
             "snat": true,
         }],
     });
+    if let Some(socket) = policy_socket {
+        document["plugins"][0]["policy_socket"] = socket.to_string_lossy().into_owned().into();
+    }
     let mut text = serde_json::to_string_pretty(&document).unwrap_or_default();
     text.push('\n');
     text
@@ -142,7 +146,7 @@ mod tests {
             .iter()
             .map(|c| c.parse().expect("cidr"))
             .collect();
-        let text = conflist(&cidrs, 1420);
+        let text = conflist(&cidrs, 1420, None);
         let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
         let plugin = &doc["plugins"][0];
         assert_eq!(plugin["type"], "nodus-cni");
@@ -157,8 +161,12 @@ mod tests {
         let ports = &doc["plugins"][1];
         assert_eq!(ports["type"], "portmap");
         assert_eq!(ports["capabilities"]["portMappings"], true);
-        let v4_only = conflist(&cidrs[..1], 1420);
+        assert!(plugin.get("policy_socket").is_none());
+        let v4_only = conflist(&cidrs[..1], 1420, None);
         assert!(!v4_only.contains("::/0"), "{v4_only}");
+        let gated = conflist(&cidrs, 1420, Some(Path::new("/run/nodus/cni.sock")));
+        let doc: serde_json::Value = serde_json::from_str(&gated).expect("json");
+        assert_eq!(doc["plugins"][0]["policy_socket"], "/run/nodus/cni.sock");
     }
 
     #[test]

@@ -3,11 +3,14 @@
 //! Bursts coalesce: every item already waiting in the watch stream joins the same batch,
 //! so a subsystem syncs once per burst rather than once per event.
 
+use crate::agent::gate::Claim;
 use crate::agent::metrics::Metrics;
 use crate::agent::watch::{self, WatchItem, WatchSet};
 use crate::cli::ClusterArgs;
 use crate::config::Config;
 use futures::{Stream, StreamExt};
+use nodus_cni::gate::GateRequest;
+use nodus_view::policy::store::ClaimError;
 use nodus_view::{Applied, Kind, Update, View, ViewReader, ViewWriter};
 use std::sync::{Arc, RwLockReadGuard};
 use std::time::Instant;
@@ -21,6 +24,11 @@ pub struct Feed {
     pub metrics: Arc<Metrics>,
     /// Kinds whose initial list has not completed yet.
     waiting: Vec<Kind>,
+    /// nodus-cni's claims for pods the view does not know yet: taken with a later batch.
+    unknown_sandboxes: Vec<Claim>,
+    /// Claims taken into the view with the last batch, answered once the subsystems have
+    /// synced it ([`Feed::answer_sandboxes`]).
+    taken_sandboxes: Vec<Claim>,
 }
 
 impl Feed {
@@ -30,6 +38,8 @@ impl Feed {
             view: ViewWriter::new(view),
             metrics,
             waiting: watched,
+            unknown_sandboxes: Vec::new(),
+            taken_sandboxes: Vec::new(),
         }
     }
 
@@ -67,6 +77,7 @@ impl Feed {
                     }
                     updates.push(update);
                 }
+                WatchItem::Sandbox(claim) => self.unknown_sandboxes.push(claim),
                 WatchItem::Tick => {}
                 WatchItem::Restarted(kind, error) => {
                     tracing::warn!(kind = kind.as_str(), %error, "watch failed; retrying");
@@ -78,7 +89,22 @@ impl Feed {
         }
         let mut view = self.view.write();
         let start = Instant::now();
-        let report = view.apply(updates);
+        let mut report = view.apply(updates);
+        for claim in std::mem::take(&mut self.unknown_sandboxes) {
+            let GateRequest {
+                namespace,
+                name,
+                ips,
+            } = &claim.request;
+            match view.claim_sandbox(namespace, name, ips, &mut report.changes) {
+                Ok(()) => self.taken_sandboxes.push(claim),
+                // Kubelet starts a sandbox for a pod it watched: ours comes soon.
+                Err(ClaimError::Unknown) if !claim.abandoned() => {
+                    self.unknown_sandboxes.push(claim)
+                }
+                Err(error) => claim.answer(Err(error.to_string())),
+            }
+        }
         let took = start.elapsed();
         self.metrics.batch_applied(took);
         // Counting walks the view (about 1 ms at 10,000 services), so only after a change.
@@ -106,11 +132,28 @@ impl Feed {
         }
     }
 
+    /// Answers the claims the last batch took: the pods are isolated when the subsystems
+    /// that enforce policy are `synced`.
+    pub fn answer_sandboxes(&mut self, synced: bool) {
+        for claim in self.taken_sandboxes.drain(..) {
+            let outcome = if synced {
+                Ok(())
+            } else {
+                Err(
+                    "this node's rules are not programmed yet (the agent is starting, or a \
+                     sync failed)"
+                        .into(),
+                )
+            };
+            claim.answer(outcome);
+        }
+    }
+
     /// Applies batches from `items` until it ends or `each` says stop.
     pub async fn drive<S, F>(&mut self, items: S, mut each: F)
     where
         S: Stream<Item = WatchItem>,
-        F: FnMut(&Feed, &Applied) -> std::ops::ControlFlow<()>,
+        F: FnMut(&mut Feed, &Applied) -> std::ops::ControlFlow<()>,
     {
         let batches = items.ready_chunks(MAX_BATCH);
         futures::pin_mut!(batches);

@@ -8,6 +8,7 @@
 
 pub mod board;
 pub mod feed;
+pub mod gate;
 pub mod handover;
 pub mod health;
 pub mod http;
@@ -24,7 +25,7 @@ use crate::cli::RunArgs;
 use crate::config::{ApiDiscovery, Config};
 use anyhow::Context;
 use feed::Feed;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use handover::Sockets;
 use metrics::{Latest, Metrics};
 use nodus_dns::Zone;
@@ -209,7 +210,9 @@ async fn start_mesh(
 ) -> anyhow::Result<MeshSubsystem> {
     let mesh_metrics = Arc::new(nodus_mesh::metrics::MeshMetrics::default());
     let mesh = nodus_mesh::Mesh::start(
-        config.mesh.settings(&config.cluster_cidrs),
+        config
+            .mesh
+            .settings(&config.cluster_cidrs, config.policy.gate()),
         mesh_metrics.clone(),
     )
     .await
@@ -411,6 +414,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let items = futures::stream::select(items, ticks(CHECK_PERIOD));
+    // New pods wait in nodus-cni until they are isolated: its requests join the items.
+    let claims = match config.policy.gate() {
+        Some(path) => match gate::listen(path) {
+            Ok(listener) => Some(gate::claims(listener)),
+            Err(error) => {
+                let error = format!("{error:#}");
+                tracing::error!(%error, "no isolation gate: nodus-cni's ADD fails until it is fixed (pods fail closed)");
+                metrics.status.view.error(error);
+                None
+            }
+        },
+        None => None,
+    };
+    let items = futures::stream::select(items, futures::stream::iter(claims).flatten());
     let reader = feed.reader();
     let successors = state.as_ref().and_then(|state| {
         let listening = state
@@ -432,6 +449,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let drive = feed.drive(items, |feed, applied| {
             feed.metrics.run_loop.beat();
             if !feed.is_complete() && !applied.stale {
+                feed.answer_sandboxes(false);
                 return ControlFlow::Continue(());
             }
             if let Some(saver) = &mut saver {
@@ -478,6 +496,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     "view updated"
                 );
             }
+            drop(view);
+            // The pods nodus-cni waits on are isolated once the proxy, which enforces
+            // policies, is in step (a proxy that failed to start isolates nothing).
+            let isolated = subsystems
+                .iter()
+                .any(|s| s.name() == "proxy" && s.is_ready());
+            feed.answer_sandboxes(isolated && !applied.stale);
             ControlFlow::Continue(())
         });
         tokio::pin!(drive);

@@ -291,6 +291,8 @@ const POD_PAGE_MAX: u32 = 50;
 #[derive(Debug)]
 pub enum WatchItem {
     Update(Update),
+    /// nodus-cni asks for a new pod's isolation ([`crate::agent::gate`]).
+    Sandbox(crate::agent::gate::Claim),
     /// A watch failed; kube-rs retries with backoff and relists when it must.
     Restarted(Kind, String),
     /// Time passed: periodic work runs even when the cluster is quiet.

@@ -806,8 +806,8 @@ impl Agent {
 /// with what differs in the sandbox on top: both families' pod ranges; the cluster DNS IP
 /// answered by each node itself (no nodus pods back `kube-dns` here); no lame duck (no
 /// load balancer or next pod waits on a sandbox node, and Ctrl-C should not); the mesh's
-/// device (names are host-wide for wireguard-go), key and conflist, and the saved view,
-/// in the node's directory.
+/// device (names are host-wide for wireguard-go), key and conflist, the isolation gate's
+/// socket and the saved view, in the node's directory.
 fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> {
     let mut config: Value =
         serde_saphyr::from_str(OVERLAY_CONFIG).context("reading the overlay's nodus.yaml")?;
@@ -819,6 +819,7 @@ fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> 
     config["mesh"]["key_file"] = path("key/wireguard.key");
     config["mesh"]["cni_conflist"] = path("10-nodus.conflist");
     config["mesh"]["cni_bin_dir"] = path("cni-bin");
+    config["policy"]["cni_socket"] = path("cni.sock");
     config["state_dir"] = path("state");
     Ok(serde_json::to_string_pretty(&config)?)
 }
@@ -1071,12 +1072,13 @@ fn serve(
             .collect();
         let cni_bin = node_dir.join("cni-bin");
         let pod = cni::add_pod(
-            node,
+            node.ns.name(),
             &conflist,
             &name,
             &node_dir.join("ipam"),
             &ips,
             &cni_bin,
+            None,
         )
         .with_context(|| format!("creating pod {name} with the CNI plugins"))?;
         let mut cmd = pod.ns.command(&exe.to_string_lossy());

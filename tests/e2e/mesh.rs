@@ -277,12 +277,13 @@ pub(crate) fn plugins(dir: &std::path::Path) -> PathBuf {
 
 fn pod_on(node: &MeshNode, name: &str) -> Pod {
     let pod = cni::add_pod(
-        &node.node,
+        node.node.ns.name(),
         &node.conflist(),
         &unique_name(name),
         &node.dir.join("ipam"),
         &[],
         &plugins(&node.dir),
+        None,
     )
     .expect("the CNI plugins create the pod");
     let mut echo = pod.ns.command(NODUS);

@@ -9,7 +9,7 @@
 
 use crate::proxy_packets::{node, service};
 use crate::support::{NODUS, Sandbox, WAIT, metric, wait_for};
-use nodus_testbed::netns;
+use nodus_testbed::{cni, netns};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
@@ -456,6 +456,49 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
                     && matches!((p.udp, p.port), (false, 9090) | (true, 8080))))
     };
     expect(&sandbox, "probes' egress limited", probes_limited);
+
+    // A new pod is isolated before its containers start. Its Pod object has no address in
+    // its status yet (kubelet writes it once the sandbox is up), so only nodus-cni's ADD,
+    // which waits until node-a has isolated the address it hands out, makes the very
+    // first connection right after ADD judged: to probe-b on TCP 8080 it is dropped, on
+    // TCP 9090, which `probes-out` allows, it passes.
+    let gap_pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "gap", "namespace": "ops", "labels": {"app": "probe"}},
+        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "echo:test"}]}});
+    kubectl(&sandbox, &["apply"], Some(&gap_pod));
+    let node_a = sandbox.dir.join("node-a");
+    let gap = cni::add_pod(
+        &sandbox.ns("nodes", "node-a"),
+        &node_a.join("10-nodus.conflist"),
+        &netns::unique_name("gap"),
+        &node_a.join("ipam"),
+        &[],
+        &node_a.join("cni-bin"),
+        Some(("ops", "gap")),
+    )
+    .expect("nodus-cni's ADD, confirmed by node-a");
+    assert!(
+        !answered(
+            probe_in(gap.ns.name(), "http://10.244.2.12:8080/"),
+            "probe-b"
+        ),
+        "the new pod's first connection is judged by its policy"
+    );
+    assert!(answered(
+        probe_in(gap.ns.name(), "http://10.244.2.12:9090/"),
+        "probe-b"
+    ));
+    drop(gap);
+    let gone = [
+        "delete",
+        "pod",
+        "-n",
+        "ops",
+        "gap",
+        "--grace-period=0",
+        "--force",
+    ];
+    kubectl(&sandbox, &gone, None);
 
     // After the proxy's DNAT the policy sees the endpoint: api-b reaches db through its
     // ClusterIP, web-a does not, and db-a reaches itself (a pod to itself always passes).

@@ -2,7 +2,7 @@
 //! reference ones from Debian's `containernetworking-plugins`) run against a conflist,
 //! inside the node's namespace.
 
-use crate::netns::{Netns, Node, Pod};
+use crate::netns::{Netns, Pod};
 use anyhow::{Context, bail};
 use serde_json::Value;
 use std::io::Write;
@@ -13,18 +13,21 @@ use std::process::{Command, Stdio};
 /// Where Debian installs the plugins.
 pub const CNI_PATH: &str = "/usr/lib/cni";
 
-/// Creates pod `name` on `node` by running `ADD` of every plugin of the conflist at
+/// Creates pod `name` on the node whose network namespace is `node_ns` by running `ADD`
+/// of every plugin of the conflist at
 /// `conflist`, chained as a runtime chains them. `host-local` keeps its leases in
 /// `data_dir` (a runtime would use /var/lib/cni, which is shared by every namespace).
 /// `ips` asks `host-local` for fixed addresses through the `args.cni.ips` convention.
 /// The plugins are those in `cni_bin` ([`CNI_PATH`], or a node's own directory).
+/// `kubernetes_pod` (namespace, name) is passed in `CNI_ARGS` as kubelet passes it.
 pub fn add_pod(
-    node: &Node,
+    node_ns: &str,
     conflist: &Path,
     name: &str,
     data_dir: &Path,
     ips: &[IpAddr],
     cni_bin: &Path,
+    kubernetes_pod: Option<(&str, &str)>,
 ) -> anyhow::Result<Pod> {
     let text = std::fs::read_to_string(conflist)
         .with_context(|| format!("reading {}", conflist.display()))?;
@@ -53,7 +56,7 @@ pub fn add_pod(
             .as_str()
             .context("a plugin without a type")?
             .to_string();
-        result = run_plugin(node.ns.name(), cni_bin, &kind, ns.name(), &config)?;
+        result = run_plugin(node_ns, cni_bin, &kind, ns.name(), &config, kubernetes_pod)?;
     }
     let mut pod = Pod {
         ns,
@@ -107,9 +110,15 @@ fn run_plugin(
     kind: &str,
     pod_ns: &str,
     config: &Value,
+    kubernetes_pod: Option<(&str, &str)>,
 ) -> anyhow::Result<Value> {
     let plugin = cni_bin.join(kind);
-    let mut child = Command::new("ip")
+    let mut command = Command::new("ip");
+    if let Some((namespace, name)) = kubernetes_pod {
+        let args = format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}");
+        command.env("CNI_ARGS", args);
+    }
+    let mut child = command
         .args(["netns", "exec", node_ns])
         .arg(&plugin)
         .env("CNI_COMMAND", "ADD")

@@ -5,7 +5,7 @@ use crate::decode::{self, InvalidObject};
 use crate::intern::{Interner, Sym};
 use crate::model::{Cidr, LocalPod, Node, Service, Slice};
 use crate::policy::resolve::{Connection, Direction, Judgement, PodPolicy};
-use crate::policy::store::{Dirty, PolicyState};
+use crate::policy::store::{ClaimError, Dirty, PolicyState};
 use crate::resolve::NodeContext;
 use crate::reverse::ReverseIndex;
 use crate::{policy, wire};
@@ -800,9 +800,21 @@ impl View {
         // What the last version claimed is not trusted past a version that is wrong.
         let mut error = None;
         match for_policy {
-            Ok(pod) => self
-                .policy
-                .put_pod(key, pod, &mut self.strings, policy_pods),
+            Ok(mut pod) => {
+                // The addresses nodus-cni gave it stay until the status reports them, or
+                // the pod ends.
+                let ended = matches!(wire.status.phase.as_deref(), Some("Succeeded" | "Failed"))
+                    || wire.spec.host_network == Some(true)
+                    || !pod.local;
+                let sandbox = self.policy.sandboxes.get(&key);
+                if ended || sandbox.is_some_and(|ips| ips.iter().all(|ip| pod.ips.contains(ip))) {
+                    self.policy.sandboxes.remove(&key);
+                } else {
+                    pod.ips = self.policy.addresses_with_sandbox(key, &pod.ips);
+                }
+                self.policy
+                    .put_pod(key, pod, &mut self.strings, policy_pods)
+            }
             Err(e) => {
                 error = Some(e);
                 self.policy.remove_pod(key, &mut self.strings, policy_pods);
@@ -858,6 +870,21 @@ impl View {
                 Err((Kind::NetworkPolicy, error))
             }
         }
+    }
+
+    /// nodus-cni gave pod `namespace/name` of this node `ips` (its new sandbox's):
+    /// policies see it at them until its status reports them, so that it is isolated
+    /// before its containers start. The pods whose verdicts that changes join `changes`.
+    pub fn claim_sandbox(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        ips: &[IpAddr],
+        changes: &mut ChangeSet,
+    ) -> Result<(), ClaimError> {
+        let key = object_hash(Kind::Pod, namespace, name);
+        self.policy
+            .claim_sandbox(key, ips, &mut changes.policy_pods)
     }
 
     /// What NetworkPolicies allow each address of each pod of this node they select,

@@ -10,7 +10,7 @@
 
 pub mod decode;
 pub mod resolve;
-pub(crate) mod store;
+pub mod store;
 
 use crate::intern::{Interner, Sym};
 use crate::model::Protocol;

@@ -494,6 +494,7 @@ fn allow(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::store::ClaimError;
     use crate::{Kind, Update, View};
     use serde_json::json;
 
@@ -855,6 +856,64 @@ mod tests {
             Some(1),
             "ingress as before"
         );
+    }
+
+    #[test]
+    fn a_new_sandbox_is_isolated_at_the_addresses_nodus_cni_gave_it() {
+        let mut view = cluster();
+        view.apply([policy(
+            "shop",
+            "deny",
+            json!({"podSelector": {}, "policyTypes": ["Egress"]}),
+        )]);
+        let isolated = |view: &View| -> BTreeSet<IpAddr> {
+            view.pod_policies().iter().map(|p| p.ip).collect()
+        };
+        let before = isolated(&view);
+        // A pod of this node whose status has no address yet.
+        let pending = |status: serde_json::Value| {
+            let mut update = pod("shop", "new", "node-a", "10.1.0.9", json!({"app": "new"}));
+            if let Update::Pod(wire) = &mut update {
+                wire.status = serde_json::from_value(status).expect("status");
+            }
+            update
+        };
+        view.apply([pending(json!({"phase": "Pending"}))]);
+        assert_eq!(isolated(&view), before);
+        let mut changes = crate::ChangeSet::default();
+        let ips = [ip("10.1.0.9")];
+        assert_eq!(
+            view.claim_sandbox("shop", "unknown", &ips, &mut changes),
+            Err(ClaimError::Unknown)
+        );
+        assert_eq!(
+            view.claim_sandbox("ops", "probe", &ips, &mut changes),
+            Err(ClaimError::OtherNode)
+        );
+        view.claim_sandbox("shop", "new", &ips, &mut changes)
+            .expect("claimed");
+        assert_eq!(
+            changes.policy_pods.len(),
+            1,
+            "the new pod is resolved again"
+        );
+        assert!(isolated(&view).contains(&ips[0]));
+        // A status still without addresses keeps the claim; one with them takes over.
+        view.apply([pending(json!({"phase": "Pending"}))]);
+        assert!(isolated(&view).contains(&ips[0]));
+        view.apply([pending(
+            json!({"phase": "Running", "podIPs": [{"ip": "10.1.0.9"}]}),
+        )]);
+        view.apply([pending(json!({"phase": "Pending"}))]);
+        assert!(
+            !isolated(&view).contains(&ips[0]),
+            "the claim went with the status"
+        );
+        // An ended pod keeps none.
+        view.claim_sandbox("shop", "new", &ips, &mut changes)
+            .expect("claimed");
+        view.apply([pending(json!({"phase": "Failed"}))]);
+        assert!(!isolated(&view).contains(&ips[0]));
     }
 
     #[test]

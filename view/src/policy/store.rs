@@ -9,6 +9,7 @@
 use super::{LabelSet, NetworkPolicy, PolicyPod, SharedLabels, release_labels};
 use crate::intern::{Interner, Sym};
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 /// The keys of `map` a relist did not deliver (the view's pod index uses it too).
@@ -63,6 +64,20 @@ pub(crate) struct PolicyState {
     pub(super) namespaces: HashMap<Sym, Option<LabelSet>>,
     pub(super) policies: HashMap<u64, NetworkPolicy>,
     pub(crate) label_sets: LabelSets,
+    /// The addresses nodus-cni gave pods of this node whose status does not report them
+    /// yet, by pod key: policies see a pod at these too, so that it is isolated before
+    /// its containers start.
+    pub(crate) sandboxes: HashMap<u64, Box<[IpAddr]>>,
+}
+
+/// Why addresses nodus-cni reports for a pod cannot be taken.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ClaimError {
+    /// The watch has not delivered the pod yet: worth asking again.
+    #[error("the pod is not known (yet) to this node's agent")]
+    Unknown,
+    #[error("the pod is not scheduled to this node")]
+    OtherNode,
 }
 
 impl PolicyState {
@@ -149,7 +164,44 @@ impl PolicyState {
         }
     }
 
+    /// A pod's addresses as policies see them: those its status reports and those
+    /// nodus-cni gave it that the status does not report yet (a new sandbox's), sorted.
+    pub(crate) fn addresses_with_sandbox(&self, key: u64, reported: &[IpAddr]) -> Box<[IpAddr]> {
+        let mut ips = reported.to_vec();
+        let sandbox = self.sandboxes.get(&key).into_iter().flatten();
+        ips.extend(sandbox.filter(|ip| !reported.contains(ip)));
+        ips.sort_unstable();
+        ips.into()
+    }
+
+    /// nodus-cni gave the pod `key` of this node `ips`: it is seen at them (too) until its
+    /// status reports them, marking what that changes.
+    pub(crate) fn claim_sandbox(
+        &mut self,
+        key: u64,
+        ips: &[IpAddr],
+        dirty: &mut Dirty,
+    ) -> Result<(), ClaimError> {
+        let pod = self.pods.get(&key).ok_or(ClaimError::Unknown)?;
+        if !pod.local {
+            return Err(ClaimError::OtherNode);
+        }
+        if ips.iter().all(|ip| pod.ips.contains(ip)) {
+            return Ok(());
+        }
+        self.sandboxes.insert(key, ips.into());
+        let mut claimed = pod.clone();
+        claimed.ips = self.addresses_with_sandbox(key, &pod.ips);
+        self.pod_changes(key, Some(pod), Some(&claimed), dirty);
+        self.local.insert(key);
+        if let Some(stored) = self.pods.get_mut(&key) {
+            stored.ips = claimed.ips;
+        }
+        Ok(())
+    }
+
     pub(crate) fn remove_pod(&mut self, key: u64, strings: &mut Interner, dirty: &mut Dirty) {
+        self.sandboxes.remove(&key);
         if let Some(old) = self.pods.remove(&key) {
             self.pod_changes(key, Some(&old), None, dirty);
             self.local.remove(&key);
