@@ -532,12 +532,27 @@ pub struct PodSpec {
     pub dns_config: Option<PodDnsConfig>,
     #[serde(default, deserialize_with = "null_default")]
     pub containers: Vec<Container>,
+    /// Only those with `restartPolicy: Always` (native sidecars) serve: their named
+    /// ports count as the main containers' do.
+    #[serde(default, deserialize_with = "null_default")]
+    pub init_containers: Vec<Container>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Container {
     #[serde(default, deserialize_with = "null_default")]
     pub ports: Vec<ContainerPort>,
+    pub restart_policy: Option<String>,
+}
+
+impl PodSpec {
+    /// The containers that run beside the pod's main ones: those and its native sidecars.
+    pub fn serving_containers(&self) -> impl Iterator<Item = &Container> {
+        let sidecars = self.init_containers.iter();
+        let sidecars = sidecars.filter(|c| c.restart_policy.as_deref() == Some("Always"));
+        self.containers.iter().chain(sidecars)
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

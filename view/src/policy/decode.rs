@@ -236,7 +236,7 @@ impl<'a> Taker<'a> {
             .label_map(&wire.metadata.labels)
             .map(SharedLabels::from);
         let mut ports = Vec::new();
-        for container in &wire.spec.containers {
+        for container in wire.spec.serving_containers() {
             for port in &container.ports {
                 let Some(name) = port.name.as_deref().filter(|n| !n.is_empty()) else {
                     continue;

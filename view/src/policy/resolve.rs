@@ -917,6 +917,36 @@ mod tests {
     }
 
     #[test]
+    fn a_native_sidecars_named_port_counts_and_an_init_containers_does_not() {
+        let mut view = cluster();
+        let mut web = pod("shop", "web", "node-a", "10.1.0.2", json!({"app": "web"}));
+        if let Update::Pod(wire) = &mut web {
+            wire.spec.init_containers = serde_json::from_value(json!([
+                {"restartPolicy": "Always", "ports": [{"name": "metrics", "containerPort": 9100}]},
+                {"ports": [{"name": "setup", "containerPort": 7000}]}
+            ]))
+            .expect("init containers");
+        }
+        view.apply([web]);
+        view.apply([policy(
+            "shop",
+            "web",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"from": [{"ipBlock": {"cidr": "10.9.0.0/16"}}],
+                                "ports": [{"port": "metrics"}, {"port": "setup"}]}]}),
+        )]);
+        let web = view.pod_policies();
+        assert_eq!(
+            web[0].ingress,
+            Some(vec![Allowance {
+                peer: (ip("10.9.0.0"), ip("10.9.255.255")),
+                protocol: Some(Protocol::Tcp),
+                ports: (9100, 9100),
+            }])
+        );
+    }
+
+    #[test]
     fn an_egress_named_port_to_an_ip_block_is_resolved_on_the_pods_inside() {
         let mut view = cluster();
         view.apply([policy(
