@@ -115,9 +115,12 @@ pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>
                 }
             }
         }
+        // The link (with the node's route to the address) goes before the lease: an
+        // address given back while its route stays would fail the next pod's ADD. Both
+        // steps are no-ops when done already, so a DEL that failed half-way is retried.
         (Command::Del, _) => {
-            ipam::delegate(&parsed.ipam, &call.cni_path, Command::Del, config)?;
             runtime.block_on(link::del(call))?;
+            ipam::delegate(&parsed.ipam, &call.cni_path, Command::Del, config)?;
             Ok(None)
         }
         (Command::Check, Some(netns)) => {

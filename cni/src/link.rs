@@ -336,15 +336,42 @@ fn enable_forwarding(addressing: &Addressing) -> Result<(), Error> {
             "/proc/sys/net/ipv6/conf/all/forwarding",
         ),
     ];
-    for (_, switch) in switches
+    for (family, switch) in switches
         .into_iter()
         .filter(|(family, _)| addressing.has_family_of(*family))
     {
         if std::fs::read_to_string(switch).is_ok_and(|v| v.trim() == "1") {
             continue;
         }
+        if family.is_ipv6() {
+            keep_accepting_router_advertisements(Path::new("/proc/sys/net/ipv6/conf"))?;
+        }
         std::fs::write(switch, "1")
             .map_err(|e| Error::new(code::IO, format!("writing 1 to {switch}: {e}")))?;
+    }
+    Ok(())
+}
+
+/// A forwarding node ignores router advertisements where `accept_ra` is 1, so a host
+/// that takes its IPv6 default route from SLAAC would lose it with its first IPv6 pod:
+/// every interface (and the default for new ones) that accepts them now is set to 2,
+/// which accepts them while forwarding.
+fn keep_accepting_router_advertisements(conf: &Path) -> Result<(), Error> {
+    let entries = std::fs::read_dir(conf)
+        .map_err(|e| Error::new(code::IO, format!("reading {}: {e}", conf.display())))?;
+    for entry in entries.flatten() {
+        let accept_ra = entry.path().join("accept_ra");
+        if entry.file_name() == "all"
+            || !std::fs::read_to_string(&accept_ra).is_ok_and(|v| v.trim() == "1")
+        {
+            continue;
+        }
+        std::fs::write(&accept_ra, "2").map_err(|e| {
+            Error::new(
+                code::IO,
+                format!("writing 2 to {}: {e}", accept_ra.display()),
+            )
+        })?;
     }
     Ok(())
 }

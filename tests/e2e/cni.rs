@@ -121,8 +121,21 @@ fn the_pod_plugin_links_pods_through_the_node_and_undoes_it() {
         Netns::new("cnia").expect("pod"),
         Netns::new("cnib").expect("pod"),
     );
+    let sysctl = |path: &str| {
+        let value = node.ns.exec("cat", &[path]).expect("a sysctl");
+        value.trim().to_string()
+    };
+    let accept_ra = "/proc/sys/net/ipv6/conf/default/accept_ra";
+    assert_eq!(
+        sysctl(accept_ra),
+        "1",
+        "a new namespace takes advertisements"
+    );
     let first = node.add(&one);
     let second = node.add(&two);
+    // The node forwards now, and still takes router advertisements (2: even forwarding).
+    assert_eq!(sysctl("/proc/sys/net/ipv6/conf/all/forwarding"), "1");
+    assert_eq!(sysctl(accept_ra), "2");
 
     // The result: the node's end, the pod's end in its namespace, both families.
     let host = first["interfaces"][0]["name"].as_str().expect("host end");
@@ -187,6 +200,21 @@ fn the_pod_plugin_links_pods_through_the_node_and_undoes_it() {
     let (ok, _) = node.call("DEL", "another", &netns_path(&one), &node.config());
     assert!(ok, "DEL of what was never made");
     assert_eq!(node.leases().len(), 4);
+
+    // A DEL whose IPAM plugin fails has removed the link first, and keeps the lease: an
+    // address given back while its route stayed would fail the next pod's ADD.
+    let mut broken = node.config();
+    broken["ipam"]["type"] = "no-such-ipam".into();
+    let (ok, reply) = node.call("DEL", one.name(), &netns_path(&one), &broken);
+    assert!(!ok, "DEL without its IPAM plugin: {reply}");
+    assert!(
+        one.ip(&["link", "show", "eth0"]).is_err(),
+        "eth0 is gone first"
+    );
+    assert!(
+        node.leased(&one_v4),
+        "the lease stays until the IPAM plugin frees it"
+    );
 
     // DEL removes both ends and the leases; again, and without the namespace, it succeeds.
     let (ok, reply) = node.call("DEL", one.name(), &netns_path(&one), &node.config());
