@@ -24,6 +24,11 @@ pub const SAVE_PERIOD: Duration = Duration::from_secs(30);
 /// The buffer a save streams through.
 const SAVE_BUFFER: usize = 64 << 10;
 
+/// The oldest saved view a start uses. Its answers are served as the cluster's until the
+/// lists replace them, so a week-old file would hand out reassigned addresses; RFC 8767
+/// caps stale DNS data at one to three days.
+pub const SAVED_VIEW_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
 /// The state directory of one node's agent.
 #[derive(Clone, Debug)]
 pub struct StateDir {
@@ -45,17 +50,50 @@ impl StateDir {
         self.dir.join(format!("view-{}", self.node))
     }
 
-    /// The view saved for this node, if there is one that can be used; why not is logged.
+    /// While a start restores the saved view it is under this name: a view that kills
+    /// the process as it is read (out of memory, say) is not read again by the next start.
+    fn restoring_path(&self) -> PathBuf {
+        self.dir.join(format!("view-{}.restoring", self.node))
+    }
+
+    /// The view saved for this node, if there is one that can be used (not older than
+    /// [`SAVED_VIEW_MAX_AGE`], not one a start died reading); why not is logged.
     pub fn restore(&self) -> Option<(View, Restored)> {
-        let path = self.view_path();
+        let (saved, restoring) = (self.view_path(), self.restoring_path());
+        if std::fs::remove_file(&restoring).is_ok() {
+            tracing::warn!(path = %restoring.display(), "the last start ended while restoring this saved view; not using it");
+        }
+        match std::fs::rename(&saved, &restoring) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(error) => {
+                tracing::warn!(path = %saved.display(), %error, "cannot take the saved view; starting without it");
+                return None;
+            }
+        }
+        let restored = self.read(&restoring);
+        // Restored (or refused) whole: the file goes back for the next start.
+        if let Err(error) = std::fs::rename(&restoring, &saved) {
+            tracing::warn!(path = %saved.display(), %error, "cannot put the saved view back");
+        }
+        restored
+    }
+
+    /// The saved view as it is, for a command that inspects it beside a running agent
+    /// (which may be restoring or saving it): read in place, never moved.
+    pub fn peek(&self) -> Option<(View, Restored)> {
+        self.read(&self.view_path())
+    }
+
+    fn read(&self, path: &Path) -> Option<(View, Restored)> {
         let started = Instant::now();
-        let read = std::fs::metadata(&path).and_then(|meta| {
+        let read = std::fs::metadata(path).and_then(|meta| {
             match meta.len() > nodus_view::view::SNAPSHOT_MAX_BYTES as u64 {
                 true => Err(std::io::Error::other(format!(
                     "{} bytes, more than a saved view may take",
                     meta.len()
                 ))),
-                false => Ok((std::fs::read(&path)?, meta.modified()?)),
+                false => Ok((std::fs::read(path)?, meta.modified()?)),
             }
         });
         let (bytes, saved) = match read {
@@ -66,6 +104,12 @@ impl StateDir {
                 return None;
             }
         };
+        // A time in the future (a clock set back) counts as now.
+        let age = saved.elapsed().unwrap_or_default();
+        if age > SAVED_VIEW_MAX_AGE {
+            tracing::warn!(path = %path.display(), age_hours = age.as_secs() / 3600, "the saved view is older than a day; starting without it");
+            return None;
+        }
         match View::restore(&self.node, &bytes) {
             Ok(view) => Some((
                 view,
@@ -223,6 +267,20 @@ mod tests {
         assert!(metrics.render().contains("nodus_view_saves_total 1"));
         let other = StateDir::new(&dir, "node-b").expect("a usable name");
         assert!(other.restore().is_none(), "another node's file is not read");
+        // A view older than a day is not used; nor is one a start died reading.
+        let file = std::fs::File::options()
+            .write(true)
+            .open(state.view_path())
+            .expect("the saved view");
+        let two_days_ago = std::time::SystemTime::now() - 2 * SAVED_VIEW_MAX_AGE;
+        file.set_modified(two_days_ago).expect("an old time");
+        assert!(state.restore().is_none(), "too old");
+        file.set_modified(std::time::SystemTime::now())
+            .expect("now");
+        assert!(state.restore().is_some(), "and put back for the next start");
+        std::fs::rename(state.view_path(), state.restoring_path()).expect("as a crash leaves it");
+        assert!(state.restore().is_none(), "a start died reading it");
+        assert!(!state.restoring_path().exists());
         // A damaged file is refused, and the agent starts without it.
         std::fs::write(state.view_path(), b"nodusvw\x01 and then garbage").expect("damage");
         assert!(state.restore().is_none());

@@ -108,7 +108,7 @@ fn saved_view(dir: &std::path::Path, node: &str) -> anyhow::Result<View> {
     let state = StateDir::new(dir, node)
         .ok_or_else(|| anyhow::anyhow!("{node:?} cannot name a saved view"))?;
     let path = state.view_path();
-    state.restore().map(|(view, _)| view).ok_or_else(|| {
+    state.peek().map(|(view, _)| view).ok_or_else(|| {
         anyhow::anyhow!(
             "no usable saved view at {} (the agent saves one when its state_dir is set)",
             path.display()
