@@ -9,7 +9,7 @@ use super::{NetworkPolicy, Peer, PolicyPod, PolicyRule, PortRef, Selector};
 use crate::intern::{Interner, Sym};
 use crate::model::{Family, Protocol};
 use crate::ranges::{from_number, merge_ranges};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
 /// Traffic one rule allows: from or to `peer` (inclusive), over `protocol` (any when
@@ -265,8 +265,56 @@ impl PolicyState {
                 });
             }
         }
+        self.close_shared_addresses(only, &mut resolved);
         resolved.sort_unstable_by_key(|p| (p.pod, p.ip));
         resolved
+    }
+
+    /// Of an address that several pods of this node claim (one reused while the old
+    /// pod's object is still there), the kernel can hold one verdict: it is listed once,
+    /// under the lowest key of those pods, failing closed (allowed nothing but itself) in
+    /// every direction a policy governs any of them; never under the others, whose
+    /// elements would otherwise overlap or be removed with them.
+    fn close_shared_addresses(&self, only: Option<&BTreeSet<u64>>, resolved: &mut Vec<PodPolicy>) {
+        let mut claims: HashMap<IpAddr, Vec<u64>> = HashMap::new();
+        for key in &self.local {
+            for &ip in self
+                .pods
+                .get(key)
+                .into_iter()
+                .flat_map(|pod| pod.ips.iter())
+            {
+                claims.entry(ip).or_default().push(*key);
+            }
+        }
+        claims.retain(|_, keys| keys.len() > 1);
+        if claims.is_empty() {
+            return;
+        }
+        resolved.retain(|p| !claims.contains_key(&p.ip));
+        for (ip, keys) in claims {
+            let owner = keys.iter().copied().min().unwrap_or_default();
+            if only.is_some_and(|only| !only.contains(&owner)) {
+                continue;
+            }
+            let governs = |direction: Direction| {
+                let sharers = keys.iter().filter_map(|key| self.pods.get(key));
+                let mut pairs =
+                    sharers.flat_map(|pod| self.policies.values().map(move |p| (p, pod)));
+                pairs.any(|(policy, pod)| policy.selects(pod) && policy.rules(direction).is_some())
+            };
+            let closed = |direction| governs(direction).then(Vec::new);
+            let (ingress, egress) = (closed(Direction::Ingress), closed(Direction::Egress));
+            if ingress.is_some() || egress.is_some() {
+                resolved.push(PodPolicy {
+                    pod: owner,
+                    ip,
+                    ingress,
+                    egress,
+                    over_cap: Vec::new(),
+                });
+            }
+        }
     }
 }
 
@@ -944,6 +992,56 @@ mod tests {
                 ports: (9100, 9100),
             }])
         );
+    }
+
+    #[test]
+    fn an_address_two_pods_of_this_node_claim_is_listed_once_and_closed() {
+        let mut view = cluster();
+        view.apply([policy(
+            "shop",
+            "web-from-ops",
+            json!({"podSelector": {"matchLabels": {"app": "web"}},
+                   "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {"team": "ops"}}}]}]}),
+        )]);
+        let web_ip = ip("10.1.0.2");
+        let of_web = |view: &View| -> Vec<PodPolicy> {
+            view.pod_policies()
+                .into_iter()
+                .filter(|p| p.ip == web_ip)
+                .collect()
+        };
+        let open = of_web(&view);
+        assert_eq!(open.len(), 1);
+        assert_eq!(
+            open[0].ingress.as_ref().map(Vec::len),
+            Some(1),
+            "ops' probe"
+        );
+        // The old pod's object still claims the address a new pod was given.
+        let report = view.apply([pod(
+            "shop",
+            "old",
+            "node-a",
+            "10.1.0.2",
+            json!({"app": "old"}),
+        )]);
+        let closed = of_web(&view);
+        assert_eq!(closed.len(), 1, "once: {closed:?}");
+        assert_eq!(closed[0].ingress, Some(vec![]));
+        assert_eq!(closed[0].egress, None);
+        assert!(report.changes.policy_pods.contains(&open[0].pod));
+        // Resolving only the pods a change names says the same.
+        let keys: BTreeSet<u64> = [open[0].pod, closed[0].pod].into();
+        let partial = view.pod_policies_of(&keys);
+        assert_eq!(partial.iter().filter(|p| p.ip == web_ip).count(), 1);
+        // The old pod goes: the new one is judged by its policy again.
+        let report = view.apply([Update::Deleted {
+            kind: Kind::Pod,
+            namespace: "shop".into(),
+            name: "old".into(),
+        }]);
+        assert!(report.changes.policy_pods.contains(&open[0].pod));
+        assert_eq!(of_web(&view), open);
     }
 
     #[test]

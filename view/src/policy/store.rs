@@ -123,6 +123,18 @@ impl PolicyState {
         dirty: &mut Dirty,
     ) {
         let versions = || old.into_iter().chain(new);
+        // Pods of this node at one of its addresses: which of them lists a shared address
+        // may change.
+        if versions().any(|v| v.local) {
+            for other in &self.local {
+                let sharing = self.pods.get(other).is_some_and(|pod| {
+                    versions().any(|v| v.ips.iter().any(|ip| pod.ips.contains(ip)))
+                });
+                if sharing {
+                    dirty.insert(*other);
+                }
+            }
+        }
         for policy in self.policies.values() {
             if versions().any(|pod| policy.selects(pod)) {
                 dirty.insert(key);
