@@ -228,6 +228,9 @@ pub fn peer_endpoints_seen(desired: &Desired, learned: &BTreeMap<Key, SocketAddr
     entries.join(",")
 }
 
+/// Why a node is left out whose claims overlap those granted to another.
+pub const OVERLAPS: &str = "its pod CIDRs or addresses overlap another node's";
+
 /// Why a node is left out while it joins: nothing is wrong with it.
 pub const NO_KEY: &str = "no WireGuard key published";
 pub const NO_POD_CIDRS: &str = "no pod CIDRs";
@@ -254,7 +257,7 @@ fn conflict(
         return Some("its key is another node's");
     }
     if peer.allowed_ips.iter().any(|c| overlaps_any(claimed, *c)) {
-        return Some("its pod CIDRs or addresses overlap another node's");
+        return Some(OVERLAPS);
     }
     None
 }
@@ -781,6 +784,18 @@ mod tests {
         )
     }
 
+    /// n3, ready, made on 2024-06-01, at 192.168.1.3.
+    fn ready_n3() -> Update {
+        let n3 = node(
+            "n3",
+            &["10.244.3.0/24"],
+            &["192.168.1.3"],
+            Some(key(3)),
+            None,
+        );
+        created_at(ready(n3), "2024-06-01T00:00:00Z")
+    }
+
     fn peers_of(plan: &Desired) -> Vec<&str> {
         plan.peer_nodes.values().map(|n| &**n).collect()
     }
@@ -799,16 +814,6 @@ mod tests {
             );
             created_at(ghost, "2024-01-01T00:00:00Z")
         };
-        let new_machine = || {
-            let n3 = node(
-                "n3",
-                &["10.244.3.0/24"],
-                &["192.168.1.3"],
-                Some(key(3)),
-                None,
-            );
-            created_at(ready(n3), "2024-06-01T00:00:00Z")
-        };
         let before = desired(
             &view(vec![own(), ghost()]),
             &settings(),
@@ -818,14 +823,13 @@ mod tests {
         assert_eq!(peers_of(&before), ["ghost"]);
         // Even though the ghost was a peer in the last plan, the ready node takes over.
         let plan = desired(
-            &view(vec![own(), ghost(), new_machine()]),
+            &view(vec![own(), ghost(), ready_n3()]),
             &settings(),
             &key(1),
             &before,
         );
         assert_eq!(peers_of(&plan), ["n3"]);
-        let overlap = "its pod CIDRs or addresses overlap another node's";
-        assert_eq!(plan.skipped, vec![("ghost".into(), overlap)]);
+        assert_eq!(plan.skipped, vec![("ghost".into(), OVERLAPS)]);
     }
 
     #[test]
@@ -835,18 +839,8 @@ mod tests {
             let n2 = node("n2", &["10.244.2.0/24"], ips, Some(key), None);
             created_at(ready(n2), "2024-01-01T00:00:00Z")
         };
-        let n3 = || {
-            let n3 = node(
-                "n3",
-                &["10.244.3.0/24"],
-                &["192.168.1.3"],
-                Some(key(3)),
-                None,
-            );
-            created_at(ready(n3), "2024-06-01T00:00:00Z")
-        };
         let settled = desired(
-            &view(vec![own(), n2(&["192.168.1.2"], key(2)), n3()]),
+            &view(vec![own(), n2(&["192.168.1.2"], key(2)), ready_n3()]),
             &settings(),
             &key(1),
             &Desired::default(),
@@ -858,13 +852,12 @@ mod tests {
             view(vec![
                 own(),
                 n2(&["192.168.1.2", "192.168.1.3"], key(2)),
-                n3(),
+                ready_n3(),
             ])
         };
         let plan = desired(&squatting(), &settings(), &key(1), &settled);
         assert_eq!(peers_of(&plan), ["n3"]);
-        let overlap = "its pod CIDRs or addresses overlap another node's";
-        assert_eq!(plan.skipped, vec![("n2".into(), overlap)]);
+        assert_eq!(plan.skipped, vec![("n2".into(), OVERLAPS)]);
         // It stays so at the next plan, now that n3 alone is established.
         assert_eq!(
             peers_of(&desired(&squatting(), &settings(), &key(1), &plan)),
@@ -874,7 +867,7 @@ mod tests {
         let afresh = desired(&squatting(), &settings(), &key(1), &Desired::default());
         assert_eq!(peers_of(&afresh), ["n2"]);
         // n2 copies n3's public key: the key stays n3's.
-        let copied = view(vec![own(), n2(&["192.168.1.2"], key(3)), n3()]);
+        let copied = view(vec![own(), n2(&["192.168.1.2"], key(3)), ready_n3()]);
         let plan = desired(&copied, &settings(), &key(1), &settled);
         assert_eq!(peers_of(&plan), ["n3"]);
         assert_eq!(plan.peer_nodes.get(&key(3)).map(|n| &**n), Some("n3"));
