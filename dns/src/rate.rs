@@ -1,34 +1,39 @@
-//! Response-rate limiting per client prefix, as BIND's and NSD's RRL do it: a UDP client's
-//! source can be forged, so a flood of queries "from" a victim would make DNS a reflector.
-//! Each prefix (/24 for IPv4, /56 for IPv6: a node's pods, or one site) has a token bucket
-//! of [`RateLimitSettings::responses_per_second`]; over it, responses are dropped, and every
+//! Response-rate limiting per client address, as BIND's and NSD's RRL do it: a UDP
+//! client's source can be forged, so a flood of queries "from" a victim would make DNS a
+//! reflector. Each client address has a token bucket of
+//! [`RateLimitSettings::responses_per_second`]; over it, responses are dropped, and every
 //! [`RateLimitSettings::slip`]-th one is sent truncated instead (TC, no records), so that a
 //! real client asks again over TCP, whose source cannot be forged, and is never cut off.
 //!
-//! Loopback is not limited: it cannot be forged from outside the host. TCP is not limited.
-//! The table holds at most [`MAX_PREFIXES`]; idle buckets are forgotten first.
+//! Per address, not per /24 as an authoritative server facing the Internet keys it: here
+//! the clients are a node's pods, which share a /24 and which nobody outside can forge
+//! (they sit behind their veths), so a prefix's bucket would let one busy pod get its
+//! neighbours' answers dropped. Loopback is not limited: it cannot be forged from outside
+//! the host. TCP is not limited. The table holds at most [`MAX_CLIENTS`]; idle buckets
+//! are forgotten first.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Prefixes tracked at once; beyond, once idle ones are gone, a new prefix is not limited
+/// Clients tracked at once; beyond, once idle ones are gone, a new client is not limited
 /// (the allow-list already bounds who may ask).
-pub const MAX_PREFIXES: usize = 16_384;
+pub const MAX_CLIENTS: usize = 16_384;
 
 /// What the limit allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RateLimitSettings {
-    /// Responses per second to one prefix, and the burst allowed; 0 turns limiting off.
+    /// Responses per second to one client address, and the burst allowed; 0 turns
+    /// limiting off.
     pub responses_per_second: u32,
     /// Every `slip`-th response over the limit goes out truncated; 0 drops them all.
     pub slip: u32,
 }
 
 impl Default for RateLimitSettings {
-    /// High enough for every pod of a busy node behind one /24 (a request through a
-    /// search path costs up to 5 queries), low enough to bound what a forged flood gets.
+    /// High enough for the busiest pod (a request through a search path costs up to 5
+    /// queries), low enough to bound what a forged flood gets.
     fn default() -> RateLimitSettings {
         RateLimitSettings {
             responses_per_second: 10_000,
@@ -57,7 +62,7 @@ struct Bucket {
 #[derive(Debug)]
 pub struct RateLimit {
     settings: RateLimitSettings,
-    buckets: Mutex<HashMap<u128, Bucket>>,
+    buckets: Mutex<HashMap<(bool, u128), Bucket>>,
 }
 
 impl RateLimit {
@@ -76,17 +81,17 @@ impl RateLimit {
         }
         let rate = f64::from(rate);
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let prefix = prefix_of(client);
-        if !buckets.contains_key(&prefix) && buckets.len() >= MAX_PREFIXES {
+        let key = key_of(client);
+        if !buckets.contains_key(&key) && buckets.len() >= MAX_CLIENTS {
             // A bucket refilled to the brim is idle: forget those.
             buckets.retain(|_, b| {
                 b.tokens + now.saturating_duration_since(b.refilled).as_secs_f64() * rate < rate
             });
-            if buckets.len() >= MAX_PREFIXES {
+            if buckets.len() >= MAX_CLIENTS {
                 return Verdict::Send;
             }
         }
-        let bucket = buckets.entry(prefix).or_insert(Bucket {
+        let bucket = buckets.entry(key).or_insert(Bucket {
             tokens: rate,
             refilled: now,
             over: 0,
@@ -108,11 +113,12 @@ impl RateLimit {
     }
 }
 
-/// The client's /24 or /56, with the family in the top bit so that the two never meet.
-fn prefix_of(client: IpAddr) -> u128 {
+/// The client's address as a bucket's key: an IPv4 one (also when mapped into IPv6) as
+/// its number below 2^32, which no IPv6 client other than those in `::/96` shares.
+fn key_of(client: IpAddr) -> (bool, u128) {
     match client.to_canonical() {
-        IpAddr::V4(v4) => (1 << 127) | u128::from(u32::from(v4) >> 8),
-        IpAddr::V6(v6) => u128::from(v6) >> 72,
+        IpAddr::V4(v4) => (true, u128::from(u32::from(v4))),
+        IpAddr::V6(v6) => (false, u128::from(v6)),
     }
 }
 
@@ -129,14 +135,11 @@ mod tests {
     }
 
     #[test]
-    fn a_prefix_gets_its_rate_then_every_second_response_slips() {
+    fn a_client_gets_its_rate_then_every_second_response_slips() {
         let limit = limit(10, 2);
         let now = Instant::now();
         let client: IpAddr = "10.244.1.7".parse().expect("ip");
-        let neighbour: IpAddr = "10.244.1.200".parse().expect("ip");
-        let verdicts: Vec<Verdict> = (0..14)
-            .map(|i| limit.check(if i % 2 == 0 { client } else { neighbour }, now))
-            .collect();
+        let verdicts: Vec<Verdict> = (0..14).map(|_| limit.check(client, now)).collect();
         assert!(
             verdicts[..10].iter().all(|v| *v == Verdict::Send),
             "{verdicts:?}"
@@ -144,12 +147,17 @@ mod tests {
         assert_eq!(
             verdicts[10..],
             [Verdict::Drop, Verdict::Slip, Verdict::Drop, Verdict::Slip],
-            "one /24 shares a bucket"
         );
-        // Another prefix has its own.
-        assert_eq!(
-            limit.check("10.244.2.7".parse().expect("ip"), now),
-            Verdict::Send
+        // A neighbour in the same /24 (a pod beside it) has its own bucket, and so does
+        // the same address in IPv6.
+        for other in ["10.244.1.200", "fd00::10.244.1.7", "::ffff:10.244.1.8"] {
+            let other: IpAddr = other.parse().expect("ip");
+            assert_eq!(limit.check(other, now), Verdict::Send, "{other}");
+        }
+        assert_ne!(
+            limit.check("::ffff:10.244.1.7".parse().expect("ip"), now),
+            Verdict::Send,
+            "a mapped address is the IPv4 client"
         );
         // Tokens come back with time: 10 a second.
         let later = now + Duration::from_millis(300);
@@ -186,8 +194,8 @@ mod tests {
     fn the_table_is_bounded_and_forgets_idle_prefixes_first() {
         let limit = limit(5, 2);
         let now = Instant::now();
-        for i in 0..MAX_PREFIXES as u32 {
-            limit.check(IpAddr::from((0x0a00_0000 + (i << 8)).to_be_bytes()), now);
+        for i in 0..MAX_CLIENTS as u32 {
+            limit.check(IpAddr::from((0x0a00_0000 + i).to_be_bytes()), now);
         }
         let stranger = IpAddr::from([11, 0, 0, 1]);
         // Full, none idle yet: a new prefix is not tracked (and not limited).
@@ -199,6 +207,6 @@ mod tests {
             .filter(|_| limit.check(stranger, later) == Verdict::Send)
             .count();
         assert_eq!(sent, 5);
-        assert!(limit.buckets.lock().expect("lock").len() < MAX_PREFIXES);
+        assert!(limit.buckets.lock().expect("lock").len() < MAX_CLIENTS);
     }
 }

@@ -456,10 +456,17 @@ fn query(id: u16, name: &str) -> Vec<u8> {
 /// Response-rate limiting with real packets: a pod-range client that floods one node gets
 /// its rate in answers, then every second reply truncated (TC, no records) and the rest
 /// dropped; over TCP it is still answered, as a real resolver retrying after TC would be.
+/// A neighbour in the same /24 (another pod of the node) asking right after the flood is
+/// answered in full: limits are per client address.
 #[test]
-fn a_flood_from_one_prefix_is_rate_limited_with_truncated_slips_and_tcp_still_answers() {
+fn a_flood_from_one_client_is_rate_limited_with_truncated_slips_and_tcp_still_answers() {
     let mut cluster = Cluster::new("rrl", EXAMPLE);
     let (node, client) = node_and_client("rrl");
+    node.ip(&["route", "add", "10.244.1.51/32", "dev", "eth1"])
+        .expect("route to the neighbour");
+    client
+        .ip(&["addr", "add", "10.244.1.51/32", "dev", "eth0"])
+        .expect("the neighbour's address");
     let http = run_node_1_with_dns_config(
         &mut cluster,
         &node,
@@ -467,17 +474,23 @@ fn a_flood_from_one_prefix_is_rate_limited_with_truncated_slips_and_tcp_still_an
         "  rate_limit: 20\n  rate_limit_slip: 2\n",
     );
     const SENT: u16 = 200;
-    let (answers, truncated) = client
+    let (answers, truncated, neighbour) = client
         .enter(|| {
             let socket = UdpSocket::bind("10.244.1.50:0").expect("bind the pod address");
-            socket
-                .set_read_timeout(Some(Duration::from_millis(500)))
-                .expect("timeout");
+            let neighbour = UdpSocket::bind("10.244.1.51:0").expect("bind the neighbour");
+            for socket in [&socket, &neighbour] {
+                socket
+                    .set_read_timeout(Some(Duration::from_millis(500)))
+                    .expect("timeout");
+            }
             for id in 0..SENT {
                 socket
                     .send_to(&query(id, "web.default.svc.cluster.local"), "10.77.0.1:53")
                     .expect("send");
             }
+            neighbour
+                .send_to(&query(1, "web.default.svc.cluster.local"), "10.77.0.1:53")
+                .expect("send");
             let (mut answers, mut truncated) = (0usize, 0usize);
             let mut buffer = [0u8; 512];
             while let Ok(len) = socket.recv(&mut buffer) {
@@ -488,9 +501,15 @@ fn a_flood_from_one_prefix_is_rate_limited_with_truncated_slips_and_tcp_still_an
                     other => panic!("an unexpected reply: {other:?}"),
                 }
             }
-            (answers, truncated)
+            let mut reply = [0u8; 512];
+            let neighbour = neighbour.recv(&mut reply).ok().map(|_| {
+                let truncated = reply[2] & 0x02 != 0;
+                (truncated, u16::from_be_bytes([reply[6], reply[7]]))
+            });
+            (answers, truncated, neighbour)
         })
         .expect("entering the client");
+    assert_eq!(neighbour, Some((false, 1)), "the neighbour is answered in full");
     // The burst is the rate (20); a few more tokens come back while the flood is sent.
     assert!(
         (20..usize::from(SENT) / 2).contains(&answers),
