@@ -3,8 +3,11 @@
 //! and telling anyone the cluster's names).
 //!
 //! By default a client may ask from loopback, from this host's own addresses, from any
-//! address of any Node (every node itself, and the hostNetwork pods on it), from any
-//! Node's pod CIDR, and from the configured cluster CIDRs and `dns.allow` prefixes. Everyone else gets REFUSED, and
+//! address of any Node (every node itself, and the hostNetwork pods on it), from the
+//! configured cluster CIDRs and `dns.allow` prefixes, and, when no cluster CIDRs are
+//! configured, from any Node's pod CIDR. With cluster CIDRs a Node's pod CIDR adds
+//! nothing: a Node registered with `podCIDR: 0.0.0.0/0` (bootstrap credentials suffice)
+//! cannot make every node an open resolver. Everyone else gets REFUSED, and
 //! nothing is forwarded for them. The list is rebuilt from the view when Nodes change,
 //! and looked up with a binary search over merged ranges ([`nodus_view::ranges`]).
 
@@ -12,6 +15,16 @@ use nodus_view::View;
 use nodus_view::model::{Cidr, Family};
 use nodus_view::ranges::merged_ranges;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// The prefixes allowed whatever the view holds.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AllowedPrefixes {
+    /// The cluster's pod ranges (`cluster_cidrs`); without them, every Node's pod CIDR is
+    /// trusted instead.
+    pub cluster: Vec<Cidr>,
+    /// `dns.allow`.
+    pub extra: Vec<Cidr>,
+}
 
 /// The clients DNS answers: per family, sorted and merged inclusive ranges.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -26,13 +39,21 @@ impl AllowList {
         AllowList::of(prefixes, &[])
     }
 
-    /// Loopback, `prefixes`, the `host`'s own addresses, and every address and pod CIDR
-    /// of every Node in `view`.
-    pub fn from_view(view: &View, prefixes: &[Cidr], host: &[IpAddr]) -> AllowList {
-        let mut cidrs = prefixes.to_vec();
+    /// Loopback, `prefixes`, the `host`'s own addresses, every address of every Node in
+    /// `view`, and when `prefixes` has no cluster CIDRs to hold them to, every Node's pod
+    /// CIDR.
+    pub fn from_view(view: &View, prefixes: &AllowedPrefixes, host: &[IpAddr]) -> AllowList {
+        let mut cidrs: Vec<Cidr> = prefixes
+            .cluster
+            .iter()
+            .chain(&prefixes.extra)
+            .copied()
+            .collect();
         let mut addresses = host.to_vec();
         for (_, node) in view.nodes() {
-            cidrs.extend(node.pod_cidrs.iter().copied());
+            if prefixes.cluster.is_empty() {
+                cidrs.extend(node.pod_cidrs.iter().copied());
+            }
             addresses.extend(node.addresses.iter().map(|a| a.address));
         }
         AllowList::of(&cidrs, &addresses)
@@ -152,13 +173,30 @@ mod tests {
         view.apply([
             node("node-1", "172.30.0.11", "10.244.1.0/24"),
             node("node-2", "172.30.0.12", "10.244.2.0/24"),
+            // A rogue Node (bootstrap credentials suffice) claiming every address.
+            node("rogue", "172.30.0.99", "0.0.0.0/0"),
         ]);
-        let allow = AllowList::from_view(&view, &[], &[ip("192.0.2.9")]);
-        for inside in ["172.30.0.12", "10.244.2.77", "127.0.0.1", "192.0.2.9"] {
+        let host = [ip("192.0.2.9")];
+        // With the cluster's pod ranges, Nodes' pod CIDRs are held to them.
+        let cluster = AllowedPrefixes {
+            cluster: vec![cidr("10.244.0.0/16")],
+            extra: Vec::new(),
+        };
+        let allow = AllowList::from_view(&view, &cluster, &host);
+        for inside in [
+            "172.30.0.12",
+            "10.244.2.77",
+            "10.244.3.1",
+            "127.0.0.1",
+            "192.0.2.9",
+        ] {
             assert!(allow.contains(ip(inside)), "{inside}");
         }
-        for outside in ["172.30.0.13", "10.244.3.1"] {
+        for outside in ["172.30.0.13", "203.0.113.7", "10.245.0.1"] {
             assert!(!allow.contains(ip(outside)), "{outside}");
         }
+        // Without them, every Node's pod CIDR is trusted, the rogue's too.
+        let allow = AllowList::from_view(&view, &AllowedPrefixes::default(), &host);
+        assert!(allow.contains(ip("203.0.113.7")));
     }
 }

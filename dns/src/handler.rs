@@ -8,7 +8,7 @@
 //! hickory-server's own UDP loop would. The listeners that call it (`server`, `udp`) come
 //! after it: nothing here knows them.
 
-use crate::allow::AllowList;
+use crate::allow::{AllowList, AllowedPrefixes};
 use crate::autopath::{self, Walked};
 use crate::forward::{Dnssec, Forwarder, Resolution};
 use crate::hosts::HostsSource;
@@ -30,11 +30,18 @@ use hickory_server::proto::serialize::binary::{
 };
 use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
 use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
-use nodus_view::model::Cidr;
 use nodus_view::{View, ViewReader};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
+
+/// What the allow-list is built from besides the view: the prefixes allowed whatever it
+/// holds, and this host's addresses.
+#[derive(Debug, Default)]
+struct AllowInputs {
+    prefixes: AllowedPrefixes,
+    host: Vec<IpAddr>,
+}
 
 /// Answers the cluster zone from the view, and forwards the rest. Clones share everything.
 #[derive(Clone)]
@@ -45,9 +52,8 @@ pub struct ClusterDns {
     pub(crate) view: ViewReader,
     /// Who may ask ([`crate::allow`]), rebuilt when Nodes or this host's addresses change.
     pub(crate) allow: Arc<RwLock<Arc<AllowList>>>,
-    /// What it is built from besides the view: prefixes allowed whatever the view holds,
-    /// and this host's addresses.
-    allow_inputs: Arc<Mutex<(Vec<Cidr>, Vec<IpAddr>)>>,
+    /// What it is built from besides the view.
+    allow_inputs: Arc<Mutex<AllowInputs>>,
     pub(crate) zone: Arc<Zone>,
     forwarder: Option<Arc<Forwarder>>,
     /// Host records, asked before the upstreams ([`crate::hosts`]).
@@ -180,7 +186,7 @@ impl ClusterDns {
     pub(crate) fn rebuild_allow_list(
         &self,
         view: &View,
-        prefixes: Option<Vec<Cidr>>,
+        prefixes: Option<AllowedPrefixes>,
         host: Option<Vec<IpAddr>>,
     ) {
         let mut inputs = self
@@ -188,12 +194,12 @@ impl ClusterDns {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(prefixes) = prefixes {
-            inputs.0 = prefixes;
+            inputs.prefixes = prefixes;
         }
         if let Some(host) = host {
-            inputs.1 = host;
+            inputs.host = host;
         }
-        let allow = AllowList::from_view(view, &inputs.0, &inputs.1);
+        let allow = AllowList::from_view(view, &inputs.prefixes, &inputs.host);
         *self
             .allow
             .write()
@@ -205,7 +211,7 @@ impl ClusterDns {
         self.allow_inputs
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .1
+            .host
             .clone()
     }
 

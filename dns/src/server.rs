@@ -2,6 +2,7 @@
 //! address ([`crate::listen`]), both answering through one [`ClusterDns`]
 //! ([`crate::handler`]).
 
+use crate::allow::AllowedPrefixes;
 use crate::forward::Forwarder;
 use crate::handler::ClusterDns;
 use crate::listen::{self, Listen};
@@ -10,7 +11,6 @@ use crate::metrics::DnsMetrics;
 use crate::tcp::{self, TcpListener};
 use crate::udp::UdpListener;
 use nodus_limits::ConnectionCaps;
-use nodus_view::model::Cidr;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -69,9 +69,9 @@ impl DnsServer {
     }
 
     /// Lets clients from `prefixes` ask too (the cluster CIDRs, `dns.allow`), besides
-    /// loopback, this host's addresses and the Nodes' addresses and pod CIDRs, which
-    /// follow the view.
-    pub fn allow(&mut self, prefixes: Vec<Cidr>) {
+    /// loopback, this host's addresses and the Nodes' addresses (and without cluster
+    /// CIDRs their pod CIDRs), which follow the view.
+    pub fn allow(&mut self, prefixes: AllowedPrefixes) {
         let view = self.handler.view().clone();
         self.handler
             .rebuild_allow_list(&view.read(), Some(prefixes), None);

@@ -152,7 +152,10 @@ fn setup() -> Setup {
         let mut server = serve_planned(handler, &listen, 1, BTreeMap::new())
             .await
             .expect("serve");
-        server.allow(vec!["10.244.0.0/16".parse().expect("cidr")]);
+        server.allow(nodus_dns::allow::AllowedPrefixes {
+            cluster: vec!["10.244.0.0/16".parse().expect("cidr")],
+            extra: Vec::new(),
+        });
         server
     });
     Setup { server, asked, rt }

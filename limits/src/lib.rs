@@ -3,7 +3,10 @@
 //! ports, DNS over TCP) takes a [`Slot`] for each connection it accepts and closes the
 //! connection at once when none is left, so that a slow or hostile client on the node's
 //! network holds at most its share and the kubelet's probe or a pod's query still gets in.
-//! [`accept`] is the accept loop every such listener runs.
+//! An eighth of the places is kept for the node itself (loopback, and a client whose
+//! address is the one it connected to: the node's own, as kubelet's probe of a
+//! host-network pod comes): pods holding every other place cannot starve the liveness
+//! probe. [`accept`] is the accept loop every such listener runs.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -22,7 +25,7 @@ pub async fn accept(
 ) -> (TcpStream, SocketAddr, Slot) {
     loop {
         match listener.accept().await {
-            Ok((stream, client)) => match caps.take(client.ip()) {
+            Ok((stream, client)) => match caps.take(client.ip(), stream.local_addr().ok()) {
                 Some(slot) => return (stream, client, slot),
                 None => tracing::debug!(%client, "{what} connection over the cap closed"),
             },
@@ -33,6 +36,9 @@ pub async fn accept(
         }
     }
 }
+
+/// The share of a listener's places only the node itself may take: one in eight.
+const RESERVED_SHARE: usize = 8;
 
 /// Open connections, counted in all and per client address; clones share the counts.
 #[derive(Clone, Debug)]
@@ -58,12 +64,21 @@ impl ConnectionCaps {
         }
     }
 
-    /// A place for one more connection from `client`, or `None` over a cap. The place is
-    /// given back when the slot is dropped.
-    pub fn take(&self, client: IpAddr) -> Option<Slot> {
+    /// A place for one more connection from `client` to `local` (the address it
+    /// connected to), or `None` over a cap. The node itself may take the reserved places;
+    /// others only the rest. The place is given back when the slot is dropped.
+    pub fn take(&self, client: IpAddr, local: Option<SocketAddr>) -> Option<Slot> {
+        let client = client.to_canonical();
+        let from_node =
+            client.is_loopback() || local.is_some_and(|l| l.ip().to_canonical() == client);
+        let cap = if from_node {
+            self.total
+        } else {
+            self.total - self.total / RESERVED_SHARE
+        };
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let from_client = open.per_client.get(&client).copied().unwrap_or(0);
-        if open.total >= self.total || from_client >= self.per_client {
+        if open.total >= cap || from_client >= self.per_client {
             return None;
         }
         open.total += 1;
@@ -104,6 +119,11 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
+    const LISTENER: Option<SocketAddr> = Some(SocketAddr::new(
+        IpAddr::V4(std::net::Ipv4Addr::new(192, 168, 1, 1)),
+        10256,
+    ));
+
     #[test]
     fn each_client_gets_its_share_and_the_total_is_bounded() {
         let caps = ConnectionCaps::new(3, 2);
@@ -112,19 +132,39 @@ mod tests {
             IpAddr::from([10, 0, 0, 2]),
             IpAddr::from([10, 0, 0, 3]),
         );
-        let first = caps.take(a).expect("a's first");
-        let second = caps.take(a).expect("a's second");
-        assert!(caps.take(a).is_none(), "a's share is 2");
-        let third = caps.take(b).expect("b's first");
-        assert!(caps.take(c).is_none(), "3 in all");
+        let first = caps.take(a, LISTENER).expect("a's first");
+        let second = caps.take(a, LISTENER).expect("a's second");
+        assert!(caps.take(a, LISTENER).is_none(), "a's share is 2");
+        let third = caps.take(b, LISTENER).expect("b's first");
+        assert!(caps.take(c, LISTENER).is_none(), "3 in all");
         drop(first);
-        assert!(caps.take(c).is_some(), "a place came back");
+        assert!(caps.take(c, LISTENER).is_some(), "a place came back");
         drop((second, third));
         assert_eq!(caps.open(), 0);
         let again: Vec<Slot> = [a, a, b]
             .into_iter()
-            .filter_map(|ip| caps.take(ip))
+            .filter_map(|ip| caps.take(ip, LISTENER))
             .collect();
         assert_eq!(again.len(), 3);
+    }
+
+    #[test]
+    fn the_node_itself_keeps_places_that_pods_cannot_take() {
+        let caps = ConnectionCaps::new(16, 2);
+        // Seven pods hold two each: 14 of 16, all that is not reserved.
+        let pods: Vec<Slot> = (1..=7u8)
+            .flat_map(|pod| [IpAddr::from([10, 244, 1, pod]); 2])
+            .filter_map(|ip| caps.take(ip, LISTENER))
+            .collect();
+        assert_eq!(pods.len(), 14);
+        assert!(caps.take(IpAddr::from([10, 244, 1, 8]), LISTENER).is_none());
+        // The node's own address (kubelet's probe) and loopback still get in.
+        let node = caps.take(IpAddr::from([192, 168, 1, 1]), LISTENER);
+        let local = caps.take(IpAddr::from([127, 0, 0, 1]), LISTENER);
+        assert!(node.is_some() && local.is_some());
+        assert!(
+            caps.take("::1".parse().expect("ip"), LISTENER).is_none(),
+            "16 in all"
+        );
     }
 }

@@ -171,14 +171,10 @@ async fn start_dns(
         nodus_dns::server::serve_planned(handler, &plan, config.dns.udp_threads, inherited)
             .await
             .with_context(|| format!("binding DNS on {:?}", config.dns.listen))?;
-    server.allow(
-        config
-            .cluster_cidrs
-            .iter()
-            .chain(&config.dns.allow)
-            .copied()
-            .collect(),
-    );
+    server.allow(nodus_dns::allow::AllowedPrefixes {
+        cluster: config.cluster_cidrs.clone(),
+        extra: config.dns.allow.clone(),
+    });
     if let (Some(forwarder), Some((namespace, name))) = (forwarder, config.dns.config_map()) {
         server.keep_task(tokio::spawn(kube_dns::follow(
             client,

@@ -509,7 +509,11 @@ fn a_flood_from_one_client_is_rate_limited_with_truncated_slips_and_tcp_still_an
             (answers, truncated, neighbour)
         })
         .expect("entering the client");
-    assert_eq!(neighbour, Some((false, 1)), "the neighbour is answered in full");
+    assert_eq!(
+        neighbour,
+        Some((false, 1)),
+        "the neighbour is answered in full"
+    );
     // The burst is the rate (20); a few more tokens come back while the flood is sent.
     assert!(
         (20..usize::from(SENT) / 2).contains(&answers),
@@ -534,6 +538,66 @@ fn a_flood_from_one_client_is_rate_limited_with_truncated_slips_and_tcp_still_an
     let metrics = metrics_in(&node, http);
     let slipped = metric(&metrics, "nodus_dns_rate_limited_total{action=\"slip\"}").unwrap_or(0.0);
     assert_eq!(slipped as usize, truncated, "{metrics}");
+}
+
+/// Pods that hold every connection a tenant may open to the agent's HTTP port (eight
+/// pods, sixteen each: the 128 of the cap) leave the node itself its reserved places: the
+/// liveness probe from the node's own address, and one through loopback, are answered.
+#[test]
+fn pods_holding_every_connection_leave_the_nodes_probe_its_places() {
+    let mut cluster = Cluster::new("caps", EXAMPLE);
+    let (node, client) = node_and_client("caps");
+    let pods: Vec<String> = (50..58).map(|host| format!("10.244.1.{host}")).collect();
+    for pod in &pods[1..] {
+        node.ip(&["route", "add", &format!("{pod}/32"), "dev", "eth1"])
+            .expect("route to a pod");
+        client
+            .ip(&["addr", "add", &format!("{pod}/32"), "dev", "eth0"])
+            .expect("a pod's address");
+    }
+    let http = run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\"]");
+    let held = client
+        .enter(|| {
+            let server = SocketAddr::from(([10, 77, 0, 1], http));
+            let mut held = Vec::new();
+            for pod in &pods {
+                for _ in 0..16 {
+                    let socket =
+                        socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+                            .expect("socket");
+                    let from: std::net::IpAddr = pod.parse().expect("ip");
+                    socket.bind(&SocketAddr::new(from, 0).into()).expect("bind");
+                    socket.connect(&server.into()).expect("connect");
+                    held.push(std::net::TcpStream::from(socket));
+                }
+            }
+            held
+        })
+        .expect("entering the client");
+    let probe = |url: &str| {
+        let args = [
+            "-s",
+            "-m",
+            "2",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            url,
+        ];
+        node.exec("curl", &args).unwrap_or_default()
+    };
+    assert_eq!(
+        probe(&format!("http://10.77.0.1:{http}/livez")),
+        "200",
+        "from the node's address"
+    );
+    assert_eq!(
+        probe(&format!("http://127.0.0.1:{http}/livez")),
+        "200",
+        "through loopback"
+    );
+    drop(held);
 }
 
 /// The `/metrics` of the nodus in `ns` whose HTTP port is `port`.
