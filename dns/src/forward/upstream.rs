@@ -222,7 +222,8 @@ impl Upstream {
             .to_vec()
             .map_err(|e| UpstreamError::Malformed(e.to_string()))?;
         let upstream = self.addr;
-        let datagram = tokio::time::timeout(timeout, udp_exchange(upstream, &bytes))
+        let ours = |datagram: &[u8]| check(datagram, id, query).is_ok();
+        let datagram = tokio::time::timeout(timeout, udp_exchange(upstream, &bytes, ours))
             .await
             .map_err(|_| UpstreamError::Timeout)??;
         match read_answer(&datagram, id, query)? {
@@ -297,7 +298,14 @@ pub(crate) fn random_u64() -> u64 {
     state.hash_one(COUNTER.fetch_add(1, Relaxed))
 }
 
-async fn udp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
+/// Sends `query` to `upstream` and returns the first datagram `ours` takes: a late reply
+/// to an earlier query on a reused port, or a forged one, is read past, not taken as the
+/// exchange's failure (RFC 5452 §9.1; CoreDNS reads on until the id matches).
+async fn udp_exchange(
+    upstream: SocketAddr,
+    query: &[u8],
+    ours: impl Fn(&[u8]) -> bool,
+) -> std::io::Result<Vec<u8>> {
     let local: SocketAddr = match upstream {
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
@@ -306,9 +314,13 @@ async fn udp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec
     socket.connect(upstream).await?;
     socket.send(query).await?;
     let mut buffer = vec![0u8; UDP_BUFFER];
-    let n = socket.recv(&mut buffer).await?;
-    buffer.truncate(n);
-    Ok(buffer)
+    loop {
+        let n = socket.recv(&mut buffer).await?;
+        if ours(&buffer[..n]) {
+            buffer.truncate(n);
+            return Ok(buffer);
+        }
+    }
 }
 
 async fn tcp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec<u8>> {
@@ -326,6 +338,24 @@ async fn tcp_exchange(upstream: SocketAddr, query: &[u8]) -> std::io::Result<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An upstream that first sends a stray datagram, then echoes the query back as the
+    /// answer: the exchange takes the second.
+    #[tokio::test]
+    async fn a_stray_datagram_is_read_past_not_taken_as_a_failure() {
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let addr = upstream.local_addr().expect("addr");
+        let server = tokio::spawn(async move {
+            let mut buffer = [0u8; 512];
+            let (n, client) = upstream.recv_from(&mut buffer).await.expect("query");
+            upstream.send_to(b"stray", client).await.expect("stray");
+            upstream.send_to(&buffer[..n], client).await.expect("answer");
+        });
+        let ours = |datagram: &[u8]| datagram != b"stray";
+        let answer = udp_exchange(addr, b"question", ours).await.expect("exchange");
+        assert_eq!(answer, b"question");
+        server.await.expect("server");
+    }
 
     #[test]
     fn a_wildcard_listener_skips_only_loopback_upstreams() {
