@@ -312,11 +312,12 @@ impl View {
         }
     }
 
-    /// Whether any service (or slice) lives in `namespace`.
+    /// Whether `namespace` exists as far as the view can tell: a service (or slice) lives
+    /// in it, or (NetworkPolicy on: every Namespace is watched) its Namespace exists.
     pub fn has_namespace(&self, namespace: &str) -> bool {
         self.strings
             .lookup(namespace)
-            .is_some_and(|ns| self.namespaces.contains_key(&ns))
+            .is_some_and(|ns| self.namespaces.contains_key(&ns) || self.policy.knows_namespace(ns))
     }
 
     /// The pod of this node that sends from `ip`, if the view knows one.
@@ -1498,6 +1499,13 @@ mod tests {
         ]);
         assert!(owners(&view, "10.0.0.2").is_empty() && owners(&view, "10.1.0.7").is_empty());
         assert!(!view.has_namespace("default"));
+        // With Namespaces watched (NetworkPolicy on), one without services exists too:
+        // `<ns>.svc` answers NODATA for it, as CoreDNS does, not NXDOMAIN.
+        let namespace = serde_json::json!({"metadata": {"name": "default"}});
+        view.apply([Update::Namespace(Box::new(
+            serde_json::from_value(namespace).expect("namespace"),
+        ))]);
+        assert!(view.has_namespace("default"));
     }
 
     /// Churn must not leak strings: once everything is deleted only the node name remains.

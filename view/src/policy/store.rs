@@ -85,6 +85,11 @@ impl PolicyState {
         (self.pods.len(), self.namespaces.len(), self.policies.len())
     }
 
+    /// Whether the Namespace `name` exists (NetworkPolicy on: every Namespace is watched).
+    pub(crate) fn knows_namespace(&self, name: Sym) -> bool {
+        self.namespaces.contains_key(&name)
+    }
+
     /// Pods and namespaces with more labels than nodus keeps: they fail closed.
     pub(crate) fn over_label_cap(&self) -> usize {
         let pods = self.pods.values().filter(|pod| pod.labels.is_none());
