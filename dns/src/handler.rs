@@ -305,7 +305,8 @@ impl ClusterDns {
         if !internet && self.zone.origin().zone_of(&query.name().to_lowercase()) {
             return Reply::Code(ResponseCode::Refused);
         }
-        let reply = self.answer(query, dnssec).await;
+        let client = request.src().ip();
+        let reply = self.answer(query, dnssec, client).await;
         let missed =
             matches!(&reply, Reply::Zone(answer) if answer.rcode == ResponseCode::NXDomain);
         let path = self
@@ -314,17 +315,20 @@ impl ClusterDns {
             .filter(|_| missed)
             .and_then(|node_search| {
                 let origin = self.zone.origin();
-                let client = request.src().ip();
                 autopath::search_after(&self.view.read(), node_search, origin, client, query.name())
             });
         match path {
-            Some(path) => self.walk(query, path, dnssec).await.unwrap_or(reply),
+            Some(path) => self
+                .walk(query, path, dnssec, client)
+                .await
+                .unwrap_or(reply),
             None => reply,
         }
     }
 
-    /// The zone's answer to `query`, else the host records', else the upstreams'.
-    async fn answer(&self, query: &Query, dnssec: Dnssec) -> Reply {
+    /// The zone's answer to `query`, else the host records', else the upstreams' (asked
+    /// for `client`, who may hold only its share of the questions upstream).
+    async fn answer(&self, query: &Query, dnssec: Dnssec, client: IpAddr) -> Reply {
         let internet = query.query_class() == DNSClass::IN;
         let outcome = match internet {
             true => lookup(
@@ -343,7 +347,7 @@ impl ClusterDns {
                 Reply::Code(ResponseCode::ServFail)
             }
             Outcome::Authoritative(mut answer) => {
-                self.chase_outside(&mut answer, query, dnssec).await;
+                self.chase_outside(&mut answer, query, dnssec, client).await;
                 Reply::Zone(answer)
             }
             Outcome::NotOurs => {
@@ -355,7 +359,7 @@ impl ClusterDns {
                 if let Some(answer) = held {
                     return Reply::Zone(answer);
                 }
-                self.forward(query, dnssec).await
+                self.forward(query, dnssec, client).await
             }
         }
     }
@@ -364,11 +368,17 @@ impl ClusterDns {
     /// after `query`'s name) that is not NXDOMAIN, behind a CNAME from the asked name. None
     /// when every name is NXDOMAIN or an upstream fails on the way: the asked name's own
     /// answer goes out, and the pod walks its list itself.
-    async fn walk(&self, query: &Query, path: Vec<Name>, dnssec: Dnssec) -> Option<Reply> {
+    async fn walk(
+        &self,
+        query: &Query,
+        path: Vec<Name>,
+        dnssec: Dnssec,
+        client: IpAddr,
+    ) -> Option<Reply> {
         for target in path {
             let mut asked = Query::query(target.clone(), query.query_type());
             asked.set_query_class(query.query_class());
-            let mut reply = self.answer(&asked, dnssec).await;
+            let mut reply = self.answer(&asked, dnssec, client).await;
             match reply.rcode() {
                 ResponseCode::NXDomain => continue,
                 ResponseCode::NoError => {
@@ -397,17 +407,23 @@ impl ClusterDns {
     }
 
     /// A name outside the zone and the host records: the upstreams' answer.
-    async fn forward(&self, query: &Query, dnssec: Dnssec) -> Reply {
+    async fn forward(&self, query: &Query, dnssec: Dnssec, client: IpAddr) -> Reply {
         match &self.forwarder {
             // Without upstreams, refuse, as a non-recursive server does.
             None => Reply::Code(ResponseCode::Refused),
-            Some(forwarder) => Reply::Forwarded(forwarder.resolve(query, dnssec).await),
+            Some(forwarder) => Reply::Forwarded(forwarder.resolve(query, dnssec, client).await),
         }
     }
 
     /// An ExternalName's CNAME to a name outside the zone: stub resolvers do not follow
     /// it, so the target's records are fetched upstream and appended (spec rule 14).
-    async fn chase_outside(&self, answer: &mut Answer, query: &Query, dnssec: Dnssec) {
+    async fn chase_outside(
+        &self,
+        answer: &mut Answer,
+        query: &Query,
+        dnssec: Dnssec,
+        client: IpAddr,
+    ) {
         if query.query_type() == RecordType::CNAME {
             return;
         }
@@ -423,7 +439,7 @@ impl ClusterDns {
         let mut chased = Query::query(target.0.clone(), query.query_type());
         chased.set_query_class(query.query_class());
         // Over the forwarding cap, or without an answer, the CNAME stands alone.
-        if let Resolution::Answered(upstream) = forwarder.resolve(&chased, dnssec).await {
+        if let Resolution::Answered(upstream) = forwarder.resolve(&chased, dnssec, client).await {
             answer.rcode = upstream.rcode;
             // A denial of the target carries the target zone's SOA (RFC 2308).
             if upstream.answers.is_empty() {

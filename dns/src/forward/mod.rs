@@ -44,7 +44,8 @@ pub use upstream::{
 use hickory_proto::op::{Query, ResponseCode};
 pub use hickory_proto::rr::Name;
 use hickory_proto::rr::RecordType;
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -148,8 +149,8 @@ pub struct Forwarder {
     config: ForwardConfig,
     routes: RwLock<Arc<Routes>>,
     cache: Mutex<Cache>,
-    /// Questions upstream now.
-    in_flight: AtomicUsize,
+    /// Questions upstream now, in all and per client.
+    in_flight: Mutex<InFlightCounts>,
     /// Where the next round-robin question starts.
     next: AtomicUsize,
     pub stats: ForwardStats,
@@ -159,12 +160,33 @@ pub struct Forwarder {
     probing: AtomicBool,
 }
 
-/// One question upstream, counted in `in_flight` until dropped.
-struct InFlight<'f>(&'f AtomicUsize);
+/// The share of the questions upstream one client may hold: an eighth. One pod asking
+/// for names of a black-holed zone (each holds its place for the upstreams' timeouts)
+/// then cannot take every place and get every pod's outside names refused.
+const CLIENT_SHARE: usize = 8;
+
+#[derive(Default)]
+struct InFlightCounts {
+    total: usize,
+    per_client: HashMap<IpAddr, usize>,
+}
+
+/// One question upstream for `client`, counted until dropped.
+struct InFlight<'f> {
+    counts: &'f Mutex<InFlightCounts>,
+    client: IpAddr,
+}
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Relaxed);
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        counts.total -= 1;
+        if let Some(count) = counts.per_client.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                counts.per_client.remove(&self.client);
+            }
+        }
     }
 }
 
@@ -175,7 +197,7 @@ impl Forwarder {
             config,
             routes: RwLock::new(Arc::new(routes)),
             cache: Mutex::new(Cache::default()),
-            in_flight: AtomicUsize::new(0),
+            in_flight: Mutex::default(),
             next: AtomicUsize::new(0),
             stats: ForwardStats::default(),
             probes: Mutex::new(Vec::new()),
@@ -292,8 +314,13 @@ impl Forwarder {
         (cache.len(), cache.denials)
     }
 
-    /// Answers `query` from the cache or the upstreams.
-    pub async fn resolve(self: &Arc<Self>, query: &Query, dnssec: Dnssec) -> Resolution {
+    /// Answers `query` from the cache or the upstreams, asked for `client`.
+    pub async fn resolve(
+        self: &Arc<Self>,
+        query: &Query,
+        dnssec: Dnssec,
+        client: IpAddr,
+    ) -> Resolution {
         let key = CacheKey::new(query, dnssec);
         let cached = self.cache().lookup(&key, Instant::now(), &self.config);
         let stale = match cached {
@@ -303,7 +330,7 @@ impl Forwarder {
                     self.stats.cache_denial_hits.fetch_add(1, Relaxed);
                 }
                 if prefetch {
-                    self.prefetch(key, query.clone(), dnssec);
+                    self.prefetch(key, query.clone(), dnssec, client);
                 }
                 return Resolution::Answered(answer);
             }
@@ -322,7 +349,7 @@ impl Forwarder {
             return Resolution::Refused;
         }
         self.stats.cache_misses.fetch_add(1, Relaxed);
-        let Some(_slot) = self.take_slot() else {
+        let Some(_slot) = self.take_slot(client) else {
             self.stats.refused.fetch_add(1, Relaxed);
             return Resolution::Refused;
         };
@@ -364,14 +391,14 @@ impl Forwarder {
     }
 
     /// Fetches a popular answer again before it expires, in the background, when a place
-    /// upstream is free.
-    fn prefetch(self: &Arc<Self>, key: CacheKey, query: Query, dnssec: Dnssec) {
+    /// upstream is free (counted to `client`, whose question found it about to expire).
+    fn prefetch(self: &Arc<Self>, key: CacheKey, query: Query, dnssec: Dnssec, client: IpAddr) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let forwarder = self.clone();
         runtime.spawn(async move {
-            let Some(_slot) = forwarder.take_slot() else {
+            let Some(_slot) = forwarder.take_slot(client) else {
                 return;
             };
             forwarder.stats.prefetches.fetch_add(1, Relaxed);
@@ -440,14 +467,22 @@ impl Forwarder {
         order
     }
 
-    /// A place among the `max_concurrent` questions upstream, if one is free.
-    fn take_slot(&self) -> Option<InFlight<'_>> {
-        self.in_flight
-            .fetch_update(Relaxed, Relaxed, |n| {
-                (n < self.config.max_concurrent).then_some(n + 1)
-            })
-            .ok()
-            .map(|_| InFlight(&self.in_flight))
+    /// A place among the `max_concurrent` questions upstream for `client`, if one is
+    /// free and the client holds less than its share.
+    fn take_slot(&self, client: IpAddr) -> Option<InFlight<'_>> {
+        let client = client.to_canonical();
+        let share = (self.config.max_concurrent / CLIENT_SHARE).max(1);
+        let mut counts = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        let held = counts.per_client.get(&client).copied().unwrap_or(0);
+        if counts.total >= self.config.max_concurrent || held >= share {
+            return None;
+        }
+        counts.total += 1;
+        counts.per_client.insert(client, held + 1);
+        Some(InFlight {
+            counts: &self.in_flight,
+            client,
+        })
     }
 }
 
@@ -456,10 +491,7 @@ impl Forwarder {
 pub fn upstream_address(text: &str) -> Result<SocketAddr, String> {
     let text = text.trim();
     text.parse::<SocketAddr>()
-        .or_else(|_| {
-            text.parse::<std::net::IpAddr>()
-                .map(|ip| SocketAddr::new(ip, 53))
-        })
+        .or_else(|_| text.parse::<IpAddr>().map(|ip| SocketAddr::new(ip, 53)))
         .map_err(|_| format!("{text:?} is not an address (10.0.0.5, 10.0.0.5:8600, fd00::5)"))
 }
 
@@ -572,6 +604,28 @@ mod tests {
             assert!(error.contains("cluster domain"), "{error}");
         }
         assert!(stub_domain("notcluster.local", &["10.0.0.3".into()], "cluster.local").is_ok());
+    }
+
+    #[test]
+    fn one_client_holds_only_its_share_of_the_questions_upstream() {
+        let forwarder = Forwarder::new(ForwardConfig {
+            max_concurrent: 16,
+            ..ForwardConfig::default()
+        });
+        let (busy, quiet) = (IpAddr::from([10, 244, 1, 7]), IpAddr::from([10, 244, 1, 8]));
+        let held: Vec<_> = (0..16).filter_map(|_| forwarder.take_slot(busy)).collect();
+        assert_eq!(held.len(), 2, "an eighth of 16");
+        assert!(
+            forwarder.take_slot(quiet).is_some(),
+            "its neighbour still asks"
+        );
+        drop(held);
+        assert!(forwarder.take_slot(busy).is_some(), "its places come back");
+        let everyone: Vec<_> = (0..20u8)
+            .flat_map(|pod| [IpAddr::from([10, 244, 2, pod]); 2])
+            .filter_map(|client| forwarder.take_slot(client))
+            .collect();
+        assert_eq!(everyone.len(), 16, "and the total is bounded");
     }
 
     #[test]

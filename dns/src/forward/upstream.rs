@@ -343,16 +343,23 @@ mod tests {
     /// answer: the exchange takes the second.
     #[tokio::test]
     async fn a_stray_datagram_is_read_past_not_taken_as_a_failure() {
-        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+        let upstream = tokio::net::UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = upstream.local_addr().expect("addr");
         let server = tokio::spawn(async move {
             let mut buffer = [0u8; 512];
             let (n, client) = upstream.recv_from(&mut buffer).await.expect("query");
             upstream.send_to(b"stray", client).await.expect("stray");
-            upstream.send_to(&buffer[..n], client).await.expect("answer");
+            upstream
+                .send_to(&buffer[..n], client)
+                .await
+                .expect("answer");
         });
         let ours = |datagram: &[u8]| datagram != b"stray";
-        let answer = udp_exchange(addr, b"question", ours).await.expect("exchange");
+        let answer = udp_exchange(addr, b"question", ours)
+            .await
+            .expect("exchange");
         assert_eq!(answer, b"question");
         server.await.expect("server");
     }
