@@ -9,7 +9,6 @@
 //! [`CONNECTIONS_MAX`] wait at once, and one that waits longer than the plugin does is
 //! answered and closed.
 
-use crate::agent::watch::WatchItem;
 use anyhow::Context;
 use futures::Stream;
 use nodus_cni::gate::{GateReply, GateRequest, LINE_MAX, WAIT};
@@ -75,8 +74,8 @@ pub fn listen(path: &Path) -> anyhow::Result<UnixListener> {
     Ok(listener)
 }
 
-/// The claims of every connection `listener` accepts, as watch items.
-pub fn claims(listener: UnixListener) -> impl Stream<Item = WatchItem> {
+/// The claims of every connection `listener` accepts.
+pub fn claims(listener: UnixListener) -> impl Stream<Item = Claim> {
     let (sender, receiver) = mpsc::channel(CONNECTIONS_MAX);
     tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
@@ -106,7 +105,7 @@ pub fn claims(listener: UnixListener) -> impl Stream<Item = WatchItem> {
     });
     futures::stream::unfold(receiver, |mut receiver| async move {
         let claim = receiver.recv().await?;
-        Some((WatchItem::Sandbox(claim), receiver))
+        Some((claim, receiver))
     })
 }
 

@@ -413,7 +413,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     // New pods wait in nodus-cni until they are isolated: its requests join the items.
     let claims = match config.policy.gate() {
         Some(path) => match gate::listen(path) {
-            Ok(listener) => Some(gate::claims(listener)),
+            Ok(listener) => Some(gate::claims(listener).map(WatchItem::Sandbox)),
             Err(error) => {
                 let error = format!("{error:#}");
                 tracing::error!(%error, "no isolation gate: nodus-cni's ADD fails until it is fixed (pods fail closed)");
