@@ -649,13 +649,7 @@ mod tests {
     #[test]
     fn conflicting_nodes_are_skipped_whatever_the_order() {
         let view = view(vec![
-            node(
-                "n1",
-                &["10.244.1.0/24"],
-                &["192.168.1.1"],
-                Some(key(1)),
-                None,
-            ),
+            own(),
             node(
                 "n4",
                 &["10.244.4.0/24"],
@@ -717,13 +711,7 @@ mod tests {
     fn of_two_nodes_claiming_one_range_the_older_keeps_it_whatever_the_names() {
         let nodes = |older: &str, newer: &str| {
             view(vec![
-                node(
-                    "n1",
-                    &["10.244.1.0/24"],
-                    &["192.168.1.1"],
-                    Some(key(1)),
-                    None,
-                ),
+                own(),
                 created_at(
                     node(
                         older,
@@ -907,13 +895,7 @@ mod tests {
     fn a_pod_cidr_outside_the_clusters_ranges_is_never_routed() {
         for claimed in ["8.0.0.0/7", "0.0.0.0/0", "10.244.0.0/15", "192.168.1.0/24"] {
             let view = view(vec![
-                node(
-                    "n1",
-                    &["10.244.1.0/24"],
-                    &["192.168.1.1"],
-                    Some(key(1)),
-                    None,
-                ),
+                own(),
                 node("rogue", &[claimed], &["192.168.1.9"], Some(key(9)), None),
                 node(
                     "n2",
@@ -1213,6 +1195,15 @@ mod tests {
             endpoint: EndpointChoice::Learned,
             ..settings()
         };
+        let published_by = |nodes: Vec<Update>| {
+            desired(
+                &view(nodes),
+                &learned_settings,
+                &key(1),
+                &Desired::default(),
+            )
+            .published_endpoint
+        };
         let own_prefix = key_prefix(&key(1));
         let report = |endpoint: &str| format!("{}={endpoint},AAAA=192.0.2.1:1", own_prefix);
         let (seen, other) = (report("203.0.113.7:40000"), report("203.0.113.9:1"));
@@ -1285,14 +1276,8 @@ mod tests {
             node_with("n1", 1, &published, None),
             node_with("n2", 2, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
         ];
-        let plan = desired(
-            &view(moved),
-            &learned_settings,
-            &key(1),
-            &Desired::default(),
-        );
         assert_eq!(
-            plan.published_endpoint,
+            published_by(moved),
             Some("203.0.113.9:1".parse().expect("addr"))
         );
         // One node alone cannot move it where the mesh has more: with three peers, a
@@ -1303,14 +1288,8 @@ mod tests {
             node_with("n3", 3, &[], None),
             node_with("n4", 4, &[(ANNOTATION_PEER_ENDPOINTS, &other)], None),
         ];
-        let plan = desired(
-            &view(lone_report),
-            &learned_settings,
-            &key(1),
-            &Desired::default(),
-        );
         assert_eq!(
-            plan.published_endpoint,
+            published_by(lone_report),
             Some("203.0.113.7:40000".parse().expect("addr"))
         );
         // The operator's annotation still wins.
