@@ -315,11 +315,12 @@ fn run_shape(
     let config = format!(
         "cluster_cidrs: [10.0.0.0/8]\nproxy:\n  enabled: true\ndns:\n  listen: [\"127.0.0.1:{}\"]\n\
          mesh:\n  enabled: true\n  backend: wireguard-go\n  interface: {interface}\n  \
-         key_file: {}\n  cni_conflist: {}\npolicy:\n  enabled: {}\n",
+         key_file: {}\n  cni_conflist: {}\npolicy:\n  enabled: {}\n  cni_socket: {}\n",
         dns_port,
         api.dir().join("key/wireguard.key").display(),
         api.dir().join("10-nodus.conflist").display(),
-        policy.is_some()
+        policy.is_some(),
+        api.dir().join("cni.sock").display(),
     );
     let mut node = Node {
         api: &api,
