@@ -39,6 +39,16 @@ pub struct GateReply {
     pub error: Option<String>,
 }
 
+impl From<Result<(), String>> for GateReply {
+    /// Isolated, or why not.
+    fn from(outcome: Result<(), String>) -> GateReply {
+        GateReply {
+            ok: outcome.is_ok(),
+            error: outcome.err(),
+        }
+    }
+}
+
 /// Asks the agent at `socket` to isolate `request`'s pod and waits for its word, at most
 /// `wait`. Any failure leaves the pod unstarted: the runtime tries `ADD` again.
 pub fn pass(socket: &Path, request: &GateRequest, wait: Duration) -> Result<(), Error> {

@@ -340,10 +340,7 @@ impl ProxyMetrics {
             let denied = locked(&self.denied);
             for ((policy, direction), packets) in denied.iter() {
                 let (namespace, policy) = policy.split_once('/').unwrap_or(("", policy));
-                let direction = match direction {
-                    Direction::Ingress => "ingress",
-                    Direction::Egress => "egress",
-                };
+                let direction = direction.as_str();
                 sample(
                     out,
                     name,

@@ -36,18 +36,8 @@ pub struct Claim {
 impl Claim {
     /// Answers the plugin: the pod is isolated (or no policy selects it), or why not.
     pub fn answer(self, outcome: Result<(), String>) {
-        let reply = match outcome {
-            Ok(()) => GateReply {
-                ok: true,
-                error: None,
-            },
-            Err(error) => GateReply {
-                ok: false,
-                error: Some(error),
-            },
-        };
         // The plugin may have given up; nothing waits for the answer then.
-        let _ = self.reply.send(reply);
+        let _ = self.reply.send(outcome.into());
     }
 
     /// The plugin stopped waiting.
@@ -127,17 +117,11 @@ async fn serve(stream: UnixStream, claims: mpsc::Sender<Claim>) -> anyhow::Resul
             tokio::time::timeout(WAIT, answer)
                 .await
                 .unwrap_or_else(|_| {
-                    Ok(GateReply {
-                        ok: false,
-                        error: Some("the agent did not isolate the pod in time".into()),
-                    })
+                    Ok(Err("the agent did not isolate the pod in time".to_string()).into())
                 })
                 .context("the agent dropped the request")?
         }
-        Err(error) => GateReply {
-            ok: false,
-            error: Some(format!("not a request: {error}")),
-        },
+        Err(error) => Err(format!("not a request: {error}")).into(),
     };
     let mut text = serde_json::to_vec(&reply)?;
     text.push(b'\n');

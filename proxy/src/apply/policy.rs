@@ -95,13 +95,7 @@ fn over_cap(policies: &[PodPolicy]) -> Option<RefusedPod> {
     if directions.is_empty() {
         return None;
     }
-    let named: Vec<&str> = directions
-        .iter()
-        .map(|d| match d {
-            Direction::Ingress => "ingress",
-            Direction::Egress => "egress",
-        })
-        .collect();
+    let named: Vec<&str> = directions.iter().map(|d| d.as_str()).collect();
     Some(RefusedPod {
         addresses: policies.iter().map(|p| p.ip).collect(),
         reason: format!(

@@ -209,10 +209,11 @@ pub fn notes(view: &View, trace: &Trace) -> Vec<String> {
                     named(false).join(", ")
                 )
             };
-            let (way, label) = match direction {
-                Direction::Egress => ("from", "egress"),
-                Direction::Ingress => ("to", "ingress"),
+            let way = match direction {
+                Direction::Egress => "from",
+                Direction::Ingress => "to",
             };
+            let label = direction.as_str();
             let note = format!(
                 "NetworkPolicy {label} {way} pod {pod}, peer {peer}, {} port {}: {verdict}",
                 protocol_name(packet.protocol),

@@ -54,6 +54,14 @@ pub enum Direction {
 impl Direction {
     pub const ALL: [Direction; 2] = [Direction::Ingress, Direction::Egress];
 
+    /// Its name as policies spell it, in lower case: `ingress` or `egress`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        }
+    }
+
     fn index(self) -> usize {
         self as usize
     }
