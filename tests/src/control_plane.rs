@@ -117,8 +117,18 @@ impl ControlPlane {
             Some(port) => port,
             None => free_port()?,
         };
-        let etcd_port = free_port()?;
-        let etcd_peer_port = free_port()?;
+        // A port the caller chose is free until the API server binds it, so the others
+        // must not be picked from it (the sandbox's `--api-port` comes from the same pool).
+        let other_port = || -> anyhow::Result<u16> {
+            loop {
+                let port = free_port()?;
+                if port != api_port {
+                    return Ok(port);
+                }
+            }
+        };
+        let etcd_port = other_port()?;
+        let etcd_peer_port = other_port()?;
         let url = format!("https://127.0.0.1:{api_port}");
         // A kubeconfig for one of the control plane's own client certificates.
         let client_kubeconfig = |name: &str, pair: &Pair| -> anyhow::Result<PathBuf> {
@@ -190,7 +200,7 @@ impl ControlPlane {
                     format!("--authentication-kubeconfig={}", path(&kcm_kubeconfig)),
                     format!("--authorization-kubeconfig={}", path(&kcm_kubeconfig)),
                     "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={}", free_port()?),
+                    format!("--secure-port={}", other_port()?),
                     "--leader-elect=false".into(),
                     "--use-service-account-credentials=true".into(),
                     format!(
@@ -225,7 +235,7 @@ impl ControlPlane {
                     ),
                     format!("--authorization-kubeconfig={}", path(&scheduler_kubeconfig)),
                     "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={}", free_port()?),
+                    format!("--secure-port={}", other_port()?),
                     "--leader-elect=false".into(),
                     "--v=1".into(),
                 ],
