@@ -548,6 +548,41 @@ fn an_upstream_that_leads_back_here_is_found_at_start_and_left_out() {
     );
 }
 
+/// The loop check again when the cluster's DNS ConfigMap brings new upstreams: a stub
+/// domain's server and an upstream that both lead back here, set while nodus runs, are
+/// found and left out as one configured at start is.
+#[test]
+fn upstreams_and_stub_domains_set_later_are_probed_for_loops_too() {
+    let s = setup_with(vec![], true, true, 100);
+    let target = Arc::new(OnceLock::new());
+    target.set(s.dns).expect("set once");
+    let relayed = Arc::new(AtomicUsize::new(0));
+    let (looping, stub_looping) = (
+        relay(target.clone(), relayed.clone()),
+        relay(target, relayed),
+    );
+    let live = s.forwarder.upstreams()[0].addr;
+    s.forwarder.set_upstreams(
+        &[looping, live],
+        &[(
+            Name::from_ascii("corp.example.").expect("name"),
+            vec![stub_looping],
+        )],
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut found = s.forwarder.looping_upstreams();
+    while found.len() < 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        found = s.forwarder.looping_upstreams();
+    }
+    found.sort();
+    let mut expected = vec![looping, stub_looping];
+    expected.sort();
+    assert_eq!(found, expected);
+    let reply = dig(s.dns, &["www.example.org", "A"]);
+    assert!(reply.contains("status: NOERROR"), "{reply}");
+}
+
 /// The requests a given upstream got from questions (not health checks).
 fn requests_to(s: &Setup, upstream: SocketAddr) -> u64 {
     s.forwarder

@@ -22,8 +22,9 @@
 //!
 //! An upstream can still lead back to nodus (a node resolver that forwards to the cluster
 //! DNS, a NodeLocal-style cache): every miss would then circle until it times out. At start,
+//! and again whenever the upstreams or stub domains change (the cluster's DNS ConfigMap),
 //! as CoreDNS's `loop` plugin does, each upstream is asked a random name only this process
-//! knows ([`Forwarder::probe_for_loops`]); if that name arrives at our own server
+//! knows (`probe_for_loops`); if that name arrives at our own server
 //! ([`Forwarder::is_loop_probe`]), the upstream is left out from then on, with one error in
 //! the log that names it.
 
@@ -154,10 +155,19 @@ pub struct Forwarder {
     /// Where the next round-robin question starts.
     next: AtomicUsize,
     pub stats: ForwardStats,
-    /// The loop probes being watched for, each with its upstream.
-    probes: Mutex<Vec<(Name, Arc<Upstream>)>>,
+    /// The loop probes being watched for, each with its upstream and until when.
+    probes: Mutex<Vec<LoopProbe>>,
     /// Whether any probe is watched for: the check on every forwarded name is one load.
     probing: AtomicBool,
+    /// Wakes the loop prober when the upstreams were replaced.
+    upstreams_changed: tokio::sync::Notify,
+}
+
+/// A random name asked of `upstream`, watched for at our own server until `until`.
+struct LoopProbe {
+    name: Name,
+    upstream: Arc<Upstream>,
+    until: Instant,
 }
 
 /// The share of the questions upstream one client may hold: an eighth. One pod asking
@@ -202,6 +212,7 @@ impl Forwarder {
             stats: ForwardStats::default(),
             probes: Mutex::new(Vec::new()),
             probing: AtomicBool::new(false),
+            upstreams_changed: tokio::sync::Notify::new(),
         }
     }
 
@@ -218,12 +229,15 @@ impl Forwarder {
 
     /// Replaces the upstreams and the stub domains (the cluster's DNS ConfigMap changed).
     /// What is known of an address kept stays; the cache is emptied, since its answers came
-    /// from the upstreams before.
+    /// from the upstreams before. The upstreams are probed for loops again
+    /// ([`Forwarder::watch_upstreams`]).
     pub fn set_upstreams(&self, upstreams: &[SocketAddr], zones: &[(Name, Vec<SocketAddr>)]) {
         let mut routes = self.routes.write().unwrap_or_else(|p| p.into_inner());
         *routes = Arc::new(Routes::new(upstreams, zones, &routes));
         drop(routes);
         self.cache().clear();
+        // A permit is kept if the prober is busy sending: it probes again right after.
+        self.upstreams_changed.notify_one();
     }
 
     /// Every upstream, for metrics and status.
@@ -240,9 +254,22 @@ impl Forwarder {
             .collect()
     }
 
-    /// Looks after the upstreams for as long as the server runs: the loop probes at start,
-    /// and a health check of each upstream that is down every [`HEALTH_CHECK_PERIOD`].
+    /// Looks after the upstreams for as long as the server runs: the loop probes at start
+    /// and after every change of the upstreams, and a health check of each upstream that
+    /// is down every [`HEALTH_CHECK_PERIOD`].
     pub async fn watch_upstreams(&self) {
+        let loop_probes = async {
+            loop {
+                self.probe_for_loops().await;
+                tokio::select! {
+                    () = self.upstreams_changed.notified() => {}
+                    () = tokio::time::sleep(LOOP_PROBE_WINDOW) => {
+                        self.forget_expired_probes();
+                        self.upstreams_changed.notified().await;
+                    }
+                }
+            }
+        };
         let health_checks = async {
             loop {
                 tokio::time::sleep(HEALTH_CHECK_PERIOD).await;
@@ -254,29 +281,42 @@ impl Forwarder {
                 while checks.join_next().await.is_some() {}
             }
         };
-        tokio::join!(self.probe_for_loops(), health_checks);
+        tokio::join!(loop_probes, health_checks);
     }
 
-    /// Asks every upstream a random name of its own and watches for those names for
-    /// [`LOOP_PROBE_WINDOW`]. The answers do not matter.
-    pub async fn probe_for_loops(&self) {
-        let probes: Vec<(Name, Arc<Upstream>)> = self
+    fn loop_probes(&self) -> std::sync::MutexGuard<'_, Vec<LoopProbe>> {
+        self.probes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks every upstream a random name of its own, watched for [`LOOP_PROBE_WINDOW`]
+    /// from now (with those of earlier rounds still in their windows). The answers do not
+    /// matter.
+    async fn probe_for_loops(&self) {
+        let until = Instant::now() + LOOP_PROBE_WINDOW;
+        let round: Vec<(Name, Arc<Upstream>)> = self
             .upstreams()
             .into_iter()
             .filter_map(|u| Some((loop_probe_name()?, u)))
             .collect();
-        *self.probes.lock().unwrap_or_else(|p| p.into_inner()) = probes.clone();
+        self.forget_expired_probes();
+        self.loop_probes()
+            .extend(round.iter().map(|(name, upstream)| LoopProbe {
+                name: name.clone(),
+                upstream: upstream.clone(),
+                until,
+            }));
         self.probing.store(true, Relaxed);
-        for (name, upstream) in &probes {
+        for (name, upstream) in &round {
             let probe = Query::query(name.clone(), RecordType::HINFO);
             upstream.probe(&probe, self.config.timeout).await;
         }
-        tokio::time::sleep(LOOP_PROBE_WINDOW).await;
-        self.probing.store(false, Relaxed);
-        self.probes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+    }
+
+    fn forget_expired_probes(&self) {
+        let now = Instant::now();
+        let mut probes = self.loop_probes();
+        probes.retain(|probe| probe.until > now);
+        self.probing.store(!probes.is_empty(), Relaxed);
     }
 
     /// Whether `name`, asked of our server, is one of our loop probes come back: its
@@ -285,9 +325,10 @@ impl Forwarder {
         if !self.probing.load(Relaxed) {
             return false;
         }
-        let probes = self.probes.lock().unwrap_or_else(|p| p.into_inner());
+        let probes = self.loop_probes();
         let lower = name.to_lowercase();
-        let Some((_, upstream)) = probes.iter().find(|(probe, _)| *probe == lower) else {
+        let Some(LoopProbe { upstream, .. }) = probes.iter().find(|probe| probe.name == lower)
+        else {
             return false;
         };
         if upstream.mark_looping() {
