@@ -72,6 +72,9 @@ enum Reply {
     Code(ResponseCode),
     /// An authoritative answer from the cluster zone (AA).
     Zone(Answer),
+    /// The zone's answer from a view restored from disk that the lists have not confirmed
+    /// yet: the same records, without AA, since they may be up to a day old.
+    Restored(Answer),
     /// What forwarding got (RA).
     Forwarded(Resolution),
 }
@@ -80,7 +83,7 @@ impl Reply {
     fn rcode(&self) -> ResponseCode {
         match self {
             Reply::Code(code) => *code,
-            Reply::Zone(answer) => answer.rcode,
+            Reply::Zone(answer) | Reply::Restored(answer) => answer.rcode,
             Reply::Forwarded(Resolution::Answered(upstream)) => upstream.rcode,
             Reply::Forwarded(Resolution::Failed) => ResponseCode::ServFail,
             Reply::Forwarded(Resolution::Refused) => ResponseCode::Refused,
@@ -90,7 +93,7 @@ impl Reply {
     /// The answer section, when the reply has records.
     fn answers_mut(&mut self) -> Option<&mut Vec<Record>> {
         match self {
-            Reply::Zone(answer) => Some(&mut answer.answers),
+            Reply::Zone(answer) | Reply::Restored(answer) => Some(&mut answer.answers),
             Reply::Forwarded(Resolution::Answered(upstream)) => Some(&mut upstream.answers),
             _ => None,
         }
@@ -348,7 +351,10 @@ impl ClusterDns {
             }
             Outcome::Authoritative(mut answer) => {
                 self.chase_outside(&mut answer, query, dnssec, client).await;
-                Reply::Zone(answer)
+                match self.view.is_complete() {
+                    true => Reply::Zone(answer),
+                    false => Reply::Restored(answer),
+                }
             }
             Outcome::NotOurs => {
                 let held = self
@@ -478,7 +484,7 @@ async fn send<R: ResponseHandler>(
         && matches!(reply, Reply::Forwarded(Resolution::Answered(upstream)) if upstream.authentic_data);
     let none: &[Record] = &[];
     let (answers, authority, additionals) = match reply {
-        Reply::Zone(answer) => (
+        Reply::Zone(answer) | Reply::Restored(answer) => (
             &answer.answers[..],
             &answer.authority[..],
             &answer.additionals[..],

@@ -500,7 +500,9 @@ fn fast_loop(
         let started = Instant::now();
         let mut replies = 0;
         {
-            let view = handler.view.is_whole().then(|| handler.view.read());
+            // The fast path answers with AA: not from a view restored from disk that the
+            // lists have not confirmed (the full path answers from it without AA).
+            let view = handler.view.is_complete().then(|| handler.view.read());
             let allow = handler.allow_list();
             for i in 0..received {
                 let header = &batch.receive[i];

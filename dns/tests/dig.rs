@@ -6,6 +6,7 @@ mod fixture;
 use fixture::view;
 use nodus_dns::server::{DnsServer, serve_with_threads};
 use nodus_dns::{PodRecords, Zone};
+use nodus_view::{ViewReader, ViewWriter};
 use std::net::SocketAddr;
 use std::process::Command;
 
@@ -21,6 +22,10 @@ fn start(pods: PodRecords) -> Dns {
 
 /// nodus DNS over the fixture view with `udp_threads` UDP threads on its port.
 fn start_with_threads(pods: PodRecords, udp_threads: usize) -> Dns {
+    start_on(view().reader(), pods, udp_threads)
+}
+
+fn start_on(view: ViewReader, pods: PodRecords, udp_threads: usize) -> Dns {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -29,7 +34,7 @@ fn start_with_threads(pods: PodRecords, udp_threads: usize) -> Dns {
     let zone = Zone::new("cluster.local", 5, pods).expect("zone");
     let server = rt
         .block_on(serve_with_threads(
-            view().reader(),
+            view,
             zone,
             None,
             &["127.0.0.1:0".parse().expect("addr")],
@@ -136,6 +141,39 @@ fn spec_1_schema_version() {
     assert_eq!(r.status, "NOERROR", "{}", r.raw);
     assert_eq!(r.data(), ["TXT \"1.1.0\""]);
     assert!(r.answers[0].contains("28800"), "{}", r.raw);
+}
+
+/// A view restored from disk at a warm start answers with its records, but without AA
+/// (they may be a day old), on the UDP fast path and over TCP alike, until the lists have
+/// confirmed it.
+#[test]
+fn a_restored_view_is_not_authoritative_until_the_lists_complete() {
+    let writer = ViewWriter::new(fixture::resolved());
+    writer.mark_restored();
+    let dns = start_on(writer.reader(), PodRecords::Disabled, 1);
+    for transport in ["+notcp", "+tcp"] {
+        let r = dig(&dns, &["dual.default.svc.cluster.local", "A", transport]);
+        assert_eq!(
+            (r.status.as_str(), r.data()),
+            ("NOERROR", vec!["A 10.96.0.40".to_string()]),
+            "{}",
+            r.raw
+        );
+        assert!(
+            !r.flags.split(' ').any(|f| f == "aa"),
+            "{transport}: {}",
+            r.raw
+        );
+    }
+    writer.mark_complete();
+    for transport in ["+notcp", "+tcp"] {
+        let r = dig(&dns, &["dual.default.svc.cluster.local", "A", transport]);
+        assert!(
+            r.flags.split(' ').any(|f| f == "aa"),
+            "{transport}: {}",
+            r.raw
+        );
+    }
 }
 
 #[test]
