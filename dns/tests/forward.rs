@@ -478,6 +478,51 @@ fn questions_over_max_concurrent_are_refused() {
     assert!(failed.contains("status: SERVFAIL"), "{failed}");
 }
 
+/// RFC 7766 §6.2.1.1: questions pipelined over one TCP connection are answered
+/// concurrently. A forwarded name waiting for a silent upstream does not hold back the
+/// zone's answer sent after it on the same connection: that reply comes first.
+#[test]
+fn pipelined_tcp_questions_are_answered_as_each_is_ready() {
+    use std::io::{Read, Write};
+    let s = setup_with(silent_upstreams(1), false, true, 100);
+    let framed = |id: u16, name: &str| {
+        let mut query = Message::new(id, MessageType::Query, hickory_proto::op::OpCode::Query);
+        query.add_query(hickory_proto::op::Query::query(
+            Name::from_ascii(name).expect("name"),
+            RecordType::A,
+        ));
+        let bytes = query.to_vec().expect("encode");
+        let mut framed = (bytes.len() as u16).to_be_bytes().to_vec();
+        framed.extend(bytes);
+        framed
+    };
+    let mut stream = std::net::TcpStream::connect(s.dns).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut both = framed(1, "slow.example.org.");
+    both.extend(framed(2, "nothing.default.svc.cluster.local."));
+    stream.write_all(&both).expect("send both at once");
+    let mut read_reply = || {
+        let mut length = [0u8; 2];
+        stream.read_exact(&mut length).expect("length");
+        let mut reply = vec![0u8; usize::from(u16::from_be_bytes(length))];
+        stream.read_exact(&mut reply).expect("reply");
+        let reply = Message::from_vec(&reply).expect("decode");
+        (reply.metadata.id, reply.metadata.response_code)
+    };
+    assert_eq!(
+        read_reply(),
+        (2, ResponseCode::NXDomain),
+        "the zone's answer first"
+    );
+    assert_eq!(
+        read_reply(),
+        (1, ResponseCode::ServFail),
+        "then the upstream's failure"
+    );
+}
+
 /// An upstream that leads back to nodus: it relays every UDP question to `target` (once
 /// set) and the answer back, as a node resolver forwarding to the cluster DNS would.
 fn relay(target: Arc<OnceLock<SocketAddr>>, relayed: Arc<AtomicUsize>) -> SocketAddr {
