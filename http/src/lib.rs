@@ -14,6 +14,7 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use nodus_limits::ConnectionCaps;
+pub use nodus_limits::Tenants;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
@@ -21,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 /// What one server allows.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Limits {
     /// Open connections in all; more are closed at once.
     pub connections: usize,
@@ -31,6 +32,8 @@ pub struct Limits {
     pub header_timeout: Duration,
     /// How long a connection may stay open, however busy.
     pub lifetime: Duration,
+    /// The clients that are pods: together they hold at most half of the connections.
+    pub tenants: Tenants,
 }
 
 impl Default for Limits {
@@ -41,6 +44,7 @@ impl Default for Limits {
             per_client: 16,
             header_timeout: Duration::from_secs(5),
             lifetime: Duration::from_secs(120),
+            tenants: Tenants::default(),
         }
     }
 }
@@ -85,7 +89,9 @@ pub fn serve<F>(listener: TcpListener, limits: Limits, handler: F) -> JoinHandle
 where
     F: Fn(&Request<Incoming>, SocketAddr) -> Response<Body> + Clone + Send + Sync + 'static,
 {
-    let caps = ConnectionCaps::new(limits.connections, limits.per_client);
+    let caps = ConnectionCaps::new(limits.connections, limits.per_client)
+        .with_tenants(limits.tenants.clone());
+    let (header_timeout, lifetime) = (limits.header_timeout, limits.lifetime);
     tokio::spawn(async move {
         loop {
             let (stream, client, slot) = nodus_limits::accept(&listener, &caps, "HTTP").await;
@@ -97,9 +103,9 @@ where
                 });
                 let connection = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
-                    .header_read_timeout(limits.header_timeout)
+                    .header_read_timeout(header_timeout)
                     .serve_connection(TokioIo::new(stream), service);
-                let _ = tokio::time::timeout(limits.lifetime, connection).await;
+                let _ = tokio::time::timeout(lifetime, connection).await;
                 drop(slot);
             });
         }

@@ -6,7 +6,10 @@
 //! An eighth of the places is kept for the node itself (loopback, and a client whose
 //! address is the one it connected to: the node's own, as kubelet's probe of a
 //! host-network pod comes): pods holding every other place cannot starve the liveness
-//! probe. [`accept`] is the accept loop every such listener runs.
+//! probe. Clients in the cluster's pod ranges ([`Tenants`]) together hold at most half of
+//! the places, so that a load balancer's probe of a health-check node port, or a scraper
+//! on another host, still gets in while pods hold all they may. [`accept`] is the accept
+//! loop every such listener runs.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -39,18 +42,47 @@ pub async fn accept(
 
 /// The share of a listener's places only the node itself may take: one in eight.
 const RESERVED_SHARE: usize = 8;
+/// The share of a listener's places the tenants' pods may hold together: one in two.
+const TENANT_SHARE: usize = 2;
 
-/// Open connections, counted in all and per client address; clones share the counts.
+/// Which client addresses are tenants' pods: those in the cluster's pod ranges.
+#[derive(Clone, Default)]
+pub struct Tenants(Option<Arc<dyn Fn(IpAddr) -> bool + Send + Sync>>);
+
+impl Tenants {
+    /// The clients `is_pod` says are pods.
+    pub fn within(is_pod: impl Fn(IpAddr) -> bool + Send + Sync + 'static) -> Tenants {
+        Tenants(Some(Arc::new(is_pod)))
+    }
+
+    fn contains(&self, client: IpAddr) -> bool {
+        self.0.as_ref().is_some_and(|is_pod| is_pod(client))
+    }
+}
+
+impl std::fmt::Debug for Tenants {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Some(_) => "Tenants(ranges)",
+            None => "Tenants(none)",
+        })
+    }
+}
+
+/// Open connections, counted in all, from tenants and per client address; clones share
+/// the counts.
 #[derive(Clone, Debug)]
 pub struct ConnectionCaps {
     total: usize,
     per_client: usize,
+    tenants: Tenants,
     open: Arc<Mutex<Open>>,
 }
 
 #[derive(Debug, Default)]
 struct Open {
     total: usize,
+    from_tenants: usize,
     per_client: HashMap<IpAddr, usize>,
 }
 
@@ -60,13 +92,20 @@ impl ConnectionCaps {
         ConnectionCaps {
             total,
             per_client,
+            tenants: Tenants::default(),
             open: Arc::default(),
         }
     }
 
+    /// With `tenants` holding at most half of the places together.
+    pub fn with_tenants(self, tenants: Tenants) -> ConnectionCaps {
+        ConnectionCaps { tenants, ..self }
+    }
+
     /// A place for one more connection from `client` to `local` (the address it
     /// connected to), or `None` over a cap. The node itself may take the reserved places;
-    /// others only the rest. The place is given back when the slot is dropped.
+    /// others only the rest, and tenants only their share of it. The place is given back
+    /// when the slot is dropped.
     pub fn take(&self, client: IpAddr, local: Option<SocketAddr>) -> Option<Slot> {
         let client = client.to_canonical();
         let from_node =
@@ -76,16 +115,22 @@ impl ConnectionCaps {
         } else {
             self.total - self.total / RESERVED_SHARE
         };
+        let tenant = !from_node && self.tenants.contains(client);
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let from_client = open.per_client.get(&client).copied().unwrap_or(0);
-        if open.total >= cap || from_client >= self.per_client {
+        if open.total >= cap
+            || from_client >= self.per_client
+            || (tenant && open.from_tenants >= self.total / TENANT_SHARE)
+        {
             return None;
         }
         open.total += 1;
+        open.from_tenants += usize::from(tenant);
         open.per_client.insert(client, from_client + 1);
         Some(Slot {
             open: self.open.clone(),
             client,
+            tenant,
         })
     }
 
@@ -100,12 +145,14 @@ impl ConnectionCaps {
 pub struct Slot {
     open: Arc<Mutex<Open>>,
     client: IpAddr,
+    tenant: bool,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.total -= 1;
+        open.from_tenants -= usize::from(self.tenant);
         if let Some(count) = open.per_client.get_mut(&self.client) {
             *count -= 1;
             if *count == 0 {
@@ -166,5 +213,25 @@ mod tests {
             caps.take("::1".parse().expect("ip"), LISTENER).is_none(),
             "16 in all"
         );
+    }
+
+    #[test]
+    fn pods_hold_half_the_places_and_a_load_balancer_gets_the_rest() {
+        let pod_range = |ip: IpAddr| matches!(ip, IpAddr::V4(v4) if v4.octets()[..2] == [10, 244]);
+        let caps = ConnectionCaps::new(16, 2).with_tenants(Tenants::within(pod_range));
+        let pods: Vec<Slot> = (1..=8u8)
+            .flat_map(|pod| [IpAddr::from([10, 244, 1, pod]); 2])
+            .filter_map(|ip| caps.take(ip, LISTENER))
+            .collect();
+        assert_eq!(pods.len(), 8, "pods together hold half of 16");
+        // A load balancer's probers, outside the pod ranges, take the rest but the node's.
+        let probers: Vec<Slot> = (1..=4u8)
+            .flat_map(|prober| [IpAddr::from([35, 191, 0, prober]); 2])
+            .filter_map(|ip| caps.take(ip, LISTENER))
+            .collect();
+        assert_eq!(probers.len(), 6, "14 of 16 may go to others than the node");
+        drop(pods);
+        assert_eq!(caps.open(), 6);
+        assert!(caps.take(IpAddr::from([10, 244, 2, 1]), LISTENER).is_some());
     }
 }

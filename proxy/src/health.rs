@@ -83,22 +83,31 @@ impl Drop for Served {
     }
 }
 
+/// Where the health-check servers listen, and what each allows.
+#[derive(Clone, Debug)]
+pub struct HealthListen {
+    /// kube-proxy listens on every address by default.
+    pub bind: IpAddr,
+    /// With the cluster's pod ranges as tenants, so that pods cannot hold the places a
+    /// load balancer's probe needs.
+    pub limits: Limits,
+}
+
 /// The health-check servers, opened and closed as services come and go.
 pub struct HealthChecks {
     view: ViewReader,
     /// Whether the proxy is healthy: a node whose rules are stale is drained too.
     proxy: Arc<ProxyMetrics>,
-    bind: IpAddr,
+    listen: HealthListen,
     served: HashMap<u16, Served>,
 }
 
 impl HealthChecks {
-    /// Servers will listen on `bind` (kube-proxy listens on every address by default).
-    pub fn new(view: ViewReader, proxy: Arc<ProxyMetrics>, bind: IpAddr) -> HealthChecks {
+    pub fn new(view: ViewReader, proxy: Arc<ProxyMetrics>, listen: HealthListen) -> HealthChecks {
         HealthChecks {
             view,
             proxy,
-            bind,
+            listen,
             served: HashMap::new(),
         }
     }
@@ -163,15 +172,17 @@ impl HealthChecks {
     }
 
     fn listen(&self, port: u16, service: &ServiceName) -> std::io::Result<Vec<JoinHandle<()>>> {
-        let listeners = nodus_http::bind(SocketAddr::new(self.bind, port))?;
+        let listeners = nodus_http::bind(SocketAddr::new(self.listen.bind, port))?;
         Ok(listeners
             .into_iter()
             .map(|listener| {
                 let (view, proxy, service) =
                     (self.view.clone(), self.proxy.clone(), service.clone());
-                nodus_http::serve(listener, Limits::default(), move |_request, _client| {
-                    respond(&view, &proxy, &service)
-                })
+                nodus_http::serve(
+                    listener,
+                    self.listen.limits.clone(),
+                    move |_request, _client| respond(&view, &proxy, &service),
+                )
             })
             .collect())
     }

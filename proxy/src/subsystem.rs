@@ -4,7 +4,7 @@
 //! changes; the health-check node ports follow the services.
 
 use crate::apply::{Error, Proxy, SyncReport};
-use crate::health::HealthChecks;
+use crate::health::{HealthChecks, HealthListen};
 use crate::metrics::{PolicyEnforcement, ProxyMetrics};
 use crate::sysctls::Sysctls;
 use nodus_view::policy::resolve::Direction;
@@ -39,14 +39,14 @@ pub struct ProxySubsystem {
 }
 
 impl ProxySubsystem {
-    /// `health` binds health-check node ports on that address (the service proxy);
+    /// `health` serves health-check node ports as it says (the service proxy);
     /// `None` for the egress masquerade alone, whose few messages commit at once;
     /// `sysctls`: what the service proxy sets on the host; `host_addresses`: how to read
     /// the host's interface addresses when `nodePortAddresses` names ranges.
     pub fn new(
         proxy: Proxy,
         view: ViewReader,
-        health: Option<IpAddr>,
+        health: Option<HealthListen>,
         sysctls: Option<Sysctls>,
         host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
     ) -> ProxySubsystem {
@@ -54,7 +54,7 @@ impl ProxySubsystem {
         ProxySubsystem {
             proxy,
             blocking: health.is_some(),
-            health: health.map(|bind| HealthChecks::new(view, metrics.clone(), bind)),
+            health: health.map(|listen| HealthChecks::new(view, metrics.clone(), listen)),
             needs_full: true,
             last_check: Instant::now(),
             metrics,

@@ -1,6 +1,7 @@
 //! Health-check node ports answered over real HTTP (checklist H.50, H.51).
 
-use nodus_proxy::health::HealthChecks;
+use nodus_http::Limits;
+use nodus_proxy::health::{HealthChecks, HealthListen};
 use nodus_proxy::metrics::{HEALTH_TIMEOUT, ProxyMetrics};
 use nodus_testbed::probe::http_get;
 use nodus_view::{ChangeSet, ServiceName, Update, View, ViewWriter};
@@ -81,7 +82,10 @@ fn health_check_node_port_follows_local_endpoints() {
     let mut checks = HealthChecks::new(
         view.reader(),
         proxy.clone(),
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        HealthListen {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            limits: Limits::default(),
+        },
     );
     checks.update(&view.read(), None);
     assert_eq!(checks.ports(), [port]);
@@ -144,7 +148,10 @@ fn a_port_that_cannot_be_bound_is_skipped() {
     let mut checks = HealthChecks::new(
         view.reader(),
         Arc::default(),
-        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        HealthListen {
+            bind: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            limits: Limits::default(),
+        },
     );
     checks.update(&view.read(), None);
     assert!(checks.ports().is_empty(), "logged and skipped, no panic");

@@ -6,7 +6,8 @@ use crate::agent::health;
 use crate::agent::metrics::Metrics;
 use anyhow::Context;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
-use nodus_http::{Body, Limits, respond};
+use nodus_http::{Body, Limits, Tenants, respond};
+use nodus_view::model::Cidr;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
@@ -90,6 +91,23 @@ impl HttpServer {
     }
 }
 
+/// What every HTTP listener of the node allows (this one and the health-check node
+/// ports): the defaults, with the clients in `cluster_cidrs` (the pods) holding at most
+/// half of the places together. Without `cluster_cidrs` pods are not told apart.
+pub fn limits(cluster_cidrs: &[Cidr]) -> Limits {
+    let tenants = match cluster_cidrs {
+        [] => Tenants::default(),
+        ranges => {
+            let ranges = ranges.to_vec();
+            Tenants::within(move |client| ranges.iter().any(|range| range.contains(client)))
+        }
+    };
+    Limits {
+        tenants,
+        ..Limits::default()
+    }
+}
+
 /// Binds `addr` now (so a busy port fails start-up; the IPv4 wildcard is bound for IPv6
 /// too), or serves on the sockets the process before handed over (`inherited`) when
 /// they are bound to it, and serves in the background.
@@ -97,6 +115,7 @@ pub async fn serve(
     addr: SocketAddr,
     inherited: Vec<std::net::TcpListener>,
     status_from_anywhere: bool,
+    limits: Limits,
     metrics: Arc<Metrics>,
 ) -> anyhow::Result<HttpServer> {
     let same = inherited
@@ -126,7 +145,7 @@ pub async fn serve(
         let metrics = metrics.clone();
         tasks.push(nodus_http::serve(
             listener,
-            Limits::default(),
+            limits.clone(),
             move |req, client| route(&metrics, status_from_anywhere, req, client),
         ));
     }

@@ -36,6 +36,7 @@ use nodus_dns::server::BoundSockets;
 use nodus_dns::server::DnsServer;
 use nodus_mesh::follow::MeshSubsystem;
 use nodus_proxy::apply::Proxy;
+use nodus_proxy::health::HealthListen;
 use nodus_proxy::subsystem::{CHECK_PERIOD, ProxySubsystem};
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use on_change::OnChange;
@@ -230,10 +231,10 @@ fn start_proxy(
     metrics: &Metrics,
 ) -> anyhow::Result<ProxySubsystem> {
     let proxy = Proxy::new(config.proxy_settings()).context("opening nf_tables netlink")?;
-    let health = config
-        .proxy
-        .enabled
-        .then_some(config.proxy.health_check_address);
+    let health = config.proxy.enabled.then(|| HealthListen {
+        bind: config.proxy.health_check_address,
+        limits: http::limits(&config.cluster_cidrs),
+    });
     let sysctls = config.proxy.enabled.then(|| nodus_proxy::sysctls::Sysctls {
         conntrack: config.proxy.conntrack.settings(),
         route_localnet: config.proxy.localhost_node_ports,
@@ -288,6 +289,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         config.http_addr,
         inherited.http,
         config.status_from_anywhere,
+        http::limits(&config.cluster_cidrs),
         metrics.clone(),
     )
     .await?;

@@ -541,8 +541,10 @@ fn a_flood_from_one_client_is_rate_limited_with_truncated_slips_and_tcp_still_an
 }
 
 /// Pods that hold every connection a tenant may open to the agent's HTTP port (eight
-/// pods, sixteen each: the 128 of the cap) leave the node itself its reserved places: the
-/// liveness probe from the node's own address, and one through loopback, are answered.
+/// pods try sixteen each: the 128 of the cap) leave the node itself its reserved places:
+/// the liveness probe from the node's own address, and one through loopback, are
+/// answered. Pods (`cluster_cidrs`) hold at most half together, so a load balancer's
+/// probe from outside the pod ranges is answered too.
 #[test]
 fn pods_holding_every_connection_leave_the_nodes_probe_its_places() {
     let mut cluster = Cluster::new("caps", EXAMPLE);
@@ -555,7 +557,12 @@ fn pods_holding_every_connection_leave_the_nodes_probe_its_places() {
             .ip(&["addr", "add", &format!("{pod}/32"), "dev", "eth0"])
             .expect("a pod's address");
     }
-    let http = run_node_1_with_dns(&mut cluster, &node, "[\"10.77.0.1:53\"]");
+    let http = run_node_1_with_dns_config(
+        &mut cluster,
+        &node,
+        "[\"10.77.0.1:53\"]",
+        "cluster_cidrs: [10.244.0.0/16]\n",
+    );
     let held = client
         .enter(|| {
             let server = SocketAddr::from(([10, 77, 0, 1], http));
@@ -596,6 +603,27 @@ fn pods_holding_every_connection_leave_the_nodes_probe_its_places() {
         probe(&format!("http://127.0.0.1:{http}/livez")),
         "200",
         "through loopback"
+    );
+    let outside = client
+        .exec(
+            "curl",
+            &[
+                "-s",
+                "-m",
+                "2",
+                "--interface",
+                "10.77.0.2",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &format!("http://10.77.0.1:{http}/livez"),
+            ],
+        )
+        .unwrap_or_default();
+    assert_eq!(
+        outside, "200",
+        "a load balancer's probe from outside the pods"
     );
     drop(held);
 }
