@@ -188,7 +188,9 @@ pub async fn follow_cluster(
         node_name: cluster.node_name.clone(),
         service_cidrs: true,
         local_pods: false,
-        // The policy chains are planned only with the policies, pods and namespaces.
+        // No DNS answers here: Namespaces matter only to the policy chains, which are
+        // planned only with the policies, pods and namespaces.
+        namespaces: false,
         policy: config.policy.enabled,
     };
     let (items, watched) = watch::watch_all(&client, &set);

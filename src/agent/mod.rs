@@ -302,6 +302,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         // The proxy drops their unallocated addresses; DNS answers their reverse names.
         service_cidrs: config.proxy.enabled || config.dns.enabled,
         local_pods: config.dns.enabled && config.dns.autopath,
+        namespaces: config.dns.enabled,
         policy: config.policy.enabled,
     };
     let (items, watched) = watch::watch_all(&client, &set);

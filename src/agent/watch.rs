@@ -279,6 +279,9 @@ pub struct WatchSet {
     pub service_cidrs: bool,
     /// Watch this node's Pods (DNS tells who asks by them).
     pub local_pods: bool,
+    /// Watch every Namespace (DNS answers NODATA, not NXDOMAIN, for one that holds no
+    /// Service, as CoreDNS does); policy selects by their labels.
+    pub namespaces: bool,
     /// Watch every Pod, Namespace and NetworkPolicy (NetworkPolicy enforcement).
     pub policy: bool,
 }
@@ -454,16 +457,20 @@ pub fn watch_all(
         streams
             .push(kind_stream::<wire::Pod>(Api::all(client.clone()), pods, pod_presence).boxed());
     }
-    if set.policy {
-        kinds.extend([Kind::Namespace, Kind::NetworkPolicy]);
+    if set.namespaces || set.policy {
+        // Without policy, a refused list only leaves empty namespaces NXDOMAIN.
+        let presence = match set.policy {
+            true => Presence::Required,
+            false => Presence::Optional,
+        };
+        kinds.push(Kind::Namespace);
         streams.push(
-            kind_stream::<wire::Namespace>(
-                Api::all(client.clone()),
-                config.clone(),
-                Presence::Required,
-            )
-            .boxed(),
+            kind_stream::<wire::Namespace>(Api::all(client.clone()), config.clone(), presence)
+                .boxed(),
         );
+    }
+    if set.policy {
+        kinds.push(Kind::NetworkPolicy);
         streams.push(
             kind_stream::<wire::NetworkPolicy>(
                 Api::all(client.clone()),

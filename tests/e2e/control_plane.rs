@@ -44,6 +44,17 @@ fn the_agent_follows_the_real_api_server_and_its_controllers() {
     wait_ready(http);
     assert_eq!(resolves(dns, "web"), ["10.96.0.20"]);
     assert_eq!(resolves(dns, "kubernetes"), ["10.96.0.1"]);
+    // A namespace with no Service exists (NODATA, as CoreDNS answers); one that does not
+    // exist is NXDOMAIN. The real server makes kube-public, with no Service in it.
+    assert_eq!(dig(dns, "kube-public.svc.cluster.local", "A").0, "NOERROR");
+    assert_eq!(dig(dns, "emptyns.svc.cluster.local", "A").0, "NXDOMAIN");
+    cluster
+        .plane
+        .kubectl(&["create", "namespace", "emptyns"])
+        .expect("create namespace");
+    wait_for("the new namespace to be NODATA", || {
+        (dig(dns, "emptyns.svc.cluster.local", "A").0 == "NOERROR").then_some(())
+    });
 
     cluster.apply(json!({"apiVersion": "v1", "kind": "Service",
         "metadata": {"name": "cache", "namespace": "default"},
@@ -77,7 +88,7 @@ fn the_agent_follows_the_real_api_server_and_its_controllers() {
         (dig(dns, "cache.default.svc.cluster.local", "A").0 == "NXDOMAIN").then_some(())
     });
     let (_, body) = get(http, "/metrics").expect("metrics");
-    for kind in ["service", "endpointslice", "node"] {
+    for kind in ["service", "endpointslice", "node", "namespace"] {
         assert_eq!(
             metric(
                 &body,
