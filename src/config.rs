@@ -32,6 +32,10 @@ pub struct Config {
     /// which the mesh does not accept.
     #[serde(deserialize_with = "cidrs")]
     pub cluster_cidrs: Vec<Cidr>,
+    /// Service address ranges, for clusters without ServiceCIDR objects (Kubernetes before
+    /// 1.33): DNS is authoritative for their reverse names, as for the ServiceCIDRs'.
+    #[serde(deserialize_with = "cidrs")]
+    pub service_cidrs: Vec<Cidr>,
     /// The API server's URL, overriding kubeconfig and in-cluster discovery: the proxy
     /// cannot depend on the `kubernetes` Service that it programs itself.
     pub api_server: Option<String>,
@@ -90,6 +94,7 @@ impl Default for Config {
             kind: None,
             cluster_domain: "cluster.local".into(),
             cluster_cidrs: Vec::new(),
+            service_cidrs: Vec::new(),
             api_server: None,
             http_addr: DEFAULT_HTTP_ADDR.parse().expect("valid default address"),
             status_from_anywhere: false,
@@ -1094,6 +1099,7 @@ mod tests {
     #[test]
     fn bad_values_are_errors() {
         assert!(Config::parse("cluster_cidrs: [10.0.0.0/40]").is_err());
+        assert!(Config::parse("service_cidrs: [10.96.0.0/33]").is_err());
         assert!(Config::parse("http_addr: nowhere").is_err());
         assert!(Config::parse("api_server: ftp://x").is_err());
         assert!(Config::parse("dns:\n  ttl: 4000\n").is_err());

@@ -102,7 +102,7 @@ impl Zone {
     }
 
     /// The zone, also authoritative for reverse names inside `ranges` (the configured
-    /// `cluster_cidrs`).
+    /// `cluster_cidrs` and `service_cidrs`).
     pub fn with_cluster_ranges(mut self, ranges: Vec<Cidr>) -> Zone {
         self.cluster_ranges = ranges;
         self

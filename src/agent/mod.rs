@@ -130,7 +130,7 @@ async fn start_dns(
         config.dns.pod_records.into(),
     )
     .with_context(|| format!("cluster_domain {:?}", config.cluster_domain))?
-    .with_cluster_ranges(config.cluster_cidrs.clone());
+    .with_cluster_ranges([&config.cluster_cidrs[..], &config.service_cidrs[..]].concat());
     // Read once: its nameservers are the upstreams, its search line the node's domains.
     let resolv_conf = std::fs::read_to_string(&config.dns.resolv_conf);
     let zone = match config.dns.autopath {

@@ -382,6 +382,35 @@ fn replies_leave_from_the_address_asked_also_one_held_on_lo() {
     );
 }
 
+/// A cluster before Kubernetes 1.33 has no ServiceCIDR objects: with `service_cidrs`
+/// configured, the reverse name of a service address no Service holds is still the zone's
+/// authoritative NXDOMAIN, and the node's resolver is never asked it.
+#[test]
+fn without_service_cidr_objects_the_configured_service_range_is_the_zones() {
+    let without: Vec<&str> = EXAMPLE
+        .split("\n---\n")
+        .filter(|document| !document.contains("kind: ServiceCIDR"))
+        .collect();
+    let mut cluster = Cluster::new("svcrange", &without.join("\n---\n"));
+    let ns = Netns::new("svcr").expect("netns");
+    let resolver = OtherResolver::start(&ns);
+    run_node_1_with_dns_config(
+        &mut cluster,
+        &ns,
+        "[\"127.0.0.1:53\"]",
+        "service_cidrs: [10.96.0.0/16]\n",
+    );
+    let reverse = ns
+        .exec(
+            "dig",
+            &["@127.0.0.1", "+tries=1", "+time=2", "-x", "10.96.9.9"],
+        )
+        .unwrap_or_default();
+    assert!(reverse.contains("status: NXDOMAIN"), "{reverse}");
+    assert!(reverse.contains("flags: qr aa"), "authoritative: {reverse}");
+    assert_eq!(resolver.questions.load(Relaxed), 0, "not asked upstream");
+}
+
 /// Not an open resolver: a client outside the cluster (not loopback, not this host, no
 /// Node's address or pod CIDR) gets REFUSED over UDP and TCP, for cluster names and
 /// outside names alike, and nothing is forwarded for it; a pod of this node gets answers
