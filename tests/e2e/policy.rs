@@ -531,6 +531,16 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     wait_for("node-a to report the pod over the cap", || {
         node_metric(&sandbox, "node-a", "nodus_policy_refused_pods").filter(|n| *n == 1.0)
     });
+    // The tracer says why: `explode` allows api-b:8080, but the pod fails closed.
+    let closed = trace(&sandbox, "node-a", "10.244.1.11", "10.244.2.11:8080");
+    assert!(
+        closed.contains(
+            "tcp port 8080: denied: isolated by shop/explode, which allow it more than 10000 \
+             peer and port ranges: it fails closed"
+        ),
+        "{closed}"
+    );
+    assert!(closed.ends_with("summary: DROP\n"), "{closed}");
 
     // Policies gone, everything passes again.
     for (namespace, name) in [

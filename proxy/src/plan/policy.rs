@@ -164,10 +164,13 @@ pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
 }
 
 /// Which NetworkPolicies decided each path of `trace` that crossed the policy chains:
-/// per direction, those that isolate the pod, and which of them allow the connection.
+/// per direction, those that isolate the pod, and which of them allow the connection; or
+/// that the pod fails closed there (its policies allow more than the view keeps, or its
+/// address is shared), whatever they allow.
 pub fn notes(view: &View, trace: &Trace) -> Vec<String> {
     let packet = &trace.packet;
     let mut notes = Vec::new();
+    let mut resolved: Option<Vec<PodPolicy>> = None;
     for path in &trace.paths {
         if !path.steps.iter().any(|step| step.chain == POLICY_FORWARD) {
             continue;
@@ -199,8 +202,30 @@ pub fn notes(view: &View, trace: &Trace) -> Vec<String> {
                     .collect()
             };
             let allowing = named(true);
+            let resolved = resolved.get_or_insert_with(|| view.pod_policies());
+            let closed = resolved.iter().find(|p| p.ip == pod).map(|p| {
+                let nothing = p.allowed(direction).is_some_and(<[_]>::is_empty);
+                (p.over_cap.contains(&direction), nothing)
+            });
             let verdict = if pod == peer {
                 "allowed: a pod always reaches itself".to_string()
+            } else if let Some((true, _)) = closed {
+                format!(
+                    "denied: isolated by {}, which allow it more than {} peer and port \
+                     ranges: it fails closed",
+                    judged
+                        .iter()
+                        .map(|j| j.policy.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    nodus_view::policy::resolve::ALLOWANCES_MAX
+                )
+            } else if let (Some((_, true)), false) = (closed, allowing.is_empty()) {
+                format!(
+                    "denied: allowed by {}, but its address is another local pod's too, and \
+                     an address shared fails closed",
+                    allowing.join(", ")
+                )
             } else if !allowing.is_empty() {
                 format!("allowed by {}", allowing.join(", "))
             } else {

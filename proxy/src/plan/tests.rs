@@ -1260,3 +1260,74 @@ fn a_chain_is_in_place_only_with_its_rules_and_the_digest_of_this_plan() {
     );
     assert_eq!(ChainPlan::digest_of_comment("kube-proxy rule"), None);
 }
+
+fn pod_at(name: &str, ip: &str, labels: Json) -> Update {
+    Update::Pod(Box::new(
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "shop", "name": name, "labels": labels},
+            "spec": {"nodeName": NODE, "containers": [{"image": "agnhost"}]},
+            "status": {"podIPs": [{"ip": ip}]}
+        }))
+        .expect("test pod"),
+    ))
+}
+
+/// The tracer's NetworkPolicy note tells a pod failing closed from one its policies
+/// deny: an address two local pods claim (one reused while the old pod's object is still
+/// there) is allowed nothing, whatever the policy allows; the packet is dropped and the
+/// note says why.
+#[test]
+fn the_tracer_says_when_a_shared_address_fails_closed() {
+    let policy = || {
+        Update::NetworkPolicy(Box::new(
+            serde_json::from_value(json!({
+                "metadata": {"namespace": "shop", "name": "web-in"},
+                "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                         "ingress": [{"from": [{"ipBlock": {"cidr": "10.244.2.0/24"}}]}]}
+            }))
+            .expect("test policy"),
+        ))
+    };
+    let config = ProxyConfig {
+        network_policy: true,
+        ..ProxyConfig::default()
+    };
+    let trace = |view: &View| {
+        Planner::new(view, &config).trace(Packet {
+            entry: Entry::Outside,
+            source: "10.244.2.7".parse().expect("source"),
+            destination: "10.244.1.9".parse().expect("destination"),
+            protocol: nodus_view::model::Protocol::Tcp,
+            port: 80,
+        })
+    };
+    let alone = view([
+        this_node(),
+        policy(),
+        pod_at("web-1", "10.244.1.9", json!({"app": "web"})),
+    ]);
+    let passes = trace(&alone);
+    assert_eq!(passes.summary(), "10.244.1.9:80", "{passes}");
+    assert!(
+        passes
+            .notes
+            .iter()
+            .any(|n| n.ends_with("allowed by shop/web-in")),
+        "{passes}"
+    );
+    let shared = view([
+        this_node(),
+        policy(),
+        pod_at("web-1", "10.244.1.9", json!({"app": "web"})),
+        pod_at("web-2", "10.244.1.9", json!({"app": "web"})),
+    ]);
+    let dropped = trace(&shared);
+    assert_eq!(dropped.summary(), "DROP", "{dropped}");
+    assert!(
+        dropped
+            .notes
+            .iter()
+            .any(|n| n.contains("denied: allowed by shop/web-in, but its address is another")),
+        "{dropped}"
+    );
+}
