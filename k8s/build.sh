@@ -10,6 +10,9 @@
 #   k8s/build.sh all             and kubelet, kube-proxy, agnhost, e2e.test, and containerd
 #                                (containerd, its runc shim, ctr) for real nodes
 #   k8s/build.sh kubelet ...     only those named
+#   k8s/build.sh cni             the reference CNI plugins (host-local, portmap, loopback) and
+#                                cnitool from k8s/cni/go.mod, into a directory of their own
+#                                (cni-<plugins version>-<digest>/bin), printed instead
 #
 # NODUS_K8S_CACHE (default /var/cache/nodus-k8s) holds one directory per version and
 # go.sum digest: kubernetes-v1.37.2-<digest>/bin. Go's own module and build caches are
@@ -20,9 +23,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
 control_plane=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
+cni=(host-local portmap loopback cnitool)
 all=("${control_plane[@]}" kubelet kube-proxy agnhost e2e.test containerd containerd-shim-runc-v2 ctr)
 case "${1:-}" in
     "") wanted=("${control_plane[@]}") ;;
+    cni) wanted=("${cni[@]}") ;;
     all) wanted=("${all[@]}") ;;
     *) wanted=("$@") ;;
 esac
@@ -35,6 +40,13 @@ etcd_version=$(module_version go.etcd.io/etcd/server/v3 "$here/etcd/go.mod")
 containerd_version=$(module_version github.com/containerd/containerd/v2 "$here/containerd/go.mod")
 digest=$(cat "$here/go.sum" "$here/etcd/go.sum" "$here/containerd/go.sum" | sha256sum | cut -c1-12)
 bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/kubernetes-$version-$digest/bin
+if [[ ${1:-} == cni ]]; then
+    # Not Kubernetes: a cache of their own, so that neither invalidates the other.
+    plugins_version=$(module_version github.com/containernetworking/plugins "$here/cni/go.mod")
+    cni_digest=$(sha256sum <"$here/cni/go.sum" | cut -c1-12)
+    bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/cni-$plugins_version-$cni_digest/bin
+    version=$plugins_version
+fi
 mkdir -p "$bin"
 # One build at a time (tests and the sandbox may ask at once); the second finds the cache.
 exec 9>"$bin/../build.lock"
@@ -56,6 +68,14 @@ build() { # name
     case $name in
         etcd)
             (cd "$here/etcd" && go build -trimpath -ldflags "-s -w" -o "$out" go.etcd.io/etcd/server/v3) ;;
+        host-local | portmap | loopback | cnitool)
+            local package=github.com/containernetworking/cni/cnitool
+            case $name in
+                host-local) package=github.com/containernetworking/plugins/plugins/ipam/host-local ;;
+                portmap) package=github.com/containernetworking/plugins/plugins/meta/portmap ;;
+                loopback) package=github.com/containernetworking/plugins/plugins/main/loopback ;;
+            esac
+            (cd "$here/cni" && go build -trimpath -ldflags "-s -w" -o "$out" "$package") ;;
         containerd | containerd-shim-runc-v2 | ctr)
             (cd "$here/containerd" &&
                 go build -trimpath -ldflags "-s -w" -o "$out" "github.com/containerd/containerd/v2/cmd/$name") ;;
@@ -68,7 +88,7 @@ build() { # name
         kube-apiserver | kube-controller-manager | kube-scheduler | kubectl | kubelet | kube-proxy)
             (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out" "k8s.io/kubernetes/cmd/$name") ;;
         *)
-            echo "k8s/build.sh: no component named $name (known: ${all[*]})" >&2
+            echo "k8s/build.sh: no component named $name (known: ${all[*]} ${cni[*]})" >&2
             return 2 ;;
     esac
     mv -f "$out" "$bin/$name"
@@ -79,6 +99,7 @@ for name in "${wanted[@]}"; do
     case $name in
         etcd) of=$etcd_version ;;
         containerd | containerd-shim-runc-v2 | ctr) of=$containerd_version ;;
+        cnitool) of=$(module_version github.com/containernetworking/cni "$here/cni/go.mod") ;;
         *) of=$version ;;
     esac
     echo "k8s/build.sh: building $name ($of)" >&2

@@ -516,6 +516,7 @@ impl MeshConfig {
             mtu: self.mtu,
             mtu_overhead: self.mtu_overhead,
             cni_conflist: self.cni_conflist.clone(),
+            cni_bin_dir: self.cni_bin_dir.clone(),
             policy_socket: policy_socket.map(Path::to_path_buf),
             cluster_cidrs: cluster_cidrs.to_vec(),
             node_cidrs: self.node_cidrs.clone(),

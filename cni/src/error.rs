@@ -8,6 +8,8 @@ pub mod code {
     pub const IO: u32 = 5;
     pub const DECODE: u32 = 6;
     pub const INVALID_CONFIG: u32 = 7;
+    /// `STATUS`: the plugin cannot take `ADD`s now (the node's agent is not there).
+    pub const PLUGIN_NOT_AVAILABLE: u32 = 50;
     /// The kernel refused or did not answer a change to links, addresses or routes.
     pub const KERNEL: u32 = 100;
     /// The node's agent did not confirm that the pod's NetworkPolicy isolation is in

@@ -51,6 +51,22 @@ impl From<Result<(), String>> for GateReply {
 
 /// Asks the agent at `socket` to isolate `request`'s pod and waits for its word, at most
 /// `wait`. Any failure leaves the pod unstarted: the runtime tries `ADD` again.
+/// `STATUS` with a gate: the agent takes connections at `socket` (a socket file whose
+/// agent is gone refuses them). The connection closes without a request, which the agent
+/// takes for this question.
+pub fn agent_answers(socket: &Path) -> Result<(), Error> {
+    UnixStream::connect(socket).map(drop).map_err(|e| {
+        Error::new(
+            code::PLUGIN_NOT_AVAILABLE,
+            format!(
+                "the node's nodus agent does not answer at {} ({e}): a pod's ADD would wait \
+                 for its NetworkPolicy isolation and fail",
+                socket.display()
+            ),
+        )
+    })
+}
+
 pub fn pass(socket: &Path, request: &GateRequest, wait: Duration) -> Result<(), Error> {
     let failed = |what: String| {
         Error::new(

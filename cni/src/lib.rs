@@ -1,7 +1,8 @@
 //! `nodus-cni`: the CNI plugin that links a pod to its node, in place of the reference
 //! `ptp` plugin that k3s and Talos do not ship and Debian builds against glibc. The runtime
 //! runs it as `nodus-cni` (a copy of the nodus binary, which answers to that name);
-//! addresses come from the delegated IPAM plugin (`host-local`).
+//! addresses come from the delegated IPAM plugin (`host-local`). It speaks CNI 1.1:
+//! `STATUS` says whether the node's agent answers, `GC` removes what lost `DEL`s left.
 //!
 //! - [`error`]: failures as CNI reports them, with the specification's codes.
 //! - [`protocol`]: the environment, the configuration, the IPAM result and the replies;
@@ -67,6 +68,7 @@ pub fn main() -> ExitCode {
 }
 
 /// Carries out `call` with the network configuration `config`; `ADD` and `VERSION` reply.
+/// `STATUS` and `GC` (1.1.0) reply nothing; a failure is their answer.
 pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>, Error> {
     if call.command == Command::Version {
         return Ok(Some(protocol::version_result()));
@@ -78,6 +80,25 @@ pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>
         .map_err(|e| Error::new(code::IO, format!("starting the runtime: {e}")))?;
     let netns = call.netns.as_deref();
     match (call.command, netns) {
+        // Able to take ADDs: the agent answers at the gate (when there is one), and the
+        // IPAM plugin says it is available.
+        (Command::Status, _) => {
+            parsed.allows_status_and_gc()?;
+            if let Some(socket) = &parsed.policy_socket {
+                gate::agent_answers(socket)?;
+            }
+            ipam::delegate(&parsed.ipam, &call.cni_path, Command::Status, config)?;
+            Ok(None)
+        }
+        // What DELs missed: links of attachments gone, then their leases.
+        (Command::Gc, _) => {
+            parsed.allows_status_and_gc()?;
+            let valid = &parsed.valid_attachments;
+            runtime.block_on(link::gc(valid))?;
+            ipam::delegate(&parsed.ipam, &call.cni_path, Command::Gc, config)?;
+            ipam::release_stale_leases(&parsed.ipam, &call.cni_path, config, valid)?;
+            Ok(None)
+        }
         (Command::Add, Some(netns)) => {
             let result = ipam::delegate(&parsed.ipam, &call.cni_path, Command::Add, config)?;
             let made = Addressing::parse(&result).and_then(|addressing| {

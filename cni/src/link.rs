@@ -10,7 +10,7 @@
 #![allow(unsafe_code)] // setns(2), which std does not offer.
 
 use crate::error::{Error, code};
-use crate::protocol::{Addressing, Interface, Invocation, Prefix, mac_text};
+use crate::protocol::{Addressing, Attachment, Interface, Invocation, Prefix, mac_text};
 use futures::TryStreamExt;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkFlags, LinkMessage};
@@ -205,6 +205,16 @@ async fn make(
         skip_duplicate_detection(host_name)?;
     }
     set_up(&namespaces.node, host_index, host_name).await?;
+    let alias = attachment_alias(&call.container_id, &call.ifname);
+    bounded(
+        format_args!("naming link {host_name}'s attachment"),
+        namespaces
+            .node
+            .link()
+            .set(LinkUnspec::new_with_index(host_index).alias(alias).build())
+            .execute(),
+    )
+    .await?;
     let mut gateways: Vec<IpAddr> = Vec::new();
     for address in &addressing.addresses {
         if !gateways.contains(&address.gateway) {
@@ -395,6 +405,51 @@ pub async fn del(call: &Invocation) -> Result<(), Error> {
     .await
 }
 
+/// What the node's end of a pod's link carries as its alias (`ip link` shows it), so that
+/// `GC` knows the links this plugin made and whose they are.
+const ALIAS_PREFIX: &str = "nodus-cni ";
+
+fn attachment_alias(container_id: &str, ifname: &str) -> String {
+    format!("{ALIAS_PREFIX}{container_id} {ifname}")
+}
+
+/// The attachment an alias of [`attachment_alias`] names.
+fn attachment_of(alias: &str) -> Option<Attachment> {
+    let (container_id, ifname) = alias.strip_prefix(ALIAS_PREFIX)?.split_once(' ')?;
+    Some(Attachment {
+        container_id: container_id.to_string(),
+        ifname: ifname.to_string(),
+    })
+}
+
+/// `GC`: deletes every link this plugin made on the node whose attachment is not in
+/// `valid` (sorted), and with it the pod's end, its addresses and routes. Links made by
+/// anything else (no alias of ours) are never touched. Returns how many went.
+pub async fn gc(valid: &[Attachment]) -> Result<usize, Error> {
+    let node = connect()?;
+    let links: Vec<LinkMessage> = bounded(
+        format_args!("listing the node's links"),
+        node.link().get().execute().try_collect(),
+    )
+    .await?;
+    let mut removed = 0;
+    for link in links {
+        let stale = link.attributes.iter().any(|a| match a {
+            LinkAttribute::IfAlias(alias) => {
+                attachment_of(alias).is_some_and(|a| valid.binary_search(&a).is_err())
+            }
+            _ => false,
+        });
+        if stale {
+            let request = node.link().del(link.header.index).execute();
+            let context = format_args!("deleting the stale link {}", link.header.index);
+            bounded_unless(context, request, Some((libc::ENODEV, ()))).await?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// `CHECK`: the pod's link is there, up, with every address of the previous result.
 pub async fn check(call: &Invocation, netns: &Path, addressing: &Addressing) -> Result<(), Error> {
     let namespaces = Namespaces::open(netns)?;
@@ -434,4 +489,23 @@ pub async fn check(call: &Invocation, netns: &Path, addressing: &Addressing) -> 
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod alias_tests {
+    use super::*;
+
+    #[test]
+    fn an_alias_names_its_attachment_and_no_other_is_ours() {
+        let alias = attachment_alias("0123abcd", "eth0");
+        assert_eq!(
+            attachment_of(&alias),
+            Some(Attachment {
+                container_id: "0123abcd".into(),
+                ifname: "eth0".into()
+            })
+        );
+        assert_eq!(attachment_of("uplink to the rack switch"), None);
+        assert_eq!(attachment_of("nodus-cni"), None);
+    }
 }

@@ -1,4 +1,5 @@
-//! The CNI protocol as this plugin speaks it (specification 1.0.0, results down to 0.3.0):
+//! The CNI protocol as this plugin speaks it (specification 1.1.0 with `STATUS` and `GC`,
+//! results down to 0.3.0):
 //! the environment the runtime sets, the network configuration on stdin, the delegated IPAM
 //! plugin's result, and what the plugin prints. Nothing here touches the kernel.
 
@@ -8,9 +9,13 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 /// The versions whose configuration this plugin reads and whose result it writes.
-pub const SUPPORTED_VERSIONS: [&str; 4] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+pub const SUPPORTED_VERSIONS: [&str; 5] = ["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 /// The version of a reply that has no configuration to take one from.
-pub const LATEST_VERSION: &str = "1.0.0";
+pub const LATEST_VERSION: &str = "1.1.0";
+/// The first version with `STATUS` and `GC`.
+pub const STATUS_AND_GC_SINCE: &str = "1.1.0";
+/// The most attachments a `GC` may name as valid: pods on one node, many times over.
+const MAX_VALID_ATTACHMENTS: usize = 65_536;
 
 /// The most addresses and routes an IPAM result may give one pod; `host-local` gives one
 /// address a range.
@@ -26,6 +31,10 @@ pub enum Command {
     Del,
     Check,
     Version,
+    /// Whether the plugin can take `ADD`s now (1.1.0).
+    Status,
+    /// Remove what belongs to no attachment the runtime still holds (1.1.0).
+    Gc,
 }
 
 impl Command {
@@ -36,6 +45,8 @@ impl Command {
             Command::Del => "DEL",
             Command::Check => "CHECK",
             Command::Version => "VERSION",
+            Command::Status => "STATUS",
+            Command::Gc => "GC",
         }
     }
 }
@@ -69,19 +80,33 @@ impl Invocation {
             "DEL" => Command::Del,
             "CHECK" => Command::Check,
             "VERSION" => Command::Version,
+            "STATUS" => Command::Status,
+            "GC" => Command::Gc,
             other => {
                 return Err(Error::environment(format!(
-                    "CNI_COMMAND {other:?} is not one this plugin knows (ADD, DEL, CHECK, VERSION)"
+                    "CNI_COMMAND {other:?} is not one this plugin knows (ADD, DEL, CHECK, \
+                     VERSION, STATUS, GC)"
                 )));
             }
         };
-        if command == Command::Version {
+        let cni_path = || -> Result<Vec<PathBuf>, Error> {
+            Ok(required("CNI_PATH")?
+                .split(':')
+                .filter(|dir| !dir.is_empty())
+                .map(PathBuf::from)
+                .collect())
+        };
+        // VERSION needs nothing; STATUS and GC concern the network, not one attachment.
+        if matches!(command, Command::Version | Command::Status | Command::Gc) {
             return Ok(Invocation {
                 command,
                 container_id: String::new(),
                 netns: None,
                 ifname: String::new(),
-                cni_path: Vec::new(),
+                cni_path: match command {
+                    Command::Version => Vec::new(),
+                    _ => cni_path()?,
+                },
                 pod: None,
             });
         }
@@ -97,17 +122,12 @@ impl Invocation {
         if netns.is_none() && command != Command::Del {
             return Err(Error::environment("CNI_NETNS is not set"));
         }
-        let cni_path = required("CNI_PATH")?
-            .split(':')
-            .filter(|dir| !dir.is_empty())
-            .map(PathBuf::from)
-            .collect();
         Ok(Invocation {
             command,
             container_id: required("CNI_CONTAINERID")?,
             netns,
             ifname,
-            cni_path,
+            cni_path: cni_path()?,
             pod: var("CNI_ARGS").as_deref().and_then(kubernetes_pod),
         })
     }
@@ -149,6 +169,16 @@ pub struct Config {
     /// The node agent's socket that `ADD` waits on until the pod's NetworkPolicy
     /// isolation is in place (`policy_socket`; written when the agent enforces policy).
     pub policy_socket: Option<PathBuf>,
+    /// The attachments (container ID, interface) the runtime still holds, which `GC`
+    /// keeps (`cni.dev/valid-attachments`).
+    pub valid_attachments: Vec<Attachment>,
+}
+
+/// One attachment of a container to this network: what `ADD` made for it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Attachment {
+    pub container_id: String,
+    pub ifname: String,
 }
 
 impl Config {
@@ -192,13 +222,61 @@ impl Config {
                 .as_str()
                 .filter(|path| !path.is_empty())
                 .map(PathBuf::from),
+            valid_attachments: valid_attachments(&document["cni.dev/valid-attachments"])?,
         })
+    }
+
+    /// `STATUS` and `GC` are refused for a configuration older than 1.1.0, as the
+    /// specification asks.
+    pub fn allows_status_and_gc(&self) -> Result<(), Error> {
+        match version_at_least(&self.version, STATUS_AND_GC_SINCE) {
+            true => Ok(()),
+            false => Err(Error::version(format!(
+                "cniVersion {:?} has no STATUS or GC (they came with {STATUS_AND_GC_SINCE})",
+                self.version
+            ))),
+        }
     }
 
     /// Results before 1.0.0 name each address's family.
     fn names_families(&self) -> bool {
         self.version.starts_with("0.")
     }
+}
+
+/// `cni.dev/valid-attachments`: a list of `{"containerID", "ifname"}`, sorted.
+fn valid_attachments(value: &Value) -> Result<Vec<Attachment>, Error> {
+    let list = match value {
+        Value::Null => return Ok(Vec::new()),
+        Value::Array(list) if list.len() <= MAX_VALID_ATTACHMENTS => list,
+        _ => {
+            return Err(Error::config(format!(
+                "cni.dev/valid-attachments is not a list of at most {MAX_VALID_ATTACHMENTS}"
+            )));
+        }
+    };
+    let mut attachments = list
+        .iter()
+        .map(
+            |entry| match (entry["containerID"].as_str(), entry["ifname"].as_str()) {
+                (Some(container_id), Some(ifname)) => Ok(Attachment {
+                    container_id: container_id.to_string(),
+                    ifname: ifname.to_string(),
+                }),
+                _ => Err(Error::config(format!(
+                    "cni.dev/valid-attachments: {entry} has no containerID and ifname"
+                ))),
+            },
+        )
+        .collect::<Result<Vec<_>, Error>>()?;
+    attachments.sort_unstable();
+    Ok(attachments)
+}
+
+/// Whether version `a` (`major.minor.patch`) is `b` or later.
+fn version_at_least(a: &str, b: &str) -> bool {
+    let numbers = |v: &str| -> Vec<u32> { v.split('.').map(|n| n.parse().unwrap_or(0)).collect() };
+    numbers(a) >= numbers(b)
 }
 
 /// An address and its prefix length, as `10.244.1.5/24`.
@@ -521,9 +599,45 @@ mod tests {
             assert!(Invocation::from_env(env(&call)).is_err(), "{bad:?}");
         }
         let mut unknown = ADD;
-        unknown[0].1 = "GC";
-        let error = Invocation::from_env(env(&unknown)).expect_err("GC");
-        assert!(error.message.contains("GC"), "{}", error.message);
+        unknown[0].1 = "RESET";
+        let error = Invocation::from_env(env(&unknown)).expect_err("RESET");
+        assert!(error.message.contains("RESET"), "{}", error.message);
+        // STATUS and GC concern the network: CNI_PATH alone.
+        for command in ["STATUS", "GC"] {
+            let call = Invocation::from_env(env(&[("CNI_COMMAND", command), ADD[4]]))
+                .expect("STATUS and GC need no attachment");
+            assert_eq!(call.command.as_str(), command);
+            assert_eq!(call.cni_path.len(), 2);
+        }
+    }
+
+    #[test]
+    fn gc_reads_the_valid_attachments_and_older_versions_have_no_status_or_gc() {
+        let config = Config::parse(
+            br#"{"cniVersion":"1.1.0","name":"nodus","ipam":{"type":"host-local"},
+                 "cni.dev/valid-attachments":[{"containerID":"b","ifname":"eth0"},
+                                              {"containerID":"a","ifname":"eth0"}]}"#,
+        )
+        .expect("config");
+        assert!(config.allows_status_and_gc().is_ok());
+        let ids: Vec<&str> = config
+            .valid_attachments
+            .iter()
+            .map(|a| a.container_id.as_str())
+            .collect();
+        assert_eq!(ids, ["a", "b"], "sorted, for GC's lookups");
+        let old = Config::parse(br#"{"cniVersion":"1.0.0","ipam":{"type":"host-local"}}"#)
+            .expect("config");
+        let refused = old.allows_status_and_gc().expect_err("1.0.0 has no GC");
+        assert_eq!(refused.code, crate::code::INCOMPATIBLE_VERSION);
+        let bad = Config::parse(
+            br#"{"cniVersion":"1.1.0","ipam":{"type":"host-local"},
+                 "cni.dev/valid-attachments":[{"containerID":"a"}]}"#,
+        );
+        assert_eq!(
+            bad.expect_err("no ifname").code,
+            crate::code::INVALID_CONFIG
+        );
     }
 
     #[test]
@@ -622,6 +736,7 @@ mod tests {
             ipam: "host-local".into(),
             prev_result: None,
             policy_socket: None,
+            valid_attachments: Vec::new(),
         };
         let result = add_result(&config, &host, &pod, &addressing);
         assert_eq!(result["interfaces"][1]["sandbox"], "/var/run/netns/pod");

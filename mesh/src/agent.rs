@@ -39,6 +39,8 @@ pub struct MeshSettings {
     pub mtu: Option<u32>,
     pub mtu_overhead: u32,
     pub cni_conflist: PathBuf,
+    /// Where the runtime finds the conflist's plugins, asked which versions they read.
+    pub cni_bin_dir: PathBuf,
     /// The isolation gate nodus-cni's `ADD` waits on (policies enforced), in the conflist.
     pub policy_socket: Option<PathBuf>,
     /// The cluster's pod ranges; every peer's pod CIDRs must lie inside them.
@@ -98,6 +100,8 @@ pub struct Mesh {
     learned: BTreeMap<Key, SocketAddr>,
     /// The node each peer stands for, as last planned (for `nodus status`).
     peer_nodes: BTreeMap<Key, Box<str>>,
+    /// The conflist's version, as the plugins in `cni_bin_dir` read it at start.
+    cni_version: &'static str,
     pub metrics: Arc<MeshMetrics>,
 }
 
@@ -126,6 +130,7 @@ impl Mesh {
             addresses: BTreeSet::new(),
             learned: BTreeMap::new(),
             peer_nodes: BTreeMap::new(),
+            cni_version: cni::chain_version(&settings.cni_bin_dir),
             metrics,
             settings,
         };
@@ -136,6 +141,7 @@ impl Mesh {
             public_key = %mesh.keys.public,
             peers = mesh.peers.len(),
             routes = mesh.routes.len(),
+            cni_version = mesh.cni_version,
             "mesh device ready"
         );
         Ok(mesh)
@@ -315,6 +321,7 @@ impl Mesh {
                 &desired.own_cidrs,
                 mtu,
                 self.settings.policy_socket.as_deref(),
+                self.cni_version,
             );
             report.cni_written = cni::write_if_changed(&self.settings.cni_conflist, &content)?;
         }

@@ -25,9 +25,84 @@ const POD_PLUGIN: &str = nodus_cni::PLUGIN;
 const IPAM_PLUGIN: &str = "host-local";
 const PORT_PLUGIN: &str = "portmap";
 
-/// The conflist for `cidrs` (our pod CIDRs) at `mtu`, as pretty JSON ending in a newline;
-/// with `policy_socket`, nodus-cni's `ADD` waits there for the pod's isolation.
-pub fn conflist(cidrs: &[Cidr], mtu: u32, policy_socket: Option<&Path>) -> String {
+/// The conflist's version unless every plugin it chains says it reads a later one.
+pub const BASE_VERSION: &str = "1.0.0";
+/// The version with `STATUS` and `GC`, through which the runtime asks whether the plugins
+/// can take pods and has leftovers of lost `DEL`s removed.
+pub const STATUS_AND_GC_VERSION: &str = "1.1.0";
+/// The plugins the conflist chains, which must all read its version.
+const CHAINED: [&str; 3] = [POD_PLUGIN, IPAM_PLUGIN, PORT_PLUGIN];
+/// How long a plugin may take to say which versions it reads.
+const VERSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The conflist version for the plugins in `bin_dir`: [`STATUS_AND_GC_VERSION`] when each
+/// plugin the conflist chains lists it in its `VERSION` reply, else [`BASE_VERSION`].
+/// Debian 12's `host-local` and `portmap` (1.1.1) refuse a 1.1.0 configuration, and a
+/// runtime would then make no pod at all; a plugin missing or silent counts as refusing.
+pub fn chain_version(bin_dir: &Path) -> &'static str {
+    let reads_latest = |plugin: &str| {
+        supported_versions(&bin_dir.join(plugin))
+            .is_some_and(|versions| versions.iter().any(|v| v == STATUS_AND_GC_VERSION))
+    };
+    match CHAINED.iter().all(|plugin| reads_latest(plugin)) {
+        true => STATUS_AND_GC_VERSION,
+        false => BASE_VERSION,
+    }
+}
+
+/// `supportedVersions` from `program`'s reply to `CNI_COMMAND=VERSION`; `None` when it
+/// cannot run, fails, or does not answer within [`VERSION_TIMEOUT`].
+fn supported_versions(program: &Path) -> Option<Vec<String>> {
+    use std::io::{Read, Write};
+    use std::process::Stdio;
+    let mut child = std::process::Command::new(program)
+        .env_clear()
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .ok()?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(format!(r#"{{"cniVersion":"{BASE_VERSION}"}}"#).as_bytes());
+    }
+    let deadline = std::time::Instant::now() + VERSION_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    };
+    let mut reply = Vec::new();
+    child
+        .stdout
+        .take()?
+        .take(64 * 1024)
+        .read_to_end(&mut reply)
+        .ok()?;
+    let reply: serde_json::Value = serde_json::from_slice(&reply)
+        .ok()
+        .filter(|_| status.success())?;
+    let versions = reply["supportedVersions"].as_array()?;
+    Some(
+        versions
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
+    )
+}
+
+/// The conflist for `cidrs` (our pod CIDRs) at `mtu` and `version` ([`chain_version`]),
+/// as pretty JSON ending in a newline; with `policy_socket`, nodus-cni's `ADD` waits there
+/// for the pod's isolation.
+pub fn conflist(cidrs: &[Cidr], mtu: u32, policy_socket: Option<&Path>, version: &str) -> String {
     let ranges: Vec<_> = cidrs
         .iter()
         .map(|c| serde_json::json!([{ "subnet": crate::plan::network(*c).to_string() }]))
@@ -43,7 +118,7 @@ pub fn conflist(cidrs: &[Cidr], mtu: u32, policy_socket: Option<&Path>) -> Strin
         }
     }
     let mut document = serde_json::json!({
-        "cniVersion": "1.0.0",
+        "cniVersion": version,
         "name": NETWORK_NAME,
         "plugins": [{
             "type": POD_PLUGIN,
@@ -146,7 +221,7 @@ mod tests {
             .iter()
             .map(|c| c.parse().expect("cidr"))
             .collect();
-        let text = conflist(&cidrs, 1420, None);
+        let text = conflist(&cidrs, 1420, None, BASE_VERSION);
         let doc: serde_json::Value = serde_json::from_str(&text).expect("json");
         let plugin = &doc["plugins"][0];
         assert_eq!(plugin["type"], "nodus-cni");
@@ -162,11 +237,44 @@ mod tests {
         assert_eq!(ports["type"], "portmap");
         assert_eq!(ports["capabilities"]["portMappings"], true);
         assert!(plugin.get("policy_socket").is_none());
-        let v4_only = conflist(&cidrs[..1], 1420, None);
+        let v4_only = conflist(&cidrs[..1], 1420, None, BASE_VERSION);
         assert!(!v4_only.contains("::/0"), "{v4_only}");
-        let gated = conflist(&cidrs, 1420, Some(Path::new("/run/nodus/cni.sock")));
+        let gated = conflist(
+            &cidrs,
+            1420,
+            Some(Path::new("/run/nodus/cni.sock")),
+            STATUS_AND_GC_VERSION,
+        );
         let doc: serde_json::Value = serde_json::from_str(&gated).expect("json");
         assert_eq!(doc["plugins"][0]["policy_socket"], "/run/nodus/cni.sock");
+        assert_eq!(doc["cniVersion"], "1.1.0");
+    }
+
+    /// Plugins that answer VERSION as the reference ones do: the conflist is 1.1.0 only
+    /// when every chained plugin reads it (Debian 12's stop at 1.0.0).
+    #[test]
+    fn the_conflist_version_is_the_newest_every_chained_plugin_reads() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("nodus-cni-version-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let plugin = |name: &str, versions: &str| {
+            let path = dir.join(name);
+            let script = format!(
+                "#!/bin/sh\ncat >/dev/null\necho '{{\"cniVersion\":\"1.0.0\",\
+                 \"supportedVersions\":[{versions}]}}'\n"
+            );
+            std::fs::write(&path, script).expect("plugin");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("mode");
+        };
+        let all = r#""0.4.0","1.0.0","1.1.0""#;
+        assert_eq!(chain_version(&dir), BASE_VERSION, "no plugins at all");
+        for name in CHAINED {
+            plugin(name, all);
+        }
+        assert_eq!(chain_version(&dir), STATUS_AND_GC_VERSION);
+        plugin(IPAM_PLUGIN, r#""0.4.0","1.0.0""#);
+        assert_eq!(chain_version(&dir), BASE_VERSION, "an older host-local");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -103,10 +103,14 @@ async fn serve(stream: UnixStream, claims: mpsc::Sender<Claim>) -> anyhow::Resul
     let (read, mut write) = stream.into_split();
     let mut line = String::new();
     let mut reader = BufReader::new(read.take(LINE_MAX as u64));
-    tokio::time::timeout(READ_TIMEOUT, reader.read_line(&mut line))
+    let read = tokio::time::timeout(READ_TIMEOUT, reader.read_line(&mut line))
         .await
         .context("no request in time")?
         .context("reading the request")?;
+    // Closed without a word: nodus-cni's STATUS, asking only whether the agent is there.
+    if read == 0 {
+        return Ok(());
+    }
     let reply = match serde_json::from_str::<GateRequest>(&line) {
         Ok(request) => {
             let (reply, answer) = oneshot::channel();

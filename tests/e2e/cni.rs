@@ -281,3 +281,151 @@ fn the_pod_plugin_answers_version_and_refuses_bad_input() {
     assert!(ok && reply["ips"][0]["version"] == "4", "{reply}");
     assert_eq!(node.leases().len(), 2);
 }
+
+/// CNI 1.1 as a runtime speaks it, with the reference plugins built from their modules
+/// (Debian 12's read 1.0.0 at most, so the mesh's conflist stays 1.0.0 with them) and the
+/// reference client, cnitool:
+/// - the conflist is 1.1.0 when every chained plugin reads it;
+/// - STATUS fails with code 50 while nothing answers at the isolation gate, and passes
+///   once the agent's socket takes connections;
+/// - GC keeps the attachments the runtime still holds and removes what lost DELs left:
+///   links (with the pod's end, addresses and routes) and `host-local` leases, whose own
+///   GC does nothing. cnitool's GC holds no attachment valid: everything goes.
+#[test]
+fn status_and_gc_of_cni_1_1_with_the_reference_plugins_and_cnitool() {
+    use nodus_mesh::cni::{REFERENCE_PLUGINS, STATUS_AND_GC_VERSION, chain_version, conflist};
+    require_root();
+    let reference = nodus_testbed::control_plane::reference_cni_plugins().expect("plugins");
+    let node = Netns::new("c11n").expect("node namespace");
+    let dir = std::env::temp_dir().join(format!("nodus-e2e-{}", node.name()));
+    let _cleanup = RemoveDir(dir.clone());
+    let debian = plugins(&dir.join("debian"));
+    assert_eq!(
+        chain_version(&debian),
+        "1.0.0",
+        "Debian's plugins read 1.0.0"
+    );
+    let bin = nodus_testbed::cni::plugin_dir(
+        &dir,
+        std::path::Path::new(crate::support::NODUS),
+        &REFERENCE_PLUGINS,
+        &reference,
+    )
+    .expect("plugin directory");
+    assert_eq!(chain_version(&bin), STATUS_AND_GC_VERSION);
+
+    // The mesh's conflist, with a network name and a lease directory of this test's own.
+    let socket = dir.join("cni.sock");
+    let cidr = "10.77.4.0/24".parse().expect("cidr");
+    let mut list: Value = serde_json::from_str(&conflist(
+        &[cidr],
+        1400,
+        Some(&socket),
+        STATUS_AND_GC_VERSION,
+    ))
+    .expect("conflist");
+    let network = format!("nodus-{}", node.name());
+    list["name"] = network.clone().into();
+    list["plugins"][0]["ipam"]["dataDir"] = dir.join("ipam").to_string_lossy().into();
+    let net_d = dir.join("net.d");
+    std::fs::create_dir_all(&net_d).expect("net.d");
+    std::fs::write(net_d.join("10-nodus.conflist"), list.to_string()).expect("conflist");
+    let cnitool = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", node.name()])
+            .arg(reference.join("cnitool"))
+            .args(args)
+            .env("NETCONFPATH", &net_d)
+            .env("CNI_PATH", &bin)
+            .env_remove("CNI_ARGS")
+            .output()
+            .expect("cnitool runs")
+    };
+
+    let pods = [
+        Netns::new("c11a").expect("pod"),
+        Netns::new("c11b").expect("pod"),
+    ];
+    let status = cnitool(&["status", &network, &netns_path(&pods[0])]);
+    let said = String::from_utf8_lossy(&status.stderr).into_owned()
+        + &String::from_utf8_lossy(&status.stdout);
+    assert!(!status.status.success(), "no agent yet: {said}");
+    assert!(said.contains("does not answer"), "{said}");
+    let agent = std::os::unix::net::UnixListener::bind(&socket).expect("the agent's socket");
+    let status = cnitool(&["status", &network, &netns_path(&pods[0])]);
+    assert!(status.status.success(), "{status:?}");
+    drop(agent);
+
+    for pod in &pods {
+        let added = cnitool(&["add", &network, &netns_path(pod)]);
+        assert!(added.status.success(), "{added:?}");
+    }
+    let leases = || -> Vec<String> {
+        let entries = std::fs::read_dir(dir.join("ipam").join(&network)).into_iter();
+        let mut leases: Vec<String> = entries
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.parse::<std::net::IpAddr>().is_ok())
+            .collect();
+        leases.sort();
+        leases
+    };
+    // Each pod's attachment, as the node's end of its link names it.
+    let attachments = || -> Vec<(String, String)> {
+        let links = node.exec("ip", &["-o", "link", "show"]).expect("links");
+        let mut found: Vec<(String, String)> = links
+            .lines()
+            .filter_map(|line| {
+                let alias = line.split(" alias nodus-cni ").nth(1)?;
+                let (id, ifname) = alias.trim().split_once(' ')?;
+                Some((id.to_string(), ifname.to_string()))
+            })
+            .collect();
+        found.sort();
+        found
+    };
+    assert_eq!(leases().len(), 2);
+    let held = attachments();
+    assert_eq!(held.len(), 2, "one link per pod: {held:?}");
+
+    // The runtime holds the first pod only (the second's DEL was lost): GC, as libcni
+    // sends it to the pod plugin, removes the second's link and lease.
+    let (kept, _) = &held[0];
+    let mut config = list["plugins"][0].clone();
+    config["cniVersion"] = STATUS_AND_GC_VERSION.into();
+    config["name"] = network.clone().into();
+    config["cni.dev/valid-attachments"] = json!([{"containerID": kept, "ifname": "eth0"}]);
+    let mut gc = Command::new("ip")
+        .args(["netns", "exec", node.name()])
+        .arg(bin.join("nodus-cni"))
+        .env("CNI_COMMAND", "GC")
+        .env("CNI_PATH", &bin)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("GC runs");
+    gc.stdin
+        .take()
+        .expect("stdin")
+        .write_all(config.to_string().as_bytes())
+        .expect("config");
+    let output = gc.wait_with_output().expect("GC ends");
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(attachments(), held[..1], "the held attachment's link stays");
+    assert_eq!(leases().len(), 1, "the lost pod's lease is given back");
+
+    let collected = cnitool(&["gc", &network, &netns_path(&pods[0])]);
+    assert!(collected.status.success(), "{collected:?}");
+    assert_eq!(attachments(), [], "nothing held: every link goes");
+    assert_eq!(leases(), Vec::<String>::new());
+}
+
+/// Removes a directory when dropped, even after a failed assertion.
+struct RemoveDir(PathBuf);
+
+impl Drop for RemoveDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -272,7 +272,8 @@ fn who(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
 /// The conflist's plugins in `dir`, as the init container would have put them.
 pub(crate) fn plugins(dir: &std::path::Path) -> PathBuf {
     let reference = nodus_mesh::cni::REFERENCE_PLUGINS;
-    cni::plugin_dir(dir, std::path::Path::new(NODUS), &reference).expect("the CNI plugins")
+    let debian = std::path::Path::new(cni::CNI_PATH);
+    cni::plugin_dir(dir, std::path::Path::new(NODUS), &reference, debian).expect("the CNI plugins")
 }
 
 fn pod_on(node: &MeshNode, name: &str) -> Pod {

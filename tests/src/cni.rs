@@ -81,16 +81,17 @@ pub fn add_pod(
 }
 
 /// A directory with the conflist's plugins as a runtime's would hold them: `nodus-cni`
-/// (the `nodus` binary under that name) and the `reference` plugins of [`CNI_PATH`], as
-/// symbolic links made once in `dir`.
+/// (the `nodus` binary under that name) and the `reference` plugins of `from` (Debian's
+/// [`CNI_PATH`], or those built from their modules), as symbolic links made once in `dir`.
 pub fn plugin_dir(
     dir: &Path,
     nodus: &Path,
     reference: &[&str],
+    from: &Path,
 ) -> anyhow::Result<std::path::PathBuf> {
     let bin = dir.join("cni-bin");
     std::fs::create_dir_all(&bin).with_context(|| format!("creating {}", bin.display()))?;
-    let reference = reference.iter().map(|p| (*p, Path::new(CNI_PATH).join(p)));
+    let reference = reference.iter().map(|p| (*p, from.join(p)));
     for (name, target) in [("nodus-cni", nodus.to_path_buf())]
         .into_iter()
         .chain(reference)

@@ -37,18 +37,34 @@ pub fn binaries() -> anyhow::Result<PathBuf> {
         return Ok(PathBuf::from(dir));
     }
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
-    let mut built = BUILT.lock().unwrap_or_else(PoisonError::into_inner);
+    build_once(&BUILT, &[])
+}
+
+/// The reference CNI plugins and cnitool that read CNI 1.1 (Debian 12's do not), as
+/// `k8s/build.sh cni` built them from their modules: `NODUS_CNI_BIN` if set.
+pub fn reference_cni_plugins() -> anyhow::Result<PathBuf> {
+    if let Some(dir) = std::env::var_os("NODUS_CNI_BIN") {
+        return Ok(PathBuf::from(dir));
+    }
+    static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
+    build_once(&BUILT, &["cni"])
+}
+
+/// `k8s/build.sh args`, once per process: the directory it prints.
+fn build_once(built: &Mutex<Option<PathBuf>>, args: &[&str]) -> anyhow::Result<PathBuf> {
+    let mut built = built.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(dir) = built.as_ref() {
         return Ok(dir.clone());
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/build.sh");
     let output = Command::new("bash")
         .arg(&script)
+        .args(args)
         .stderr(Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !output.status.success() {
-        bail!("{} failed ({})", script.display(), output.status);
+        bail!("{} {args:?} failed ({})", script.display(), output.status);
     }
     let dir = PathBuf::from(String::from_utf8(output.stdout)?.trim());
     *built = Some(dir.clone());
