@@ -1,8 +1,8 @@
 //! The fault-injection suite: what a real node does to an agent, injected for real (network
 //! namespaces as nodes, the API stand-in, `wireguard-go` and the embedded device, real
 //! packets). Each case injects the fault, checks that it is reported and that nodus
-//! recovers on its own, and prints how long recovery took (the README's table quotes
-//! these; no test asserts a time beyond the bound it waits for).
+//! recovers on its own, and prints how long recovery took (the table in docs/operations.md
+//! quotes these; no test asserts a time beyond the bound it waits for).
 
 use crate::dns::dig;
 use crate::mesh::{

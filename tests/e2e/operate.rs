@@ -150,15 +150,15 @@ fn run_with_on_change(
     http
 }
 
-/// The README's worked example against the stand-in: the script keeps a file per
+/// The worked example of docs/backends.md against the stand-in: the script keeps a file per
 /// service handed to it, and nodus's own proxy leaves those services alone.
 #[test]
 fn on_change_feeds_the_example_backend_the_services_handed_to_it() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/backends.md");
     let script = std::fs::read_to_string(EXAMPLE_BACKEND).expect("example script");
     assert!(
         readme.contains(script.trim()),
-        "the README shows deploy/examples/on-change.sh as it is"
+        "docs/backends.md shows deploy/examples/on-change.sh as it is"
     );
 
     let mut cluster = Cluster::new("on-change", EXAMPLE);
