@@ -94,7 +94,7 @@ pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>
         (Command::Gc, _) => {
             parsed.allows_status_and_gc()?;
             let valid = &parsed.valid_attachments;
-            runtime.block_on(link::gc(valid))?;
+            runtime.block_on(link::gc(&parsed.network, valid))?;
             ipam::delegate(&parsed.ipam, &call.cni_path, Command::Gc, config)?;
             ipam::release_stale_leases(&parsed.ipam, &call.cni_path, config, valid)?;
             Ok(None)
@@ -102,7 +102,13 @@ pub fn run(call: &Invocation, config: &[u8]) -> Result<Option<serde_json::Value>
         (Command::Add, Some(netns)) => {
             let result = ipam::delegate(&parsed.ipam, &call.cni_path, Command::Add, config)?;
             let made = Addressing::parse(&result).and_then(|addressing| {
-                let ends = runtime.block_on(link::add(call, netns, parsed.mtu, &addressing))?;
+                let ends = runtime.block_on(link::add(
+                    call,
+                    netns,
+                    &parsed.network,
+                    parsed.mtu,
+                    &addressing,
+                ))?;
                 // The pod's containers start when ADD returns: its isolation first.
                 if let (Some(socket), Some((namespace, name))) = (&parsed.policy_socket, &call.pod)
                 {

@@ -142,10 +142,12 @@ fn mac_of(link: &LinkMessage) -> String {
         .unwrap_or_default()
 }
 
-/// `ADD`: makes the pod's link and returns both ends. What a failure leaves is removed.
+/// `ADD`: makes the pod's link to `network` and returns both ends. What a failure leaves
+/// is removed.
 pub async fn add(
     call: &Invocation,
     netns: &Path,
+    network: &str,
     mtu: Option<u32>,
     addressing: &Addressing,
 ) -> Result<(Interface, Interface), Error> {
@@ -159,7 +161,16 @@ pub async fn add(
     }
     // What a failed ADD for this container left on the node.
     delete(&namespaces.node, &host_name).await?;
-    let made = make(&namespaces, call, netns, &host_name, mtu, addressing).await;
+    let made = make(
+        &namespaces,
+        call,
+        netns,
+        network,
+        &host_name,
+        mtu,
+        addressing,
+    )
+    .await;
     if made.is_err() {
         // Deleting one end deletes both, with their addresses and routes.
         let _ = delete(&namespaces.pod, &call.ifname).await;
@@ -172,6 +183,7 @@ async fn make(
     namespaces: &Namespaces,
     call: &Invocation,
     netns: &Path,
+    network: &str,
     host_name: &str,
     mtu: Option<u32>,
     addressing: &Addressing,
@@ -205,7 +217,7 @@ async fn make(
         skip_duplicate_detection(host_name)?;
     }
     set_up(&namespaces.node, host_index, host_name).await?;
-    let alias = attachment_alias(&call.container_id, &call.ifname);
+    let alias = attachment_alias(network, &call.container_id, &call.ifname);
     bounded(
         format_args!("naming link {host_name}'s attachment"),
         namespaces
@@ -406,26 +418,29 @@ pub async fn del(call: &Invocation) -> Result<(), Error> {
 }
 
 /// What the node's end of a pod's link carries as its alias (`ip link` shows it), so that
-/// `GC` knows the links this plugin made and whose they are.
+/// `GC` knows the links this plugin made, for which network and whose they are.
 const ALIAS_PREFIX: &str = "nodus-cni ";
 
-fn attachment_alias(container_id: &str, ifname: &str) -> String {
-    format!("{ALIAS_PREFIX}{container_id} {ifname}")
+fn attachment_alias(network: &str, container_id: &str, ifname: &str) -> String {
+    format!("{ALIAS_PREFIX}{network} {container_id} {ifname}")
 }
 
-/// The attachment an alias of [`attachment_alias`] names.
-fn attachment_of(alias: &str) -> Option<Attachment> {
-    let (container_id, ifname) = alias.strip_prefix(ALIAS_PREFIX)?.split_once(' ')?;
+/// The attachment to `network` an alias of [`attachment_alias`] names; `None` for another
+/// network's link (CNI names hold no spaces).
+fn attachment_of(alias: &str, network: &str) -> Option<Attachment> {
+    let rest = alias.strip_prefix(ALIAS_PREFIX)?.strip_prefix(network)?;
+    let (container_id, ifname) = rest.strip_prefix(' ')?.split_once(' ')?;
     Some(Attachment {
         container_id: container_id.to_string(),
         ifname: ifname.to_string(),
     })
 }
 
-/// `GC`: deletes every link this plugin made on the node whose attachment is not in
-/// `valid` (sorted), and with it the pod's end, its addresses and routes. Links made by
-/// anything else (no alias of ours) are never touched. Returns how many went.
-pub async fn gc(valid: &[Attachment]) -> Result<usize, Error> {
+/// `GC` of `network`: deletes every link this plugin made on the node for that network
+/// whose attachment is not in `valid` (sorted), and with it the pod's end, its addresses
+/// and routes. Links made by anything else, or for another network, are never touched.
+/// Returns how many went.
+pub async fn gc(network: &str, valid: &[Attachment]) -> Result<usize, Error> {
     let node = connect()?;
     let links: Vec<LinkMessage> = bounded(
         format_args!("listing the node's links"),
@@ -436,7 +451,7 @@ pub async fn gc(valid: &[Attachment]) -> Result<usize, Error> {
     for link in links {
         let stale = link.attributes.iter().any(|a| match a {
             LinkAttribute::IfAlias(alias) => {
-                attachment_of(alias).is_some_and(|a| valid.binary_search(&a).is_err())
+                attachment_of(alias, network).is_some_and(|a| valid.binary_search(&a).is_err())
             }
             _ => false,
         });
@@ -497,15 +512,21 @@ mod alias_tests {
 
     #[test]
     fn an_alias_names_its_attachment_and_no_other_is_ours() {
-        let alias = attachment_alias("0123abcd", "eth0");
+        let alias = attachment_alias("nodus", "0123abcd", "eth0");
         assert_eq!(
-            attachment_of(&alias),
+            attachment_of(&alias, "nodus"),
             Some(Attachment {
                 container_id: "0123abcd".into(),
                 ifname: "eth0".into()
             })
         );
-        assert_eq!(attachment_of("uplink to the rack switch"), None);
-        assert_eq!(attachment_of("nodus-cni"), None);
+        assert_eq!(attachment_of(&alias, "nodus-b"), None, "another network's");
+        assert_eq!(
+            attachment_of(&alias, "nod"),
+            None,
+            "a prefix is not the name"
+        );
+        assert_eq!(attachment_of("uplink to the rack switch", "nodus"), None);
+        assert_eq!(attachment_of("nodus-cni", "nodus"), None);
     }
 }

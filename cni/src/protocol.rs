@@ -160,6 +160,9 @@ fn is_interface_name(name: &str) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Config {
     pub version: String,
+    /// The network's name (the conflist's `name`, which the runtime passes on): `GC`
+    /// removes this network's links only.
+    pub network: String,
     /// Both ends of the veth; the kernel's default when unset.
     pub mtu: Option<u32>,
     /// The IPAM plugin's type: a file name in `CNI_PATH`.
@@ -215,6 +218,7 @@ impl Config {
         }
         Ok(Config {
             version: version.to_string(),
+            network: document["name"].as_str().unwrap_or_default().to_string(),
             mtu,
             ipam: ipam.to_string(),
             prev_result: Some(document["prevResult"].clone()).filter(|v| !v.is_null()),
@@ -732,6 +736,7 @@ mod tests {
         };
         let mut config = Config {
             version: "1.0.0".into(),
+            network: "nodus".into(),
             mtu: None,
             ipam: "host-local".into(),
             prev_result: None,

@@ -378,7 +378,8 @@ fn status_and_gc_of_cni_1_1_with_the_reference_plugins_and_cnitool() {
             .lines()
             .filter_map(|line| {
                 let alias = line.split(" alias nodus-cni ").nth(1)?;
-                let (id, ifname) = alias.trim().split_once(' ')?;
+                let rest = alias.trim().strip_prefix(network.as_str())?;
+                let (id, ifname) = rest.trim_start().split_once(' ')?;
                 Some((id.to_string(), ifname.to_string()))
             })
             .collect();
@@ -415,9 +416,34 @@ fn status_and_gc_of_cni_1_1_with_the_reference_plugins_and_cnitool() {
     assert_eq!(attachments(), held[..1], "the held attachment's link stays");
     assert_eq!(leases().len(), 1, "the lost pod's lease is given back");
 
+    // A link nodus-cni made for another network (its alias names that network) is not
+    // this network's to collect.
+    node.ip(&[
+        "link",
+        "add",
+        "othernet0",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "othernet1",
+    ])
+    .expect("another network's link");
+    node.ip(&[
+        "link",
+        "set",
+        "othernet0",
+        "alias",
+        "nodus-cni other-net c1 eth0",
+    ])
+    .expect("its alias");
     let collected = cnitool(&["gc", &network, &netns_path(&pods[0])]);
     assert!(collected.status.success(), "{collected:?}");
     assert_eq!(attachments(), [], "nothing held: every link goes");
+    assert!(
+        node.exec("ip", &["link", "show", "othernet0"]).is_ok(),
+        "another network's link stays"
+    );
     assert_eq!(leases(), Vec::<String>::new());
 }
 
