@@ -5,10 +5,12 @@
 //! flags override the file.
 
 use anyhow::Context;
+use nodus_proxy::config::Neighbours;
+use nodus_proxy::plan::LocalDns;
+use nodus_view::config::Cluster;
 use nodus_view::model::Cidr;
-use serde::{Deserialize, Deserializer};
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use serde::Deserialize;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:10256";
@@ -30,11 +32,9 @@ pub struct Config {
     pub cluster_domain: String,
     /// Pod address ranges of the whole cluster; empty means "from the Nodes' pod CIDRs",
     /// which the mesh does not accept.
-    #[serde(deserialize_with = "cidrs")]
     pub cluster_cidrs: Vec<Cidr>,
     /// Service address ranges, for clusters without ServiceCIDR objects (Kubernetes before
     /// 1.33): DNS is authoritative for their reverse names, as for the ServiceCIDRs'.
-    #[serde(deserialize_with = "cidrs")]
     pub service_cidrs: Vec<Cidr>,
     /// The API server's URL, overriding kubeconfig and in-cluster discovery: the proxy
     /// cannot depend on the `kubernetes` Service that it programs itself.
@@ -52,9 +52,9 @@ pub struct Config {
     /// After SIGTERM, how long nodus keeps serving (not ready) for a successor to take its
     /// sockets over before it exits. 0 exits at once.
     pub lameduck_seconds: u64,
-    pub proxy: ProxyConfig,
-    pub dns: DnsConfig,
-    pub mesh: MeshConfig,
+    pub proxy: nodus_proxy::config::Config,
+    pub dns: nodus_dns::config::Config,
+    pub mesh: nodus_mesh::config::Config,
     pub policy: PolicyConfig,
 }
 
@@ -101,474 +101,52 @@ impl Default for Config {
             watch_page_size: 100,
             state_dir: Some(PathBuf::from("/var/lib/nodus")),
             lameduck_seconds: 0,
-            proxy: ProxyConfig::default(),
-            dns: DnsConfig::default(),
-            mesh: MeshConfig::default(),
+            proxy: Default::default(),
+            dns: Default::default(),
+            mesh: Default::default(),
             policy: PolicyConfig::default(),
         }
     }
 }
 
-/// The service proxy. Off by default, so that `nodus run` on a workstation never takes
-/// over the host's nftables; `deploy/` turns it on.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ProxyConfig {
-    pub enabled: bool,
-    /// Where health-check node ports listen (every address, as kube-proxy does).
-    pub health_check_address: IpAddr,
-    /// kube-proxy's `masqueradeAll`: every connection to a ClusterIP is masqueraded, not
-    /// only those from outside the pod network.
-    pub masquerade_all: bool,
-    /// kube-proxy's `masqueradeBit`: the bit of the packet mark (0 to 31) that flags a
-    /// connection for masquerade. No other program on the node may use it.
-    pub masquerade_bit: u8,
-    /// kube-proxy's `conntrack` settings.
-    pub conntrack: ConntrackConfig,
-    /// kube-proxy's `detectLocalMode`: how pod traffic is told from other traffic.
-    pub detect_local_mode: DetectLocalMode,
-    /// kube-proxy's `detectLocal`: the interface of the two interface modes.
-    pub detect_local: DetectLocalConfig,
-    /// kube-proxy's `nodePortAddresses`: `[primary]` (the default: the node's primary
-    /// addresses), or ranges of this host's addresses that accept NodePorts
-    /// (`0.0.0.0/0` and `::/0` for all).
-    #[serde(deserialize_with = "node_port_addresses")]
-    pub node_port_addresses: nodus_proxy::plan::NodePortAddresses,
-    /// NodePorts on 127.0.0.1 as well, for this host's clients (iptables mode's
-    /// `localhost-nodeports`; nftables mode has none): sets `route_localnet` and drops
-    /// packets to 127.0.0.0/8 that arrive from other machines.
-    pub localhost_node_ports: bool,
-}
-
-/// kube-proxy's `detectLocalMode` values, spelled as kube-proxy spells them.
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-pub enum DetectLocalMode {
-    /// `cluster_cidrs`, or without them this node's pod CIDRs.
-    #[default]
-    #[serde(rename = "ClusterCIDR")]
-    ClusterCidr,
-    #[serde(rename = "NodeCIDR")]
-    NodeCidr,
-    BridgeInterface,
-    InterfaceNamePrefix,
-}
-
-#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct DetectLocalConfig {
-    /// For `BridgeInterface`: the bridge pods are attached to (`cni0`).
-    pub bridge_interface: String,
-    /// For `InterfaceNamePrefix`: how the names of pods' interfaces start (`veth`).
-    pub interface_name_prefix: String,
-}
-
-impl Default for ProxyConfig {
-    fn default() -> Self {
-        ProxyConfig {
-            enabled: false,
-            health_check_address: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-            masquerade_all: false,
-            masquerade_bit: nodus_proxy::plan::DEFAULT_MASQUERADE_MARK.trailing_zeros() as u8,
-            conntrack: ConntrackConfig::default(),
-            detect_local_mode: DetectLocalMode::default(),
-            detect_local: DetectLocalConfig::default(),
-            node_port_addresses: nodus_proxy::plan::NodePortAddresses::Primary,
-            localhost_node_ports: false,
-        }
-    }
-}
-
-/// kube-proxy's `conntrack.maxPerCore`, `min`, `tcpEstablishedTimeout` and
-/// `tcpCloseWaitTimeout` (in seconds), with its defaults; 0 leaves a setting alone.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct ConntrackConfig {
-    pub max_per_core: u32,
-    pub min: u32,
-    pub tcp_established_timeout_seconds: u32,
-    pub tcp_close_wait_timeout_seconds: u32,
-}
-
-impl Default for ConntrackConfig {
-    fn default() -> Self {
-        let defaults = nodus_proxy::sysctls::ConntrackSettings::default();
-        ConntrackConfig {
-            max_per_core: defaults.max_per_core,
-            min: defaults.min,
-            tcp_established_timeout_seconds: defaults.tcp_established_timeout_seconds,
-            tcp_close_wait_timeout_seconds: defaults.tcp_close_wait_timeout_seconds,
-        }
-    }
-}
-
-impl ConntrackConfig {
-    pub fn settings(&self) -> nodus_proxy::sysctls::ConntrackSettings {
-        nodus_proxy::sysctls::ConntrackSettings {
-            max_per_core: self.max_per_core,
-            min: self.min,
-            tcp_established_timeout_seconds: self.tcp_established_timeout_seconds,
-            tcp_close_wait_timeout_seconds: self.tcp_close_wait_timeout_seconds,
-        }
-    }
-}
-
-/// The cluster DNS server.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct DnsConfig {
-    pub enabled: bool,
-    /// UDP and TCP addresses to answer on.
-    pub listen: Vec<SocketAddr>,
-    /// Clients allowed besides loopback, every Node's addresses and pod CIDRs (those the
-    /// view holds) and `cluster_cidrs`; everyone else gets REFUSED.
-    #[serde(deserialize_with = "cidrs")]
-    pub allow: Vec<Cidr>,
-    /// TTL of cluster records, and the SOA minimum (how long misses are cached).
-    pub ttl: u32,
-    /// `<a-b-c-d>.<ns>.pod.<zone>` records: `disabled` or `insecure` (as in CoreDNS).
-    pub pod_records: PodRecordsConfig,
-    /// Names outside the zone go to this file's nameservers (nodus's own addresses skipped).
-    pub resolv_conf: PathBuf,
-    /// How long one upstream gets before the next is tried.
-    pub forward_timeout_ms: u64,
-    /// Caps of the forwarding cache: answers, and their wire size.
-    pub cache_entries: usize,
-    pub cache_bytes: usize,
-    /// Longest time, in seconds, a forwarded answer is cached and the largest TTL clients
-    /// are given for it (kubeadm's Corefile: `cache 30`).
-    pub cache_max_ttl: u32,
-    /// The same for a denial (NXDOMAIN or NODATA).
-    pub cache_max_denial_ttl: u32,
-    /// Questions upstream at once; more are refused (CoreDNS's `max_concurrent`).
-    pub forward_max_concurrent: usize,
-    /// In which order upstreams are asked: `random` (CoreDNS's default), `round_robin` or
-    /// `sequential`. Those that are down are asked last whatever the policy.
-    pub forward_policy: ForwardPolicy,
-    /// Stub domains: the names of a zone go to its own upstreams (`10.0.0.5`,
-    /// `10.0.0.5:8600`), the longest zone first.
-    pub forward_zones: BTreeMap<String, Vec<String>>,
-    /// Seconds a failure of every upstream is remembered: retries get SERVFAIL (or a stale
-    /// answer) at once instead of waiting on dead upstreams again (CoreDNS: `servfail 5s`).
-    pub cache_servfail_ttl: u32,
-    /// Seconds past its TTL an answer is served, with a TTL of 30 s, while every upstream
-    /// fails (RFC 8767); 0 never.
-    pub cache_serve_stale: u32,
-    /// The cluster's DNS ConfigMap, `namespace/name`, whose `stubDomains` and
-    /// `upstreamNameservers` are used as kube-dns and NodeLocal DNSCache use them; empty: none.
-    pub config_map: String,
-    /// One query in this many is logged at info level (client, name, type, transport, rcode,
-    /// time), as CoreDNS's `log` plugin; 1 logs every query, 0 none.
-    pub query_log_one_in: u32,
-    /// Host records answered before the upstreams, as hosts-file lines (`10.0.0.1 registry.lan`);
-    /// CoreDNS's `hosts` plugin.
-    pub hosts: Vec<String>,
-    /// A hosts file read with them, and again whenever it changes (k3s's `NodeHosts`).
-    pub hosts_file: Option<PathBuf>,
-    /// Walk the search list of this node's `ClusterFirst` pods for them (autopath): the
-    /// first question of an outside name gets a CNAME to the name of the list that exists.
-    /// Needs this node's Pods (list and watch); the node's search domains come from
-    /// `resolv_conf`, the file kubelet gives pods too.
-    pub autopath: bool,
-    /// Fresh answers after which a name is fetched again in the last tenth of its TTL, so
-    /// that popular names never miss (CoreDNS's `prefetch`); 0 never.
-    pub cache_prefetch: u32,
-    /// Threads answering UDP on each listen address, each on its own `SO_REUSEPORT` socket.
-    pub udp_threads: usize,
-    /// UDP responses per second to one client prefix (/24, /56); 0 turns limiting off.
-    pub rate_limit: u32,
-    /// Every `rate_limit_slip`-th response over the limit is sent truncated; 0 drops all.
-    pub rate_limit_slip: u32,
-    /// The proxy sends the cluster DNS Service's ClusterIP:53 to this node's listener.
-    pub serve_cluster_dns_ip: bool,
-    /// That Service, `namespace/name`.
-    pub cluster_dns_service: String,
-}
-
-impl DnsConfig {
-    /// `config_map` split into namespace and name; None when it is empty.
-    pub fn config_map(&self) -> Option<(&str, &str)> {
-        namespaced(&self.config_map)
-    }
-    /// `forward_zones` read: none may hold the cluster domain, which the view answers.
-    pub fn stub_domains(
-        &self,
-        cluster_domain: &str,
-    ) -> anyhow::Result<Vec<(nodus_dns::forward::Name, Vec<SocketAddr>)>> {
-        self.forward_zones
-            .iter()
-            .map(|(zone, upstreams)| {
-                nodus_dns::forward::stub_domain(zone, upstreams, cluster_domain)
-                    .map_err(|error| anyhow::anyhow!("dns.forward_zones: {error}"))
-            })
-            .collect()
-    }
-
-    /// `cluster_dns_service` split into namespace and name.
-    pub fn cluster_dns_service(&self) -> Option<(&str, &str)> {
-        namespaced(&self.cluster_dns_service)
-    }
-}
-
-/// `namespace/name` split in two.
-fn namespaced(text: &str) -> Option<(&str, &str)> {
-    text.split_once('/').filter(|(namespace, name)| {
-        !namespace.is_empty() && !name.is_empty() && !name.contains('/')
-    })
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
-pub enum ForwardPolicy {
-    Sequential,
-    #[default]
-    Random,
-    RoundRobin,
-}
-
-impl From<ForwardPolicy> for nodus_dns::forward::Policy {
-    fn from(value: ForwardPolicy) -> Self {
-        match value {
-            ForwardPolicy::Sequential => nodus_dns::forward::Policy::Sequential,
-            ForwardPolicy::Random => nodus_dns::forward::Policy::Random,
-            ForwardPolicy::RoundRobin => nodus_dns::forward::Policy::RoundRobin,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "lowercase")]
-pub enum PodRecordsConfig {
-    Disabled,
-    /// kubeadm's and k3s's Corefiles say `pods insecure`.
-    #[default]
-    Insecure,
-}
-
-impl From<PodRecordsConfig> for nodus_dns::PodRecords {
-    fn from(value: PodRecordsConfig) -> Self {
-        match value {
-            PodRecordsConfig::Disabled => nodus_dns::PodRecords::Disabled,
-            PodRecordsConfig::Insecure => nodus_dns::PodRecords::Insecure,
-        }
-    }
-}
-
-impl Default for DnsConfig {
-    fn default() -> Self {
-        DnsConfig {
-            enabled: true,
-            listen: vec!["127.0.0.1:53".parse().expect("valid default address")],
-            allow: Vec::new(),
-            ttl: 5,
-            pod_records: PodRecordsConfig::Insecure,
-            resolv_conf: PathBuf::from("/etc/resolv.conf"),
-            forward_timeout_ms: 2000,
-            cache_entries: 10_000,
-            cache_bytes: 1 << 20,
-            cache_max_ttl: 30,
-            cache_max_denial_ttl: 30,
-            // kubeadm's Corefile: `forward . /etc/resolv.conf { max_concurrent 1000 }`.
-            forward_max_concurrent: 1000,
-            forward_policy: ForwardPolicy::Random,
-            forward_zones: BTreeMap::new(),
-            cache_servfail_ttl: 5,
-            // CoreDNS's `serve_stale` duration.
-            cache_serve_stale: 3600,
-            cache_prefetch: 0,
-            autopath: true,
-            hosts: Vec::new(),
-            hosts_file: None,
-            query_log_one_in: 0,
-            config_map: "kube-system/kube-dns".into(),
-            udp_threads: 1,
-            rate_limit: nodus_dns::rate::RateLimitSettings::default().responses_per_second,
-            rate_limit_slip: nodus_dns::rate::RateLimitSettings::default().slip,
-            serve_cluster_dns_ip: false,
-            cluster_dns_service: "kube-system/kube-dns".into(),
-        }
-    }
-}
-
-/// The WireGuard pod network. When on, nodus watches every Node rather than only its own.
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct MeshConfig {
-    pub enabled: bool,
-    /// The WireGuard device's name (unique on the host for the userspace backends).
-    pub interface: String,
-    pub listen_port: u16,
-    /// The private key (created on first start, mode 0600, directory 0700).
-    pub key_file: PathBuf,
-    /// `auto`, `kernel`, `wireguard-go` (alias `userspace`) or `embedded`.
-    pub backend: MeshBackend,
-    /// The `wireguard-go` backend's daemon.
-    pub wireguard_go: PathBuf,
-    /// Which node address peers use as endpoint when a node has both: `ipv4` or `ipv6`.
-    pub endpoint_family: EndpointFamily,
-    /// Which address of its Node each node publishes for peers: `internal` (its
-    /// InternalIP), `external` (its ExternalIP where it has one: nodes on other sites, or
-    /// behind a one-to-one NAT) or `learned` (where its peers see its packets come from,
-    /// as they report it, else what it published last, else its InternalIP: a node behind
-    /// a NAT that maps its port alike for every destination). A Node's `nodus.dev/force-endpoint` annotation (`IP` or
-    /// `IP:port`, set by the operator) wins over all.
-    pub endpoint: MeshEndpoint,
-    /// Seconds between keepalives to each peer; 0 for none. They keep the mapping of a NAT
-    /// in front of a node open, so that peers can reach a node that cannot be reached
-    /// first (WireGuard's recommended 25 s; k3s's WireGuard backend does the same).
-    pub persistent_keepalive: u16,
-    /// A fixed device MTU; unset takes the underlay link's MTU minus `mtu_overhead`.
-    pub mtu: Option<u32>,
-    pub mtu_overhead: u32,
-    /// The CNI configuration written for kubelet.
-    pub cni_conflist: PathBuf,
-    /// The runtime's CNI plugin directory, where the conflist's plugins must be (the init
-    /// container's `install-cni` puts them there). Only checked: nodus never writes it.
-    pub cni_bin_dir: PathBuf,
-    /// Pod traffic to destinations outside the cluster leaves with the node's address.
-    pub masquerade: bool,
-    /// The ranges node addresses lie in. A peer's node addresses are accepted as sources
-    /// from its tunnel (replies to NodePorts that it un-NATs); with ranges set, only its
-    /// addresses inside them, so that a node cannot list an address that an `ipBlock`
-    /// allows and send from it. Empty: every address its Node lists.
-    #[serde(deserialize_with = "cidrs")]
-    pub node_cidrs: Vec<Cidr>,
-}
-
-impl Default for MeshConfig {
-    fn default() -> Self {
-        MeshConfig {
-            enabled: false,
-            interface: "nodus-wg".into(),
-            listen_port: 51820,
-            key_file: PathBuf::from("/var/lib/nodus/wireguard.key"),
-            backend: MeshBackend::Auto,
-            wireguard_go: PathBuf::from("wireguard-go"),
-            endpoint_family: EndpointFamily::Ipv4,
-            endpoint: MeshEndpoint::Internal,
-            persistent_keepalive: 25,
-            mtu: None,
-            mtu_overhead: 80,
-            // `00-`: runtimes take the first file by name, and a `10-flannel.conflist` or
-            // `10-calico.conflist` left behind must not win.
-            cni_conflist: PathBuf::from("/etc/cni/net.d/00-nodus.conflist"),
-            cni_bin_dir: PathBuf::from("/opt/cni/bin"),
-            masquerade: true,
-            node_cidrs: Vec::new(),
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "lowercase")]
-pub enum MeshBackend {
-    /// The kernel if the `wireguard` link type exists, else `wireguard-go` if it runs or is
-    /// installed, else the embedded device.
-    #[default]
-    Auto,
-    Kernel,
-    /// Named `userspace` before the embedded backend came.
-    #[serde(rename = "wireguard-go", alias = "userspace")]
-    WireguardGo,
-    Embedded,
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "lowercase")]
-pub enum MeshEndpoint {
-    #[default]
-    Internal,
-    External,
-    Learned,
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq)]
-#[serde(rename_all = "lowercase")]
-pub enum EndpointFamily {
-    #[default]
-    Ipv4,
-    Ipv6,
-}
-
-impl MeshConfig {
-    /// The mesh's settings; `policy_socket`: the isolation gate nodus-cni waits on.
-    pub fn settings(
-        &self,
-        cluster_cidrs: &[Cidr],
-        policy_socket: Option<&Path>,
-    ) -> nodus_mesh::MeshSettings {
-        use nodus_mesh::backend::BackendKind;
-        use nodus_view::model::Family;
-        nodus_mesh::MeshSettings {
-            interface: self.interface.clone(),
-            listen_port: self.listen_port,
-            key_file: self.key_file.clone(),
-            backend: match self.backend {
-                MeshBackend::Auto => BackendKind::Auto,
-                MeshBackend::Kernel => BackendKind::Kernel,
-                MeshBackend::WireguardGo => BackendKind::WireguardGo,
-                MeshBackend::Embedded => BackendKind::Embedded,
-            },
-            wireguard_go: self.wireguard_go.clone(),
-            endpoint_family: match self.endpoint_family {
-                EndpointFamily::Ipv4 => Family::V4,
-                EndpointFamily::Ipv6 => Family::V6,
-            },
-            mtu: self.mtu,
-            mtu_overhead: self.mtu_overhead,
-            cni_conflist: self.cni_conflist.clone(),
-            cni_bin_dir: self.cni_bin_dir.clone(),
-            policy_socket: policy_socket.map(Path::to_path_buf),
-            cluster_cidrs: cluster_cidrs.to_vec(),
-            node_cidrs: self.node_cidrs.clone(),
-            endpoint: match self.endpoint {
-                MeshEndpoint::Internal => nodus_mesh::plan::EndpointChoice::Internal,
-                MeshEndpoint::External => nodus_mesh::plan::EndpointChoice::External,
-                MeshEndpoint::Learned => nodus_mesh::plan::EndpointChoice::Learned,
-            },
-            persistent_keepalive: self.persistent_keepalive,
-        }
-    }
-}
-
-fn cidrs<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Cidr>, D::Error> {
-    Vec::<String>::deserialize(deserializer)?
-        .iter()
-        .map(|text| text.parse().map_err(serde::de::Error::custom))
-        .collect()
-}
-
-/// `[primary]`, `[]` or CIDRs; `primary` among CIDRs is refused, as kube-proxy does.
-fn node_port_addresses<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<nodus_proxy::plan::NodePortAddresses, D::Error> {
-    use nodus_proxy::plan::NodePortAddresses;
-    let entries = Vec::<String>::deserialize(deserializer)?;
-    if entries.is_empty() || entries == ["primary"] {
-        return Ok(NodePortAddresses::Primary);
-    }
-    entries
-        .iter()
-        .map(|text| match text.as_str() {
-            "primary" => Err(serde::de::Error::custom(
-                "`primary` stands alone: it cannot be mixed with CIDRs",
-            )),
-            _ => text.parse().map_err(serde::de::Error::custom),
-        })
-        .collect::<Result<Vec<Cidr>, D::Error>>()
-        .map(NodePortAddresses::Cidrs)
-}
-
 impl Config {
-    /// Whether nodus's table masquerades pod traffic leaving the cluster: the mesh is the
-    /// pod network, and `mesh.masquerade` is on.
-    pub fn egress_masquerade(&self) -> bool {
-        self.mesh.enabled && self.mesh.masquerade
+    /// The cluster's facts that the subsystems share.
+    pub fn cluster(&self) -> Cluster {
+        Cluster {
+            domain: self.cluster_domain.clone(),
+            cluster_cidrs: self.cluster_cidrs.clone(),
+            service_cidrs: self.service_cidrs.clone(),
+        }
+    }
+
+    /// What the proxy's table carries from the other sections: the mesh's egress
+    /// masquerade, the cluster DNS Service sent to this node's DNS, NetworkPolicy.
+    pub fn proxy_neighbours(&self) -> Neighbours {
+        let dns = &self.dns;
+        Neighbours {
+            egress_masquerade: self.mesh.egress_masquerade(),
+            local_dns: dns
+                .cluster_dns_service()
+                .filter(|_| dns.enabled && dns.serve_cluster_dns_ip)
+                .map(|(namespace, name)| LocalDns {
+                    namespace: namespace.to_string(),
+                    name: name.to_string(),
+                    port: dns.listen.first().map_or(53, |addr| addr.port()),
+                }),
+            network_policy: self.policy.enabled,
+        }
+    }
+
+    /// The proxy's planner settings, as the running proxy has them.
+    pub fn proxy_settings(&self) -> nodus_proxy::plan::ProxySettings {
+        self.proxy
+            .settings(&self.cluster(), &self.proxy_neighbours())
     }
 
     /// Whether nodus programs its nftables table at all: for the service proxy, or for
     /// the egress masquerade alone.
     pub fn programs_table(&self) -> bool {
-        self.proxy.enabled || self.egress_masquerade()
+        self.proxy.programs_table(&self.proxy_neighbours())
     }
 
     pub fn parse(yaml: &str) -> anyhow::Result<Config> {
@@ -584,47 +162,6 @@ impl Config {
     /// The file at `path`, or the defaults without one.
     pub fn load_or_default(path: Option<&Path>) -> anyhow::Result<Config> {
         path.map_or_else(|| Ok(Config::default()), Config::load)
-    }
-
-    /// The proxy's settings. With the proxy off and the mesh's egress masquerade on,
-    /// nodus's table carries that masquerade alone: another proxy serves Services.
-    pub fn proxy_settings(&self) -> nodus_proxy::plan::ProxyConfig {
-        use nodus_proxy::plan::{LocalDetector, LocalDns, TableScope};
-        let dns = &self.dns;
-        let local_dns = dns
-            .cluster_dns_service()
-            .filter(|_| dns.enabled && dns.serve_cluster_dns_ip)
-            .map(|(namespace, name)| LocalDns {
-                namespace: namespace.to_string(),
-                name: name.to_string(),
-                port: dns.listen.first().map_or(53, |addr| addr.port()),
-            });
-        let scope = match self.proxy.enabled || !self.egress_masquerade() {
-            true => TableScope::Services,
-            false => TableScope::EgressOnly,
-        };
-        nodus_proxy::plan::ProxyConfig {
-            scope,
-            cluster_cidrs: self.cluster_cidrs.clone(),
-            masquerade_mark: 1 << self.proxy.masquerade_bit,
-            masquerade_all: self.proxy.masquerade_all,
-            egress_masquerade: self.egress_masquerade(),
-            local_dns,
-            local_detector: match self.proxy.detect_local_mode {
-                DetectLocalMode::ClusterCidr => LocalDetector::ClusterCidr,
-                DetectLocalMode::NodeCidr => LocalDetector::NodeCidr,
-                DetectLocalMode::BridgeInterface => {
-                    LocalDetector::BridgeInterface(self.proxy.detect_local.bridge_interface.clone())
-                }
-                DetectLocalMode::InterfaceNamePrefix => LocalDetector::InterfaceNamePrefix(
-                    self.proxy.detect_local.interface_name_prefix.clone(),
-                ),
-            },
-            node_port_addresses: self.proxy.node_port_addresses.clone(),
-            localhost_node_ports: self.proxy.localhost_node_ports,
-            network_policy: self.policy.enabled,
-            interface_addresses: Vec::new(),
-        }
     }
 
     pub fn load(path: &Path) -> anyhow::Result<Config> {
@@ -653,110 +190,19 @@ impl Config {
             self.watch_page_size > 0,
             "watch_page_size: must be at least 1"
         );
+        let cluster = self.cluster();
+        self.proxy.validate()?;
+        self.dns.validate(&cluster)?;
+        self.mesh.validate(&cluster)?;
+        // What joins two sections.
         anyhow::ensure!(
             !self.policy.enabled || self.proxy.enabled,
             "policy.enabled: NetworkPolicy is enforced in the proxy's table; set proxy.enabled too"
         );
         anyhow::ensure!(
-            self.dns.ttl <= 3600,
-            "dns.ttl: {} is over 3600 seconds",
-            self.dns.ttl
-        );
-        anyhow::ensure!(
-            !self.dns.enabled || !self.dns.listen.is_empty(),
-            "dns.listen: at least one address is needed while dns.enabled is true"
-        );
-        anyhow::ensure!(
-            self.dns.forward_timeout_ms > 0,
-            "dns.forward_timeout_ms: must be at least 1"
-        );
-        let mesh = &self.mesh;
-        anyhow::ensure!(
-            !mesh.interface.is_empty()
-                && mesh.interface.len() <= 15
-                && !mesh.interface.contains('/'),
-            "mesh.interface: {:?} is not a link name (1 to 15 bytes)",
-            mesh.interface
-        );
-        anyhow::ensure!(mesh.listen_port > 0, "mesh.listen_port: must be at least 1");
-        if let Some(mtu) = mesh.mtu {
-            anyhow::ensure!(
-                (1280..=65535).contains(&mtu),
-                "mesh.mtu: {mtu} is outside 1280..=65535"
-            );
-        }
-        anyhow::ensure!(
-            self.dns.forward_max_concurrent > 0,
-            "dns.forward_max_concurrent: must be at least 1"
-        );
-        anyhow::ensure!(
-            self.dns.cluster_dns_service().is_some(),
-            "dns.cluster_dns_service: {:?} is not namespace/name",
-            self.dns.cluster_dns_service
-        );
-        anyhow::ensure!(
             !self.dns.serve_cluster_dns_ip || (self.dns.enabled && self.proxy.enabled),
             "dns.serve_cluster_dns_ip needs dns.enabled and proxy.enabled: the proxy sends the \
              cluster DNS Service's ClusterIP to this node's DNS"
-        );
-        anyhow::ensure!(
-            self.proxy.masquerade_bit <= 31,
-            "proxy.masquerade_bit: {} is not a bit of the 32-bit packet mark (0 to 31)",
-            self.proxy.masquerade_bit
-        );
-        let (key, interface) = match self.proxy.detect_local_mode {
-            DetectLocalMode::BridgeInterface => (
-                "bridge_interface",
-                &self.proxy.detect_local.bridge_interface,
-            ),
-            DetectLocalMode::InterfaceNamePrefix => (
-                "interface_name_prefix",
-                &self.proxy.detect_local.interface_name_prefix,
-            ),
-            DetectLocalMode::ClusterCidr | DetectLocalMode::NodeCidr => ("", &String::new()),
-        };
-        anyhow::ensure!(
-            key.is_empty()
-                || (!interface.is_empty()
-                    && interface.len() < 16
-                    && !interface.contains(['/', ' ', '"'])),
-            "proxy.detect_local.{key}: {interface:?} is not an interface name (1 to 15 bytes) \
-             that proxy.detect_local_mode {:?} needs",
-            self.proxy.detect_local_mode
-        );
-        anyhow::ensure!(
-            (1..=64).contains(&self.dns.udp_threads),
-            "dns.udp_threads: {} is not between 1 and 64",
-            self.dns.udp_threads
-        );
-        anyhow::ensure!(
-            self.dns.cache_servfail_ttl <= 300,
-            "dns.cache_servfail_ttl: {} is over 300 seconds",
-            self.dns.cache_servfail_ttl
-        );
-        anyhow::ensure!(
-            self.dns.cache_serve_stale <= 3 * 86400,
-            "dns.cache_serve_stale: {} is over three days (RFC 8767's longest)",
-            self.dns.cache_serve_stale
-        );
-        self.dns.stub_domains(&self.cluster_domain)?;
-        anyhow::ensure!(
-            self.dns.config_map.is_empty() || self.dns.config_map().is_some(),
-            "dns.config_map: {:?} is not namespace/name (or empty for none)",
-            self.dns.config_map
-        );
-        for line in &self.dns.hosts {
-            let (_, skipped) = nodus_dns::hosts::Hosts::parse([line.as_str()]);
-            anyhow::ensure!(
-                skipped == 0,
-                "dns.hosts: {line:?} is not a hosts-file line (`10.0.0.1 registry.lan [alias…]`)"
-            );
-        }
-        anyhow::ensure!(
-            !self.mesh.enabled || !self.cluster_cidrs.is_empty(),
-            "mesh.enabled needs cluster_cidrs, the cluster's pod ranges (kubeadm's \
-             networking.podSubnet, k3s's --cluster-cidr): a peer's pod CIDRs are routed only \
-             inside them, so that no Node can claim another range"
         );
         if let Some(url) = &self.api_server {
             check_api_server(url)?;
@@ -851,6 +297,8 @@ fn check_api_server(url: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodus_dns::config::{ForwardPolicy, PodRecordsConfig};
+    use nodus_mesh::config::{Backend as MeshBackend, EndpointFamily};
 
     #[test]
     fn empty_file_is_all_defaults() {
@@ -878,7 +326,7 @@ mod tests {
         assert_eq!(config.mesh.endpoint_family, EndpointFamily::Ipv6);
         assert_eq!(config.mesh.mtu, Some(1400));
         assert_eq!(config.mesh.listen_port, 51820);
-        assert!(config.egress_masquerade() && config.programs_table());
+        assert!(config.mesh.egress_masquerade() && config.programs_table());
         assert_eq!(
             config.dns.listen,
             vec!["127.0.0.1:5353".parse().expect("addr")]

@@ -9,7 +9,8 @@
 //! loaded, a directory mounted), and the kernel version, which no retry changes, already
 //! ended it.
 
-use crate::config::{Config, MeshBackend, MeshConfig};
+use crate::config::Config;
+use nodus_mesh::config::{Backend as MeshBackend, Config as MeshConfig};
 use std::collections::{BTreeSet, HashSet};
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, UdpSocket};

@@ -9,17 +9,21 @@
 pub mod allow;
 pub mod autopath;
 mod codes;
+pub mod config;
 pub mod fast;
 pub mod forward;
 pub mod handler;
 pub mod hosts;
+pub mod kube_dns;
 pub mod listen;
 pub mod lookup;
 pub mod metrics;
 pub mod querylog;
 pub mod rate;
 pub mod server;
+pub mod subsystem;
 pub mod tcp;
 mod udp;
 
 pub use lookup::{PodRecords, Zone};
+pub use subsystem::start;

@@ -5,13 +5,14 @@
 use crate::allow::AllowedPrefixes;
 use crate::forward::Forwarder;
 use crate::handler::ClusterDns;
+use crate::kube_dns::ConfigMapRoutes;
 use crate::listen::{self, Listen};
 use crate::lookup::Zone;
 use crate::metrics::DnsMetrics;
 use crate::tcp::{self, TcpListener};
 use crate::udp::UdpListener;
 use nodus_limits::ConnectionCaps;
-use nodus_view::{Applied, Subsystem, View, ViewReader};
+use nodus_view::ViewReader;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
@@ -46,21 +47,22 @@ pub struct DnsServer {
     /// Held: every listener serves until the server drops.
     listeners: Listeners,
     pub metrics: Arc<DnsMetrics>,
-    handler: ClusterDns,
+    pub(crate) handler: ClusterDns,
     /// The addresses bound at start (a port 0 in the configuration is resolved here).
     pub addrs: Vec<SocketAddr>,
     handed_over: Arc<AtomicBool>,
     /// Tasks that serve this server and stop with it: the one following the host (the
-    /// listeners of a followed wildcard, the allow-list, the hosts file), the one looking
-    /// after the upstreams (loop probes, health checks), and those of
-    /// [`DnsServer::keep_task`].
+    /// listeners of a followed wildcard, the allow-list, the hosts file) and the one
+    /// looking after the upstreams (loop probes, health checks).
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The forwarder's routes, following the cluster's DNS ConfigMap in the view.
+    pub(crate) config_map: Option<ConfigMapRoutes>,
 }
 
 impl DnsServer {
-    /// Stops `task` when the server stops (a task that feeds its forwarder, say).
-    pub fn keep_task(&mut self, task: tokio::task::JoinHandle<()>) {
-        self.tasks.push(task);
+    /// Lets the forwarder follow the cluster's DNS ConfigMap, from the next batch on.
+    pub fn follow_config_map(&mut self, routes: ConfigMapRoutes) {
+        self.config_map = Some(routes);
     }
 
     /// The handler behind both paths, for tests that compare them.
@@ -127,20 +129,6 @@ fn lock(listeners: &Listeners) -> std::sync::MutexGuard<'_, BTreeMap<SocketAddr,
     listeners
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// DNS reads the view at query time; a batch that changed Nodes changes who may ask. It is
-/// ready once bound (misses are SERVFAIL until the view is whole: complete, or restored).
-impl Subsystem for DnsServer {
-    fn name(&self) -> &'static str {
-        "dns"
-    }
-
-    fn after_batch(&mut self, view: &View, applied: &Applied) {
-        if applied.initial_sync || !applied.changes.nodes.is_empty() {
-            self.handler.rebuild_allow_list(view, None, None);
-        }
-    }
 }
 
 /// Binds UDP and TCP on every address and serves until the returned server is dropped,
@@ -310,6 +298,7 @@ pub async fn serve_planned(
         addrs,
         handed_over,
         tasks,
+        config_map: None,
     })
 }
 

@@ -4,29 +4,31 @@
 //!   annotations to publish, and the per-peer deltas between two states.
 //! - [`cni`]: the CNI conflist for kubelet (pure content, atomic write).
 //! - [`key`]: the node's key pair and its file.
-//! - `file`: how the key and the conflist are written (atomically, durably).
+//! - [`config`]: the `mesh:` section of the configuration, and the settings it becomes.
 //! - [`backend`]: the WireGuard device: kernel (generic netlink), `wireguard-go` or
 //!   boringtun embedded in nodus (both driven over the UAPI socket).
 //! - [`links`]: the device's link, addresses and routes over rtnetlink.
-//! - [`agent`]: brings the kernel in step with a plan, per-peer deltas only.
-//! - [`follow`]: the task that runs the mesh inside `nodus run`.
+//! - [`apply`]: brings the kernel in step with a plan, per-peer deltas only.
+//! - [`subsystem`]: [`start`], the task that runs the mesh inside `nodus run`.
 //! - [`publish`]: the node's own annotations, patched into the API.
 //! - [`cleanup`]: `nodus cleanup`'s part: the device and the conflist.
 //! - [`metrics`]: the mesh's series on `/metrics`.
 
-pub mod agent;
+pub mod apply;
 pub mod backend;
 pub mod cleanup;
 pub mod cni;
-pub mod follow;
+pub mod config;
 pub mod key;
 pub mod links;
 pub mod metrics;
 pub mod plan;
 pub mod publish;
+pub mod subsystem;
 
-pub use agent::{Mesh, MeshSettings};
+pub use apply::{Mesh, MeshSettings};
 pub use key::Key;
+pub use subsystem::{MeshSubsystem, start};
 
 /// An error of the mesh, with what was being done.
 #[derive(Debug, thiserror::Error)]

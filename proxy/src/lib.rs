@@ -2,6 +2,7 @@
 //! programmed into the kernel over nf_tables netlink.
 
 pub mod apply;
+pub mod config;
 pub mod health;
 pub mod kernel;
 pub mod leftovers;

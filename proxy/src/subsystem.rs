@@ -4,9 +4,12 @@
 //! changes; the health-check node ports follow the services.
 
 use crate::apply::{Error, Proxy, SyncReport};
+use crate::config::{Config, Neighbours};
 use crate::health::{HealthChecks, HealthListen};
 use crate::metrics::{PolicyEnforcement, ProxyMetrics};
 use crate::sysctls::Sysctls;
+use nodus_http::Limits;
+use nodus_view::config::Cluster;
 use nodus_view::policy::resolve::Direction;
 use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
 use std::collections::HashMap;
@@ -18,6 +21,32 @@ use std::time::{Duration, Instant, SystemTime};
 /// How often the loop checks that nobody changed the table (and retries a failed sync):
 /// the run loop ticks at this period.
 pub const CHECK_PERIOD: Duration = Duration::from_secs(10);
+
+/// The proxy's front door: nodus's table kept in step with `view` as `config` and its
+/// `neighbours` say. `http_limits`: the caps every HTTP listener of the node has, the
+/// health-check node ports' too; `host_addresses` reads this host's interface addresses
+/// when `nodePortAddresses` names ranges. Nothing is programmed before the first batch.
+pub fn start(
+    config: &Config,
+    cluster: &Cluster,
+    neighbours: &Neighbours,
+    http_limits: Limits,
+    view: ViewReader,
+    host_addresses: fn() -> std::io::Result<Vec<IpAddr>>,
+) -> Result<ProxySubsystem, Error> {
+    let proxy = Proxy::new(config.settings(cluster, neighbours))?;
+    let health = config.enabled.then(|| HealthListen {
+        bind: config.health_check_address,
+        limits: http_limits,
+    });
+    Ok(ProxySubsystem::new(
+        proxy,
+        view,
+        health,
+        config.sysctls(),
+        host_addresses,
+    ))
+}
 
 pub struct ProxySubsystem {
     proxy: Proxy,

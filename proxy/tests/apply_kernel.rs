@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
 use nodus_proxy::nft::Socket;
-use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, TableScope};
+use nodus_proxy::plan::{EndpointKeys, Planner, ProxySettings, TableScope};
 use nodus_testbed::netns::{self, Netns};
 
 mod common;
@@ -18,7 +18,7 @@ use nodus_view::{ChangeSet, Kind, ServiceName, Update, View};
 use serde_json::{Value as Json, json};
 
 fn open_proxy(ns: &Netns) -> Proxy {
-    ns.enter(|| Proxy::new(ProxyConfig::default()).expect("proxy"))
+    ns.enter(|| Proxy::new(ProxySettings::default()).expect("proxy"))
         .expect("entering the namespace")
 }
 
@@ -181,7 +181,7 @@ fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
     // A new agent process: a second proxy adopts the table. Meanwhile someone flushed
     // the chain that DNATs to the endpoint.
     drop(first);
-    let planner = Planner::new(&view, &ProxyConfig::default());
+    let planner = Planner::new(&view, &ProxySettings::default());
     let endpoint_chain = planner
         .services(&mut EndpointKeys::new())
         .flat_map(|plan| plan.chains)
@@ -392,16 +392,16 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
     netns::require_root();
     let ns = Netns::new("apeg").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
-    let egress_only = ProxyConfig {
+    let egress_only = ProxySettings {
         scope: TableScope::EgressOnly,
         egress_masquerade: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
-    let services = ProxyConfig {
+    let services = ProxySettings {
         egress_masquerade: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
-    let full_sync = |config: &ProxyConfig| {
+    let full_sync = |config: &ProxySettings| {
         let config = config.clone();
         ns.enter(|| Proxy::new(config).expect("proxy").full_sync(&view))
             .expect("entering the namespace")
@@ -450,7 +450,7 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
 fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
     netns::require_root();
     let ns = Netns::new("aprf").expect("namespace");
-    let config = ProxyConfig::default();
+    let config = ProxySettings::default();
     let block_map = |view: &View, name: &str| {
         Planner::new(view, &config)
             .service("default", name, &mut EndpointKeys::new().lease(&[]))
@@ -1031,9 +1031,9 @@ fn masquerade_all_masquerades_pod_traffic_to_cluster_ips() {
     ]);
     assert!(applied.invalid.is_empty());
     for (masquerade_all, expected) in [(false, "10.244.1.9"), (true, "10.0.0.1")] {
-        let config = ProxyConfig {
+        let config = ProxySettings {
             masquerade_all,
-            ..ProxyConfig::default()
+            ..ProxySettings::default()
         };
         let mut proxy = node
             .enter(|| Proxy::new(config).expect("proxy"))
@@ -1157,9 +1157,9 @@ fn pods_told_by_their_interface_keep_their_address() {
             slice("remote", "IPv4", &[("10.0.0.2", "node-b")], 8080),
         ]);
         assert!(applied.invalid.is_empty());
-        let config = ProxyConfig {
+        let config = ProxySettings {
             local_detector: detector.clone(),
-            ..ProxyConfig::default()
+            ..ProxySettings::default()
         };
         let mut proxy = node
             .enter(|| Proxy::new(config).expect("proxy"))
@@ -1199,9 +1199,9 @@ fn node_ports_follow_the_hosts_addresses_in_the_configured_ranges() {
     greeter(&node, 8080, "endpoint");
     greeter(&node, 30080, "not a NodePort");
     let view = node_view(&TWO_ENDPOINTS);
-    let config = ProxyConfig {
+    let config = ProxySettings {
         node_port_addresses: NodePortAddresses::Cidrs(vec!["10.0.5.0/24".parse().expect("cidr")]),
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let mut proxy = node
         .enter(|| Proxy::new(config).expect("proxy"))
@@ -1256,9 +1256,9 @@ fn localhost_node_ports_reach_a_remote_endpoint_when_asked() {
             slice("np-remote", "IPv4", &[("10.0.0.2", "node-b")], 8080),
         ]);
         assert!(applied.invalid.is_empty());
-        let config = ProxyConfig {
+        let config = ProxySettings {
             localhost_node_ports: enabled,
-            ..ProxyConfig::default()
+            ..ProxySettings::default()
         };
         let mut proxy = node
             .enter(|| Proxy::new(config).expect("proxy"))

@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use nodus_proxy::nft::{Batch, Socket};
-use nodus_proxy::plan::{EndpointKeys, PlanBatch, Planner, ProxyConfig, cold_start, render};
+use nodus_proxy::plan::{EndpointKeys, PlanBatch, Planner, ProxySettings, cold_start, render};
 use nodus_testbed::netns::{self, Netns};
 
 mod common;
@@ -31,7 +31,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
     netns::require_root();
     let ns = Netns::new("plan").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
-    let planner = Planner::new(&view, &ProxyConfig::default());
+    let planner = Planner::new(&view, &ProxySettings::default());
     let mut keys = EndpointKeys::new();
     let batches: Vec<Batch> =
         cold_start(&planner.skeleton(), planner.services(&mut keys), 25).collect();
@@ -61,7 +61,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
 
     // A sync later: one endpoint left `web`, `empty` was deleted.
     let later = node_view(&TWO_ENDPOINTS[..1]);
-    let after = Planner::new(&later, &ProxyConfig::default());
+    let after = Planner::new(&later, &ProxySettings::default());
     // What the cold start programmed, planned again in the same order.
     let programmed = |name: &str| {
         planner
@@ -103,7 +103,7 @@ fn rendered_text_loads_with_nft() {
     netns::require_root();
     let ns = Netns::new("rndr").expect("namespace");
     let view = node_view(&TWO_ENDPOINTS);
-    let planner = Planner::new(&view, &ProxyConfig::default());
+    let planner = Planner::new(&view, &ProxySettings::default());
     let text = render(
         &planner.skeleton(),
         planner.services(&mut EndpointKeys::new()),
@@ -175,7 +175,7 @@ fn connections_reach_endpoints_and_empty_services_are_refused() {
     let (node, client) = node_and_client();
 
     let view = node_view(&[("10.0.0.1", NODE)]);
-    let planner = Planner::new(&view, &ProxyConfig::default());
+    let planner = Planner::new(&view, &ProxySettings::default());
     commit(
         &node,
         cold_start(

@@ -3,7 +3,7 @@
 //! the other pods and the services are programmed.
 
 use nodus_proxy::apply::{Proxy, SyncKind};
-use nodus_proxy::plan::ProxyConfig;
+use nodus_proxy::plan::ProxySettings;
 use nodus_testbed::netns::{self, Netns};
 use nodus_view::{ChangeSet, Kind, Update, View};
 use serde_json::json;
@@ -73,10 +73,10 @@ fn allows(listing: &str, pod: &str, port: u16) -> bool {
 
 /// NetworkPolicy on, and a view where pods `a` and `b` of this node are open on 8080 to
 /// `client` of another node.
-fn servers_and_client() -> (ProxyConfig, View) {
-    let config = ProxyConfig {
+fn servers_and_client() -> (ProxySettings, View) {
+    let config = ProxySettings {
         network_policy: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let mut view: View = node_view(&TWO_ENDPOINTS);
     // In the agent's order: the policies, then a list of the pods (which then keeps the

@@ -9,7 +9,7 @@ use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use nodus_proxy::apply::Proxy;
-use nodus_proxy::plan::{Entry, Packet, Planner, ProxyConfig};
+use nodus_proxy::plan::{Entry, Packet, Planner, ProxySettings};
 use nodus_testbed::netns::{self, Netns};
 use nodus_view::model::Protocol;
 use serde_json::json;
@@ -196,7 +196,7 @@ fn the_tracer_predicts_what_the_kernel_does() {
         slice("itp-local", "IPv4", &[there], 8080),
     ]);
     assert!(applied.invalid.is_empty(), "{:?}", applied.invalid);
-    let config = ProxyConfig::default();
+    let config = ProxySettings::default();
     let mut proxy = node
         .enter(|| Proxy::new(config.clone()).expect("proxy"))
         .expect("entering the node");
@@ -286,7 +286,7 @@ fn unallocated_service_addresses_are_dropped_while_a_service_cidr_holds_them() {
     greeter(&gateway, "10.96.0.200", 80);
 
     let mut view = node_view(&[("10.244.1.5", NODE)]);
-    let config = ProxyConfig::default();
+    let config = ProxySettings::default();
     let mut proxy = node
         .enter(|| Proxy::new(config.clone()).expect("proxy"))
         .expect("entering the node");

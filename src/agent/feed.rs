@@ -192,6 +192,7 @@ pub async fn follow_cluster(
         // planned only with the policies, pods and namespaces.
         namespaces: false,
         policy: config.policy.enabled,
+        dns_config_map: None,
     };
     let (items, watched) = watch::watch_all(&client, &set);
     let feed = Feed::new(

@@ -6,9 +6,9 @@
 //!   than kube-proxy's health timeout, and this Node is not on its way out (being deleted,
 //!   or tainted by the cluster autoscaler), so that load balancers drain it first.
 
+use crate::agent::lifecycle::ProcessState;
 use crate::agent::metrics::Metrics;
 use nodus_proxy::metrics::HEALTH_TIMEOUT;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 /// A loop that has not gone round for this long is stuck: the run loop ticks every 10 s,
@@ -33,7 +33,7 @@ pub fn livez(metrics: &Metrics) -> Result<(), String> {
 }
 
 /// Why this node should get no traffic from load balancers, if it should not.
-pub fn healthz(metrics: &Metrics) -> Result<(), String> {
+pub fn healthz(metrics: &Metrics, process: &ProcessState) -> Result<(), String> {
     livez(metrics)?;
     if let Some(proxy) = metrics.proxy.get()
         && !proxy.is_healthy()
@@ -43,7 +43,7 @@ pub fn healthz(metrics: &Metrics) -> Result<(), String> {
             HEALTH_TIMEOUT.as_secs()
         ));
     }
-    if metrics.node_leaving.load(Relaxed) {
+    if process.is_node_leaving() {
         return Err(format!(
             "this Node is being deleted or is tainted {}",
             nodus_view::wire::TAINT_TO_BE_DELETED
@@ -61,10 +61,10 @@ mod tests {
 
     #[test]
     fn a_leaving_node_is_unhealthy_but_live() {
-        let metrics = Metrics::default();
-        assert_eq!(healthz(&metrics), Ok(()));
-        metrics.node_leaving.store(true, Relaxed);
-        let error = healthz(&metrics).expect_err("leaving");
+        let (metrics, process) = (Metrics::default(), ProcessState::default());
+        assert_eq!(healthz(&metrics, &process), Ok(()));
+        process.set_node_leaving(true);
+        let error = healthz(&metrics, &process).expect_err("leaving");
         assert!(error.contains("ToBeDeletedByClusterAutoscaler"), "{error}");
         assert_eq!(livez(&metrics), Ok(()));
     }
@@ -77,7 +77,7 @@ mod tests {
         proxy.sync_failed("refused");
         assert!(proxy.sync_owed_for().is_some());
         // Owed for a moment only: kube-proxy waits for its timeout too.
-        assert_eq!(healthz(&metrics), Ok(()));
+        assert_eq!(healthz(&metrics, &ProcessState::default()), Ok(()));
 
         let proxy = Arc::new(ProxyMetrics::default());
         let metrics = Metrics::default();
@@ -86,7 +86,7 @@ mod tests {
             .checked_sub(HEALTH_TIMEOUT + Duration::from_secs(1))
             .expect("the machine has been up for a minute");
         proxy.owe_sync_since(long_ago);
-        let error = healthz(&metrics).expect_err("stale");
+        let error = healthz(&metrics, &ProcessState::default()).expect_err("stale");
         assert!(error.contains("owed a sync"), "{error}");
         assert_eq!(livez(&metrics), Ok(()));
     }

@@ -3,7 +3,9 @@
 //! the API's messages), so it answers loopback only unless the configuration opens it.
 
 use crate::agent::health;
+use crate::agent::lifecycle::ProcessState;
 use crate::agent::metrics::Metrics;
+use crate::config::Config;
 use anyhow::Context;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};
 use nodus_http::{Body, Limits, Tenants, respond};
@@ -11,11 +13,11 @@ use nodus_view::model::Cidr;
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 use tokio::task::JoinHandle;
 
 fn route(
     metrics: &Metrics,
+    process: &ProcessState,
     status_from_anywhere: bool,
     req: &Request<Incoming>,
     client: SocketAddr,
@@ -29,7 +31,7 @@ fn route(
             let livez = path == "/livez";
             let verdict = match livez {
                 true => health::livez(metrics),
-                false => health::healthz(metrics),
+                false => health::healthz(metrics, process),
             };
             metrics.health_answered(livez, verdict.is_ok());
             match verdict {
@@ -37,12 +39,12 @@ fn route(
                 Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
             }
         }
-        "/readyz" if metrics.lameduck.load(Relaxed) => respond(
+        "/readyz" if process.is_lameduck() => respond(
             StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
             "shutting down: serving out the lameduck period\n",
         ),
-        "/readyz" if metrics.ready.load(Relaxed) => respond(StatusCode::OK, TEXT, "ok\n"),
+        "/readyz" if process.is_ready() => respond(StatusCode::OK, TEXT, "ok\n"),
         "/readyz" => respond(
             StatusCode::SERVICE_UNAVAILABLE,
             TEXT,
@@ -57,12 +59,13 @@ fn route(
         "/status" => respond(
             StatusCode::OK,
             "application/json",
-            serde_json::to_string(&crate::agent::status::status(metrics)).unwrap_or_default(),
+            serde_json::to_string(&crate::agent::status::status(metrics, process))
+                .unwrap_or_default(),
         ),
         "/metrics" => respond(
             StatusCode::OK,
             "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(),
+            metrics.render(process),
         ),
         _ => respond(StatusCode::NOT_FOUND, TEXT, "not found\n"),
     }
@@ -108,16 +111,17 @@ pub fn limits(cluster_cidrs: &[Cidr]) -> Limits {
     }
 }
 
-/// Binds `addr` now (so a busy port fails start-up; the IPv4 wildcard is bound for IPv6
-/// too), or serves on the sockets the process before handed over (`inherited`) when
-/// they are bound to it, and serves in the background.
+/// Binds `config.http_addr` now (so a busy port fails start-up; the IPv4 wildcard is
+/// bound for IPv6 too), or serves on the sockets the process before handed over
+/// (`inherited`) when they are bound to it, and serves in the background.
 pub async fn serve(
-    addr: SocketAddr,
+    config: &Config,
     inherited: Vec<std::net::TcpListener>,
-    status_from_anywhere: bool,
     limits: Limits,
-    metrics: Arc<Metrics>,
+    metrics: &Arc<Metrics>,
+    process: &Arc<ProcessState>,
 ) -> anyhow::Result<HttpServer> {
+    let (addr, status_from_anywhere) = (config.http_addr, config.status_from_anywhere);
     let same = inherited
         .first()
         .and_then(|s| s.local_addr().ok())
@@ -142,11 +146,11 @@ pub async fn serve(
         sockets.push(std::net::TcpListener::from(
             listener.as_fd().try_clone_to_owned()?,
         ));
-        let metrics = metrics.clone();
+        let (metrics, process) = (metrics.clone(), process.clone());
         tasks.push(nodus_http::serve(
             listener,
             limits.clone(),
-            move |req, client| route(&metrics, status_from_anywhere, req, client),
+            move |req, client| route(&metrics, &process, status_from_anywhere, req, client),
         ));
     }
     Ok(HttpServer {

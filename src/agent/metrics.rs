@@ -1,12 +1,13 @@
 //! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
 
 use crate::agent::board::Board;
+use crate::agent::lifecycle::ProcessState;
 use nodus_dns::metrics::DnsMetrics;
 use nodus_mesh::metrics::MeshMetrics;
 use nodus_prom::{Heartbeat, Histogram, family, sample, single};
 use nodus_proxy::metrics::ProxyMetrics;
 use nodus_view::{Counts, Kind};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +15,6 @@ use std::time::Duration;
 const APPLY_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
 pub struct Metrics {
-    pub ready: AtomicBool,
     services: AtomicU64,
     endpoint_slices: AtomicU64,
     endpoints: AtomicU64,
@@ -41,15 +41,9 @@ pub struct Metrics {
     pub mesh: Latest<MeshMetrics>,
     /// The run loop's last pass, for `/livez`.
     pub run_loop: Heartbeat,
-    /// This Node is being deleted or tainted for removal.
-    pub node_leaving: AtomicBool,
     /// Answers of `/healthz` and `/livez`: 200, then 503.
     healthz: [AtomicU64; 2],
     livez: [AtomicU64; 2],
-    /// The view is the one restored from disk, not yet replaced by the lists.
-    pub view_stale: AtomicBool,
-    /// SIGTERM came: serving out the lameduck period, not ready.
-    pub lameduck: AtomicBool,
     view_saves: AtomicU64,
     view_save_failures: AtomicU64,
     view_saved_bytes: AtomicU64,
@@ -58,7 +52,6 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
-            ready: AtomicBool::new(false),
             services: AtomicU64::new(0),
             endpoint_slices: AtomicU64::new(0),
             endpoints: AtomicU64::new(0),
@@ -77,11 +70,8 @@ impl Default for Metrics {
             status: Default::default(),
             mesh: Latest::default(),
             run_loop: Heartbeat::default(),
-            node_leaving: AtomicBool::new(false),
             healthz: Default::default(),
             livez: Default::default(),
-            view_stale: AtomicBool::new(false),
-            lameduck: AtomicBool::new(false),
             view_saves: AtomicU64::new(0),
             view_save_failures: AtomicU64::new(0),
             view_saved_bytes: AtomicU64::new(0),
@@ -196,7 +186,7 @@ impl Metrics {
         .map(|(kind, value)| (kind, value.load(Relaxed)))
     }
 
-    pub fn render(&self) -> String {
+    pub fn render(&self, process: &ProcessState) -> String {
         let mut out = String::with_capacity(4096);
         family(&mut out, "nodus_build_info", "gauge", "Build information.");
         sample(
@@ -210,7 +200,7 @@ impl Metrics {
             "nodus_ready",
             "gauge",
             "1 once every enabled subsystem applied the initial view.",
-            u8::from(self.ready.load(Relaxed)),
+            u8::from(process.is_ready()),
         );
         family(
             &mut out,
@@ -238,7 +228,7 @@ impl Metrics {
             "nodus_view_stale",
             "gauge",
             "1 while the view is the one saved before the last restart, until the API's lists replace it.",
-            u8::from(self.view_stale.load(Relaxed)),
+            u8::from(process.is_view_stale()),
         );
         single(
             &mut out,
@@ -342,7 +332,7 @@ mod tests {
         let metrics = Metrics::default();
         metrics.batch_applied(Duration::from_micros(50));
         metrics.batch_applied(Duration::from_millis(3));
-        let text = metrics.render();
+        let text = metrics.render(&ProcessState::default());
         assert!(
             text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.0001\"} 1"),
             "{text}"
@@ -359,7 +349,7 @@ mod tests {
         metrics.object_skipped(Kind::EndpointSlice);
         metrics.object_skipped(Kind::EndpointSlice);
         metrics.watch_restarted(Kind::Node);
-        let text = metrics.render();
+        let text = metrics.render(&ProcessState::default());
         assert!(
             text.contains("nodus_invalid_objects_total{kind=\"endpointslice\"} 2"),
             "{text}"
@@ -377,7 +367,7 @@ mod tests {
         metrics.proxy.set(proxy.clone());
         proxy.sync_failed("refused");
         metrics.dns.set(Arc::new(DnsMetrics::new(None)));
-        let text = metrics.render();
+        let text = metrics.render(&ProcessState::default());
         let mut families = 0;
         for line in text.lines() {
             let Some(rest) = line.strip_prefix("# TYPE ") else {

@@ -246,6 +246,7 @@ impl Saver {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::lifecycle::ProcessState;
     use nodus_view::ViewWriter;
 
     #[test]
@@ -264,7 +265,11 @@ mod tests {
             restored.bytes,
             std::fs::metadata(state.view_path()).expect("file").len()
         );
-        assert!(metrics.render().contains("nodus_view_saves_total 1"));
+        assert!(
+            metrics
+                .render(&ProcessState::default())
+                .contains("nodus_view_saves_total 1")
+        );
         let other = StateDir::new(&dir, "node-b").expect("a usable name");
         assert!(other.restore().is_none(), "another node's file is not read");
         // A view older than a day is not used; nor is one a start died reading.

@@ -4,6 +4,7 @@
 //! subsystem last synced, how long that took, and its last error.
 
 use crate::agent::board::Board;
+use crate::agent::lifecycle::ProcessState;
 use crate::agent::metrics::Metrics;
 use nodus_mesh::metrics::{MeshStatus, PeerStatus};
 use nodus_prom::Track;
@@ -11,7 +12,6 @@ use nodus_proxy::apply::RefusedPod;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn unix_ms(at: SystemTime) -> u64 {
@@ -91,7 +91,7 @@ impl Subsystem {
 }
 
 /// The status as `/status` serves it.
-pub fn status(metrics: &Metrics) -> Status {
+pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
     let board = &metrics.status;
     let setup = board.setup.get();
     let mut view = report("view", board.view.snapshot());
@@ -100,7 +100,7 @@ pub fn status(metrics: &Metrics) -> Status {
         .into_iter()
         .map(|(kind, n)| (kind.to_string(), n))
         .collect();
-    if metrics.view_stale.load(Relaxed)
+    if process.is_view_stale()
         && let Some(restored) = board.restored.get()
     {
         view.detail = Some(format!(
@@ -179,7 +179,7 @@ pub fn status(metrics: &Metrics) -> Status {
         version: env!("CARGO_PKG_VERSION").into(),
         node: setup.map(|s| s.node.clone()).unwrap_or_default(),
         started_unix_ms: unix_ms(board.started),
-        ready: metrics.ready.load(Relaxed),
+        ready: process.is_ready(),
         subsystems,
         mesh_peers,
     }

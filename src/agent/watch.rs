@@ -131,6 +131,20 @@ impl WireKind for wire::NetworkPolicy {
     }
 }
 
+impl WireKind for wire::ConfigMap {
+    const KIND: Kind = Kind::ConfigMap;
+    const GROUP: &'static str = "";
+    const VERSION: &'static str = "v1";
+    const PLURAL: &'static str = "configmaps";
+    type Labels = wire::Labels;
+    fn meta(&self) -> &wire::Meta<wire::Labels> {
+        &self.metadata
+    }
+    fn into_update(self) -> Update {
+        Update::ConfigMap(Box::new(self))
+    }
+}
+
 /// A wire object with the bit of `ObjectMeta` that kube-rs's watcher reads.
 #[derive(Clone, Debug)]
 pub struct Lean<T> {
@@ -284,6 +298,31 @@ pub struct WatchSet {
     pub namespaces: bool,
     /// Watch every Pod, Namespace and NetworkPolicy (NetworkPolicy enforcement).
     pub policy: bool,
+    /// Watch the cluster's DNS ConfigMap, `namespace/name` (its stub domains and
+    /// upstreams).
+    pub dns_config_map: Option<(String, String)>,
+}
+
+impl WatchSet {
+    /// What `config`'s subsystems need, on the node `node_name`.
+    pub fn of(config: &crate::config::Config, node_name: &str) -> WatchSet {
+        let dns = config.dns.enabled;
+        WatchSet {
+            page_size: config.watch_page_size,
+            all_nodes: config.mesh.enabled,
+            node_name: node_name.to_string(),
+            // The proxy drops their unallocated addresses; DNS answers their reverse names.
+            service_cidrs: config.proxy.enabled || dns,
+            local_pods: dns && config.dns.autopath,
+            namespaces: dns,
+            policy: config.policy.enabled,
+            dns_config_map: config
+                .dns
+                .config_map()
+                .filter(|_| dns)
+                .map(|(namespace, name)| (namespace.to_string(), name.to_string())),
+        }
+    }
 }
 
 /// Pods come in pages of at most this many: a Pod is ten times the size of the other
@@ -483,8 +522,25 @@ pub fn watch_all(
     if set.service_cidrs {
         kinds.push(Kind::ServiceCidr);
         streams.push(
-            kind_stream::<wire::ServiceCidr>(Api::all(client.clone()), config, Presence::Optional)
-                .boxed(),
+            kind_stream::<wire::ServiceCidr>(
+                Api::all(client.clone()),
+                config.clone(),
+                Presence::Optional,
+            )
+            .boxed(),
+        );
+    }
+    if let Some((namespace, name)) = &set.dns_config_map {
+        // A missing ConfigMap, or one nodus may not read, leaves forwarding as configured.
+        kinds.push(Kind::ConfigMap);
+        let one = config.fields(&format!("metadata.name={name}"));
+        streams.push(
+            kind_stream::<wire::ConfigMap>(
+                Api::namespaced_with(client.clone(), namespace, &()),
+                one,
+                Presence::Optional,
+            )
+            .boxed(),
         );
     }
     (stream::select_all(streams), kinds)

@@ -121,6 +121,7 @@ fn get_status(addr: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
 mod tests {
     use super::*;
     use crate::agent::board::Setup;
+    use crate::agent::lifecycle::ProcessState;
     use crate::agent::metrics::Metrics;
     use crate::agent::status::status;
     use nodus_mesh::metrics::MeshMetrics;
@@ -141,7 +142,10 @@ mod tests {
         let mesh = Arc::new(MeshMetrics::default());
         metrics.mesh.set(mesh.clone());
         mesh.synced(Duration::from_millis(4), 2, true, 2, 3);
-        let text = render(&status(&metrics), SystemTime::now());
+        let text = render(
+            &status(&metrics, &ProcessState::default()),
+            SystemTime::now(),
+        );
         assert!(
             text.contains("mesh       synced     2 peers, 0 recent handshakes, 3 routes"),
             "{text}"
@@ -150,12 +154,21 @@ mod tests {
         assert!(text.contains("the mesh's egress masquerade"), "{text}");
         std::thread::sleep(Duration::from_millis(2));
         mesh.sync_failed(&"setting the link up: Operation not permitted");
-        let text = render(&status(&metrics), SystemTime::now());
+        let text = render(
+            &status(&metrics, &ProcessState::default()),
+            SystemTime::now(),
+        );
         assert!(text.contains("mesh       NOT SYNCED"), "{text}");
         assert!(text.contains("mesh: last error"), "{text}");
         std::thread::sleep(Duration::from_millis(2));
         mesh.synced(Duration::from_millis(1), 0, false, 2, 3);
-        assert!(render(&status(&metrics), SystemTime::now()).contains("mesh       synced"));
+        assert!(
+            render(
+                &status(&metrics, &ProcessState::default()),
+                SystemTime::now()
+            )
+            .contains("mesh       synced")
+        );
     }
 
     #[test]
@@ -177,7 +190,10 @@ mod tests {
         let proxy = Arc::new(ProxyMetrics::default());
         metrics.proxy.set(proxy.clone());
         proxy.sync_failed("the kernel refused the batch");
-        let text = render(&status(&metrics), SystemTime::now());
+        let text = render(
+            &status(&metrics, &ProcessState::default()),
+            SystemTime::now(),
+        );
         assert!(text.contains("on node node-1"), "{text}");
         assert!(text.contains("NOT READY"), "{text}");
         for line in [

@@ -13,7 +13,7 @@
 
 use anyhow::{Context, bail};
 use nodus_proxy::apply::Proxy;
-use nodus_proxy::plan::{EndpointKeys, Planner, ProxyConfig, render};
+use nodus_proxy::plan::{EndpointKeys, Planner, ProxySettings, render};
 use nodus_testbed::bench::KernelMemory;
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, Shape};
@@ -71,7 +71,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
             // The thread ends when the closure returns, which takes it out of the cgroup.
             kernel_memory.join()?;
             let before = kernel_memory.bytes()?;
-            let mut proxy = Proxy::new(ProxyConfig::default())?;
+            let mut proxy = Proxy::new(ProxySettings::default())?;
             let start = Instant::now();
             let report = proxy.full_sync(&view)?;
             let cold = start.elapsed();
@@ -108,7 +108,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
     // A restart: a new applier adopts the table (it reads back the key blocks and
     // elements in place and sends only what differs).
     let restart = ns.enter(|| -> anyhow::Result<Duration> {
-        let mut proxy = Proxy::new(ProxyConfig::default())?;
+        let mut proxy = Proxy::new(ProxySettings::default())?;
         let start = Instant::now();
         let report = proxy.full_sync(&view)?;
         anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
@@ -117,7 +117,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
 
     // What the `nft` binary costs for the same ruleset, where that stays affordable.
     let nft_file = if services <= 1000 {
-        let planner = Planner::new(&view, &ProxyConfig::default());
+        let planner = Planner::new(&view, &ProxySettings::default());
         let text = render(
             &planner.skeleton(),
             planner.services(&mut EndpointKeys::new()),

@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod config;
 pub mod decode;
 pub mod intern;
 pub mod model;

@@ -145,6 +145,14 @@ impl Serialize for Cidr {
     }
 }
 
+/// Read as written in the configuration: `10.244.0.0/16`.
+impl<'de> serde::Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub enum ServiceType {
     #[default]

@@ -29,10 +29,12 @@ pub enum Kind {
     Pod,
     Namespace,
     NetworkPolicy,
+    /// The cluster's DNS ConfigMap, and only it.
+    ConfigMap,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Service,
         Kind::EndpointSlice,
         Kind::Node,
@@ -40,6 +42,7 @@ impl Kind {
         Kind::Pod,
         Kind::Namespace,
         Kind::NetworkPolicy,
+        Kind::ConfigMap,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -51,6 +54,7 @@ impl Kind {
             Kind::Pod => "Pod",
             Kind::Namespace => "Namespace",
             Kind::NetworkPolicy => "NetworkPolicy",
+            Kind::ConfigMap => "ConfigMap",
         }
     }
 
@@ -70,6 +74,7 @@ pub enum Update {
     Pod(Box<wire::Pod>),
     Namespace(Box<wire::Namespace>),
     NetworkPolicy(Box<wire::NetworkPolicy>),
+    ConfigMap(Box<wire::ConfigMap>),
     Deleted {
         kind: Kind,
         namespace: String,
@@ -116,6 +121,8 @@ pub struct ChangeSet {
     /// The pods of this node (by key) whose NetworkPolicy verdicts may have changed: with
     /// a policy, a namespace's labels, or a pod's addresses, labels or named ports.
     pub policy_pods: BTreeSet<u64>,
+    /// The cluster's DNS ConfigMap came, changed or went.
+    pub dns_config_map: bool,
 }
 
 /// Trigger times kept per batch: a relist changes thousands of slices, and a sample
@@ -128,6 +135,7 @@ impl ChangeSet {
             && self.nodes.is_empty()
             && !self.this_node
             && !self.service_cidrs
+            && !self.dns_config_map
             && self.policy_pods.is_empty()
     }
 }
@@ -210,6 +218,10 @@ pub struct View {
     namespaces: HashMap<Sym, u32>,
     pods: pods::LocalPods,
     policy: PolicyState,
+    /// The cluster's DNS ConfigMap's upstreams and stub domains, when it is watched and
+    /// exists. Not saved with the view: a restored view forwards as configured until
+    /// the list brings it.
+    dns_config_map: Option<wire::DnsConfigMap>,
 }
 
 fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
@@ -238,6 +250,7 @@ impl View {
             namespaces: HashMap::new(),
             pods: pods::LocalPods::default(),
             policy: PolicyState::default(),
+            dns_config_map: None,
         }
     }
 
@@ -404,6 +417,11 @@ impl View {
                 ),
                 Update::NetworkPolicy(policy) => {
                     self.upsert_policy(*policy, &mut report.changes.policy_pods)
+                }
+                Update::ConfigMap(map) => {
+                    self.seen(Kind::ConfigMap, "", &map.metadata.name);
+                    self.set_dns_config_map(Some(map.data), &mut report.changes);
+                    Ok(())
                 }
                 Update::Deleted {
                     kind,
@@ -949,7 +967,21 @@ impl View {
                 self.policy
                     .remove_policy(key, &mut self.strings, &mut changes.policy_pods);
             }
+            Kind::ConfigMap => self.set_dns_config_map(None, changes),
         }
+    }
+
+    fn set_dns_config_map(&mut self, map: Option<wire::DnsConfigMap>, changes: &mut ChangeSet) {
+        if self.dns_config_map != map {
+            self.dns_config_map = map;
+            changes.dns_config_map = true;
+        }
+    }
+
+    /// The cluster's DNS ConfigMap's upstreams and stub domains, if it is watched and
+    /// exists.
+    pub fn dns_config_map(&self) -> Option<&wire::DnsConfigMap> {
+        self.dns_config_map.as_ref()
     }
 
     fn delete_service(&mut self, namespace: &str, name: &str, changes: &mut ChangeSet) {
@@ -1103,6 +1135,12 @@ impl View {
                 self.policy
                     .retain_policies(&seen, &mut self.strings, &mut changes.policy_pods);
             }
+            // One object at most, under the one name the watch selects.
+            Kind::ConfigMap => {
+                if seen.is_empty() {
+                    self.set_dns_config_map(None, changes);
+                }
+            }
         }
     }
 }
@@ -1117,6 +1155,7 @@ fn update_key(update: &Update) -> Option<u64> {
         Update::Pod(p) => return Some(meta_key(Kind::Pod, &p.metadata)),
         Update::Namespace(n) => return Some(meta_key(Kind::Namespace, &n.metadata)),
         Update::NetworkPolicy(p) => (Kind::NetworkPolicy, &p.metadata),
+        Update::ConfigMap(m) => (Kind::ConfigMap, &m.metadata),
         Update::Deleted {
             kind,
             namespace,

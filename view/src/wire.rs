@@ -571,6 +571,27 @@ pub struct Namespace {
     pub metadata: Meta<LabelMap>,
 }
 
+/// The cluster's DNS ConfigMap (`kube-system/kube-dns`): only its `data` matters, and of
+/// it only what kube-dns reads ([`DnsConfigMap`]).
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+pub struct ConfigMap {
+    #[serde(default)]
+    pub metadata: Meta,
+    #[serde(default, deserialize_with = "null_default")]
+    pub data: DnsConfigMap,
+}
+
+/// What kube-dns and NodeLocal DNSCache read from their ConfigMap, as written there
+/// (JSON texts); every other key is skipped while decoding.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct DnsConfigMap {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_nameservers: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stub_domains: Option<String>,
+}
+
 /// A `networking.k8s.io/v1` NetworkPolicy.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 pub struct NetworkPolicy {

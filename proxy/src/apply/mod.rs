@@ -32,7 +32,7 @@ pub use policy::RefusedPod;
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxyConfig, ServicePlan, Skeleton, TABLE, UdpFlows,
+    ProxySettings, ServicePlan, Skeleton, TABLE, UdpFlows,
 };
 use udp::StaleFlows;
 
@@ -170,7 +170,7 @@ struct Expected {
 
 /// The applier of the service proxy for one network namespace.
 pub struct Proxy {
-    config: ProxyConfig,
+    config: ProxySettings,
     socket: Socket,
     /// What was last committed per service, by [`service_key`]: a hash, so that the map
     /// holds no strings.
@@ -201,7 +201,7 @@ pub struct Proxy {
 impl Proxy {
     /// Opens the nf_tables socket in the calling thread's network namespace; nothing is
     /// programmed until the first [`Proxy::full_sync`].
-    pub fn new(config: ProxyConfig) -> Result<Proxy, Error> {
+    pub fn new(config: ProxySettings) -> Result<Proxy, Error> {
         Ok(Proxy {
             config,
             socket: Socket::open().map_err(Error::Open)?,

@@ -29,7 +29,7 @@ pub enum TableScope {
 /// to the cluster chain of an external address under the Local policy (F.45).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
 pub enum LocalDetector {
-    /// Sources in [`ProxyConfig::cluster_cidrs`], or without them in this node's pod CIDRs.
+    /// Sources in [`ProxySettings::cluster_cidrs`], or without them in this node's pod CIDRs.
     #[default]
     ClusterCidr,
     /// Sources in this node's pod CIDRs, whatever `cluster_cidrs` says.
@@ -49,13 +49,13 @@ pub enum NodePortAddresses {
     #[default]
     Primary,
     /// Every address of this host's interfaces inside one of the ranges (`0.0.0.0/0`:
-    /// all of them), loopback excepted ([`ProxyConfig::interface_addresses`]).
+    /// all of them), loopback excepted ([`ProxySettings::interface_addresses`]).
     Cidrs(Vec<Cidr>),
 }
 
 /// How the proxy is set up; the equivalent of kube-proxy's flags that nodus keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProxyConfig {
+pub struct ProxySettings {
     /// The whole proxy, or the egress masquerade alone.
     pub scope: TableScope,
     /// Pod address ranges of the whole cluster: traffic from them is "local" to the
@@ -99,9 +99,9 @@ pub struct LocalDns {
     pub port: u16,
 }
 
-impl Default for ProxyConfig {
-    fn default() -> ProxyConfig {
-        ProxyConfig {
+impl Default for ProxySettings {
+    fn default() -> ProxySettings {
+        ProxySettings {
             scope: TableScope::Services,
             cluster_cidrs: Vec::new(),
             masquerade_mark: DEFAULT_MASQUERADE_MARK,
@@ -151,7 +151,7 @@ pub struct NodeFacts {
 }
 
 impl NodeFacts {
-    pub fn new(view: &View, config: &ProxyConfig) -> NodeFacts {
+    pub fn new(view: &View, config: &ProxySettings) -> NodeFacts {
         let this_node = view.this_node();
         let node_port_ips = match &config.node_port_addresses {
             NodePortAddresses::Primary => this_node

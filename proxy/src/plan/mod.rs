@@ -31,7 +31,7 @@ mod tests;
 
 pub use config::{
     DEFAULT_MASQUERADE_MARK, LocalDetector, LocalDns, NodeFacts, NodePortAddresses, PodInterface,
-    ProxyConfig, TableScope,
+    ProxySettings, TableScope,
 };
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
@@ -59,7 +59,7 @@ pub struct Planner<'v> {
 }
 
 impl<'v> Planner<'v> {
-    pub fn new(view: &'v View, config: &ProxyConfig) -> Planner<'v> {
+    pub fn new(view: &'v View, config: &ProxySettings) -> Planner<'v> {
         Planner {
             view,
             facts: NodeFacts::new(view, config),

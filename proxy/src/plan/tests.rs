@@ -114,12 +114,12 @@ fn view(updates: impl IntoIterator<Item = Update>) -> View {
     view
 }
 
-fn plan_with(view: &View, config: &ProxyConfig, name: &str) -> ServicePlan {
+fn plan_with(view: &View, config: &ProxySettings, name: &str) -> ServicePlan {
     Planner::new(view, config).service("default", name, &mut EndpointKeys::new().lease(&[]))
 }
 
 fn plan(view: &View, name: &str) -> ServicePlan {
-    plan_with(view, &ProxyConfig::default(), name)
+    plan_with(view, &ProxySettings::default(), name)
 }
 
 /// The data of the element with key `key` in `kind`/`family`, as nft prints it
@@ -210,14 +210,14 @@ fn count_chains(plan: &ServicePlan, prefix: &str) -> usize {
 }
 
 /// `default/kube-dns` is the cluster DNS, answered by this node's listener on port 5353.
-fn local_dns_config() -> ProxyConfig {
-    ProxyConfig {
+fn local_dns_config() -> ProxySettings {
+    ProxySettings {
         local_dns: Some(LocalDns {
             namespace: "default".into(),
             name: "kube-dns".into(),
             port: 5353,
         }),
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     }
 }
 
@@ -234,7 +234,7 @@ fn a1_services_of_another_proxy_are_skipped() {
     let view = view([this_node(), labelled, http_slice("web", &two_endpoints())]);
     assert!(plan(&view, "web").is_empty());
     assert_eq!(
-        Planner::new(&view, &ProxyConfig::default())
+        Planner::new(&view, &ProxySettings::default())
             .services(&mut EndpointKeys::new())
             .count(),
         0
@@ -316,7 +316,7 @@ fn c24_active_cluster_ips_reject_undefined_ports() {
         v4(&plan(&view, "web"), SharedKind::ClusterIps, "10.96.0.10").as_deref(),
         Some("")
     );
-    let skeleton = Planner::new(&view, &ProxyConfig::default()).skeleton();
+    let skeleton = Planner::new(&view, &ProxySettings::default()).skeleton();
     let text = render(&skeleton, []);
     assert!(text.contains("ip daddr @cluster-ips-v4 reject with icmpx port-unreachable"));
     assert!(
@@ -328,7 +328,7 @@ fn c24_active_cluster_ips_reject_undefined_ports() {
 fn c25_unallocated_addresses_of_service_cidrs_are_dropped() {
     let without = view([this_node(), service("web", json!({}), json!({}))]);
     let text = render(
-        &Planner::new(&without, &ProxyConfig::default()).skeleton(),
+        &Planner::new(&without, &ProxySettings::default()).skeleton(),
         [],
     );
     assert!(
@@ -341,7 +341,7 @@ fn c25_unallocated_addresses_of_service_cidrs_are_dropped() {
         service_cidr("kubernetes", json!(["10.96.0.0/16", "fd00:96::/112"])),
         service_cidr("extra", json!(["10.97.0.0/16"])),
     ]);
-    let planner = Planner::new(&with, &ProxyConfig::default());
+    let planner = Planner::new(&with, &ProxySettings::default());
     let text = render(&planner.skeleton(), []);
     // After the reject of undefined ports: an allocated address is not dropped.
     assert!(
@@ -354,7 +354,7 @@ fn c25_unallocated_addresses_of_service_cidrs_are_dropped() {
         "{text}"
     );
     // Only the skeleton reads them: a change needs no full sync.
-    let before = Planner::new(&without, &ProxyConfig::default())
+    let before = Planner::new(&without, &ProxySettings::default())
         .facts()
         .clone();
     assert!(before.differs_only_in_skeleton(planner.facts()));
@@ -427,7 +427,7 @@ fn d27_hairpin_traffic_is_masqueraded() {
         hairpin[0].to_string(),
         "10.244.1.5 . 10.244.1.5 . 10.96.0.10"
     );
-    let skeleton = Planner::new(&view, &ProxyConfig::default()).skeleton();
+    let skeleton = Planner::new(&view, &ProxySettings::default()).skeleton();
     let masquerading = render(&skeleton, []);
     assert!(masquerading.contains(
         "\t\tip saddr . ip daddr . ct original ip daddr @hairpin-v4 \
@@ -481,9 +481,9 @@ fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
         "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 ip saddr != @pod-cidrs-v4 \
          jump mark-for-masquerade"
     );
-    let all = ProxyConfig {
+    let all = ProxySettings {
         masquerade_all: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     assert_eq!(
         rules(&plan_with(&detected, &all, "web"), "service-")[0],
@@ -494,9 +494,9 @@ fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
     let service_rules = rules(&plan(&undetected, "web"), "service-");
     assert_eq!(service_rules.len(), 1, "{service_rules:?}");
     // Configured cluster CIDRs replace the node's.
-    let configured = ProxyConfig {
+    let configured = ProxySettings {
         cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let skeleton = Planner::new(&undetected, &configured).skeleton();
     assert!(
@@ -509,9 +509,9 @@ fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
 #[test]
 fn d30_masquerading_uses_the_mark_bit() {
     let view = view([this_node()]);
-    let config = ProxyConfig {
+    let config = ProxySettings {
         masquerade_mark: 0x8000,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let text = render(&Planner::new(&view, &config).skeleton(), []);
     for line in [
@@ -560,7 +560,7 @@ fn d31_e33_node_port_under_cluster_policy_is_masqueraded() {
 #[test]
 fn e34_e35_node_ports_are_served_on_primary_ips_only() {
     let view = view([this_node()]);
-    let skeleton = Planner::new(&view, &ProxyConfig::default()).skeleton();
+    let skeleton = Planner::new(&view, &ProxySettings::default()).skeleton();
     let text = render(&skeleton, []);
     assert!(
         text.contains("set nodeport-ips-v4 {\n\t\ttype ipv4_addr\n\t\telements = { 192.168.0.10 }")
@@ -912,7 +912,7 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
         "one service chain per port"
     );
     let text = render(
-        &Planner::new(&view, &ProxyConfig::default()).skeleton(),
+        &Planner::new(&view, &ProxySettings::default()).skeleton(),
         [plan],
     );
     assert!(text.contains("meta l4proto udp dnat ip addr . port to numgen"));
@@ -995,7 +995,7 @@ fn cold_start_packs_services_into_bounded_batches() {
         updates.push(http_slice(&name, &two_endpoints()));
     }
     let view = view(updates);
-    let planner = Planner::new(&view, &ProxyConfig::default());
+    let planner = Planner::new(&view, &ProxySettings::default());
     let mut keys = EndpointKeys::new();
     let batches: Vec<_> =
         cold_start(&planner.skeleton(), planner.services(&mut keys), 40).collect();
@@ -1083,9 +1083,9 @@ fn egress_from_pods_to_outside_the_cluster_is_masqueraded_with_the_mesh() {
         json!(["10.244.2.0/24"]),
     );
     let view = view([this_node(), other]);
-    let egress = ProxyConfig {
+    let egress = ProxySettings {
         egress_masquerade: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let text = render(&Planner::new(&view, &egress).skeleton(), []);
     assert!(
@@ -1099,7 +1099,10 @@ fn egress_from_pods_to_outside_the_cluster_is_masqueraded_with_the_mesh() {
         text.contains("elements = { 10.244.1.0-10.244.2.255 }"),
         "{text}"
     );
-    let without = render(&Planner::new(&view, &ProxyConfig::default()).skeleton(), []);
+    let without = render(
+        &Planner::new(&view, &ProxySettings::default()).skeleton(),
+        [],
+    );
     assert!(!without.contains("cluster-cidrs"), "{without}");
 
     // A Node joining changes only the egress ranges: no full sync is needed.
@@ -1135,10 +1138,10 @@ fn with_the_proxy_off_the_table_carries_only_the_egress_masquerade() {
         other,
         service("web", json!({"clusterIP": "10.96.0.10"}), json!({})),
     ]);
-    let egress_only = ProxyConfig {
+    let egress_only = ProxySettings {
         scope: TableScope::EgressOnly,
         egress_masquerade: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let planner = Planner::new(&view, &egress_only);
     let mut keys = EndpointKeys::new();
@@ -1215,7 +1218,7 @@ fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
         Some("goto reject-chain")
     );
     assert!(
-        plan_with(&view, &ProxyConfig::default(), "kube-dns")
+        plan_with(&view, &ProxySettings::default(), "kube-dns")
             .chains
             .iter()
             .all(|chain| chain
@@ -1288,9 +1291,9 @@ fn the_tracer_says_when_a_shared_address_fails_closed() {
             .expect("test policy"),
         ))
     };
-    let config = ProxyConfig {
+    let config = ProxySettings {
         network_policy: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     let trace = |view: &View| {
         Planner::new(view, &config).trace(Packet {

@@ -12,7 +12,7 @@ struct Flows<'v> {
 }
 
 impl<'v> Flows<'v> {
-    fn new(view: &'v View, config: &ProxyConfig) -> Flows<'v> {
+    fn new(view: &'v View, config: &ProxySettings) -> Flows<'v> {
         Flows {
             planner: Planner::new(view, config),
         }
@@ -142,7 +142,7 @@ fn every_kind_of_service_as_the_checklist_says() {
     let both = "10.244.1.5:8080, 10.244.2.5:8080";
     let both_masq = "10.244.1.5:8080 masq, 10.244.2.5:8080 masq";
     let view = cluster();
-    let flows = Flows::new(&view, &ProxyConfig::default());
+    let flows = Flows::new(&view, &ProxySettings::default());
     flows.check(&[
         (
             "C.21 pod to ClusterIP",
@@ -350,7 +350,7 @@ fn every_kind_of_service_as_the_checklist_says() {
 #[test]
 fn a_trace_names_every_rule_it_matched() {
     let view = cluster();
-    let flows = Flows::new(&view, &ProxyConfig::default());
+    let flows = Flows::new(&view, &ProxySettings::default());
     let trace = flows.trace(Entry::Outside, "198.18.0.1", "tcp", "198.51.100.5:80");
     let text = trace.to_string();
     for expected in [
@@ -381,9 +381,9 @@ fn options_and_special_services_change_the_flows() {
     let view = cluster();
     let all = Flows::new(
         &view,
-        &ProxyConfig {
+        &ProxySettings {
             masquerade_all: true,
-            ..ProxyConfig::default()
+            ..ProxySettings::default()
         },
     );
     all.check(&[(
@@ -469,9 +469,9 @@ fn the_local_traffic_detector_by_interface() {
         LocalDetector::InterfaceNamePrefix("veth".into()),
         LocalDetector::BridgeInterface("cni0".into()),
     ] {
-        let config = ProxyConfig {
+        let config = ProxySettings {
             local_detector: detector.clone(),
-            ..ProxyConfig::default()
+            ..ProxySettings::default()
         };
         let flows = Flows::new(&view, &config);
         flows.check(&[
@@ -516,7 +516,7 @@ fn the_local_traffic_detector_by_interface() {
         );
     }
     // By CIDR, the same pod is not one, and is masqueraded.
-    Flows::new(&view, &ProxyConfig::default()).check(&[(
+    Flows::new(&view, &ProxySettings::default()).check(&[(
         "D.29 by CIDR",
         Pod,
         "10.50.0.9",
@@ -532,7 +532,7 @@ fn the_local_traffic_detector_by_interface() {
 fn localhost_node_ports_are_for_this_host_only() {
     use Entry::{Host, Outside};
     let view = cluster();
-    Flows::new(&view, &ProxyConfig::default()).check(&[(
+    Flows::new(&view, &ProxySettings::default()).check(&[(
         "E.35 off",
         Host,
         "127.0.0.1",
@@ -540,9 +540,9 @@ fn localhost_node_ports_are_for_this_host_only() {
         "127.0.0.1:30080",
         "127.0.0.1:30080",
     )]);
-    let config = ProxyConfig {
+    let config = ProxySettings {
         localhost_node_ports: true,
-        ..ProxyConfig::default()
+        ..ProxySettings::default()
     };
     Flows::new(&view, &config).check(&[
         (

@@ -1,13 +1,19 @@
-//! The mesh inside `nodus run`: a task that re-plans from the view after every batch that
+//! The mesh inside `nodus run` ([`start`]): a task that re-plans from the view after every batch that
 //! the watch loop applied, syncs the kernel, polls the device for the metrics (and to
 //! repair outside changes), and publishes our annotations when the Node lacks them. The
 //! run loop drives it through [`MeshSubsystem`].
 
-use crate::agent::{Mesh, Poll};
+use crate::Error;
+use crate::apply::{Mesh, Poll};
+use crate::config::Config;
+use crate::metrics::MeshMetrics;
 use crate::plan::{self, needs_publish, own_annotations};
 use crate::publish::publish;
+use nodus_view::config::Cluster;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -17,6 +23,21 @@ pub const POLL_PERIOD: Duration = Duration::from_secs(10);
 
 type Annotations = BTreeMap<&'static str, String>;
 
+/// The mesh's front door: opens the WireGuard device as `config` says (adopting a
+/// running one) and starts the task that keeps it in step with `view`.
+/// `policy_socket`: the isolation gate nodus-cni waits on, written in the conflist.
+pub async fn start(
+    config: &Config,
+    cluster: &Cluster,
+    policy_socket: Option<&Path>,
+    view: ViewReader,
+    client: kube::Client,
+) -> Result<MeshSubsystem, Error> {
+    let metrics = Arc::new(MeshMetrics::default());
+    let mesh = Mesh::start(config.settings(cluster, policy_socket), metrics.clone()).await?;
+    Ok(MeshSubsystem::spawn(mesh, view, client, metrics))
+}
+
 /// The mesh as the run loop sees it: a poke to its task after every batch that touched a
 /// Node. Dropping it ends the task.
 pub struct MeshSubsystem {
@@ -24,12 +45,18 @@ pub struct MeshSubsystem {
     task: JoinHandle<()>,
     /// The device is the embedded one, which the kernel deletes when nodus exits.
     pub device_ends_with_process: bool,
+    pub metrics: Arc<MeshMetrics>,
 }
 
 impl MeshSubsystem {
     /// Starts the mesh's task (inside a tokio runtime). It programs nothing before the
     /// first batch after the view is complete.
-    pub fn spawn(mesh: Mesh, view: ViewReader, client: kube::Client) -> MeshSubsystem {
+    fn spawn(
+        mesh: Mesh,
+        view: ViewReader,
+        client: kube::Client,
+        metrics: Arc<MeshMetrics>,
+    ) -> MeshSubsystem {
         let device_ends_with_process = mesh.device_ends_with_process();
         let (changed, view_changed) = watch::channel(());
         let task = tokio::spawn(follow(mesh, view, client, view_changed));
@@ -37,6 +64,7 @@ impl MeshSubsystem {
             changed,
             task,
             device_ends_with_process,
+            metrics,
         }
     }
 }

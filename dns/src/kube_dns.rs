@@ -1,16 +1,13 @@
 //! The cluster's DNS ConfigMap (`kube-system/kube-dns` by default), read as kube-dns and
 //! NodeLocal DNSCache read it: `stubDomains` (JSON, zone → nameservers) add stub domains
 //! beside `dns.forward_zones`, which win for the same zone; `upstreamNameservers` (a JSON
-//! list) replace the resolv.conf's upstreams. A ConfigMap that is missing, deleted or that
-//! the API does not let nodus read leaves the configuration as it is; one that does not
-//! read is reported and its last good version kept.
+//! list) replace the resolv.conf's upstreams. The agent's one watch pipeline brings it
+//! into the view; [`ConfigMapRoutes`] follows it there. A ConfigMap that is missing,
+//! deleted or that the API does not let nodus read leaves the configuration as it is; one
+//! that does not read is reported and its last good version kept.
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::Api;
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use nodus_dns::forward::{Forwarder, Name, stub_domain, upstream_address};
+use crate::forward::{Forwarder, Name, stub_domain, upstream_address};
+use nodus_view::wire::DnsConfigMap;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,11 +24,11 @@ pub struct Routes {
     pub zones: Vec<(Name, Vec<SocketAddr>)>,
 }
 
-/// What a ConfigMap's `data` asks for: its upstreams (empty: keep the resolv.conf's) and
-/// its stub domains. Stub domains in `cluster_domain` are refused: the view answers it.
-pub fn read(data: &BTreeMap<String, String>, cluster_domain: &str) -> Result<Routes, String> {
+/// What a ConfigMap asks for: its upstreams (empty: keep the resolv.conf's) and its stub
+/// domains. Stub domains in `cluster_domain` are refused: the view answers it.
+pub fn read(map: &DnsConfigMap, cluster_domain: &str) -> Result<Routes, String> {
     let mut routes = Routes::default();
-    if let Some(text) = data.get("upstreamNameservers") {
+    if let Some(text) = &map.upstream_nameservers {
         let listed: Vec<String> = serde_json::from_str(text)
             .map_err(|error| format!("upstreamNameservers is not a JSON list: {error}"))?;
         if listed.len() > MAX_UPSTREAMS {
@@ -46,7 +43,7 @@ pub fn read(data: &BTreeMap<String, String>, cluster_domain: &str) -> Result<Rou
             .collect::<Result<_, _>>()
             .map_err(|error| format!("upstreamNameservers: {error}"))?;
     }
-    if let Some(text) = data.get("stubDomains") {
+    if let Some(text) = &map.stub_domains {
         let stubs: BTreeMap<String, Vec<String>> = serde_json::from_str(text)
             .map_err(|error| format!("stubDomains is not a JSON object of lists: {error}"))?;
         if stubs.len() > MAX_STUB_DOMAINS {
@@ -84,57 +81,43 @@ pub fn merge(base: &Routes, from_map: &Routes) -> Routes {
     Routes { upstreams, zones }
 }
 
-/// Follows the ConfigMap `namespace/name` for as long as it runs, giving `forwarder` the
-/// routes of `base` with the ConfigMap's laid over.
-pub async fn follow(
-    client: kube::Client,
-    (namespace, name): (String, String),
-    cluster_domain: String,
+/// A forwarder's routes following the cluster's DNS ConfigMap in the view: those of the
+/// configuration (`base`) with the ConfigMap's laid over.
+pub struct ConfigMapRoutes {
     forwarder: Arc<Forwarder>,
     base: Routes,
-) {
-    let api: Api<ConfigMap> = Api::namespaced(client, &namespace);
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = std::pin::pin!(watcher::watcher(api, config).default_backoff());
-    let mut current = base.clone();
-    let mut found_in_list = false;
-    let mut refused_logged = false;
-    while let Some(event) = events.next().await {
-        let data = match event {
-            Ok(Event::Init) => {
-                found_in_list = false;
-                continue;
-            }
-            Ok(Event::InitApply(map)) => {
-                found_in_list = true;
-                map.data.unwrap_or_default()
-            }
-            Ok(Event::Apply(map)) => map.data.unwrap_or_default(),
-            Ok(Event::InitDone) if found_in_list => continue,
-            Ok(Event::InitDone | Event::Delete(_)) => BTreeMap::new(),
-            Err(error) => {
-                if !refused_logged {
-                    tracing::warn!(configmap = %format!("{namespace}/{name}"), %error,
-                        "cannot read the cluster's DNS ConfigMap; its stub domains and upstreams are not used");
-                    refused_logged = true;
-                }
-                continue;
-            }
-        };
-        refused_logged = false;
-        let wanted = match read(&data, &cluster_domain) {
-            Ok(from_map) => merge(&base, &from_map),
-            Err(error) => {
-                tracing::warn!(configmap = %format!("{namespace}/{name}"), %error,
+    current: Routes,
+    cluster_domain: String,
+}
+
+impl ConfigMapRoutes {
+    pub fn new(forwarder: Arc<Forwarder>, base: Routes, cluster_domain: &str) -> ConfigMapRoutes {
+        ConfigMapRoutes {
+            forwarder,
+            current: base.clone(),
+            base,
+            cluster_domain: cluster_domain.to_string(),
+        }
+    }
+
+    /// Gives the forwarder the routes `map` (the ConfigMap as the view holds it, or none)
+    /// asks for, if they differ from what it has.
+    pub fn follow(&mut self, map: Option<&DnsConfigMap>) {
+        let wanted = match map.map(|map| read(map, &self.cluster_domain)) {
+            None => self.base.clone(),
+            Some(Ok(from_map)) => merge(&self.base, &from_map),
+            Some(Err(error)) => {
+                tracing::warn!(%error,
                     "the cluster's DNS ConfigMap does not read; its last good version stays");
-                continue;
+                return;
             }
         };
-        if wanted != current {
+        if wanted != self.current {
             tracing::info!(upstreams = ?wanted.upstreams, stub_domains = wanted.zones.len(),
                 "forwarding follows the cluster's DNS ConfigMap");
-            forwarder.set_upstreams(&wanted.upstreams, &wanted.zones);
-            current = wanted;
+            self.forwarder
+                .set_upstreams(&wanted.upstreams, &wanted.zones);
+            self.current = wanted;
         }
     }
 }
@@ -143,11 +126,16 @@ pub async fn follow(
 mod tests {
     use super::*;
 
-    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+    fn data(pairs: &[(&str, &str)]) -> DnsConfigMap {
+        let mut map = DnsConfigMap::default();
+        for (key, value) in pairs {
+            match *key {
+                "upstreamNameservers" => map.upstream_nameservers = Some(value.to_string()),
+                "stubDomains" => map.stub_domains = Some(value.to_string()),
+                other => panic!("kube-dns reads no {other}"),
+            }
+        }
+        map
     }
 
     fn addrs(list: &[&str]) -> Vec<SocketAddr> {
