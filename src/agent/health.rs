@@ -6,8 +6,8 @@
 //!   than kube-proxy's health timeout, and this Node is not on its way out (being deleted,
 //!   or tainted by the cluster autoscaler), so that load balancers drain it first.
 
-use crate::agent::lifecycle::ProcessState;
 use crate::agent::metrics::Metrics;
+use crate::agent::process::ProcessState;
 use nodus_proxy::metrics::HEALTH_TIMEOUT;
 use std::time::Duration;
 

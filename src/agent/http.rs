@@ -3,8 +3,8 @@
 //! the API's messages), so it answers loopback only unless the configuration opens it.
 
 use crate::agent::health;
-use crate::agent::lifecycle::ProcessState;
 use crate::agent::metrics::Metrics;
+use crate::agent::process::ProcessState;
 use crate::config::Config;
 use anyhow::Context;
 use hyper::{Method, Request, Response, StatusCode, body::Incoming};

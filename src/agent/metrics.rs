@@ -1,7 +1,7 @@
 //! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
 
 use crate::agent::board::Board;
-use crate::agent::lifecycle::ProcessState;
+use crate::agent::process::ProcessState;
 use nodus_dns::metrics::DnsMetrics;
 use nodus_mesh::metrics::MeshMetrics;
 use nodus_prom::{Heartbeat, Histogram, family, sample, single};

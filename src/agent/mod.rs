@@ -3,8 +3,8 @@
 //! The watch streams ([`watch`]) feed the view ([`feed`]); after every batch the run loop
 //! hands the view and what the batch did to each subsystem ([`subsystems`]) through one
 //! contract ([`nodus_view::Subsystem`]): the proxy, DNS, the mesh and an `--on-change`
-//! backend. The node is ready when every subsystem is. [`lifecycle`] holds the process's
-//! state and how it ends; [`http`] serves `/healthz`, `/readyz`, `/metrics` ([`metrics`])
+//! backend. The node is ready when every subsystem is. [`process`] holds the process's
+//! state and [`lifecycle`] how it ends; [`http`] serves `/healthz`, `/readyz`, `/metrics` ([`metrics`])
 //! and `/status` ([`status`], [`board`]).
 
 pub mod board;
@@ -16,6 +16,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod on_change;
+pub mod process;
 pub mod retry;
 pub mod signals;
 pub mod state;
@@ -28,10 +29,11 @@ use crate::config::{ApiDiscovery, Config};
 use feed::Feed;
 use futures::{Stream, StreamExt};
 use handover::Sockets;
-use lifecycle::{Handing, ProcessState};
+use lifecycle::Handing;
 use metrics::Metrics;
 use nodus_proxy::subsystem::CHECK_PERIOD;
 use nodus_view::{Applied, View};
+use process::ProcessState;
 use state::{Saver, StateDir};
 use std::ops::ControlFlow;
 use std::sync::Arc;

@@ -246,7 +246,7 @@ impl Saver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::lifecycle::ProcessState;
+    use crate::agent::process::ProcessState;
     use nodus_view::ViewWriter;
 
     #[test]

@@ -4,8 +4,8 @@
 //! subsystem last synced, how long that took, and its last error.
 
 use crate::agent::board::Board;
-use crate::agent::lifecycle::ProcessState;
 use crate::agent::metrics::Metrics;
+use crate::agent::process::ProcessState;
 use nodus_mesh::metrics::{MeshStatus, PeerStatus};
 use nodus_prom::Track;
 use nodus_proxy::apply::RefusedPod;

@@ -121,8 +121,8 @@ fn get_status(addr: SocketAddr, timeout: Duration) -> anyhow::Result<String> {
 mod tests {
     use super::*;
     use crate::agent::board::Setup;
-    use crate::agent::lifecycle::ProcessState;
     use crate::agent::metrics::Metrics;
+    use crate::agent::process::ProcessState;
     use crate::agent::status::status;
     use nodus_mesh::metrics::MeshMetrics;
     use nodus_proxy::metrics::ProxyMetrics;
