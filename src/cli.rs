@@ -127,9 +127,9 @@ pub enum TraceProtocol {
     Sctp,
 }
 
-/// hickory-server logs every malformed packet at info, and the embedded WireGuard device
-/// every peer it adds or removes (thousands at a cold start).
-pub const DEFAULT_LOG_FILTER: &str = "info,hickory_server=warn,defguard_boringtun=warn";
+/// The embedded WireGuard device logs every peer it adds or removes at info (thousands at
+/// a cold start).
+pub const DEFAULT_LOG_FILTER: &str = "info,defguard_boringtun=warn";
 
 /// How to reach the cluster and which node this is.
 #[derive(Args, Clone, Debug, Default)]

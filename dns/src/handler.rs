@@ -1,38 +1,39 @@
-//! The request handler: what answers a request, whichever listener it came from.
+//! The one request pipeline: every UDP datagram and every TCP message, whichever listener
+//! read it, goes through the same three steps of [`ClusterDns`].
 //!
-//! hickory-server parses requests, limits sizes and truncates; this module
-//! turns a request into a lookup ([`crate::lookup`]) or a forwarded question
-//! ([`crate::forward`]), and that into a response. [`ClusterDns::respond`] decides the
-//! reply, and one send encodes it. UDP datagrams the fast path ([`crate::fast`]) does not
-//! take come here through [`ClusterDns::answer_datagram`], which runs them as
-//! hickory-server's own UDP loop would. The listeners that call it (`server`, `udp`) come
-//! after it: nothing here knows them.
+//! 1. **Front** ([`ClusterDns::front`]): over UDP the rate limit ([`crate::rate`]), then
+//!    the allow-list ([`crate::allow`]), then the fast path ([`crate::fast`]), which answers
+//!    the common questions from the packet bytes without allocating.
+//! 2. **Full path** ([`ClusterDns::answer_message`]), for the rest: the message parsed with
+//!    hickory-proto, a lookup ([`crate::lookup`]), the host records or a forwarded question
+//!    ([`crate::forward`]) decided as a [`Reply`], and one encoding within the size the
+//!    requester takes.
+//! 3. **End** ([`ClusterDns::answered`]): every answer, from either path, counted in the
+//!    metrics and sampled into the query log, once.
+//!
+//! The listeners that call it (`udp`, `tcp`, `server`) come after it: nothing here knows
+//! them.
 
 use crate::allow::{AllowList, AllowedPrefixes};
 use crate::autopath::{self, Walked};
+use crate::fast;
 use crate::forward::{Dnssec, Forwarder, Resolution};
 use crate::hosts::HostsSource;
 use crate::lookup::{Answer, MAX_UDP_PAYLOAD, Outcome, Zone, lookup};
 use crate::metrics::{DnsMetrics, Transport};
 use crate::querylog::QueryLog;
+use crate::rate::Verdict;
 use crate::rate::{RateLimit, RateLimitSettings};
-use hickory_server::net::NetError;
-use hickory_server::net::runtime::{Time, TokioTime};
-use hickory_server::net::xfer::Protocol;
-use hickory_server::proto::op::Query;
-use hickory_server::proto::op::{
-    Edns, Header, HeaderCounts, MessageType, Metadata, OpCode, ResponseCode,
+use hickory_proto::op::{
+    Edns, Header, HeaderCounts, Message, MessageType, Metadata, OpCode, Query, ResponseCode,
+    emit_message_parts,
 };
-use hickory_server::proto::rr::rdata::CNAME;
-use hickory_server::proto::rr::{DNSClass, Name, RData, Record, RecordType};
-use hickory_server::proto::serialize::binary::{
-    BinDecodable, BinDecoder, BinEncodable, BinEncoder,
-};
-use hickory_server::server::{Request, RequestHandler, ResponseHandler, ResponseInfo};
-use hickory_server::zone_handler::{MessageResponse, MessageResponseBuilder};
+use hickory_proto::rr::rdata::CNAME;
+use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 use nodus_view::{View, ViewReader};
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 /// What the allow-list is built from besides the view: the prefixes allowed whatever it
@@ -63,6 +64,34 @@ pub struct ClusterDns {
     pub(crate) rate: Arc<RateLimit>,
     /// Which queries are logged ([`crate::querylog`]).
     pub(crate) query_log: Arc<QueryLog>,
+}
+
+/// What a batch of messages shares at the front of the pipeline ([`ClusterDns::at_front`]).
+pub(crate) struct AtFront<'v> {
+    view: Option<RwLockReadGuard<'v, View>>,
+    allow: Arc<AllowList>,
+    arrived: Instant,
+}
+
+/// Where the front of the pipeline sends a message.
+pub(crate) enum Front {
+    /// Answered into the caller's buffer (`len` bytes).
+    Answered(fast::Reply),
+    /// Nothing goes back: over the rate limit, without a slip.
+    Dropped,
+    /// The full path answers it; `allowed`: the client is on the allow-list.
+    Full { allowed: bool },
+}
+
+/// One answered message, as the end of the pipeline records it.
+#[derive(Clone, Copy)]
+pub(crate) struct Answered<'p> {
+    pub src: SocketAddr,
+    pub tcp: bool,
+    pub qtype: RecordType,
+    pub rcode: ResponseCode,
+    /// The query, parsed again only for the query log.
+    pub query: &'p [u8],
 }
 
 /// What a request gets, decided before anything is encoded or sent.
@@ -227,71 +256,170 @@ impl ClusterDns {
         }
     }
 
-    /// The full path for one UDP datagram, as hickory-server's UDP loop runs it: no reply to
-    /// a packet without a header nor to a response, FORMERR to one that does not parse, and
-    /// otherwise the handler's answer within the payload size the requester can take
-    /// (truncated, with TC, when it does not fit).
-    pub async fn answer_datagram(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
-        self.answer_message(packet, src, Protocol::Udp).await
+    /// What a batch of messages shares at the front: the view (once it is complete: the
+    /// fast path answers with AA, which a view restored from disk does not earn), the
+    /// allow-list, and the time the batch arrived.
+    pub(crate) fn at_front(&self) -> AtFront<'_> {
+        AtFront {
+            view: self.view.is_complete().then(|| self.view.read()),
+            allow: self.allow_list(),
+            arrived: Instant::now(),
+        }
     }
 
-    /// One message of `protocol`, as [`ClusterDns::answer_datagram`] answers a datagram;
-    /// over TCP the answer is never truncated (up to 65,535 bytes).
+    /// The front of the pipeline, for every message: over UDP the rate limit (a slip is
+    /// answered truncated), then the allow-list, then the fast path ([`crate::fast`]),
+    /// which answers the common questions into `out` without allocating. What it does not
+    /// answer goes on to the full path ([`ClusterDns::answer_message`]).
+    pub(crate) fn front(
+        &self,
+        at: &AtFront<'_>,
+        packet: &[u8],
+        src: SocketAddr,
+        tcp: bool,
+        out: &mut [u8],
+    ) -> Front {
+        if !tcp {
+            match self.rate.check(src.ip(), at.arrived) {
+                Verdict::Send => {}
+                Verdict::Drop => {
+                    self.metrics.rate_limited(false);
+                    return Front::Dropped;
+                }
+                Verdict::Slip => {
+                    self.metrics.rate_limited(true);
+                    return fast::truncated(packet, out).map_or(Front::Dropped, Front::Answered);
+                }
+            }
+        }
+        let allowed = at.allow.contains(src.ip());
+        let fast = at
+            .view
+            .as_ref()
+            .filter(|_| allowed && !tcp)
+            .and_then(|view| fast::answer(view, &self.zone, src.ip(), packet, out));
+        match fast {
+            Some(reply) => Front::Answered(reply),
+            None => Front::Full { allowed },
+        }
+    }
+
+    /// The end of the pipeline, for every answered message whichever path answered it:
+    /// counted, and logged when sampled. `took`: from the batch's arrival to the send.
+    pub(crate) fn answered<'p>(
+        &self,
+        done: impl ExactSizeIterator<Item = Answered<'p>>,
+        took: Duration,
+    ) {
+        let count = done.len() as u64;
+        for answered in done {
+            let transport = Transport::of(answered.src, answered.tcp);
+            self.metrics
+                .counted(answered.qtype, transport, answered.rcode);
+            if self.query_log.sampled()
+                && let Some(question) = Message::from_vec(answered.query)
+                    .ok()
+                    .and_then(|message| message.queries.into_iter().next())
+            {
+                let (src, tcp) = (answered.src, answered.tcp);
+                let qtype = question.query_type();
+                QueryLog::log(src, question.name(), qtype, tcp, answered.rcode, took);
+            }
+        }
+        self.metrics.observed(took, count);
+    }
+
+    /// The pipeline for one TCP message: its front is the allow-list alone (no rate
+    /// limit, and no fast path, whose replies are sized for UDP), then the full path.
+    pub(crate) async fn answer_stream(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
+        let allowed = self.allow_list().contains(src.ip());
+        self.answer_message(packet, src, true, allowed).await
+    }
+
+    /// The full path for one UDP datagram, past the front's rate limit and fast path (for
+    /// tests and fuzzing that compare the two paths).
+    pub async fn answer_datagram(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
+        let allowed = self.allow_list().contains(src.ip());
+        self.answer_message(packet, src, false, allowed).await
+    }
+
+    /// The full path, for what the front did not answer: no reply to a packet without a
+    /// header nor to a response, FORMERR to one that does not parse, and otherwise the
+    /// reply within the size the requester takes (over UDP its OPT's payload, or 512
+    /// bytes, truncated with TC when it does not fit; over TCP up to 65,535 bytes).
     pub(crate) async fn answer_message(
         &self,
         packet: Vec<u8>,
         src: SocketAddr,
-        protocol: Protocol,
+        tcp: bool,
+        allowed: bool,
     ) -> Option<Vec<u8>> {
+        let arrived = Instant::now();
         let header = Header::read(&mut BinDecoder::new(&packet)).ok()?;
-        let Ok(request) = Request::from_bytes(packet, src, protocol) else {
-            let mut metadata = Metadata::response_from_request(&header.metadata);
-            metadata.response_code = ResponseCode::FormErr;
-            let transport = Transport::of(src, protocol == Protocol::Tcp);
-            self.metrics
-                .answered(None, transport, ResponseCode::FormErr, Duration::ZERO);
-            return encode_header(metadata);
+        let (bytes, qtype, rcode) = match Message::from_vec(&packet) {
+            Err(_) => {
+                let mut metadata = Metadata::response_from_request(&header.metadata);
+                metadata.response_code = ResponseCode::FormErr;
+                (
+                    encode_header(metadata)?,
+                    RecordType::Unknown(0),
+                    ResponseCode::FormErr,
+                )
+            }
+            Ok(request) if request.metadata.message_type == MessageType::Response => return None,
+            Ok(request) => {
+                let mut reply = self.respond(&request, src, allowed).await;
+                reply.shuffle_addresses();
+                let (bytes, rcode) = encode(&request, &reply, tcp);
+                let qtype = request
+                    .queries
+                    .first()
+                    .map_or(RecordType::Unknown(0), Query::query_type);
+                (bytes, qtype, rcode)
+            }
         };
-        if request.metadata.message_type == MessageType::Response {
-            return None;
-        }
-        let reply = Capture {
-            stream: protocol == Protocol::Tcp,
-            ..Capture::default()
+        let answered = Answered {
+            src,
+            tcp,
+            qtype,
+            rcode,
+            query: &packet,
         };
-        self.handle_request::<_, TokioTime>(&request, reply.clone())
-            .await;
-        reply.reply.lock().unwrap_or_else(|p| p.into_inner()).take()
+        self.answered(std::iter::once(answered), arrived.elapsed());
+        Some(bytes)
     }
 
-    /// The reply to `request`: FORMERR without a single question, NOTIMP for other opcodes,
-    /// BADVERS for an EDNS version after 0 (RFC 6891), REFUSED for zone transfers (as
-    /// CoreDNS), then the zone's answer, or the upstreams' for a name outside it.
-    async fn respond(&self, request: &Request) -> Reply {
+    /// The reply to `request` from `src`: REFUSED to our own loop probe come back, to a
+    /// client not `allowed` (SERVFAIL until the view is whole), FORMERR without a single
+    /// question, NOTIMP for other opcodes, BADVERS for an EDNS version after 0 (RFC
+    /// 6891), REFUSED for zone transfers (as CoreDNS), then the zone's answer, or the
+    /// upstreams' for a name outside it.
+    async fn respond(&self, request: &Message, src: SocketAddr, allowed: bool) -> Reply {
         // Our own loop probe, come back through an upstream (whichever address it comes
         // from, even before the allow-list knows this host): not forwarded again.
         let loop_probe = |forwarder: &Arc<Forwarder>| {
             request
-                .request_info()
-                .is_ok_and(|info| forwarder.is_loop_probe(info.query.name()))
+                .queries
+                .first()
+                .is_some_and(|query| forwarder.is_loop_probe(query.name()))
         };
         if self.forwarder.as_ref().is_some_and(loop_probe) {
             return Reply::Code(ResponseCode::Refused);
         }
-        if !self.allow_list().contains(request.src().ip()) {
+        if !allowed {
             return Reply::Code(self.not_allowed());
         }
-        let info = match request.request_info() {
-            Err(_) => return Reply::Code(ResponseCode::FormErr),
-            Ok(_) if request.metadata.op_code != OpCode::Query => {
+        let query = match &request.queries[..] {
+            [_] if request.metadata.op_code != OpCode::Query => {
                 return Reply::Code(ResponseCode::NotImp);
             }
-            Ok(_) if request.edns.as_ref().is_some_and(|edns| edns.version() > 0) => {
+            [_] if request.edns.as_ref().is_some_and(|edns| edns.version() > 0) => {
                 return Reply::Code(ResponseCode::BADVERS);
             }
-            Ok(info) => info,
+            [query] => query,
+            _ => return Reply::Code(ResponseCode::FormErr),
         };
-        let query = info.query.original();
+
         let dnssec = Dnssec {
             ok: request
                 .edns
@@ -308,7 +436,7 @@ impl ClusterDns {
         if !internet && self.zone.origin().zone_of(&query.name().to_lowercase()) {
             return Reply::Code(ResponseCode::Refused);
         }
-        let client = request.src().ip();
+        let client = src.ip();
         let reply = self.answer(query, dnssec, client).await;
         let missed =
             matches!(&reply, Reply::Zone(answer) if answer.rcode == ResponseCode::NXDomain);
@@ -456,12 +584,10 @@ impl ClusterDns {
     }
 }
 
-/// Encodes `reply` as the response to `request` and sends it: the only send.
-async fn send<R: ResponseHandler>(
-    request: &Request,
-    reply: &Reply,
-    mut response_handle: R,
-) -> Result<ResponseInfo, NetError> {
+/// Encodes `reply` as the response to `request`, within the size the requester takes
+/// (over UDP its OPT's payload, or 512 bytes without EDNS; over TCP 65,535): records that
+/// do not fit are left out and TC is set. The response code sent comes back with it.
+fn encode(request: &Message, reply: &Reply, tcp: bool) -> (Vec<u8>, ResponseCode) {
     // Our OPT advertises what we accept, never more than the client does, and copies the
     // DO bit (RFC 3225).
     let edns = request.edns.as_ref().map(|theirs| {
@@ -470,7 +596,6 @@ async fn send<R: ResponseHandler>(
         ours.set_dnssec_ok(theirs.flags().dnssec_ok);
         ours
     });
-    let builder = MessageResponseBuilder::new(&request.queries, edns.as_ref());
     let mut metadata = Metadata::response_from_request(&request.metadata);
     metadata.authoritative = matches!(reply, Reply::Zone(_));
     metadata.recursion_available = matches!(reply, Reply::Forwarded(_));
@@ -482,6 +607,7 @@ async fn send<R: ResponseHandler>(
             .is_some_and(|edns| edns.flags().dnssec_ok);
     metadata.authentic_data = understands_ad
         && matches!(reply, Reply::Forwarded(Resolution::Answered(upstream)) if upstream.authentic_data);
+    metadata.response_code = reply.rcode();
     let none: &[Record] = &[];
     let (answers, authority, additionals) = match reply {
         Reply::Zone(answer) | Reply::Restored(answer) => (
@@ -496,50 +622,39 @@ async fn send<R: ResponseHandler>(
         ),
         Reply::Code(_) | Reply::Forwarded(_) => (none, none, none),
     };
-    metadata.response_code = reply.rcode();
-    response_handle
-        .send_response(builder.build(metadata, answers, authority, none, additionals))
-        .await
-}
-
-#[async_trait::async_trait]
-impl RequestHandler for ClusterDns {
-    async fn handle_request<R: ResponseHandler, T: Time>(
-        &self,
-        request: &Request,
-        response_handle: R,
-    ) -> ResponseInfo {
-        let started = Instant::now();
-        let mut reply = self.respond(request).await;
-        reply.shuffle_addresses();
-        let info = send(request, &reply, response_handle)
-            .await
-            .unwrap_or_else(|error| {
-                tracing::debug!(%error, "sending a DNS response");
-                let mut failed = Metadata::response_from_request(&request.metadata);
-                failed.response_code = ResponseCode::ServFail;
-                ResponseInfo::from(Header {
-                    metadata: failed,
-                    counts: HeaderCounts::default(),
-                })
-            });
-        let question = request.request_info().ok().map(|i| i.query);
-        let tcp = request.protocol() == Protocol::Tcp;
-        let took = started.elapsed();
-        if let Some(question) = &question
-            && self.query_log.sampled()
-        {
-            let (name, qtype) = (question.name(), question.query_type());
-            QueryLog::log(request.src(), name, qtype, tcp, info.response_code, took);
+    let max = match tcp {
+        true => u16::MAX,
+        false => edns.as_ref().map_or(512, Edns::max_payload),
+    };
+    let mut bytes = Vec::with_capacity(512);
+    let mut encoder = BinEncoder::new(&mut bytes);
+    encoder.set_max_size(max);
+    let emitted = emit_message_parts(
+        &metadata,
+        &mut request.queries.iter(),
+        &mut answers.iter(),
+        &mut authority.iter(),
+        &mut additionals.iter(),
+        edns.as_ref(),
+        None,
+        &mut encoder,
+    );
+    // A record that did not fit is rolled back to the offset, but its bytes stay in the
+    // vector: the message ends at the offset.
+    let end = encoder.offset();
+    bytes.truncate(end);
+    match emitted {
+        Ok(_) => (bytes, metadata.response_code),
+        Err(error) => {
+            // What a response that cannot be encoded becomes: SERVFAIL, the header alone.
+            tracing::debug!(%error, "encoding a DNS response");
+            let mut failed = Metadata::new(metadata.id, MessageType::Response, OpCode::Query);
+            failed.response_code = ResponseCode::ServFail;
+            (
+                encode_header(failed).unwrap_or_default(),
+                ResponseCode::ServFail,
+            )
         }
-        let transport = Transport::of(request.src(), tcp);
-        self.metrics.answered(
-            question.map(|q| q.query_type()),
-            transport,
-            info.response_code,
-            took,
-        );
-        info
     }
 }
 
@@ -553,64 +668,11 @@ fn encode_header(metadata: Metadata) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// Keeps the encoded response for [`ClusterDns::answer_message`], sized as hickory-server
-/// sizes a UDP response (the OPT's payload, or 512 bytes without EDNS), or a TCP one.
-#[derive(Clone, Default)]
-struct Capture {
-    reply: Arc<Mutex<Option<Vec<u8>>>>,
-    stream: bool,
-}
-
-#[async_trait::async_trait]
-impl ResponseHandler for Capture {
-    async fn send_response<'a>(
-        &mut self,
-        response: MessageResponse<
-            '_,
-            'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-            impl Iterator<Item = &'a Record> + Send + 'a,
-        >,
-    ) -> Result<ResponseInfo, NetError> {
-        let max = match self.stream {
-            true => u16::MAX,
-            false => response.edns().map_or(512, Edns::max_payload),
-        };
-        let id = response.metadata().id;
-        let mut bytes = Vec::with_capacity(512);
-        let mut encoder = BinEncoder::new(&mut bytes);
-        encoder.set_max_size(max);
-        let emitted = response.destructive_emit(&mut encoder);
-        // A record that did not fit is rolled back to the offset, but its bytes stay in
-        // the vector: the message ends at the offset.
-        let end = encoder.offset();
-        bytes.truncate(end);
-        let info = match emitted {
-            Ok(info) => info,
-            Err(error) => {
-                // What hickory-server sends when a response cannot be encoded.
-                tracing::debug!(%error, "encoding a DNS response");
-                let mut metadata = Metadata::new(id, MessageType::Response, OpCode::Query);
-                metadata.response_code = ResponseCode::ServFail;
-                bytes = encode_header(metadata).unwrap_or_default();
-                ResponseInfo::from(Header {
-                    metadata,
-                    counts: HeaderCounts::default(),
-                })
-            }
-        };
-        *self.reply.lock().unwrap_or_else(|p| p.into_inner()) = Some(bytes);
-        Ok(info)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hickory_server::proto::rr::Name;
-    use hickory_server::proto::rr::rdata::{A, CNAME};
+    use hickory_proto::rr::Name;
+    use hickory_proto::rr::rdata::{A, CNAME};
     use std::net::Ipv4Addr;
 
     #[test]

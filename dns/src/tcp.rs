@@ -1,5 +1,5 @@
 //! The TCP listener: DNS messages framed by a two-byte length (RFC 1035 §4.2.2), each
-//! answered through [`ClusterDns::answer_message`] as soon as it is read, up to
+//! answered through [`ClusterDns::answer_stream`] as soon as it is read, up to
 //! [`PIPELINED`] at once per connection, the replies sent in the order they are ready
 //! (RFC 7766 §6.2.1.1).
 //!
@@ -8,7 +8,6 @@
 //! accepted; a connection idle for [`IDLE`] (between messages, or within one) is closed.
 
 use crate::handler::ClusterDns;
-use hickory_server::net::xfer::Protocol;
 use nodus_limits::{ConnectionCaps, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -87,7 +86,7 @@ async fn serve_connection(stream: TcpStream, client: SocketAddr, handler: Cluste
         }
         let (handler, replies) = (handler.clone(), replies.clone());
         tasks.spawn(async move {
-            if let Some(reply) = handler.answer_message(message, client, Protocol::Tcp).await {
+            if let Some(reply) = handler.answer_stream(message, client).await {
                 let _ = replies.send(reply).await;
             }
             drop(permit);

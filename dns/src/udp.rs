@@ -3,10 +3,11 @@
 //! batch to batch, and sending those replies together with one `sendmmsg`. The read lock on
 //! the view is taken once per batch, and nothing is allocated per query.
 //!
-//! Every other datagram (names to forward, reverse names, headless services, anything
-//! unusual, and everything until the view is whole) is copied to the runtime and
-//! answered there by the full path, [`ClusterDns::answer_datagram`]; its reply goes out on
-//! the same socket without blocking the runtime.
+//! Each datagram goes through the request pipeline's front ([`ClusterDns::front`]). Every
+//! other datagram (names to forward, reverse names, headless services, anything unusual,
+//! and everything until the view is whole) is copied to the runtime and answered there by
+//! the full path, [`ClusterDns::answer_message`]; its reply goes out on the same socket
+//! without blocking the runtime.
 //!
 //! Every reply leaves from the address its query was sent to. A wildcard socket gets each
 //! datagram's destination (`IP_PKTINFO`, `IPV6_PKTINFO`) and sends it back as the reply's
@@ -21,11 +22,8 @@
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
 use crate::fast;
-use crate::handler::ClusterDns;
+use crate::handler::{Answered, ClusterDns, Front};
 use crate::lookup::MAX_UDP_PAYLOAD;
-use crate::metrics::Transport;
-use crate::querylog::QueryLog;
-use crate::rate::Verdict;
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
@@ -200,8 +198,9 @@ fn bind_reuse_port(addr: SocketAddr) -> io::Result<UdpSocket> {
     }
 }
 
-/// A query for the full path: the packet, its source and the address it was sent to.
-type Datagram = (Vec<u8>, SocketAddr, Option<Local>);
+/// A query for the full path: the packet, its source, the address it was sent to, and
+/// whether the front found its source on the allow-list.
+type Datagram = (Vec<u8>, SocketAddr, Option<Local>, bool);
 
 /// Answers the datagrams the fast path left, each in its own task (forwarding waits on
 /// upstreams), and sends the replies without blocking.
@@ -210,10 +209,10 @@ async fn full_path_loop(
     socket: Arc<UdpSocket>,
     handler: ClusterDns,
 ) {
-    while let Some((packet, src, local)) = queue.recv().await {
+    while let Some((packet, src, local, allowed)) = queue.recv().await {
         let (socket, handler) = (socket.clone(), handler.clone());
         tokio::spawn(async move {
-            if let Some(reply) = handler.answer_datagram(packet, src).await {
+            if let Some(reply) = handler.answer_message(packet, src, false, allowed).await {
                 send_now(&socket, &reply, src, local);
             }
         });
@@ -463,6 +462,9 @@ fn zeroed_box<T: Copy>() -> Box<T> {
     Box::new(unsafe { zeroed() })
 }
 
+/// Reads batches until stopped: each datagram through the pipeline's front
+/// ([`ClusterDns::front`]); what it answers goes out in one `sendmmsg` and is recorded at
+/// the pipeline's end, the rest is queued for the full path.
 fn fast_loop(
     socket: &UdpSocket,
     handler: &ClusterDns,
@@ -500,10 +502,7 @@ fn fast_loop(
         let started = Instant::now();
         let mut replies = 0;
         {
-            // The fast path answers with AA: not from a view restored from disk that the
-            // lists have not confirmed (the full path answers from it without AA).
-            let view = handler.view.is_complete().then(|| handler.view.read());
-            let allow = handler.allow_list();
+            let at = handler.at_front();
             for i in 0..received {
                 let header = &batch.receive[i];
                 let Some(src) = socket_addr(&batch.sources[i], header.msg_hdr.msg_namelen)
@@ -517,27 +516,8 @@ fn fast_loop(
                 let len = header.msg_len as usize;
                 let packet = &batch.received[i * RECEIVE_BUFFER..i * RECEIVE_BUFFER + len];
                 let out = &mut batch.replies[replies * SEND_BUFFER..(replies + 1) * SEND_BUFFER];
-                let verdict = handler.rate.check(src.ip(), started);
-                let reply = match verdict {
-                    Verdict::Drop => {
-                        handler.metrics.rate_limited(false);
-                        continue;
-                    }
-                    Verdict::Slip => {
-                        handler.metrics.rate_limited(true);
-                        let Some(reply) = fast::truncated(packet, out) else {
-                            continue;
-                        };
-                        Some(reply)
-                    }
-                    // A client outside the allow-list goes to the full path, which refuses it.
-                    Verdict::Send => view
-                        .as_ref()
-                        .filter(|_| allow.contains(src.ip()))
-                        .and_then(|view| fast::answer(view, &handler.zone, src.ip(), packet, out)),
-                };
-                match reply {
-                    Some(reply) => {
+                match handler.front(&at, packet, src, false, out) {
+                    Front::Answered(reply) => {
                         batch.send_iov[replies].iov_len = reply.len;
                         batch.destinations[replies] = batch.sources[i];
                         batch.send[replies].msg_hdr.msg_namelen = header.msg_hdr.msg_namelen;
@@ -549,32 +529,24 @@ fn fast_loop(
                         answered[replies] = (reply, i, src);
                         replies += 1;
                     }
-                    None => {
+                    Front::Dropped => {}
+                    Front::Full { allowed } => {
                         // A full queue drops the datagram; the client asks again.
                         let local = destination_of(&header.msg_hdr);
-                        let _ = full_path.try_send((packet.to_vec(), src, local));
+                        let _ = full_path.try_send((packet.to_vec(), src, local, allowed));
                     }
                 }
             }
         }
         batch.send(socket, replies);
-        let took = started.elapsed();
-        for &(reply, i, src) in &answered[..replies] {
-            handler
-                .metrics
-                .counted(reply.qtype, Transport::of(src, false), reply.rcode);
-            if handler.query_log.sampled() {
-                let len = batch.receive[i].msg_len as usize;
-                let packet = &batch.received[i * RECEIVE_BUFFER..][..len];
-                let question = hickory_proto::op::Message::from_vec(packet)
-                    .ok()
-                    .and_then(|message| message.queries.into_iter().next());
-                if let Some(question) = question {
-                    QueryLog::log(src, question.name(), reply.qtype, false, reply.rcode, took);
-                }
-            }
-        }
-        handler.metrics.observed(took, replies as u64);
+        let done = answered[..replies].iter().map(|&(reply, i, src)| Answered {
+            src,
+            tcp: false,
+            qtype: reply.qtype,
+            rcode: reply.rcode,
+            query: &batch.received[i * RECEIVE_BUFFER..][..batch.receive[i].msg_len as usize],
+        });
+        handler.answered(done, started.elapsed());
     }
 }
 

@@ -1,11 +1,11 @@
 //! Fuzzes the DNS request path: any bytes as a UDP datagram, answered by the full path
-//! (hickory-server's parser and nodus's handler, as the UDP listener runs it) and by the
+//! (hickory-proto's parser and nodus's handler, as the UDP listener runs it) and by the
 //! fast path from a small view. Nothing may panic, and whatever the fast path answers must
 //! parse and equal the full path's answer.
 
 #![no_main]
 
-use hickory_server::proto::op::Message;
+use hickory_proto::op::Message;
 use libfuzzer_sys::fuzz_target;
 use nodus_dns::handler::ClusterDns;
 use nodus_dns::{PodRecords, Zone, fast};

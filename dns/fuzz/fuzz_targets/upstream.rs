@@ -5,8 +5,8 @@
 
 #![no_main]
 
-use hickory_server::proto::op::{Message, MessageType, OpCode, Query};
-use hickory_server::proto::rr::{Name, RecordType};
+use hickory_proto::op::{Message, MessageType, OpCode, Query};
+use hickory_proto::rr::{Name, RecordType};
 use libfuzzer_sys::fuzz_target;
 use nodus_dns::forward::{Reply, cache_ttl, read_answer};
 use std::sync::LazyLock;
