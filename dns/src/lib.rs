@@ -1,10 +1,12 @@
 //! Cluster DNS: the Kubernetes DNS specification 1.1.0 answered from the node view.
 //!
-//! [`lookup`] is the protocol: a question in, records out, computed from the view at query
-//! time. [`forward`] sends every other name upstream, with a cache. [`handler`] answers a
-//! request with both, as hickory-server's request handler. [`server`] puts the handler on
-//! TCP through [`tcp`] and on UDP through [`udp`], whose fast path ([`fast`]) answers the
-//! common questions from the packet bytes and leaves the rest to the handler.
+//! [`subsystem`] is the front door: [`start`] builds DNS from its configuration section
+//! ([`config`]). [`lookup`] is the protocol: a question in, records out, computed from the
+//! view at query time. [`forward`] sends every other name upstream, with a cache.
+//! [`handler`] is the one request pipeline every message goes through: its front (rate
+//! limit, allow-list, the fast path of [`fast`], which answers the common questions from
+//! the packet bytes), the full path with both, and its end (metrics, query log).
+//! [`server`] puts it on TCP through [`tcp`] and on UDP through [`udp`].
 
 pub mod allow;
 pub mod autopath;
