@@ -74,11 +74,11 @@ pub enum Command {
     },
     /// Bring up a simulated cluster on this machine (root needed) until Ctrl-C.
     #[cfg(feature = "sandbox")]
-    Sandbox(crate::cmd::sandbox::SandboxArgs),
+    Sandbox(nodus_testbed::sandbox::SandboxArgs),
     /// A tiny TCP and UDP echo server answering with its name (the sandbox's pods).
     #[cfg(feature = "sandbox")]
     #[command(hide = true)]
-    Echo(crate::cmd::sandbox::EchoArgs),
+    Echo(nodus_testbed::sandbox::EchoArgs),
 }
 
 #[derive(Subcommand)]

@@ -49,15 +49,16 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn agent(args: RunArgs) -> anyhow::Result<()> {
     init_logging(&args.cluster);
     agent::metrics::count_panics();
-    let runtime = match Config::load_or_default(args.cluster.config.as_deref())?
+    let runtime = if Config::load_or_default(args.cluster.config.as_deref())?
         .proxy
         .enabled
     {
-        true => tokio::runtime::Builder::new_multi_thread()
+        tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
-            .build()?,
-        false => runtime()?,
+            .build()?
+    } else {
+        runtime()?
     };
     runtime.block_on(agent::run(args))
 }
@@ -162,9 +163,21 @@ fn command(cli: Cli) -> anyhow::Result<()> {
                 log_level: cli::DEFAULT_LOG_FILTER.into(),
                 ..ClusterArgs::default()
             });
-            cmd::sandbox::sandbox(args)
+            nodus_testbed::sandbox::sandbox(args)
         }
         #[cfg(feature = "sandbox")]
-        Some(Command::Echo(args)) => runtime()?.block_on(cmd::sandbox::echo(args)),
+        Some(Command::Echo(args)) => runtime()?.block_on(nodus_testbed::sandbox::echo(args)),
+    }
+}
+
+#[cfg(all(test, feature = "sandbox"))]
+mod tests {
+    /// The sandbox checks for the plugins that `install-cni` copies before it starts.
+    #[test]
+    fn the_sandbox_checks_for_the_plugins_install_cni_copies() {
+        assert_eq!(
+            nodus_testbed::cni::REFERENCE_PLUGINS,
+            nodus_mesh::cni::REFERENCE_PLUGINS
+        );
     }
 }

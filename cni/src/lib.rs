@@ -37,11 +37,14 @@ pub fn main() -> ExitCode {
         .take(MAX_CONFIG + 1)
         .read_to_end(&mut config)
         .map_err(|e| Error::new(code::IO, format!("reading the configuration: {e}")))
-        .and_then(|_| match config.len() as u64 > MAX_CONFIG {
-            true => Err(Error::config(format!(
-                "the network configuration is larger than {MAX_CONFIG} bytes"
-            ))),
-            false => Ok(()),
+        .and_then(|_| {
+            if config.len() as u64 > MAX_CONFIG {
+                Err(Error::config(format!(
+                    "the network configuration is larger than {MAX_CONFIG} bytes"
+                )))
+            } else {
+                Ok(())
+            }
         });
     let outcome = read
         .and_then(|()| Invocation::from_env(|name| std::env::var(name).ok()))

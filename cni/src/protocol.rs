@@ -233,12 +233,13 @@ impl Config {
     /// `STATUS` and `GC` are refused for a configuration older than 1.1.0, as the
     /// specification asks.
     pub fn allows_status_and_gc(&self) -> Result<(), Error> {
-        match version_at_least(&self.version, STATUS_AND_GC_SINCE) {
-            true => Ok(()),
-            false => Err(Error::version(format!(
+        if version_at_least(&self.version, STATUS_AND_GC_SINCE) {
+            Ok(())
+        } else {
+            Err(Error::version(format!(
                 "cniVersion {:?} has no STATUS or GC (they came with {STATUS_AND_GC_SINCE})",
                 self.version
-            ))),
+            )))
         }
     }
 
@@ -369,9 +370,10 @@ impl Addressing {
         // The list under `field`, absent read as empty; at most `max` of what it holds.
         let list = |field: &str, what: &str, max: usize| {
             let items = result[field].as_array().map(Vec::as_slice).unwrap_or(&[]);
-            match items.len() > max {
-                true => Err(invalid(format!("{} {what}, more than {max}", items.len()))),
-                false => Ok(items),
+            if items.len() > max {
+                Err(invalid(format!("{} {what}, more than {max}", items.len())))
+            } else {
+                Ok(items)
             }
         };
         let ips = list("ips", "addresses", MAX_ADDRESSES)?;

@@ -284,34 +284,14 @@ pub fn answer(
     packet: &[u8],
     out: &mut [u8],
 ) -> Option<Reply> {
-    let header = packet.get(..HEADER)?;
-    let (flags, codes) = (header[2], header[3]);
-    // A query (QR clear), opcode QUERY, the Z bit clear.
-    if flags & 0xF8 != 0 || codes & 0x40 != 0 {
-        return None;
-    }
-    let counts = [
-        read_u16(header, 4)?,
-        read_u16(header, 6)?,
-        read_u16(header, 8)?,
-        read_u16(header, 10)?,
-    ];
-    let with_opt = match counts {
-        [1, 0, 0, 0] => false,
-        [1, 0, 0, 1] => true,
-        _ => return None,
-    };
-    let question = read_question(packet)?;
-    let opt = match with_opt {
-        true => Some(read_opt(packet, question.end)?),
-        false if question.end == packet.len() => None,
-        false => return None,
-    };
+    let Query {
+        header,
+        flags,
+        codes,
+        question,
+        opt,
+    } = Query::read(packet)?;
     let qtype = RecordType::from(question.qtype);
-    // Meta types (OPT, TKEY, TSIG, IXFR, AXFR) are for the full path to judge.
-    if matches!(question.qtype, 41 | 249..=252) {
-        return None;
-    }
 
     // The labels below the zone, lower-cased, as `lookup` sees them.
     let zone_labels = zone.origin().num_labels() as usize;
@@ -372,11 +352,79 @@ pub fn answer(
     ])?;
     w.put(&[0, 1, 0, 0, 0, 0, 0, 0])?;
     w.put(&packet[HEADER..question.end])?;
+    write_sections(&mut w, zone, &question, decided, opt)?;
+    Some(Reply {
+        len: w.len,
+        qtype,
+        rcode,
+    })
+}
+
+/// A query as the fast path takes it: one question, no records but an optional OPT.
+struct Query<'p> {
+    header: &'p [u8],
+    flags: u8,
+    codes: u8,
+    question: Question<'p>,
+    opt: Option<Opt>,
+}
+
+impl<'p> Query<'p> {
+    /// A query (QR clear), opcode QUERY, the Z bit clear, one question that is not of a
+    /// meta type (OPT, TKEY, TSIG, IXFR, AXFR: for the full path to judge), nothing after
+    /// it but an OPT; None for anything else.
+    fn read(packet: &'p [u8]) -> Option<Query<'p>> {
+        let header = packet.get(..HEADER)?;
+        let (flags, codes) = (header[2], header[3]);
+        if flags & 0xF8 != 0 || codes & 0x40 != 0 {
+            return None;
+        }
+        let counts = [
+            read_u16(header, 4)?,
+            read_u16(header, 6)?,
+            read_u16(header, 8)?,
+            read_u16(header, 10)?,
+        ];
+        let with_opt = match counts {
+            [1, 0, 0, 0] => false,
+            [1, 0, 0, 1] => true,
+            _ => return None,
+        };
+        let question = read_question(packet)?;
+        let opt = if with_opt {
+            Some(read_opt(packet, question.end)?)
+        } else if question.end == packet.len() {
+            None
+        } else {
+            return None;
+        };
+        if matches!(question.qtype, 41 | 249..=252) {
+            return None;
+        }
+        Some(Query {
+            header,
+            flags,
+            codes,
+            question,
+            opt,
+        })
+    }
+}
+
+/// The answer, authority and additional sections of the reply `decided`, after the
+/// header and question `w` holds, with their counts set in the header.
+fn write_sections(
+    w: &mut Writer<'_>,
+    zone: &Zone,
+    question: &Question<'_>,
+    decided: Common<'_>,
+    opt: Option<Opt>,
+) -> Option<()> {
     let (mut answers, mut authorities, mut additionals) = (0u16, 0u16, 0u16);
     let ttl = zone.ttl();
     match decided {
         Common::NxDomain | Common::NoData => {
-            write_soa(&mut w, zone, &question)?;
+            write_soa(w, zone, question)?;
             authorities += 1;
         }
         Common::Addresses { service, family } => {
@@ -386,7 +434,7 @@ pub fn answer(
             }
         }
         Common::Srv(srv) => {
-            let target = write_srv(&mut w, zone, &srv, &mut answers)?;
+            let target = write_srv(w, zone, &srv, &mut answers)?;
             for ip in cluster_addresses(srv.service, None) {
                 w.address(target, ttl, ip)?;
                 additionals += 1;
@@ -404,11 +452,7 @@ pub fn answer(
     w.set_u16(6, answers);
     w.set_u16(8, authorities);
     w.set_u16(10, additionals);
-    Some(Reply {
-        len: w.len,
-        qtype,
-        rcode,
-    })
+    Some(())
 }
 
 /// Whether autopath may walk on from the question: it is on, and the question is

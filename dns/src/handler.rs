@@ -250,9 +250,10 @@ impl ClusterDns {
     /// What a client outside the allow-list gets: REFUSED, or SERVFAIL (which resolvers
     /// retry) while the view, and so the list of Nodes, is not whole.
     pub(crate) fn not_allowed(&self) -> ResponseCode {
-        match self.view.is_whole() {
-            true => ResponseCode::Refused,
-            false => ResponseCode::ServFail,
+        if self.view.is_whole() {
+            ResponseCode::Refused
+        } else {
+            ResponseCode::ServFail
         }
     }
 
@@ -461,14 +462,15 @@ impl ClusterDns {
     /// for `client`, who may hold only its share of the questions upstream).
     async fn answer(&self, query: &Query, dnssec: Dnssec, client: IpAddr) -> Reply {
         let internet = query.query_class() == DNSClass::IN;
-        let outcome = match internet {
-            true => lookup(
+        let outcome = if internet {
+            lookup(
                 &self.view.read(),
                 &self.zone,
                 query.name(),
                 query.query_type(),
-            ),
-            false => Outcome::NotOurs,
+            )
+        } else {
+            Outcome::NotOurs
         };
         match outcome {
             Outcome::Authoritative(answer)
@@ -479,9 +481,10 @@ impl ClusterDns {
             }
             Outcome::Authoritative(mut answer) => {
                 self.chase_outside(&mut answer, query, dnssec, client).await;
-                match self.view.is_complete() {
-                    true => Reply::Zone(answer),
-                    false => Reply::Restored(answer),
+                if self.view.is_complete() {
+                    Reply::Zone(answer)
+                } else {
+                    Reply::Restored(answer)
                 }
             }
             Outcome::NotOurs => {
@@ -622,9 +625,10 @@ fn encode(request: &Message, reply: &Reply, tcp: bool) -> (Vec<u8>, ResponseCode
         ),
         Reply::Code(_) | Reply::Forwarded(_) => (none, none, none),
     };
-    let max = match tcp {
-        true => u16::MAX,
-        false => edns.as_ref().map_or(512, Edns::max_payload),
+    let max = if tcp {
+        u16::MAX
+    } else {
+        edns.as_ref().map_or(512, Edns::max_payload)
     };
     let mut bytes = Vec::with_capacity(512);
     let mut encoder = BinEncoder::new(&mut bytes);

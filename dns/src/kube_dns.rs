@@ -68,9 +68,10 @@ pub fn read(map: &DnsConfigMap, cluster_domain: &str) -> Result<Routes, String> 
 
 /// The routes of the configuration (`base`) with the ConfigMap's (`from_map`) laid over.
 pub fn merge(base: &Routes, from_map: &Routes) -> Routes {
-    let upstreams = match from_map.upstreams.is_empty() {
-        true => base.upstreams.clone(),
-        false => from_map.upstreams.clone(),
+    let upstreams = if from_map.upstreams.is_empty() {
+        base.upstreams.clone()
+    } else {
+        from_map.upstreams.clone()
     };
     let mut zones = base.zones.clone();
     for (zone, upstreams) in &from_map.zones {

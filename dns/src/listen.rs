@@ -26,12 +26,13 @@ pub enum Listen {
 pub fn plan(listen: &[SocketAddr]) -> Vec<Listen> {
     listen
         .iter()
-        .map(
-            |addr| match addr.ip().is_unspecified() && !wildcard_is_free(*addr) {
-                true => Listen::EachAddress(*addr),
-                false => Listen::Fixed(*addr),
-            },
-        )
+        .map(|addr| {
+            if addr.ip().is_unspecified() && !wildcard_is_free(*addr) {
+                Listen::EachAddress(*addr)
+            } else {
+                Listen::Fixed(*addr)
+            }
+        })
         .collect()
 }
 

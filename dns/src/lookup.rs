@@ -949,9 +949,10 @@ fn reverse(view: &View, zone: &Zone, qname: &Name, qtype: RecordType, ip: IpAddr
     // The index holds cluster IPs and the endpoints of headless services.
     for svc in view.services_by_ip(ip) {
         let Some(service) = svc.service else { continue };
-        let target = match service.cluster_ips.contains(&ip) {
-            true => zone.service_name(svc.namespace, svc.name),
-            false => endpoint_name(view, zone, &svc, ip),
+        let target = if service.cluster_ips.contains(&ip) {
+            zone.service_name(svc.namespace, svc.name)
+        } else {
+            endpoint_name(view, zone, &svc, ip)
         };
         targets.extend(target);
     }

@@ -156,6 +156,10 @@ impl DnsMetrics {
         self.walks[walked as usize].fetch_add(1, Relaxed);
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the exposition: one family after another"
+    )]
     pub fn render(&self, out: &mut String) {
         family(
             out,
@@ -284,6 +288,10 @@ impl DnsMetrics {
     /// The same counts under CoreDNS's names and labels (its `metrics`, `cache` and
     /// `forward` plugins), as kubeadm's Corefile serves them. Series that never counted
     /// are left out, as CoreDNS leaves them out.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the exposition: one family after another"
+    )]
     pub fn render_coredns(&self, out: &mut String) {
         family(
             out,

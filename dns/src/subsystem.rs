@@ -51,9 +51,10 @@ pub async fn start(
     // A wildcard that another resolver on the node keeps from binding becomes each of the
     // host's addresses, and that resolver stays an upstream.
     let plan = listen::plan(&config.listen);
-    let host = match plan.iter().any(|l| matches!(l, Listen::EachAddress(_))) {
-        true => listen::host_addresses().map_err(StartError::HostAddresses)?,
-        false => Vec::new(),
+    let host = if plan.iter().any(|l| matches!(l, Listen::EachAddress(_))) {
+        listen::host_addresses().map_err(StartError::HostAddresses)?
+    } else {
+        Vec::new()
     };
     let own = listen::own_addresses(&plan, &host);
     let routes = configured_routes(config, cluster, &resolv_conf, &own);

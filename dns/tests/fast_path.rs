@@ -3,6 +3,10 @@
 //! with names compared case-sensitively. Cases that must take the fast path are marked, so
 //! a fast path that gave up on everything would fail here. And it must not allocate.
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test or bench reads as one story, top to bottom"
+)]
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
 mod fixture;

@@ -44,9 +44,10 @@ pub fn chain_version(bin_dir: &Path) -> &'static str {
         supported_versions(&bin_dir.join(plugin))
             .is_some_and(|versions| versions.iter().any(|v| v == STATUS_AND_GC_VERSION))
     };
-    match CHAINED.iter().all(|plugin| reads_latest(plugin)) {
-        true => STATUS_AND_GC_VERSION,
-        false => BASE_VERSION,
+    if CHAINED.iter().all(|plugin| reads_latest(plugin)) {
+        STATUS_AND_GC_VERSION
+    } else {
+        BASE_VERSION
     }
 }
 
@@ -105,7 +106,7 @@ fn supported_versions(program: &Path) -> Option<Vec<String>> {
 pub fn conflist(cidrs: &[Cidr], mtu: u32, policy_socket: Option<&Path>, version: &str) -> String {
     let ranges: Vec<_> = cidrs
         .iter()
-        .map(|c| serde_json::json!([{ "subnet": crate::plan::network(*c).to_string() }]))
+        .map(|c| serde_json::json!([{ "subnet": c.network().to_string() }]))
         .collect();
     let mut routes = Vec::new();
     for family in Family::ALL {

@@ -82,9 +82,10 @@ impl<const N: usize> Histogram<N> {
     /// The histogram's lines without its family's header, with `labels` (empty or
     /// `key="value",…`) on each: one series of a labelled family.
     pub fn samples(&self, out: &mut String, name: &str, labels: &str) {
-        let (before_le, braces) = match labels.is_empty() {
-            true => (String::new(), String::new()),
-            false => (format!("{labels},"), format!("{{{labels}}}")),
+        let (before_le, braces) = if labels.is_empty() {
+            (String::new(), String::new())
+        } else {
+            (format!("{labels},"), format!("{{{labels}}}"))
         };
         for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
             let _ = writeln!(

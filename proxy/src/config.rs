@@ -166,9 +166,10 @@ impl Config {
     /// The planner's settings. With the proxy off and the mesh's egress masquerade on,
     /// the table carries that masquerade alone: another proxy serves Services.
     pub fn settings(&self, cluster: &Cluster, neighbours: &Neighbours) -> ProxySettings {
-        let scope = match self.enabled || !neighbours.egress_masquerade {
-            true => TableScope::Services,
-            false => TableScope::EgressOnly,
+        let scope = if self.enabled || !neighbours.egress_masquerade {
+            TableScope::Services
+        } else {
+            TableScope::EgressOnly
         };
         ProxySettings {
             scope,

@@ -56,9 +56,10 @@ fn respond(view: &ViewReader, proxy: &ProxyMetrics, service: &ServiceName) -> Re
         "serviceProxyHealthy": healthy,
     })
     .to_string();
-    let status = match count > 0 && healthy {
-        true => StatusCode::OK,
-        false => StatusCode::SERVICE_UNAVAILABLE,
+    let status = if count > 0 && healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
     };
     let mut response = nodus_http::respond(status, "application/json", body);
     if let Ok(weight) = count.to_string().parse() {

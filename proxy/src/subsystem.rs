@@ -222,9 +222,10 @@ impl Subsystem for ProxySubsystem {
         if applied.stale {
             return;
         }
-        match self.blocking {
-            true => tokio::task::block_in_place(|| self.step(view, applied)),
-            false => self.step(view, applied),
+        if self.blocking {
+            tokio::task::block_in_place(|| self.step(view, applied))
+        } else {
+            self.step(view, applied)
         }
         if let Some(health) = &mut self.health {
             health.update(view, (!applied.initial_sync).then_some(&applied.changes));

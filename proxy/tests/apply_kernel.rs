@@ -1125,16 +1125,15 @@ fn pods_told_by_their_interface_keep_their_address() {
         let (node, client) = node_and_client();
         let pod = Netns::new("apif").expect("pod namespace");
         netns::veth(&node, "vethpod", &pod, "eth0").expect("pod veth");
-        let gateway_device = match bridge {
-            true => {
-                node.ip(&["link", "add", "podbr", "type", "bridge"])
-                    .expect("bridge");
-                node.ip(&["link", "set", "vethpod", "master", "podbr"])
-                    .expect("enslave");
-                node.ip(&["link", "set", "podbr", "up"]).expect("bridge up");
-                "podbr"
-            }
-            false => "vethpod",
+        let gateway_device = if bridge {
+            node.ip(&["link", "add", "podbr", "type", "bridge"])
+                .expect("bridge");
+            node.ip(&["link", "set", "vethpod", "master", "podbr"])
+                .expect("enslave");
+            node.ip(&["link", "set", "podbr", "up"]).expect("bridge up");
+            "podbr"
+        } else {
+            "vethpod"
         };
         node.ip(&["addr", "add", "10.50.0.1/24", "dev", gateway_device])
             .expect("gateway");

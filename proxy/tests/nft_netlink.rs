@@ -4,6 +4,11 @@
 //! loaded with `nft -f` into a second namespace, and both are listed with `nft list
 //! table`. Equal listings mean our bytecode reads back exactly as nft's does.
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test or bench reads as one story, top to bottom"
+)]
+
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::time::Duration;

@@ -3,6 +3,11 @@
 //! kernel's outcome (which endpoint answered and the source it saw, a refusal, or
 //! silence) must be one the tracer predicted for that packet.
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test or bench reads as one story, top to bottom"
+)]
+
 use std::collections::BTreeSet;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -90,9 +95,10 @@ fn observe(client: &Netns, source: IpAddr, destination: SocketAddr) -> String {
                     let mut text = String::new();
                     stream.read_to_string(&mut text).expect("greeting");
                     let (endpoint, peer) = text.split_once(' ').expect("endpoint and peer");
-                    match peer == source.to_string() {
-                        true => endpoint.to_string(),
-                        false => format!("{endpoint} masq"),
+                    if peer == source.to_string() {
+                        endpoint.to_string()
+                    } else {
+                        format!("{endpoint} masq")
                     }
                 }
                 Err(error) if error.kind() == ErrorKind::ConnectionRefused => "REJECT".into(),

@@ -206,9 +206,12 @@ pub async fn follow_cluster(
 /// The complete view: every watch's initial list applied.
 pub async fn complete_view(cluster: &ClusterArgs) -> anyhow::Result<Feed> {
     let (mut feed, items) = follow_cluster(cluster).await?;
-    feed.drive(items, |feed, _| match feed.is_complete() {
-        true => std::ops::ControlFlow::Break(()),
-        false => std::ops::ControlFlow::Continue(()),
+    feed.drive(items, |feed, _| {
+        if feed.is_complete() {
+            std::ops::ControlFlow::Break(())
+        } else {
+            std::ops::ControlFlow::Continue(())
+        }
     })
     .await;
     anyhow::ensure!(

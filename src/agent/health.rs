@@ -17,13 +17,16 @@ pub const STALL: Duration = Duration::from_secs(60);
 
 /// Why the agent is not live, if it is not.
 pub fn livez(metrics: &Metrics) -> Result<(), String> {
-    let stalled = |what: &str, age: Duration| match age > STALL {
-        true => Err(format!(
-            "{what} has not gone round for {} s (over {} s)",
-            age.as_secs(),
-            STALL.as_secs()
-        )),
-        false => Ok(()),
+    let stalled = |what: &str, age: Duration| {
+        if age > STALL {
+            Err(format!(
+                "{what} has not gone round for {} s (over {} s)",
+                age.as_secs(),
+                STALL.as_secs()
+            ))
+        } else {
+            Ok(())
+        }
     };
     stalled("the run loop", metrics.run_loop.age())?;
     if let Some(mesh) = metrics.mesh.get() {

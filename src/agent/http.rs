@@ -29,9 +29,10 @@ fn route(
     match req.uri().path() {
         path @ ("/healthz" | "/livez") => {
             let livez = path == "/livez";
-            let verdict = match livez {
-                true => health::livez(metrics),
-                false => health::healthz(metrics, process),
+            let verdict = if livez {
+                health::livez(metrics)
+            } else {
+                health::healthz(metrics, process)
             };
             metrics.health_answered(livez, verdict.is_ok());
             match verdict {
@@ -126,18 +127,17 @@ pub async fn serve(
         .first()
         .and_then(|s| s.local_addr().ok())
         .is_some_and(|bound| bound == addr);
-    let listeners = match same {
-        true => inherited
+    let listeners = if same {
+        inherited
             .into_iter()
             .map(|socket| {
                 socket.set_nonblocking(true)?;
                 tokio::net::TcpListener::from_std(socket)
             })
             .collect::<std::io::Result<Vec<_>>>()
-            .context("serving HTTP on the sockets handed over")?,
-        false => {
-            nodus_http::bind(addr).with_context(|| format!("binding the HTTP address {addr}"))?
-        }
+            .context("serving HTTP on the sockets handed over")?
+    } else {
+        nodus_http::bind(addr).with_context(|| format!("binding the HTTP address {addr}"))?
     };
     let bound = listeners[0].local_addr()?;
     let mut sockets = Vec::new();

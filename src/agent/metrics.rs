@@ -150,10 +150,7 @@ impl Metrics {
 
     /// Counts an answer of `/healthz` (or of `/livez`): healthy or not.
     pub fn health_answered(&self, livez: bool, healthy: bool) {
-        let counts = match livez {
-            true => &self.livez,
-            false => &self.healthz,
-        };
+        let counts = if livez { &self.livez } else { &self.healthz };
         counts[usize::from(!healthy)].fetch_add(1, Relaxed);
     }
 
@@ -186,6 +183,10 @@ impl Metrics {
         .map(|(kind, value)| (kind, value.load(Relaxed)))
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the exposition: one family after another"
+    )]
     pub fn render(&self, process: &ProcessState) -> String {
         let mut out = String::with_capacity(4096);
         family(&mut out, "nodus_build_info", "gauge", "Build information.");

@@ -45,9 +45,10 @@ use watch::{WatchItem, WatchSet};
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let config = configuration(&args)?;
     let node_name = args.cluster.node_name.clone();
-    let plain_http = match args.allow_http_api {
-        true => watch::PlainHttp::Allowed,
-        false => watch::PlainHttp::Refused,
+    let plain_http = if args.allow_http_api {
+        watch::PlainHttp::Allowed
+    } else {
+        watch::PlainHttp::Refused
     };
     let client = watch::connect(
         args.cluster.kubeconfig.as_deref(),

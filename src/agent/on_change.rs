@@ -156,9 +156,10 @@ impl Runner {
     fn input(&self, batch: &Pending) -> std::io::Result<Vec<u8>> {
         let view = self.view.read();
         let mut out = Vec::new();
-        match batch.all {
-            true => write_change_lines(&view, &everything(&view), &mut out)?,
-            false => write_change_lines(&view, &batch.changes, &mut out)?,
+        if batch.all {
+            write_change_lines(&view, &everything(&view), &mut out)?
+        } else {
+            write_change_lines(&view, &batch.changes, &mut out)?
         }
         Ok(out)
     }

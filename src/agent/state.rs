@@ -88,12 +88,13 @@ impl StateDir {
     fn read(&self, path: &Path) -> Option<(View, Restored)> {
         let started = Instant::now();
         let read = std::fs::metadata(path).and_then(|meta| {
-            match meta.len() > nodus_view::view::SNAPSHOT_MAX_BYTES as u64 {
-                true => Err(std::io::Error::other(format!(
+            if meta.len() > nodus_view::view::SNAPSHOT_MAX_BYTES as u64 {
+                Err(std::io::Error::other(format!(
                     "{} bytes, more than a saved view may take",
                     meta.len()
-                ))),
-                false => Ok((std::fs::read(path)?, meta.modified()?)),
+                )))
+            } else {
+                Ok((std::fs::read(path)?, meta.modified()?))
             }
         });
         let (bytes, saved) = match read {

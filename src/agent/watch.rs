@@ -485,9 +485,10 @@ pub fn watch_all(
         let mut pods = watcher::Config::default().page_size(set.page_size.min(POD_PAGE_MAX));
         // Policies must not be enforced from a partial picture: with them on, a refused
         // list holds the view back rather than letting every pod through.
-        let pod_presence = match set.policy {
-            true => Presence::Required,
-            false => Presence::Optional,
+        let pod_presence = if set.policy {
+            Presence::Required
+        } else {
+            Presence::Optional
         };
         if !set.policy {
             pods = pods.fields(&format!("spec.nodeName={}", set.node_name));
@@ -498,9 +499,10 @@ pub fn watch_all(
     }
     if set.namespaces || set.policy {
         // Without policy, a refused list only leaves empty namespaces NXDOMAIN.
-        let presence = match set.policy {
-            true => Presence::Required,
-            false => Presence::Optional,
+        let presence = if set.policy {
+            Presence::Required
+        } else {
+            Presence::Optional
         };
         kinds.push(Kind::Namespace);
         streams.push(

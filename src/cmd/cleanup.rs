@@ -103,20 +103,23 @@ pub async fn own(yes: bool, config: &Config) -> anyhow::Result<()> {
     if !yes && !confirmed(&question)? {
         return Ok(());
     }
-    match nodus_proxy::apply::cleanup()? {
-        true => println!("removed table inet nodus"),
-        false => println!("no table inet nodus; nothing to remove"),
+    if nodus_proxy::apply::cleanup()? {
+        println!("removed table inet nodus")
+    } else {
+        println!("no table inet nodus; nothing to remove")
     }
     let removed = nodus_mesh::cleanup::remove(&mesh.interface, &mesh.cni_conflist)
         .await
         .map_err(|error| anyhow::anyhow!("removing the mesh: {error}"))?;
-    match removed.device {
-        true => println!("removed WireGuard device {} and its routes", mesh.interface),
-        false => println!("no WireGuard device {}", mesh.interface),
+    if removed.device {
+        println!("removed WireGuard device {} and its routes", mesh.interface)
+    } else {
+        println!("no WireGuard device {}", mesh.interface)
     }
-    match removed.conflist {
-        true => println!("removed {}", mesh.cni_conflist.display()),
-        false => println!("no {}", mesh.cni_conflist.display()),
+    if removed.conflist {
+        println!("removed {}", mesh.cni_conflist.display())
+    } else {
+        println!("no {}", mesh.cni_conflist.display())
     }
     Ok(())
 }

@@ -2,7 +2,5 @@
 
 pub mod cleanup;
 pub mod proxy;
-#[cfg(feature = "sandbox")]
-pub mod sandbox;
 pub mod status;
 pub mod view;

@@ -53,9 +53,10 @@ pub fn render(status: &Status, now: SystemTime) -> String {
             (Some(at), None) => ago(now, at),
             _ => "-".into(),
         };
-        let errors = match s.enabled {
-            true => s.errors.to_string(),
-            false => "-".into(),
+        let errors = if s.enabled {
+            s.errors.to_string()
+        } else {
+            "-".into()
         };
         let _ = writeln!(
             out,

@@ -21,6 +21,10 @@
 //! [--only dnsperf|autopath]` (needs `dnsperf` and `nsd` from Debian, and root for the
 //! namespaces).
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test or bench reads as one story, top to bottom"
+)]
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
 use anyhow::{Context, bail};
@@ -471,9 +475,10 @@ fn resolve_client(args: &[String]) -> anyhow::Result<()> {
             let (names, stop, counts) = (names.clone(), stop.clone(), counts.clone());
             std::thread::spawn(move || {
                 let first = t * names.len() / threads;
-                let share = match seconds > 0.0 {
-                    true => usize::MAX,
-                    false => (t + 1) * names.len() / threads - first,
+                let share = if seconds > 0.0 {
+                    usize::MAX
+                } else {
+                    (t + 1) * names.len() / threads - first
                 };
                 for (name, expected) in names.iter().cycle().skip(first).take(share) {
                     if stop.load(Relaxed) {

@@ -32,6 +32,11 @@
 //! `cargo bench --bench footprint -- [--shape 1000x10x100]… [--policy 10000x200x100]
 //! [--real-api] [--nodus PATH]`
 
+#![allow(
+    clippy::too_many_lines,
+    reason = "a test or bench reads as one story, top to bottom"
+)]
+
 use anyhow::{Context, bail};
 use nodus_mesh::key::KeyPair;
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;

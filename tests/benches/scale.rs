@@ -88,18 +88,18 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     let mut config = opts
         .page_size
         .map_or(String::new(), |n| format!("watch_page_size: {n}\n"));
-    config.push_str(&match opts.dns {
-        true => format!("dns:\n  listen: [\"127.0.0.1:{}\"]\n", free_port()?),
-        false => "dns:\n  enabled: false\n".to_string(),
+    config.push_str(&if opts.dns {
+        format!("dns:\n  listen: [\"127.0.0.1:{}\"]\n", free_port()?)
+    } else {
+        "dns:\n  enabled: false\n".to_string()
     });
     let node = scale::node_name(0);
-    let agent = match opts.proxy {
-        true => {
-            config.push_str("proxy:\n  enabled: true\n");
-            let ns = Arc::new(Netns::new("scale")?);
-            cluster.start_agent_in(ns, &opts.nodus, &node, &config)?
-        }
-        false => cluster.start_agent(&opts.nodus, &node, &config)?,
+    let agent = if opts.proxy {
+        config.push_str("proxy:\n  enabled: true\n");
+        let ns = Arc::new(Netns::new("scale")?);
+        cluster.start_agent_in(ns, &opts.nodus, &node, &config)?
+    } else {
+        cluster.start_agent(&opts.nodus, &node, &config)?
     };
     let ready = agent.wait_ready(Duration::from_secs(600))?;
     std::thread::sleep(opts.settle);
@@ -121,13 +121,15 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     let churn_apply = agent.metric(apply_sum)? - apply_before;
     std::thread::sleep(opts.settle);
     let churned = proc_memory(agent.pid())?;
-    let proxy = match opts.proxy {
-        true => Some(proxy_latencies(&cluster, &agent, &shape)?),
-        false => None,
+    let proxy = if opts.proxy {
+        Some(proxy_latencies(&cluster, &agent, &shape)?)
+    } else {
+        None
     };
-    let annotated = match opts.proxy {
-        true => Some(annotate_own_node(&cluster, &agent, opts.settle)?),
-        false => None,
+    let annotated = if opts.proxy {
+        Some(annotate_own_node(&cluster, &agent, opts.settle)?)
+    } else {
+        None
     };
     Ok(Row {
         shape,

@@ -964,10 +964,7 @@ fn sigkill_during_a_full_sync_then_restart_converges() {
     let left = table_words(&ns).len();
     println!(
         "S1 killed {} its first full sync; the table held {left} addresses",
-        match mid_sync {
-            true => "during",
-            false => "after",
-        }
+        if mid_sync { "during" } else { "after" }
     );
 
     let dir = cluster.dir.clone();

@@ -13,6 +13,10 @@ use std::process::{Command, Stdio};
 /// Where Debian installs the plugins.
 pub const CNI_PATH: &str = "/usr/lib/cni";
 
+/// The reference plugins nodus's conflist chains, which `nodus install-cni` copies from
+/// [`CNI_PATH`] (`nodus_mesh::cni::REFERENCE_PLUGINS`, which the binary's tests compare).
+pub const REFERENCE_PLUGINS: [&str; 3] = ["host-local", "portmap", "loopback"];
+
 /// Creates pod `name` on the node whose network namespace is `node_ns` by running `ADD`
 /// of every plugin of the conflist at
 /// `conflist`, chained as a runtime chains them. `host-local` keeps its leases in

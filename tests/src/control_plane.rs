@@ -115,6 +115,129 @@ pub struct ControlPlane {
     components: Vec<Component>,
 }
 
+/// etcd for a test's data: no fsync, and no metrics listener.
+fn etcd(bin: &Path, dir: &Path, etcd_url: &str, etcd_peer_port: u16) -> Component {
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    Component::new(
+        "etcd",
+        bin.join("etcd"),
+        &[
+            format!("--data-dir={}", path(&dir.join("etcd"))),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer_port}"),
+            // A test's data: no fsync, and no metrics listener.
+            "--unsafe-no-fsync".into(),
+            "--log-level=warn".into(),
+        ],
+    )
+}
+
+/// kube-apiserver with the test's PKI, `Node,RBAC` and NodeRestriction.
+fn kube_apiserver(
+    bin: &Path,
+    pki: &Pki,
+    config: &ControlPlaneConfig,
+    etcd_url: &str,
+    api_port: u16,
+) -> Component {
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    Component::new(
+        "kube-apiserver",
+        bin.join("kube-apiserver"),
+        &[
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={api_port}"),
+            format!("--advertise-address={}", config.advertise),
+            format!("--tls-cert-file={}", path(&pki.apiserver.cert)),
+            format!("--tls-private-key-file={}", path(&pki.apiserver.key)),
+            format!("--client-ca-file={}", path(&pki.ca.cert)),
+            format!(
+                "--kubelet-client-certificate={}",
+                path(&pki.apiserver_kubelet.cert)
+            ),
+            format!("--kubelet-client-key={}", path(&pki.apiserver_kubelet.key)),
+            format!("--kubelet-certificate-authority={}", path(&pki.ca.cert)),
+            format!(
+                "--service-account-key-file={}",
+                path(&pki.service_account_public)
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                path(&pki.service_account_key)
+            ),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
+            "--service-node-port-range=30000-32767".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            "--enable-admission-plugins=NodeRestriction".into(),
+            "--allow-privileged=true".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ],
+    )
+}
+
+/// kube-controller-manager: node IPAM, EndpointSlices, ServiceAccounts and the rest,
+/// but the node lifecycle controller.
+fn kube_controller_manager(bin: &Path, pki: &Pki, kubeconfig: &Path, port: u16) -> Component {
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let mut flags = controller_flags(kubeconfig, port);
+    flags.extend([
+        "--use-service-account-credentials=true".into(),
+        format!(
+            "--service-account-private-key-file={}",
+            path(&pki.service_account_key)
+        ),
+        format!("--root-ca-file={}", path(&pki.ca.cert)),
+        format!("--cluster-signing-cert-file={}", path(&pki.ca.cert)),
+        format!("--cluster-signing-key-file={}", path(&pki.ca.key)),
+        "--allocate-node-cidrs=true".into(),
+        format!("--cluster-cidr={CLUSTER_CIDRS}"),
+        "--node-cidr-mask-size-ipv4=24".into(),
+        "--node-cidr-mask-size-ipv6=64".into(),
+        format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
+        // No kubelet heartbeats here: the node lifecycle controller would mark
+        // every Node unreachable after 40 s, and its pods not ready.
+        "--controllers=*,-node-lifecycle-controller".into(),
+        // The footprint bench's clusters: 10,000 slices to write.
+        "--kube-api-qps=1000".into(),
+        "--kube-api-burst=2000".into(),
+    ]);
+    Component::new(
+        "kube-controller-manager",
+        bin.join("kube-controller-manager"),
+        &flags,
+    )
+}
+
+/// kube-scheduler.
+fn kube_scheduler(bin: &Path, kubeconfig: &Path, port: u16) -> Component {
+    Component::new(
+        "kube-scheduler",
+        bin.join("kube-scheduler"),
+        &controller_flags(kubeconfig, port),
+    )
+}
+
+/// What the controller manager and the scheduler are both given: their kubeconfig for
+/// everything, loopback only, and no leader election.
+fn controller_flags(kubeconfig: &Path, port: u16) -> Vec<String> {
+    let path = kubeconfig.to_string_lossy();
+    vec![
+        format!("--kubeconfig={path}"),
+        format!("--authentication-kubeconfig={path}"),
+        format!("--authorization-kubeconfig={path}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        "--leader-elect=false".into(),
+        "--v=1".into(),
+    ]
+}
+
 impl ControlPlane {
     /// Starts a control plane in `dir` (made afresh, and removed when it drops) and waits
     /// until the API server is ready and the controllers run.
@@ -155,107 +278,12 @@ impl ControlPlane {
         let admin_kubeconfig = client_kubeconfig("admin", &pki.admin)?;
         let kcm_kubeconfig = client_kubeconfig("controller-manager", &pki.kcm)?;
         let scheduler_kubeconfig = client_kubeconfig("scheduler", &pki.scheduler)?;
-        let path = |p: &Path| p.to_string_lossy().into_owned();
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let components = vec![
-            Component::new(
-                "etcd",
-                bin.join("etcd"),
-                &[
-                    format!("--data-dir={}", path(&dir.join("etcd"))),
-                    format!("--listen-client-urls={etcd_url}"),
-                    format!("--advertise-client-urls={etcd_url}"),
-                    format!("--listen-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
-                    format!("--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer_port}"),
-                    format!("--initial-cluster=default=http://127.0.0.1:{etcd_peer_port}"),
-                    // A test's data: no fsync, and no metrics listener.
-                    "--unsafe-no-fsync".into(),
-                    "--log-level=warn".into(),
-                ],
-            ),
-            Component::new(
-                "kube-apiserver",
-                bin.join("kube-apiserver"),
-                &[
-                    format!("--etcd-servers={etcd_url}"),
-                    "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={api_port}"),
-                    format!("--advertise-address={}", config.advertise),
-                    format!("--tls-cert-file={}", path(&pki.apiserver.cert)),
-                    format!("--tls-private-key-file={}", path(&pki.apiserver.key)),
-                    format!("--client-ca-file={}", path(&pki.ca.cert)),
-                    format!(
-                        "--kubelet-client-certificate={}",
-                        path(&pki.apiserver_kubelet.cert)
-                    ),
-                    format!("--kubelet-client-key={}", path(&pki.apiserver_kubelet.key)),
-                    format!("--kubelet-certificate-authority={}", path(&pki.ca.cert)),
-                    format!(
-                        "--service-account-key-file={}",
-                        path(&pki.service_account_public)
-                    ),
-                    format!(
-                        "--service-account-signing-key-file={}",
-                        path(&pki.service_account_key)
-                    ),
-                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                    format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
-                    "--service-node-port-range=30000-32767".into(),
-                    "--authorization-mode=Node,RBAC".into(),
-                    "--enable-admission-plugins=NodeRestriction".into(),
-                    "--allow-privileged=true".into(),
-                    "--profiling=false".into(),
-                    "--v=1".into(),
-                ],
-            ),
-            Component::new(
-                "kube-controller-manager",
-                bin.join("kube-controller-manager"),
-                &[
-                    format!("--kubeconfig={}", path(&kcm_kubeconfig)),
-                    format!("--authentication-kubeconfig={}", path(&kcm_kubeconfig)),
-                    format!("--authorization-kubeconfig={}", path(&kcm_kubeconfig)),
-                    "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={}", other_port()?),
-                    "--leader-elect=false".into(),
-                    "--use-service-account-credentials=true".into(),
-                    format!(
-                        "--service-account-private-key-file={}",
-                        path(&pki.service_account_key)
-                    ),
-                    format!("--root-ca-file={}", path(&pki.ca.cert)),
-                    format!("--cluster-signing-cert-file={}", path(&pki.ca.cert)),
-                    format!("--cluster-signing-key-file={}", path(&pki.ca.key)),
-                    "--allocate-node-cidrs=true".into(),
-                    format!("--cluster-cidr={CLUSTER_CIDRS}"),
-                    "--node-cidr-mask-size-ipv4=24".into(),
-                    "--node-cidr-mask-size-ipv6=64".into(),
-                    format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
-                    // No kubelet heartbeats here: the node lifecycle controller would mark
-                    // every Node unreachable after 40 s, and its pods not ready.
-                    "--controllers=*,-node-lifecycle-controller".into(),
-                    // The footprint bench's clusters: 10,000 slices to write.
-                    "--kube-api-qps=1000".into(),
-                    "--kube-api-burst=2000".into(),
-                    "--v=1".into(),
-                ],
-            ),
-            Component::new(
-                "kube-scheduler",
-                bin.join("kube-scheduler"),
-                &[
-                    format!("--kubeconfig={}", path(&scheduler_kubeconfig)),
-                    format!(
-                        "--authentication-kubeconfig={}",
-                        path(&scheduler_kubeconfig)
-                    ),
-                    format!("--authorization-kubeconfig={}", path(&scheduler_kubeconfig)),
-                    "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={}", other_port()?),
-                    "--leader-elect=false".into(),
-                    "--v=1".into(),
-                ],
-            ),
+            etcd(&bin, dir, &etcd_url, etcd_peer_port),
+            kube_apiserver(&bin, &pki, config, &etcd_url, api_port),
+            kube_controller_manager(&bin, &pki, &kcm_kubeconfig, other_port()?),
+            kube_scheduler(&bin, &scheduler_kubeconfig, other_port()?),
         ];
         let mut plane = ControlPlane {
             dir: dir.to_path_buf(),
@@ -721,29 +749,39 @@ struct Pki {
     service_account_public: PathBuf,
 }
 
-impl Pki {
-    fn create(dir: &Path, config: &ControlPlaneConfig) -> anyhow::Result<Pki> {
-        std::fs::create_dir_all(dir)?;
-        let openssl = |args: &[&str]| -> anyhow::Result<()> {
-            run_with_input(Command::new("openssl").args(args).current_dir(dir), None)
-                .map(drop)
-                .context("openssl (Debian's openssl package)")
-        };
-        // An ECDSA P-256 key, `<name>.key`.
-        let key = |name: &str| {
-            openssl(&[
-                "ecparam",
-                "-name",
-                "prime256v1",
-                "-genkey",
-                "-noout",
-                "-out",
-                &format!("{name}.key"),
-            ])
-        };
-        let ca = Pair::at(dir, "ca");
-        key("ca")?;
-        openssl(&[
+/// openssl (Debian's package) run in the PKI's directory.
+struct Openssl<'d> {
+    dir: &'d Path,
+}
+
+impl Openssl<'_> {
+    fn run(&self, args: &[&str]) -> anyhow::Result<()> {
+        run_with_input(
+            Command::new("openssl").args(args).current_dir(self.dir),
+            None,
+        )
+        .map(drop)
+        .context("openssl (Debian's openssl package)")
+    }
+
+    /// An ECDSA P-256 key, `<name>.key`.
+    fn key(&self, name: &str) -> anyhow::Result<()> {
+        let out = format!("{name}.key");
+        self.run(&[
+            "ecparam",
+            "-name",
+            "prime256v1",
+            "-genkey",
+            "-noout",
+            "-out",
+            &out,
+        ])
+    }
+
+    /// The CA, `ca.key` and a self-signed `ca.crt`.
+    fn ca(&self) -> anyhow::Result<Pair> {
+        self.key("ca")?;
+        self.run(&[
             "req",
             "-x509",
             "-new",
@@ -760,76 +798,85 @@ impl Pki {
             "-out",
             "ca.crt",
         ])?;
-        let leaf = |name: &str, subject: &str, extensions: &str| -> anyhow::Result<Pair> {
-            let ext = dir.join(format!("{name}.ext"));
-            std::fs::write(&ext, extensions)?;
-            key(name)?;
-            openssl(&[
-                "req",
-                "-new",
-                "-key",
-                &format!("{name}.key"),
-                "-subj",
-                subject,
-                "-out",
-                &format!("{name}.csr"),
-            ])?;
-            openssl(&[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "3650",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.crt"),
-            ])?;
-            Ok(Pair::at(dir, name))
-        };
+        Ok(Pair::at(self.dir, "ca"))
+    }
+
+    /// A key and a certificate the CA signs for `subject`, with `extensions`.
+    fn leaf(&self, name: &str, subject: &str, extensions: &str) -> anyhow::Result<Pair> {
+        std::fs::write(self.dir.join(format!("{name}.ext")), extensions)?;
+        self.key(name)?;
+        let (key, csr) = (format!("{name}.key"), format!("{name}.csr"));
+        self.run(&["req", "-new", "-key", &key, "-subj", subject, "-out", &csr])?;
+        let (ext, crt) = (format!("{name}.ext"), format!("{name}.crt"));
+        self.run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
+        ])?;
+        Ok(Pair::at(self.dir, name))
+    }
+}
+
+/// The API server's certificate extensions: its names and addresses, the advertised one
+/// and `extra_sans` among them.
+fn server_extensions(config: &ControlPlaneConfig) -> String {
+    let mut sans: Vec<String> = [
+        "DNS:localhost",
+        "DNS:kubernetes",
+        "DNS:kubernetes.default",
+        "DNS:kubernetes.default.svc",
+        "DNS:kubernetes.default.svc.cluster.local",
+        "IP:127.0.0.1",
+        "IP:10.96.0.1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    sans.extend(
+        std::iter::once(config.advertise)
+            .chain(config.extra_sans.iter().copied())
+            .map(|ip| format!("IP:{ip}")),
+    );
+    format!(
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName={}\n",
+        sans.join(",")
+    )
+}
+
+impl Pki {
+    fn create(dir: &Path, config: &ControlPlaneConfig) -> anyhow::Result<Pki> {
+        std::fs::create_dir_all(dir)?;
+        let openssl = Openssl { dir };
+        let ca = openssl.ca()?;
         let client = "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n";
-        let mut sans: Vec<String> = [
-            "DNS:localhost",
-            "DNS:kubernetes",
-            "DNS:kubernetes.default",
-            "DNS:kubernetes.default.svc",
-            "DNS:kubernetes.default.svc.cluster.local",
-            "IP:127.0.0.1",
-            "IP:10.96.0.1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        sans.extend(
-            std::iter::once(config.advertise)
-                .chain(config.extra_sans.iter().copied())
-                .map(|ip| format!("IP:{ip}")),
-        );
-        let server = format!(
-            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName={}\n",
-            sans.join(",")
-        );
-        let apiserver = leaf("apiserver", "/CN=kube-apiserver", &server)?;
-        let apiserver_kubelet = leaf(
+        let server = server_extensions(config);
+        let apiserver = openssl.leaf("apiserver", "/CN=kube-apiserver", &server)?;
+        let apiserver_kubelet = openssl.leaf(
             "apiserver-kubelet-client",
             "/O=kubeadm:cluster-admins/CN=kube-apiserver-kubelet-client",
             client,
         )?;
-        let admin = leaf("admin", "/O=system:masters/CN=kubernetes-admin", client)?;
-        let kcm = leaf(
+        let admin = openssl.leaf("admin", "/O=system:masters/CN=kubernetes-admin", client)?;
+        let kcm = openssl.leaf(
             "controller-manager",
             "/CN=system:kube-controller-manager",
             client,
         )?;
-        let scheduler = leaf("scheduler", "/CN=system:kube-scheduler", client)?;
-        openssl(&["genrsa", "-out", "sa.key", "2048"])?;
-        openssl(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
+        let scheduler = openssl.leaf("scheduler", "/CN=system:kube-scheduler", client)?;
+        openssl.run(&["genrsa", "-out", "sa.key", "2048"])?;
+        openssl.run(&["rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub"])?;
         Ok(Pki {
             ca,
             apiserver,

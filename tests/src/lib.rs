@@ -9,4 +9,5 @@ pub mod cni;
 pub mod control_plane;
 pub mod netns;
 pub mod probe;
+pub mod sandbox;
 pub mod scale;

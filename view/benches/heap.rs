@@ -21,15 +21,18 @@ static LIVE: AtomicUsize = AtomicUsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         LIVE.fetch_add(layout.size(), Relaxed);
+        // SAFETY: the caller's contract for `alloc`, passed on unchanged.
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         LIVE.fetch_sub(layout.size(), Relaxed);
+        // SAFETY: `ptr` came from `System` through `alloc` or `realloc` with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         LIVE.fetch_add(new_size, Relaxed);
         LIVE.fetch_sub(layout.size(), Relaxed);
+        // SAFETY: as for `dealloc`; the caller's contract for `new_size` passed on.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }

@@ -22,8 +22,9 @@ pub struct Invalid(pub String);
 
 /// `Ok` when `holds`, else the message as [`Invalid`].
 pub fn check(holds: bool, message: impl FnOnce() -> String) -> Result<(), Invalid> {
-    match holds {
-        true => Ok(()),
-        false => Err(Invalid(message())),
+    if holds {
+        Ok(())
+    } else {
+        Err(Invalid(message()))
     }
 }

@@ -169,6 +169,74 @@ impl CheckedService<'_> {
     }
 }
 
+/// `spec.sessionAffinity` as the seconds a client sticks to its endpoint; 0 for none.
+fn affinity_timeout(spec: &wire::ServiceSpec) -> Result<u32, String> {
+    Ok(match spec.session_affinity.as_deref() {
+        None | Some("") | Some("None") => 0,
+        Some("ClientIP") => {
+            let timeout = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match timeout {
+                None => DEFAULT_AFFINITY_TIMEOUT,
+                Some(t @ 1..=MAX_AFFINITY_TIMEOUT) => t as u32,
+                Some(t) => {
+                    return Err(format!(
+                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is out of range 1-{MAX_AFFINITY_TIMEOUT}"
+                    ));
+                }
+            }
+        }
+        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
+    })
+}
+
+/// The load balancers' IPs (those with `ipMode: Proxy` marked); one that does not parse
+/// is skipped and named in `skipped`.
+fn load_balancer_ingress(
+    status: &wire::ServiceStatus,
+    skipped: &mut Vec<String>,
+) -> Box<[LoadBalancerIngress]> {
+    each_valid(
+        status
+            .load_balancer
+            .ingress
+            .iter()
+            .filter_map(|ing| {
+                ing.ip
+                    .as_deref()
+                    .filter(|ip| !ip.is_empty())
+                    .map(|ip| (ip, ing))
+            })
+            .map(|(ip, ing)| {
+                Ok(LoadBalancerIngress {
+                    ip: parse_ip("status.loadBalancer.ingress.ip", ip)?,
+                    proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
+                })
+            }),
+        skipped,
+    )
+}
+
+/// The ports, with their names apart (interned once the service is valid).
+fn service_ports(spec: &wire::ServiceSpec) -> Result<(Vec<ServicePort>, Vec<&str>), String> {
+    let mut ports = Vec::with_capacity(spec.ports.len());
+    let mut port_names = Vec::with_capacity(spec.ports.len());
+    for (i, p) in spec.ports.iter().enumerate() {
+        let field = format!("spec.ports[{i}]");
+        ports.push(ServicePort {
+            name: Sym::EMPTY,
+            protocol: parse_protocol(&field, p.protocol.as_deref())?,
+            port: parse_port(&field, p.port)?,
+            node_port: parse_optional_port(&format!("{field}.nodePort"), p.node_port)?,
+        });
+        port_names.push(p.name.as_deref().unwrap_or(""));
+    }
+    Ok((ports, port_names))
+}
+
 fn check_service<'w>(
     wire: &'w wire::Service,
     skipped: &mut Vec<String>,
@@ -190,59 +258,11 @@ fn check_service<'w>(
             .collect::<Result<_, _>>()?
     };
 
-    let mut ports = Vec::with_capacity(spec.ports.len());
-    let mut port_names = Vec::with_capacity(spec.ports.len());
-    for (i, p) in spec.ports.iter().enumerate() {
-        let field = format!("spec.ports[{i}]");
-        ports.push(ServicePort {
-            name: Sym::EMPTY,
-            protocol: parse_protocol(&field, p.protocol.as_deref())?,
-            port: parse_port(&field, p.port)?,
-            node_port: parse_optional_port(&format!("{field}.nodePort"), p.node_port)?,
-        });
-        port_names.push(p.name.as_deref().unwrap_or(""));
-    }
+    let (ports, port_names) = service_ports(spec)?;
 
-    let affinity_timeout = match spec.session_affinity.as_deref() {
-        None | Some("") | Some("None") => 0,
-        Some("ClientIP") => {
-            let timeout = spec
-                .session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds);
-            match timeout {
-                None => DEFAULT_AFFINITY_TIMEOUT,
-                Some(t @ 1..=MAX_AFFINITY_TIMEOUT) => t as u32,
-                Some(t) => {
-                    return Err(format!(
-                        "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is out of range 1-{MAX_AFFINITY_TIMEOUT}"
-                    ));
-                }
-            }
-        }
-        Some(other) => return Err(format!("spec.sessionAffinity: unknown value {other:?}")),
-    };
+    let affinity_timeout = affinity_timeout(spec)?;
 
-    let load_balancer_ingress = each_valid(
-        wire.status
-            .load_balancer
-            .ingress
-            .iter()
-            .filter_map(|ing| {
-                ing.ip
-                    .as_deref()
-                    .filter(|ip| !ip.is_empty())
-                    .map(|ip| (ip, ing))
-            })
-            .map(|(ip, ing)| {
-                Ok(LoadBalancerIngress {
-                    ip: parse_ip("status.loadBalancer.ingress.ip", ip)?,
-                    proxy_mode: ing.ip_mode.as_deref() == Some("Proxy"),
-                })
-            }),
-        skipped,
-    );
+    let load_balancer_ingress = load_balancer_ingress(&wire.status, skipped);
     let load_balancer_source_ranges = each_valid(
         spec.load_balancer_source_ranges.iter().map(|r| {
             r.trim()

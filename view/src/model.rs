@@ -75,20 +75,50 @@ impl Cidr {
     }
 
     pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, ip) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+        Family::of(ip) == self.family()
+            && Cidr {
+                addr: ip,
+                prefix: self.prefix,
+            }
+            .network()
+                == self.network()
+    }
+
+    /// The range with its host bits cleared.
+    pub fn network(self) -> Cidr {
+        let addr = match self.addr {
+            IpAddr::V4(a) => {
                 let mask = u32::MAX
                     .checked_shl(32 - u32::from(self.prefix))
                     .unwrap_or(0);
-                u32::from(net) & mask == u32::from(ip) & mask
+                IpAddr::V4(Ipv4Addr::from(u32::from(a) & mask))
             }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+            IpAddr::V6(a) => {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.prefix))
                     .unwrap_or(0);
-                u128::from(net) & mask == u128::from(ip) & mask
+                IpAddr::V6(Ipv6Addr::from(u128::from(a) & mask))
             }
-            _ => false,
+        };
+        Cidr {
+            addr,
+            prefix: self.prefix,
+        }
+    }
+
+    /// The range's first host address, as a /32 or /128 (a gateway's, say); None for a
+    /// range without hosts (/31, /32, /127, /128).
+    pub fn first_host(self) -> Option<Cidr> {
+        match self.network().addr {
+            IpAddr::V4(a) if self.prefix < 31 => Some(Cidr {
+                addr: IpAddr::V4(Ipv4Addr::from(u32::from(a) + 1)),
+                prefix: 32,
+            }),
+            IpAddr::V6(a) if self.prefix < 127 => Some(Cidr {
+                addr: IpAddr::V6(Ipv6Addr::from(u128::from(a) + 1)),
+                prefix: 128,
+            }),
+            _ => None,
         }
     }
 }

@@ -812,9 +812,10 @@ impl View {
         if wire.metadata.labels.overflow {
             *partly_invalid = Some(policy::decode::over_label_cap("Pod", &wire.metadata));
         }
-        let local = match wire.spec.node_name.as_deref() == Some(node_name.as_str()) {
-            true => Some(decode::pod(&wire, &node_name, &mut self.strings)),
-            false => None,
+        let local = if wire.spec.node_name.as_deref() == Some(node_name.as_str()) {
+            Some(decode::pod(&wire, &node_name, &mut self.strings))
+        } else {
+            None
         };
         // What the last version claimed is not trusted past a version that is wrong.
         let mut error = None;

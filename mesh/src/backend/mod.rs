@@ -80,11 +80,12 @@ impl Device {
                         || wireguard_go::find(wireguard_go).is_some();
                     let chosen = if daemon { "wireguard-go" } else { "embedded" };
                     tracing::info!(%error, backend = chosen, "no kernel WireGuard");
-                    match daemon {
-                        true => Ok(Device::WireguardGo(
+                    if daemon {
+                        Ok(Device::WireguardGo(
                             wireguard_go::open(name, wireguard_go).await?,
-                        )),
-                        false => Ok(Device::Embedded(EmbeddedDevice::create(name).await?)),
+                        ))
+                    } else {
+                        Ok(Device::Embedded(EmbeddedDevice::create(name).await?))
                     }
                 }
             },

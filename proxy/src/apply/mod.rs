@@ -298,13 +298,15 @@ impl Proxy {
                 no_local,
             }) => {
                 self.applied.insert(key, footprint);
-                match udp_flows.is_empty() {
-                    true => self.udp_flows.remove(&key),
-                    false => self.udp_flows.insert(key, udp_flows),
+                if udp_flows.is_empty() {
+                    self.udp_flows.remove(&key)
+                } else {
+                    self.udp_flows.insert(key, udp_flows)
                 };
-                match no_local == NoLocalEndpoints::default() {
-                    true => self.no_local.remove(&key),
-                    false => self.no_local.insert(key, no_local),
+                if no_local == NoLocalEndpoints::default() {
+                    self.no_local.remove(&key)
+                } else {
+                    self.no_local.insert(key, no_local)
                 };
             }
             None => {
@@ -337,9 +339,10 @@ impl Proxy {
             report.conntrack_deletions += stale.delete(&mut self.socket);
         }
         let skeleton = outcome?;
-        match planner.facts().network_policy {
-            true => self.program_policies(view, &mut report)?,
-            false => self.policy = policy::PolicyRecords::default(),
+        if planner.facts().network_policy {
+            self.program_policies(view, &mut report)?
+        } else {
+            self.policy = policy::PolicyRecords::default()
         }
         report.duration = start.elapsed();
         self.facts = Some(planner.facts().clone());
@@ -447,23 +450,47 @@ impl Proxy {
                 }
             }
         }
-        if !batch.is_empty() {
-            let batch = batch.into_batch();
-            report.count(&batch);
-            match self.socket.commit(&batch) {
-                Ok(generation) => self.committed(generation),
-                Err(failure) => {
-                    if let nft::Error::Refused { message, .. } = &failure {
-                        error!(refused = %message, error = %failure, "partial proxy sync refused");
-                    } else {
-                        error!(error = %failure, "partial proxy sync failed");
-                    }
-                    let mut full = self.fall_back(view, failure.to_string())?;
-                    full.transactions += 1;
-                    return Ok(full);
+        if !batch.is_empty()
+            && let Err(failure) = self.commit_partial(batch.into_batch(), &mut report)
+        {
+            let mut full = self.fall_back(view, failure.to_string())?;
+            full.transactions += 1;
+            return Ok(full);
+        }
+        self.record_all(records, &mut report);
+        self.shared.merge(claims);
+        if planner.facts().network_policy
+            && !changes.policy_pods.is_empty()
+            && let Err(error) = self.update_policies(view, &changes.policy_pods, &mut report)
+        {
+            return self.fall_back(view, error.to_string());
+        }
+        report.duration = start.elapsed();
+        Ok(report)
+    }
+
+    /// Commits a partial sync's transaction; a refusal is logged with the kernel's words.
+    fn commit_partial(&mut self, batch: Batch, report: &mut SyncReport) -> Result<(), nft::Error> {
+        report.count(&batch);
+        match self.socket.commit(&batch) {
+            Ok(generation) => {
+                self.committed(generation);
+                Ok(())
+            }
+            Err(failure) => {
+                if let nft::Error::Refused { message, .. } = &failure {
+                    error!(refused = %message, error = %failure, "partial proxy sync refused");
+                } else {
+                    error!(error = %failure, "partial proxy sync failed");
                 }
+                Err(failure)
             }
         }
+    }
+
+    /// Records the services a partial sync committed, and deletes the conntrack entries
+    /// of the UDP flows that changed, before and after.
+    fn record_all(&mut self, records: Vec<(u64, Option<Record>)>, report: &mut SyncReport) {
         // The UDP flows of the services whose flows changed, before and after.
         let mut touched: Vec<UdpFlows> = Vec::new();
         for (key, record) in &records {
@@ -481,15 +508,6 @@ impl Proxy {
             let stale = StaleFlows::of(&touched, current);
             report.conntrack_deletions += stale.delete(&mut self.socket);
         }
-        self.shared.merge(claims);
-        if planner.facts().network_policy
-            && !changes.policy_pods.is_empty()
-            && let Err(error) = self.update_policies(view, &changes.policy_pods, &mut report)
-        {
-            return self.fall_back(view, error.to_string());
-        }
-        report.duration = start.elapsed();
-        Ok(report)
     }
 
     fn fall_back(&mut self, view: &View, reason: String) -> Result<SyncReport, Error> {

@@ -49,14 +49,13 @@ impl Proxy {
         let ranges = set.set.flags.interval && !set.set.key.is_concat();
         let mut listed = HashSet::new();
         let mut range_bounds = Vec::new();
-        let read = self
-            .socket
-            .each_element(&table, &set.set.name, |element| match ranges {
-                true => range_bounds.push((element.key, element.interval_end)),
-                false => {
-                    listed.insert(element_id(&element.key, element.key_end.as_deref()));
-                }
-            });
+        let read = self.socket.each_element(&table, &set.set.name, |element| {
+            if ranges {
+                range_bounds.push((element.key, element.interval_end))
+            } else {
+                listed.insert(element_id(&element.key, element.key_end.as_deref()));
+            }
+        });
         match read {
             Err(missing) if missing.is_missing() => {}
             read => read.map_err(step())?,
@@ -72,9 +71,10 @@ impl Proxy {
             .iter()
             .filter(|element| !listed.remove(&planned_id(element, ranges)))
             .collect();
-        let came = match missing.len() == set.elements.len() {
-            true => Cow::Borrowed(&set.elements[..]),
-            false => Cow::Owned(missing.into_iter().cloned().collect()),
+        let came = if missing.len() == set.elements.len() {
+            Cow::Borrowed(&set.elements[..])
+        } else {
+            Cow::Owned(missing.into_iter().cloned().collect())
         };
         if listed.is_empty() {
             return Ok(Some(SetDifference {
@@ -135,15 +135,14 @@ fn one_field_ranges(mut bounds: Vec<(Vec<u8>, bool)>) -> Option<HashSet<u64>> {
 /// Which element of the plan's this is, as [`element_id`] sees the kernel's: a one-field
 /// range by its start and the first value past it.
 fn planned_id(element: &Element, ranges: bool) -> u64 {
-    let end = match ranges {
-        // As the element is encoded: no end past a range to the top, nor past an element
-        // without one.
-        true => element
+    let end = if ranges {
+        element
             .key_end
             .as_ref()
             .and_then(|last| last.0.first()?.successor())
-            .map(|past| Tuple::from(past).to_bytes()),
-        false => element.key_end.as_ref().map(Tuple::to_bytes),
+            .map(|past| Tuple::from(past).to_bytes())
+    } else {
+        element.key_end.as_ref().map(Tuple::to_bytes)
     };
     element_id(&element.key.to_bytes(), end.as_deref())
 }

@@ -418,6 +418,10 @@ impl Expr {
     }
 
     /// The expression-specific attributes (the contents of `NFTA_EXPR_DATA`).
+    #[expect(
+        clippy::too_many_lines,
+        reason = "an encoder table: one arm per expression"
+    )]
     pub(crate) fn data_attrs(&self) -> Vec<Attr> {
         match self {
             Expr::Payload {

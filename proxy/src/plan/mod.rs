@@ -81,9 +81,10 @@ impl<'v> Planner<'v> {
     /// [`Planner::skeleton`] with the NetworkPolicy sets filled for this node's pods: the
     /// table as it is once programmed, for rendering and tracing.
     pub fn complete_skeleton(&self) -> Skeleton {
-        match self.facts.network_policy {
-            true => self.skeleton_with(&self.view.pod_policies()),
-            false => self.skeleton(),
+        if self.facts.network_policy {
+            self.skeleton_with(&self.view.pod_policies())
+        } else {
+            self.skeleton()
         }
     }
 

@@ -310,9 +310,10 @@ fn disjoint_rows(boxes: &[&[Span]]) -> Vec<Vec<Span>> {
             active.push(b);
             next += 1;
         }
-        let rest = match active.is_empty() {
-            true => Vec::new(),
-            false => disjoint_rows(&active.iter().map(|b| &b[1..]).collect::<Vec<_>>()),
+        let rest = if active.is_empty() {
+            Vec::new()
+        } else {
+            disjoint_rows(&active.iter().map(|b| &b[1..]).collect::<Vec<_>>())
         };
         match &mut open {
             Some((span, open_rest))

@@ -174,13 +174,61 @@ struct PortPlanner<'a, 'k> {
     plan: &'a mut ServicePlan,
 }
 
+/// How a port's traffic is routed (B.20): which endpoint sets it needs, what traffic
+/// finds none, and the chains that follow.
+struct Routing {
+    internal_local: bool,
+    external_local: bool,
+    /// Endpoints for internal (ClusterIP) and external traffic, under their policies.
+    has_internal: bool,
+    has_external: bool,
+    /// What traffic without endpoints gets: dropped when endpoints exist elsewhere,
+    /// rejected when there are none.
+    filter_verdict: Verdict,
+    cluster_chain: Option<String>,
+    local_chain: Option<String>,
+    external_chain: Option<String>,
+    firewall_chain: Option<String>,
+}
+
 impl PortPlanner<'_, '_> {
     /// `serving` lists the endpoints UDP flows may stay on; only UDP ports ask.
     fn plan(mut self, endpoints: &PortEndpoints, serving: impl FnOnce() -> Vec<(IpAddr, u16)>) {
+        let (external_ips, lb_ips) = self.owned_external_addresses();
+        let routing = self.routing(endpoints, &external_ips, &lb_ips);
+        self.entry_elements(&routing, &external_ips, &lb_ips);
+        let endpoint_targets = self.service_chains(&routing, endpoints, &lb_ips);
+        // Every address clients reach this port at: the ClusterIP first.
+        let mut service_addresses: Vec<(IpAddr, u16)> = std::iter::once(self.cluster_ip)
+            .chain(external_ips.iter().copied())
+            .chain(lb_ips.iter().copied())
+            .map(|ip| (ip, self.port.port))
+            .collect();
+        let node_port = self.port.node_port;
+        if node_port != 0 {
+            let ips = self.facts.node_port_ips(self.family);
+            service_addresses.extend(ips.map(|ip| (ip, node_port)));
+        }
+        self.hairpins(
+            &endpoint_targets,
+            &service_addresses,
+            routing.external_local,
+        );
+        if self.port.protocol == Protocol::Udp {
+            self.plan.udp_flows.push(UdpFlows {
+                service_addresses,
+                serving: serving(),
+            });
+        }
+    }
+
+    /// The port's ExternalIPs and LB IPs of its family that this service owns; those
+    /// another service holds are noted as contested.
+    fn owned_external_addresses(&mut self) -> (Vec<IpAddr>, Vec<IpAddr>) {
         let spec = self.spec;
-        let family = self.family;
-        let mut external_ips: Vec<IpAddr> = of_family(spec.external_ips().iter().copied(), family);
-        let mut lb_ips: Vec<IpAddr> = of_family(captured_lb_ips(spec), family);
+        let mut external_ips: Vec<IpAddr> =
+            of_family(spec.external_ips().iter().copied(), self.family);
+        let mut lb_ips: Vec<IpAddr> = of_family(captured_lb_ips(spec), self.family);
         for ips in [&mut external_ips, &mut lb_ips] {
             ips.retain(|ip| {
                 let owned = (self.owns)(*ip);
@@ -190,11 +238,19 @@ impl PortPlanner<'_, '_> {
                 owned
             });
         }
-        let node_port = self.port.node_port;
+        (external_ips, lb_ips)
+    }
 
-        // B.20: which endpoint sets the port needs.
+    /// B.20: which endpoint sets the port needs, and the chains that follow.
+    fn routing(
+        &mut self,
+        endpoints: &PortEndpoints,
+        external_ips: &[IpAddr],
+        lb_ips: &[IpAddr],
+    ) -> Routing {
+        let spec = self.spec;
         let externally_accessible =
-            node_port != 0 || !external_ips.is_empty() || !lb_ips.is_empty();
+            self.port.node_port != 0 || !external_ips.is_empty() || !lb_ips.is_empty();
         let internal_local = spec.internal_policy == TrafficPolicy::Local;
         let external_local = externally_accessible && spec.external_policy == TrafficPolicy::Local;
         let uses_cluster = !internal_local || externally_accessible;
@@ -226,35 +282,46 @@ impl PortPlanner<'_, '_> {
         } else {
             Verdict::goto(REJECT)
         };
-
-        let cluster_chain =
-            (uses_cluster && !endpoints.cluster.is_empty()).then(|| self.identity.cluster_chain());
-        let local_chain = (uses_local && has_local).then(|| self.identity.local_chain());
-        let external_chain =
-            (has_endpoints && externally_accessible).then(|| self.identity.external_chain());
-        let firewall_chain = (!lb_ips.is_empty()
+        let firewalled = !lb_ips.is_empty()
             && spec
                 .load_balancer_source_ranges()
                 .iter()
-                .any(|range| range.family() == family))
-        .then(|| self.identity.firewall_chain());
+                .any(|range| range.family() == self.family);
+        Routing {
+            internal_local,
+            external_local,
+            has_internal,
+            has_external,
+            filter_verdict,
+            cluster_chain: (uses_cluster && !endpoints.cluster.is_empty())
+                .then(|| self.identity.cluster_chain()),
+            local_chain: (uses_local && has_local).then(|| self.identity.local_chain()),
+            external_chain: (has_endpoints && externally_accessible)
+                .then(|| self.identity.external_chain()),
+            firewall_chain: firewalled.then(|| self.identity.firewall_chain()),
+        }
+    }
 
-        // C.21, C.23, C.24, B.19: the ClusterIP.
+    /// The elements that lead traffic in: the ClusterIP (C.21, C.23, C.24, B.19), the
+    /// ExternalIPs and LB IPs (F.40, F.41, F.42, F.44) and the NodePort on the addresses
+    /// of `nodeport-ips` (E.33, E.36, E.37).
+    fn entry_elements(&mut self, routing: &Routing, external_ips: &[IpAddr], lb_ips: &[IpAddr]) {
         let protocol = self.port.protocol;
         let cluster_key = service_key(self.cluster_ip, protocol, self.port.port);
-        let internal_chain = if internal_local {
-            &local_chain
+        let internal_chain = if routing.internal_local {
+            &routing.local_chain
         } else {
-            &cluster_chain
+            &routing.cluster_chain
         };
+        let no_endpoints = Some(routing.filter_verdict.clone());
         match internal_chain {
-            Some(chain) if has_internal => {
-                self.element(SharedKind::ServiceIps, cluster_key, goto(chain))
+            Some(chain) if routing.has_internal => {
+                self.element(SharedKind::ServiceIps, cluster_key, goto(chain));
             }
             _ => self.element(
                 SharedKind::NoEndpointServices,
                 cluster_key,
-                Some(filter_verdict.clone()),
+                no_endpoints.clone(),
             ),
         }
         self.element(
@@ -262,75 +329,75 @@ impl PortPlanner<'_, '_> {
             Tuple::from(ip_value(self.cluster_ip)),
             None,
         );
-
-        // F.40, F.41, F.42, F.44: ExternalIPs and LB IPs.
         for (ip, is_lb) in external_ips
             .iter()
             .map(|ip| (*ip, false))
             .chain(lb_ips.iter().map(|ip| (*ip, true)))
         {
             let key = service_key(ip, protocol, self.port.port);
-            if let Some(chain) = &external_chain {
+            if let Some(chain) = &routing.external_chain {
                 self.element(SharedKind::ServiceIps, key.clone(), goto(chain));
             }
-            if let (true, Some(chain)) = (is_lb, &firewall_chain) {
+            if let (true, Some(chain)) = (is_lb, &routing.firewall_chain) {
                 self.element(SharedKind::FirewallIps, key.clone(), goto(chain));
             }
-            if !has_external {
-                self.element(
-                    SharedKind::NoEndpointServices,
-                    key,
-                    Some(filter_verdict.clone()),
-                );
+            if !routing.has_external {
+                self.element(SharedKind::NoEndpointServices, key, no_endpoints.clone());
             }
         }
-
-        // E.33, E.36, E.37: the NodePort, on the addresses of `nodeport-ips`.
+        let node_port = self.port.node_port;
         if node_port != 0 {
             let key = node_port_key(protocol, node_port);
-            if let Some(chain) = &external_chain {
+            if let Some(chain) = &routing.external_chain {
                 self.element(SharedKind::ServiceNodeports, key.clone(), goto(chain));
             }
-            if !has_external {
-                self.element(
-                    SharedKind::NoEndpointNodeports,
-                    key,
-                    Some(filter_verdict.clone()),
-                );
+            if !routing.has_external {
+                self.element(SharedKind::NoEndpointNodeports, key, no_endpoints);
             }
         }
+    }
 
-        if let Some(chain) = &firewall_chain {
-            self.firewall_chain(chain, &lb_ips);
+    /// The port's chains (firewall, external, cluster, local); the endpoints they send
+    /// to, sorted and once each.
+    fn service_chains(
+        &mut self,
+        routing: &Routing,
+        endpoints: &PortEndpoints,
+        lb_ips: &[IpAddr],
+    ) -> Vec<Target> {
+        if let Some(chain) = &routing.firewall_chain {
+            self.firewall_chain(chain, lb_ips);
         }
-        if let Some(chain) = &external_chain {
-            let policy_chain = if external_local {
-                &local_chain
+        let (cluster_chain, local_chain) = (&routing.cluster_chain, &routing.local_chain);
+        if let Some(chain) = &routing.external_chain {
+            let policy_chain = if routing.external_local {
+                local_chain
             } else {
-                &cluster_chain
+                cluster_chain
             };
             let rules = self.external_rules(
-                external_local,
+                routing.external_local,
                 cluster_chain.as_deref(),
-                policy_chain.as_deref().filter(|_| has_external),
+                policy_chain.as_deref().filter(|_| routing.has_external),
             );
             self.chain(chain.clone(), rules);
         }
         let mut endpoint_targets: Vec<Target> = Vec::new();
-        if let Some(chain) = &cluster_chain {
+        if let Some(chain) = cluster_chain {
             let mut rules = self.cluster_masquerade_rules();
             rules.extend(self.dispatch_rules(chain, &endpoints.cluster));
             self.chain(chain.clone(), rules);
             endpoint_targets.extend(&endpoints.cluster);
         }
-        if let Some(chain) = &local_chain {
+        if let Some(chain) = local_chain {
             // D.28, D.29 under `internalTrafficPolicy: Local`: ClusterIP traffic reaches
             // this chain instead of `service-`, and is masqueraded as it would be there
             // (upstream's internal traffic chain); the rule names the ClusterIP, so the
             // external traffic that shares the chain under eTP=Local is not touched.
-            let mut rules = match internal_local {
-                true => self.cluster_masquerade_rules(),
-                false => Vec::new(),
+            let mut rules = if routing.internal_local {
+                self.cluster_masquerade_rules()
+            } else {
+                Vec::new()
             };
             rules.extend(self.dispatch_rules(chain, &endpoints.local));
             self.chain(chain.clone(), rules);
@@ -343,28 +410,28 @@ impl PortPlanner<'_, '_> {
                 self.endpoint(target);
             }
         }
-        // D.27: endpoints that run here can hairpin, including those of slices that name
-        // no node or another (hand-made or mirrored ones) but hold this node's pod address.
+        endpoint_targets
+    }
+
+    /// D.27: endpoints that run here can hairpin, including those of slices that name no
+    /// node or another (hand-made or mirrored ones) but hold this node's pod address.
+    /// External traffic under the Cluster policy is masqueraded anyway; pods reach a
+    /// Local-policy service's external addresses without masquerade, so those can
+    /// hairpin too.
+    fn hairpins(
+        &mut self,
+        endpoint_targets: &[Target],
+        service_addresses: &[(IpAddr, u16)],
+        external_local: bool,
+    ) {
         let mut local_ips: Vec<IpAddr> = endpoint_targets
             .iter()
             .filter(|target| self.facts.runs_here(target))
             .map(|target| target.ip)
             .collect();
         local_ips.dedup();
-        // Every address clients reach this port at: the ClusterIP first.
-        let mut service_addresses: Vec<(IpAddr, u16)> = std::iter::once(self.cluster_ip)
-            .chain(external_ips.iter().copied())
-            .chain(lb_ips.iter().copied())
-            .map(|ip| (ip, self.port.port))
-            .collect();
-        if node_port != 0 {
-            service_addresses.extend(self.facts.node_port_ips(family).map(|ip| (ip, node_port)));
-        }
-        // External traffic under the Cluster policy is masqueraded anyway; pods reach
-        // a Local-policy service's external addresses without masquerade, so those
-        // can hairpin too.
         let hairpin_addresses = if external_local {
-            &service_addresses[..]
+            service_addresses
         } else {
             &service_addresses[..1]
         };
@@ -376,12 +443,6 @@ impl PortPlanner<'_, '_> {
                     None,
                 );
             }
-        }
-        if self.port.protocol == Protocol::Udp {
-            self.plan.udp_flows.push(UdpFlows {
-                service_addresses,
-                serving: serving(),
-            });
         }
     }
 

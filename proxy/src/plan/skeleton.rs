@@ -173,14 +173,19 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
     Skeleton { sets, chains }
 }
 
-/// Everything the skeleton has for Services: the filter and DNAT hooks and the chains
+/// Everything the skeleton has for Services: the filter and DNAT hooks, and the chains
 /// they jump to.
 fn service_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
-    let mark = facts.masquerade_mark;
-    // With localhost NodePorts, `route_localnet` lets other machines reach 127.0.0.0/8
-    // (CVE-2020-8558): what does not come in through loopback is dropped, as kube-proxy's
-    // iptables mode does.
-    let loopback_guard = facts.localhost_node_ports.then(|| {
+    let mut chains = hook_chains(facts);
+    chains.extend(dispatch_chains(facts));
+    chains
+}
+
+/// With localhost NodePorts, `route_localnet` lets other machines reach 127.0.0.0/8
+/// (CVE-2020-8558): what does not come in through loopback is dropped, as kube-proxy's
+/// iptables mode does.
+fn loopback_guard(facts: &NodeFacts) -> Option<RulePlan> {
+    facts.localhost_node_ports.then(|| {
         RulePlan::new([
             Stmt::Iifname {
                 name: "lo".into(),
@@ -198,14 +203,19 @@ fn service_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
             },
             Stmt::Verdict(Verdict::Drop),
         ])
-    });
+    })
+}
+
+/// The base chains on the filter and NAT hooks, each jumping to the checks and the
+/// dispatch that apply there.
+fn hook_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
     vec![
         base(
             "filter-prerouting",
             ChainType::Filter,
             Hook::Prerouting,
             FILTER_PRIORITY,
-            loopback_guard
+            loopback_guard(facts)
                 .into_iter()
                 .chain([new_then_jump(FIREWALL_CHECK)])
                 .collect(),
@@ -264,6 +274,48 @@ fn service_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
             priority::DSTNAT,
             vec![RulePlan::new([jump(SERVICES)])],
         ),
+    ]
+}
+
+/// ClusterIPs on a port no service has are rejected; C.25: an address of a ServiceCIDR
+/// that no service holds is dropped, as upstream, rather than routed on towards the
+/// default gateway.
+fn cluster_ips_check(facts: &NodeFacts) -> Vec<RulePlan> {
+    Family::ALL
+        .into_iter()
+        .flat_map(|family| {
+            let invalid_port = RulePlan::new([
+                Stmt::AddrInSet {
+                    addr: Addr::Destination,
+                    family,
+                    set: SharedSet::new(SharedKind::ClusterIps, family).name(),
+                    negated: false,
+                },
+                Stmt::Reject,
+            ]);
+            // C.25: an address of a ServiceCIDR that no service holds. Dropped,
+            // as upstream, rather than routed on towards the default gateway.
+            let unallocated = merged_ranges(&facts.service_cidrs, &[], family);
+            let unallocated = (!unallocated.is_empty()).then(|| {
+                RulePlan::new([
+                    Stmt::AddrInRanges {
+                        addr: Addr::Destination,
+                        family,
+                        ranges: unallocated,
+                        negated: false,
+                    },
+                    Stmt::Verdict(Verdict::Drop),
+                ])
+            });
+            std::iter::once(invalid_port).chain(unallocated)
+        })
+        .collect()
+}
+
+/// The regular chains the hooks jump to: the service dispatch, the checks for services
+/// without endpoints, the firewall and the ClusterIP ranges, reject and masquerade.
+fn dispatch_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
+    vec![
         regular(
             SERVICES,
             Family::ALL
@@ -288,43 +340,12 @@ fn service_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
             FIREWALL_CHECK,
             per_family(|family| RulePlan::new([vmap(family, SharedKind::FirewallIps)])),
         ),
-        regular(
-            CLUSTER_IPS_CHECK,
-            Family::ALL
-                .into_iter()
-                .flat_map(|family| {
-                    let invalid_port = RulePlan::new([
-                        Stmt::AddrInSet {
-                            addr: Addr::Destination,
-                            family,
-                            set: SharedSet::new(SharedKind::ClusterIps, family).name(),
-                            negated: false,
-                        },
-                        Stmt::Reject,
-                    ]);
-                    // C.25: an address of a ServiceCIDR that no service holds. Dropped,
-                    // as upstream, rather than routed on towards the default gateway.
-                    let unallocated = merged_ranges(&facts.service_cidrs, &[], family);
-                    let unallocated = (!unallocated.is_empty()).then(|| {
-                        RulePlan::new([
-                            Stmt::AddrInRanges {
-                                addr: Addr::Destination,
-                                family,
-                                ranges: unallocated,
-                                negated: false,
-                            },
-                            Stmt::Verdict(Verdict::Drop),
-                        ])
-                    });
-                    std::iter::once(invalid_port).chain(unallocated)
-                })
-                .collect(),
-        ),
+        regular(CLUSTER_IPS_CHECK, cluster_ips_check(facts)),
         // `reject` is a statement, not a verdict, so maps reach it through this chain.
         regular(REJECT, vec![RulePlan::new([Stmt::Reject])]),
         regular(
             MARK_FOR_MASQUERADE,
-            vec![RulePlan::new([Stmt::MarkOr(mark)])],
+            vec![RulePlan::new([Stmt::MarkOr(facts.masquerade_mark)])],
         ),
     ]
 }

@@ -387,6 +387,10 @@ impl<'p> Ruleset<'p> {
     }
 
     /// The rule's statements in order, until one does not match or one decides.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "an interpreter: one arm per statement"
+    )]
     fn evaluate(&self, walk: &mut Walk<'p>, rule: &RulePlan) -> Outcome {
         let mut effect = None;
         for stmt in &rule.0 {

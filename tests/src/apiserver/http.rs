@@ -386,42 +386,7 @@ async fn resource(
     let watching = target.watch_prefix || query.bool("watch")?.unwrap_or(false);
 
     match (&method, target.name.as_deref()) {
-        (&Method::GET, _) if watching => {
-            if target.status {
-                return Err(ApiError::no_route());
-            }
-            store.count("watch");
-            store.authorize("watch", def, "")?;
-            let mut opts = WatchOptions::parse(&query, def, ns, store.config().watch_list)?;
-            if let Some(name) = &target.name {
-                // Watching one object is a watch with a name field selector.
-                let mut selector = query.get("fieldSelector").unwrap_or("").to_owned();
-                if !selector.is_empty() {
-                    selector.push(',');
-                }
-                selector.push_str(&format!("metadata.name={name}"));
-                opts.filter.field = FieldSelector::parse(&selector, def)?;
-            }
-            let current = || WatchFrom::After(store.resource_version());
-            let (from, initial_events_end) = match (opts.send_initial_events, opts.resource_version)
-            {
-                (Some(true), _) => (WatchFrom::Current, true),
-                (Some(false), None | Some(0)) => (current(), false),
-                (None, None | Some(0)) => (WatchFrom::Current, false),
-                (_, Some(rv)) => (WatchFrom::After(rv), false),
-            };
-            let spec = WatchSpec {
-                res: target.res,
-                opts,
-                from,
-                initial_events_end,
-            };
-            let body = watch_stream::start(store.clone(), spec, ctx.drop_tx.subscribe());
-            let mut resp = Response::new(body);
-            resp.headers_mut()
-                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            Ok(resp)
-        }
+        (&Method::GET, _) if watching => watch(ctx, &target, &query, ns),
         (&Method::GET, None) => {
             store.count("list");
             store.authorize("list", def, "")?;
@@ -460,65 +425,9 @@ async fn resource(
             let updated = store.update(target.res, ns, &name, obj, target.status, dry_run)?;
             Ok(json_response(StatusCode::OK, &updated))
         }
-        (&Method::PATCH, Some(name)) => {
-            store.count("patch");
-            let dry_run = query.dry_run()?;
-            let ty = PatchType::from_content_type(&content_type(&req))?;
-            if ty == PatchType::Apply && query.get("fieldManager").is_none_or(str::is_empty) {
-                return Err(ApiError::invalid(
-                    def.kind,
-                    name,
-                    "fieldManager: Required value: is required for apply patch",
-                ));
-            }
-            let name = name.to_owned();
-            store.admit_patch(
-                def,
-                PatchRecord {
-                    resource: def.plural.to_owned(),
-                    name: name.clone(),
-                    content_type: content_type(&req),
-                    field_manager: query.get("fieldManager").map(str::to_owned),
-                },
-            )?;
-            let body = read_body(req.into_body()).await?;
-            let patch = patch::decode_body(&body, ty == PatchType::Apply)?;
-            let (obj, created) =
-                store.patch(target.res, ns, &name, ty, &patch, target.status, dry_run)?;
-            let code = if created {
-                StatusCode::CREATED
-            } else {
-                StatusCode::OK
-            };
-            Ok(json_response(code, &obj))
-        }
+        (&Method::PATCH, Some(name)) => patch_object(ctx, &target, &query, name, req).await,
         (&Method::DELETE, Some(name)) if !target.status => {
-            store.count("delete");
-            let name = name.to_owned();
-            let mut dry_run = query.dry_run()?;
-            let body = read_body(req.into_body()).await?;
-            // DeleteOptions: only preconditions and dryRun matter here; propagationPolicy
-            // and grace periods are accepted and ignored (deletion is immediate).
-            let options = if body.iter().all(u8::is_ascii_whitespace) {
-                Value::Null
-            } else {
-                patch::decode_body(&body, false)?
-            };
-            if options
-                .get("dryRun")
-                .and_then(Value::as_array)
-                .is_some_and(|d| d.iter().any(|v| v == "All"))
-            {
-                dry_run = true;
-            }
-            let uid = options
-                .pointer("/preconditions/uid")
-                .and_then(Value::as_str);
-            let rv = options
-                .pointer("/preconditions/resourceVersion")
-                .and_then(Value::as_str);
-            let deleted = store.delete_object(target.res, ns, &name, uid, rv, dry_run)?;
-            Ok(json_response(StatusCode::OK, &deleted))
+            delete_object(ctx, &target, &query, name, req).await
         }
         (&Method::DELETE, None) => {
             store.count("deletecollection");
@@ -531,4 +440,128 @@ async fn resource(
         }
         _ => Err(ApiError::method_not_allowed(method.as_str())),
     }
+}
+
+/// A watch of a collection, or of one object (a watch with a name field selector).
+fn watch(
+    ctx: &Ctx,
+    target: &Target,
+    query: &Query,
+    ns: Option<&str>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let store = &ctx.store;
+    let def = registry::def(target.res);
+    if target.status {
+        return Err(ApiError::no_route());
+    }
+    store.count("watch");
+    store.authorize("watch", def, "")?;
+    let mut opts = WatchOptions::parse(query, def, ns, store.config().watch_list)?;
+    if let Some(name) = &target.name {
+        // Watching one object is a watch with a name field selector.
+        let mut selector = query.get("fieldSelector").unwrap_or("").to_owned();
+        if !selector.is_empty() {
+            selector.push(',');
+        }
+        selector.push_str(&format!("metadata.name={name}"));
+        opts.filter.field = FieldSelector::parse(&selector, def)?;
+    }
+    let current = || WatchFrom::After(store.resource_version());
+    let (from, initial_events_end) = match (opts.send_initial_events, opts.resource_version) {
+        (Some(true), _) => (WatchFrom::Current, true),
+        (Some(false), None | Some(0)) => (current(), false),
+        (None, None | Some(0)) => (WatchFrom::Current, false),
+        (_, Some(rv)) => (WatchFrom::After(rv), false),
+    };
+    let spec = WatchSpec {
+        res: target.res,
+        opts,
+        from,
+        initial_events_end,
+    };
+    let body = watch_stream::start(store.clone(), spec, ctx.drop_tx.subscribe());
+    let mut resp = Response::new(body);
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(resp)
+}
+
+/// A patch of any type, server-side apply included, through the admission the store
+/// records.
+async fn patch_object(
+    ctx: &Ctx,
+    target: &Target,
+    query: &Query,
+    name: &str,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let (store, ns) = (&ctx.store, target.namespace.as_deref());
+    let def = registry::def(target.res);
+    store.count("patch");
+    let dry_run = query.dry_run()?;
+    let ty = PatchType::from_content_type(&content_type(&req))?;
+    if ty == PatchType::Apply && query.get("fieldManager").is_none_or(str::is_empty) {
+        return Err(ApiError::invalid(
+            def.kind,
+            name,
+            "fieldManager: Required value: is required for apply patch",
+        ));
+    }
+    let name = name.to_owned();
+    store.admit_patch(
+        def,
+        PatchRecord {
+            resource: def.plural.to_owned(),
+            name: name.clone(),
+            content_type: content_type(&req),
+            field_manager: query.get("fieldManager").map(str::to_owned),
+        },
+    )?;
+    let body = read_body(req.into_body()).await?;
+    let patch = patch::decode_body(&body, ty == PatchType::Apply)?;
+    let (obj, created) = store.patch(target.res, ns, &name, ty, &patch, target.status, dry_run)?;
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(code, &obj))
+}
+
+/// A delete, with the DeleteOptions that matter here: preconditions and dryRun
+/// (propagationPolicy and grace periods are accepted and ignored: deletion is immediate).
+async fn delete_object(
+    ctx: &Ctx,
+    target: &Target,
+    query: &Query,
+    name: &str,
+    req: Request<Incoming>,
+) -> Result<Response<ResponseBody>, ApiError> {
+    let (store, ns) = (&ctx.store, target.namespace.as_deref());
+    store.count("delete");
+    let name = name.to_owned();
+    let mut dry_run = query.dry_run()?;
+    let body = read_body(req.into_body()).await?;
+    // DeleteOptions: only preconditions and dryRun matter here; propagationPolicy
+    // and grace periods are accepted and ignored (deletion is immediate).
+    let options = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        patch::decode_body(&body, false)?
+    };
+    if options
+        .get("dryRun")
+        .and_then(Value::as_array)
+        .is_some_and(|d| d.iter().any(|v| v == "All"))
+    {
+        dry_run = true;
+    }
+    let uid = options
+        .pointer("/preconditions/uid")
+        .and_then(Value::as_str);
+    let rv = options
+        .pointer("/preconditions/resourceVersion")
+        .and_then(Value::as_str);
+    let deleted = store.delete_object(target.res, ns, &name, uid, rv, dry_run)?;
+    Ok(json_response(StatusCode::OK, &deleted))
 }

@@ -106,6 +106,32 @@ fn valid_value(value: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
+/// The values of `in (a, b)` from its `(` at `pos`, which moves past the `)`.
+fn value_list(tokens: &[Token], pos: &mut usize) -> Result<Vec<String>, &'static str> {
+    if tokens.get(*pos) != Some(&Token::Open) {
+        return Err("expected '('");
+    }
+    *pos += 1;
+    let mut values = Vec::new();
+    loop {
+        match tokens.get(*pos) {
+            Some(Token::Ident(v)) => {
+                if !valid_value(v) {
+                    return Err("invalid label value");
+                }
+                values.push(v.clone());
+                *pos += 1;
+            }
+            Some(Token::Comma) => *pos += 1,
+            Some(Token::Close) => {
+                *pos += 1;
+                return Ok(values);
+            }
+            _ => return Err("expected ')'"),
+        }
+    }
+}
+
 impl LabelSelector {
     pub(crate) fn parse(input: &str) -> Result<Self, ApiError> {
         let bad = |why: &str| {
@@ -163,28 +189,7 @@ impl LabelSelector {
                     Some(Token::Ident(op)) if op == "in" || op == "notin" => {
                         let negate = op == "notin";
                         pos += 1;
-                        if tokens.get(pos) != Some(&Token::Open) {
-                            return Err(bad("expected '('"));
-                        }
-                        pos += 1;
-                        let mut values = Vec::new();
-                        loop {
-                            match tokens.get(pos) {
-                                Some(Token::Ident(v)) => {
-                                    if !valid_value(v) {
-                                        return Err(bad("invalid label value"));
-                                    }
-                                    values.push(v.clone());
-                                    pos += 1;
-                                }
-                                Some(Token::Comma) => pos += 1,
-                                Some(Token::Close) => {
-                                    pos += 1;
-                                    break;
-                                }
-                                _ => return Err(bad("expected ')'")),
-                            }
-                        }
+                        let values = value_list(&tokens, &mut pos).map_err(&bad)?;
                         if negate {
                             LabelReq::NotIn(key, values)
                         } else {

@@ -384,9 +384,10 @@ impl Store {
         name: &str,
     ) -> Result<(), ApiError> {
         let rule = (verb.to_owned(), def.plural.to_owned());
-        match lock(&self.inner.forbidden).contains(&rule) {
-            true => Err(ApiError::forbidden(verb, def, name)),
-            false => Ok(()),
+        if lock(&self.inner.forbidden).contains(&rule) {
+            Err(ApiError::forbidden(verb, def, name))
+        } else {
+            Ok(())
         }
     }
 

@@ -98,6 +98,31 @@ fn main() -> anyhow::Result<()> {
     on_stop_signals()?;
     ptrace(libc::PTRACE_CONT, pid, 0)?;
 
+    let order = follow(pid, base, &mut entries)?;
+
+    std::fs::create_dir_all(&args.out)?;
+    let path = args.out.join(format!("functions-{pid}.txt"));
+    let mut file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    for offset in &order {
+        writeln!(file, "{}", entries[offset].name)?;
+    }
+    eprintln!(
+        "nodus-trace-functions: {} of {} functions ran; written to {}",
+        order.len(),
+        entries.len(),
+        path.display()
+    );
+    Ok(())
+}
+
+/// Runs the traced program until it ends (SIGTERM first when this process is asked to
+/// stop), restoring each breakpoint the first time it is hit: the functions' offsets in
+/// the order they first ran.
+fn follow(
+    pid: libc::pid_t,
+    base: u64,
+    entries: &mut BTreeMap<u64, Entry>,
+) -> anyhow::Result<Vec<u64>> {
     let mut order = Vec::new();
     let mut stop_sent = false;
     loop {
@@ -157,20 +182,7 @@ fn main() -> anyhow::Result<()> {
         // A task that died meanwhile cannot be continued; nothing is lost.
         let _ = ptrace(libc::PTRACE_CONT, task, deliver as usize);
     }
-
-    std::fs::create_dir_all(&args.out)?;
-    let path = args.out.join(format!("functions-{pid}.txt"));
-    let mut file = File::create(&path).with_context(|| format!("creating {}", path.display()))?;
-    for offset in &order {
-        writeln!(file, "{}", entries[offset].name)?;
-    }
-    eprintln!(
-        "nodus-trace-functions: {} of {} functions ran; written to {}",
-        order.len(),
-        entries.len(),
-        path.display()
-    );
-    Ok(())
+    Ok(order)
 }
 
 /// The functions of the `.text` output section by address, from an lld link map. Each

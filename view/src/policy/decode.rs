@@ -206,19 +206,17 @@ impl<'a> Taker<'a> {
         if spec.policy_types.is_empty() {
             types = (true, spec.egress.is_some());
         }
-        let ingress = match types.0 {
-            true => {
-                let rules = spec.ingress.iter().flatten();
-                Some(self.rules("spec.ingress", rules.map(|r| (&r.from[..], &r.ports[..])))?)
-            }
-            false => None,
+        let ingress = if types.0 {
+            let rules = spec.ingress.iter().flatten();
+            Some(self.rules("spec.ingress", rules.map(|r| (&r.from[..], &r.ports[..])))?)
+        } else {
+            None
         };
-        let egress = match types.1 {
-            true => {
-                let rules = spec.egress.iter().flatten();
-                Some(self.rules("spec.egress", rules.map(|r| (&r.to[..], &r.ports[..])))?)
-            }
-            false => None,
+        let egress = if types.1 {
+            let rules = spec.egress.iter().flatten();
+            Some(self.rules("spec.egress", rules.map(|r| (&r.to[..], &r.ports[..])))?)
+        } else {
+            None
         };
         Ok(NetworkPolicy {
             namespace: self.intern(wire.metadata.namespace.as_deref().unwrap_or_default()),

@@ -507,9 +507,10 @@ impl<'a> Reader<'a> {
     }
 
     fn optional_text(&mut self) -> Read<Option<Box<str>>> {
-        match self.flag()? {
-            true => Ok(Some(self.text()?.into())),
-            false => Ok(None),
+        if self.flag()? {
+            Ok(Some(self.text()?.into()))
+        } else {
+            Ok(None)
         }
     }
 
@@ -582,9 +583,10 @@ impl<'a> Reader<'a> {
                     IpAddr::V4(_) => 32,
                     IpAddr::V6(_) => 128,
                 };
-                match prefix <= max {
-                    true => Ok(Cidr { addr, prefix }),
-                    false => Err(self.damaged("a prefix longer than its address")),
+                if prefix <= max {
+                    Ok(Cidr { addr, prefix })
+                } else {
+                    Err(self.damaged("a prefix longer than its address"))
                 }
             })
             .collect()
@@ -639,9 +641,10 @@ impl<'a> Reader<'a> {
         let publish_not_ready_addresses = self.flag()?;
         let affinity_timeout = self.bounded("an affinity timeout")?;
         let health_check_node_port = self.bounded("a health-check node port")?;
-        let extra = match self.flag()? {
-            false => None,
-            true => Some(Box::new(ServiceExtra {
+        let extra = if !self.flag()? {
+            None
+        } else {
+            Some(Box::new(ServiceExtra {
                 external_ips: self.ips()?,
                 load_balancer_ingress: {
                     let count = self.count(6)?;
@@ -656,12 +659,13 @@ impl<'a> Reader<'a> {
                 },
                 load_balancer_source_ranges: self.cidrs()?,
                 external_name: self.optional_text()?,
-                proxy_name: match self.flag()? {
-                    true => Some(self.sym(strings)?),
-                    false => None,
+                proxy_name: if self.flag()? {
+                    Some(self.sym(strings)?)
+                } else {
+                    None
                 },
                 created: self.i64()?,
-            })),
+            }))
         };
         Ok(Service {
             type_,

@@ -137,6 +137,7 @@ fn cluster() -> View {
 }
 
 #[test]
+#[expect(clippy::too_many_lines, reason = "one table of cases")]
 fn every_kind_of_service_as_the_checklist_says() {
     use Entry::{Host, Outside, Pod};
     let both = "10.244.1.5:8080, 10.244.2.5:8080";

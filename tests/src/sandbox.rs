@@ -12,13 +12,13 @@
 
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
+use crate::apiserver::{self, ApiServerConfig, Store};
+use crate::cni;
+use crate::control_plane::{ControlPlane, ControlPlaneConfig, Relay};
+use crate::netns::{self, Node, Pod, Underlay, unique_name};
+use crate::probe::http_get;
 use anyhow::{Context, bail};
 use clap::Args;
-use nodus_testbed::apiserver::{self, ApiServerConfig, Store};
-use nodus_testbed::cni;
-use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, Relay};
-use nodus_testbed::netns::{self, Node, Pod, Underlay, unique_name};
-use nodus_testbed::probe::http_get;
 use nodus_view::model::Cidr;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
@@ -305,7 +305,7 @@ fn check_prerequisites() -> anyhow::Result<()> {
             .collect()
     };
     let mut required = missing(&PREREQUISITES);
-    for plugin in nodus_mesh::cni::REFERENCE_PLUGINS {
+    for plugin in cni::REFERENCE_PLUGINS {
         let path = Path::new(cni::CNI_PATH).join(plugin);
         if !is_executable(&path) {
             required.push((path.display().to_string(), CNI_PACKAGE.to_string()));
@@ -356,11 +356,19 @@ struct Interrupted(&'static str);
 
 impl Stop {
     fn install(rt: &tokio::runtime::Runtime) -> anyhow::Result<Stop> {
-        let mut signals =
-            rt.block_on(async { crate::agent::signals::ShutdownSignals::install() })?;
+        use tokio::signal::unix::{SignalKind, signal};
+        let (mut term, mut int) = rt.block_on(async {
+            anyhow::Ok((
+                signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+                signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+            ))
+        })?;
         let (caught, stop) = tokio::sync::watch::channel(None);
         rt.spawn(async move {
-            let signal = signals.recv().await;
+            let signal = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
             let _ = caught.send(Some(signal));
         });
         Ok(Stop(stop))
@@ -525,7 +533,7 @@ fn pod_gateway(docs: &[Value], ip: IpAddr) -> Option<IpAddr> {
         .filter(|d| d["kind"] == "Node")
         .flat_map(pod_cidrs)
         .find(|c| c.contains(ip))
-        .and_then(|c| nodus_mesh::plan::first_host(&c))
+        .and_then(Cidr::first_host)
         .map(|c| c.addr)
 }
 
@@ -542,7 +550,7 @@ fn mesh_address(docs: &[Value], name: &str) -> Option<IpAddr> {
         .find(|d| d["kind"] == "Node" && d["metadata"]["name"] == name)?;
     pod_cidrs(node)
         .find(|c| c.addr.is_ipv4())
-        .and_then(|c| nodus_mesh::plan::first_host(&c))
+        .and_then(Cidr::first_host)
         .map(|c| c.addr)
 }
 
@@ -990,16 +998,52 @@ fn serve(
     } else {
         SandboxApi::stand_in(args, dir, &underlay, &docs, &user_kubeconfig, rt)?
     };
-    let api_server = api.on_underlay();
 
     let exe = std::env::current_exe().context("finding the nodus binary")?;
     let agent_binary = args.agent_binary.as_deref().unwrap_or(&exe);
+    let (nodes, mut agents, interfaces) =
+        start_nodes(dir, &underlay, &node_names, &api, agent_binary, &stop)?;
+    let pods = make_pods(dir, &docs, &nodes, &exe, &stop)?;
+
+    write_namespaces(&dir.path, &underlay, &nodes, &pods, &interfaces)?;
+
+    let statuses = wait_until_settled(&nodes, &docs, &stop)?;
+    print_summary(&api, dir, &docs, &nodes, &statuses, &pods);
+    demonstrate(&docs, &nodes, &pods, &stop)?;
+    if !statuses.iter().all(|(ready, _)| *ready) {
+        println!("warning: not every node became ready; see the logs");
+    }
+    println!(
+        "\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\n\
+         Type `restart NODE [BINARY]` to restart a node's nodus (with another binary: an upgrade).\n\
+         Ctrl-C to tear everything down.",
+        user_kubeconfig.display(),
+        user_kubeconfig.display()
+    );
+    let signal = serve_commands(rt, &mut stop, &nodes, &mut agents, agent_binary);
+    println!("{signal}: tearing down");
+    drop((pods, nodes, underlay, host_state));
+    api.shutdown(rt);
+    Ok(())
+}
+
+/// Every Node of the cluster as a namespace on the underlay running `nodus run` with its
+/// own configuration and CNI plugins; their agents, and their WireGuard devices' names.
+fn start_nodes(
+    dir: &SandboxDir,
+    underlay: &Underlay,
+    node_names: &[String],
+    api: &SandboxApi,
+    agent_binary: &Path,
+    stop: &Stop,
+) -> anyhow::Result<(Vec<Node>, Vec<Agent>, Vec<String>)> {
+    let api_server = api.on_underlay();
     let mut nodes = Vec::new();
     let mut agents = Vec::new();
     let mut interfaces = Vec::new();
     for (i, name) in node_names.iter().enumerate() {
         stop.check()?;
-        let node = Node::new(&underlay, name, FIRST_NODE_INDEX + i as u8)?;
+        let node = Node::new(underlay, name, FIRST_NODE_INDEX + i as u8)?;
         // Like a real node, a default route (to the underlay's host): traffic to a
         // ClusterIP without endpoints must reach the forward hook to be rejected.
         node.ns.ip(&[
@@ -1024,12 +1068,14 @@ fn serve(
         std::fs::write(&node_config, node_config_text(&node_dir, &interface)?)?;
         // The DaemonSet's init container: the image's plugins into the node's CNI bin
         // directory, from which the pods below are made.
-        nodus_mesh::cni::install_plugins(
-            agent_binary,
-            Path::new(cni::CNI_PATH),
-            &node_dir.join("cni-bin"),
-            false,
-        )?;
+        let cni_bin = node_dir.join("cni-bin");
+        let installed = std::process::Command::new(agent_binary)
+            .args(["install-cni", "--from", cni::CNI_PATH, "--to"])
+            .arg(&cni_bin)
+            .stdout(std::process::Stdio::null())
+            .status()
+            .with_context(|| format!("running {} install-cni", agent_binary.display()))?;
+        anyhow::ensure!(installed.success(), "install-cni for {name}: {installed}");
         interfaces.push(interface);
         // A new log; the agent's restarts append to it.
         let log = dir.path.join(format!("{name}.log"));
@@ -1052,9 +1098,21 @@ fn serve(
         agents.push(Agent::start(&node, agent_binary, agent_args, log)?);
         nodes.push(node);
     }
-    let known: BTreeSet<String> = node_names.iter().cloned().collect();
+    Ok((nodes, agents, interfaces))
+}
+
+/// Every pod an EndpointSlice names, made by the reference CNI plugins from the conflist
+/// its node's nodus wrote, at the slice's addresses, running the echo server.
+fn make_pods(
+    dir: &SandboxDir,
+    docs: &[Value],
+    nodes: &[Node],
+    exe: &Path,
+    stop: &Stop,
+) -> anyhow::Result<Vec<SandboxPod>> {
+    let known: BTreeSet<String> = nodes.iter().map(|n| n.name.clone()).collect();
     let mut pods = Vec::new();
-    for (name, plan) in plan_pods(&docs, &known) {
+    for (name, plan) in plan_pods(docs, &known) {
         stop.check()?;
         let Some(node) = nodes.iter().find(|n| n.name == plan.node) else {
             continue;
@@ -1094,10 +1152,19 @@ fn serve(
         });
     }
 
-    write_namespaces(&dir.path, &underlay, &nodes, &pods, &interfaces)?;
+    Ok(pods)
+}
 
+/// Waits (a minute at most) until every node is ready, has a WireGuard peer for every
+/// other node, and every pair's key exchange is done, so that the demonstrations do not
+/// race it; each node's readiness and objects.
+fn wait_until_settled(
+    nodes: &[Node],
+    docs: &[Value],
+    stop: &Stop,
+) -> anyhow::Result<Vec<(bool, BTreeMap<String, String>)>> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let statuses: Vec<_> = loop {
+    let statuses = loop {
         let statuses: Vec<_> = nodes.iter().map(node_status).collect();
         // Ready, a WireGuard peer for every other node, and every pair's key exchange
         // done, so that the demonstrations below do not race it.
@@ -1105,12 +1172,24 @@ fn serve(
         let settled = statuses
             .iter()
             .all(|(ready, objects)| *ready && objects.get("peer") == Some(&peers))
-            && mesh_reached(&nodes, &docs);
+            && mesh_reached(nodes, docs);
         if settled || Instant::now() > deadline {
             break statuses;
         }
         stop.sleep(Duration::from_millis(200))?;
     };
+    Ok(statuses)
+}
+
+/// What runs where, and where the logs and configurations are.
+fn print_summary(
+    api: &SandboxApi,
+    dir: &SandboxDir,
+    docs: &[Value],
+    nodes: &[Node],
+    statuses: &[(bool, BTreeMap<String, String>)],
+    pods: &[SandboxPod],
+) {
     println!(
         "nodus sandbox: {} {} ({} objects)",
         api.kind(),
@@ -1121,7 +1200,7 @@ fn serve(
         "{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}",
         "NODE", "READY", "SERVICES", "ENDPOINTSLICES", "ENDPOINTS", "NODES"
     );
-    for (node, (ready, objects)) in nodes.iter().zip(&statuses) {
+    for (node, (ready, objects)) in nodes.iter().zip(statuses) {
         let get = |k: &str| objects.get(k).map_or("-", String::as_str).to_string();
         println!(
             "{:<10} {:<6} {:>9} {:>15} {:>10} {:>6}",
@@ -1147,38 +1226,48 @@ fn serve(
          Service, and the CNI plugins installed in <node>/cni-bin",
         dir.path.display()
     );
-    // A dual-stack pod, so that both families of a dual-stack service can be shown.
+}
+
+/// DNS, the proxy and curl by name from a dual-stack pod (so that both families of a
+/// dual-stack service can be shown), then the mesh between pods.
+fn demonstrate(
+    docs: &[Value],
+    nodes: &[Node],
+    pods: &[SandboxPod],
+    stop: &Stop,
+) -> anyhow::Result<()> {
     if let Some(pod) = pods
         .iter()
         .map(|p| &p.pod)
         .find(|p| p.v4.is_some() && p.v6.is_some())
         .or(pods.first().map(|p| &p.pod))
     {
-        if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(&docs, IpAddr::V4(ip))) {
-            demonstrate_dns(pod, gateway, cluster_dns_ip(&docs));
+        if let Some(gateway) = pod.v4.and_then(|ip| pod_gateway(docs, IpAddr::V4(ip))) {
+            demonstrate_dns(pod, gateway, cluster_dns_ip(docs));
         }
         stop.check()?;
-        demonstrate_proxy(pod, &proxy_targets(&docs, &nodes));
+        demonstrate_proxy(pod, &proxy_targets(docs, nodes));
         stop.check()?;
-        if let Some(cluster_dns) = cluster_dns_ip(&docs) {
+        if let Some(cluster_dns) = cluster_dns_ip(docs) {
             write_pod_resolv_conf(pod, cluster_dns)?;
             demonstrate_curl_by_name(pod);
         }
     }
     stop.check()?;
-    demonstrate_mesh(&pods);
-    if !statuses.iter().all(|(ready, _)| *ready) {
-        println!("warning: not every node became ready; see the logs");
-    }
-    println!(
-        "\ntry:\n  export KUBECONFIG={}\n  kubectl get nodes,services,endpointslices -A\n  nodus view --kubeconfig {} | jq '.services[].name'\n\n\
-         Type `restart NODE [BINARY]` to restart a node's nodus (with another binary: an upgrade).\n\
-         Ctrl-C to tear everything down.",
-        user_kubeconfig.display(),
-        user_kubeconfig.display()
-    );
+    demonstrate_mesh(pods);
+    Ok(())
+}
+
+/// Serves the commands typed (`restart NODE [BINARY]`) until a signal, which it returns.
+fn serve_commands(
+    rt: &tokio::runtime::Runtime,
+    stop: &mut Stop,
+    nodes: &[Node],
+    agents: &mut [Agent],
+    agent_binary: &Path,
+) -> &'static str {
     let mut commands = stdin_lines();
-    let signal = loop {
+    loop {
         let line = rt.block_on(async {
             tokio::select! {
                 signal = stop.wait() => Err(signal),
@@ -1188,16 +1277,12 @@ fn serve(
         match line {
             Err(signal) => break signal,
             Ok(line) if line.trim().is_empty() => {}
-            Ok(line) => match restart(&line, &nodes, &mut agents, agent_binary) {
+            Ok(line) => match restart(&line, nodes, agents, agent_binary) {
                 Ok(report) => println!("{report}"),
                 Err(error) => println!("error: {error:#}"),
             },
         }
-    };
-    println!("{signal}: tearing down");
-    drop((pods, nodes, underlay, host_state));
-    api.shutdown(rt);
-    Ok(())
+    }
 }
 
 /// The API server the sandbox's nodes and its user talk to.
