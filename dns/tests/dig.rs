@@ -6,6 +6,7 @@ mod fixture;
 use fixture::view;
 use nodus_dns::server::{DnsServer, serve_with_threads};
 use nodus_dns::{PodRecords, Zone};
+use nodus_testbed::dig::DigReply;
 use nodus_view::{ViewReader, ViewWriter};
 use std::net::SocketAddr;
 use std::process::Command;
@@ -48,71 +49,8 @@ fn start_on(view: ViewReader, pods: PodRecords, udp_threads: usize) -> Dns {
     }
 }
 
-/// `dig` output reduced to (status, flags, answer lines, authority lines).
-struct Reply {
-    status: String,
-    flags: String,
-    answers: Vec<String>,
-    authority: Vec<String>,
-    additional: Vec<String>,
-    raw: String,
-}
-
-impl Reply {
-    fn data(&self) -> Vec<String> {
-        let mut data: Vec<String> = self
-            .answers
-            .iter()
-            .map(|l| l.split_whitespace().skip(3).collect::<Vec<_>>().join(" "))
-            .collect();
-        data.sort();
-        data
-    }
-}
-
-fn dig(dns: &Dns, args: &[&str]) -> Reply {
-    let output = Command::new("dig")
-        .arg(format!("@{}", dns.addr.ip()))
-        .args(["-p", &dns.addr.port().to_string(), "+tries=1", "+time=3"])
-        .args(args)
-        .output()
-        .expect("dig is installed (dnsutils)");
-    // dig warns of a malformed reply on either stream.
-    let raw = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let status = raw
-        .split("status: ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .unwrap_or("")
-        .to_string();
-    let flags = raw
-        .split("flags: ")
-        .nth(1)
-        .and_then(|s| s.split(';').next())
-        .unwrap_or("")
-        .to_string();
-    let section = |name: &str| -> Vec<String> {
-        raw.split(&format!(";; {name} SECTION:\n"))
-            .nth(1)
-            .map(|s| s.split("\n\n").next().unwrap_or(""))
-            .unwrap_or("")
-            .lines()
-            .filter(|l| !l.starts_with(';') && !l.is_empty())
-            .map(str::to_string)
-            .collect()
-    };
-    Reply {
-        status,
-        flags,
-        answers: section("ANSWER"),
-        authority: section("AUTHORITY"),
-        additional: section("ADDITIONAL"),
-        raw: raw.clone(),
-    }
+fn dig(dns: &Dns, args: &[&str]) -> DigReply {
+    nodus_testbed::dig::dig(dns.addr, args)
 }
 
 /// `kdig`'s output, both streams, for the checks `dig` cannot make.
@@ -130,7 +68,7 @@ fn kdig(dns: &Dns, args: &[&str]) -> String {
     )
 }
 
-fn ask(dns: &Dns, name: &str, qtype: &str) -> Reply {
+fn ask(dns: &Dns, name: &str, qtype: &str) -> DigReply {
     dig(dns, &[name, qtype])
 }
 
@@ -139,7 +77,7 @@ fn spec_1_schema_version() {
     let dns = start(PodRecords::Disabled);
     let r = ask(&dns, "dns-version.cluster.local", "TXT");
     assert_eq!(r.status, "NOERROR", "{}", r.raw);
-    assert_eq!(r.data(), ["TXT \"1.1.0\""]);
+    assert_eq!(r.typed_data(), ["TXT \"1.1.0\""]);
     assert!(r.answers[0].contains("28800"), "{}", r.raw);
 }
 
@@ -154,7 +92,7 @@ fn a_restored_view_is_not_authoritative_until_the_lists_complete() {
     for transport in ["+notcp", "+tcp"] {
         let r = dig(&dns, &["dual.default.svc.cluster.local", "A", transport]);
         assert_eq!(
-            (r.status.as_str(), r.data()),
+            (r.status.as_str(), r.typed_data()),
             ("NOERROR", vec!["A 10.96.0.40".to_string()]),
             "{}",
             r.raw
@@ -181,14 +119,14 @@ fn spec_2_3_4_cluster_ip_a_aaaa_and_dual_stack() {
     let dns = start(PodRecords::Disabled);
     let a = ask(&dns, "dual.default.svc.cluster.local", "A");
     assert_eq!(
-        (a.status.as_str(), a.data()),
+        (a.status.as_str(), a.typed_data()),
         ("NOERROR", vec!["A 10.96.0.40".to_string()]),
         "{}",
         a.raw
     );
     assert!(a.flags.contains("aa"), "authoritative: {}", a.flags);
     let aaaa = ask(&dns, "dual.default.svc.cluster.local", "AAAA");
-    assert_eq!(aaaa.data(), ["AAAA fd00:96::40"]);
+    assert_eq!(aaaa.typed_data(), ["AAAA fd00:96::40"]);
     // Single-stack: the other family is NODATA with the SOA, not NXDOMAIN.
     let nodata = ask(&dns, "api.shop.svc.cluster.local", "AAAA");
     assert_eq!(nodata.status, "NOERROR");
@@ -201,7 +139,7 @@ fn spec_5_srv_for_named_ports() {
     let dns = start(PodRecords::Disabled);
     let r = ask(&dns, "_http._tcp.dual.default.svc.cluster.local", "SRV");
     assert_eq!(
-        r.data(),
+        r.typed_data(),
         ["SRV 0 100 80 dual.default.svc.cluster.local."],
         "{}",
         r.raw
@@ -216,7 +154,7 @@ fn spec_5_srv_for_named_ports() {
     // The bare service name lists every port, the unnamed one too, as CoreDNS does.
     let bare = ask(&dns, "dual.default.svc.cluster.local", "SRV");
     assert_eq!(
-        bare.data(),
+        bare.typed_data(),
         [
             "SRV 0 50 80 dual.default.svc.cluster.local.",
             "SRV 0 50 81 dual.default.svc.cluster.local."
@@ -231,28 +169,28 @@ fn spec_6_7_13_ptr() {
     let dns = start(PodRecords::Disabled);
     let v4 = dig(&dns, &["-x", "10.96.0.20"]);
     assert_eq!(
-        v4.data(),
+        v4.typed_data(),
         ["PTR web.default.svc.cluster.local."],
         "{}",
         v4.raw
     );
     let v6 = dig(&dns, &["-x", "fd00:96::20"]);
     assert_eq!(
-        v6.data(),
+        v6.typed_data(),
         ["PTR web.default.svc.cluster.local."],
         "{}",
         v6.raw
     );
     let headless = dig(&dns, &["-x", "10.244.2.30"]);
     assert_eq!(
-        headless.data(),
+        headless.typed_data(),
         ["PTR db-0.db.shop.svc.cluster.local."],
         "{}",
         headless.raw
     );
     let generated = dig(&dns, &["-x", "10.244.9.7"]);
     assert_eq!(
-        generated.data(),
+        generated.typed_data(),
         ["PTR 10-244-9-7.many.default.svc.cluster.local."],
         "{}",
         generated.raw
@@ -260,7 +198,7 @@ fn spec_6_7_13_ptr() {
     // A dual-stack headless endpoint, by its IPv6 address.
     let v6_endpoint = dig(&dns, &["-x", "fd00:244:1::40"]);
     assert_eq!(
-        v6_endpoint.data(),
+        v6_endpoint.typed_data(),
         ["PTR pair-0.pair.shop.svc.cluster.local."],
         "{}",
         v6_endpoint.raw
@@ -268,7 +206,7 @@ fn spec_6_7_13_ptr() {
     // An endpoint of a ClusterIP service, as CoreDNS names it.
     let behind = dig(&dns, &["-x", "10.244.1.10"]);
     assert_eq!(
-        behind.data(),
+        behind.typed_data(),
         ["PTR 10-244-1-10.web.default.svc.cluster.local."],
         "{}",
         behind.raw
@@ -285,12 +223,17 @@ fn spec_6_7_13_ptr() {
 fn spec_8_10_11_12_headless() {
     let dns = start(PodRecords::Disabled);
     let a = ask(&dns, "db.shop.svc.cluster.local", "A");
-    assert_eq!(a.data(), ["A 10.244.2.30", "A 10.244.3.30"], "{}", a.raw);
+    assert_eq!(
+        a.typed_data(),
+        ["A 10.244.2.30", "A 10.244.3.30"],
+        "{}",
+        a.raw
+    );
     let host = ask(&dns, "db-1.db.shop.svc.cluster.local", "A");
-    assert_eq!(host.data(), ["A 10.244.3.30"], "{}", host.raw);
+    assert_eq!(host.typed_data(), ["A 10.244.3.30"], "{}", host.raw);
     let srv = ask(&dns, "_pg._tcp.db.shop.svc.cluster.local", "SRV");
     assert_eq!(
-        srv.data(),
+        srv.typed_data(),
         [
             "SRV 0 50 5432 db-0.db.shop.svc.cluster.local.",
             "SRV 0 50 5432 db-1.db.shop.svc.cluster.local."
@@ -317,7 +260,7 @@ fn spec_14_external_name_is_a_cname_chased_inside_the_zone() {
     let dns = start(PodRecords::Disabled);
     let outside = ask(&dns, "docs.shop.svc.cluster.local", "A");
     assert_eq!(
-        outside.data(),
+        outside.typed_data(),
         ["CNAME docs.example.org."],
         "{}",
         outside.raw
@@ -382,7 +325,7 @@ fn apex_soa_and_ns() {
         soa.raw
     );
     let ns = ask(&dns, "cluster.local", "NS");
-    assert_eq!(ns.data(), ["NS ns.dns.cluster.local."], "{}", ns.raw);
+    assert_eq!(ns.typed_data(), ["NS ns.dns.cluster.local."], "{}", ns.raw);
     assert!(
         ns.additional.iter().any(|l| l.contains("10.96.0.10")),
         "glue is kube-dns: {}",
@@ -399,7 +342,7 @@ fn pod_records_follow_the_option() {
     );
     let insecure = start(PodRecords::Insecure);
     let r = ask(&insecure, "10-244-1-10.default.pod.cluster.local", "A");
-    assert_eq!(r.data(), ["A 10.244.1.10"], "{}", r.raw);
+    assert_eq!(r.typed_data(), ["A 10.244.1.10"], "{}", r.raw);
     assert_eq!(
         ask(&insecure, "not-an-ip.default.pod.cluster.local", "A").status,
         "NXDOMAIN"
@@ -487,7 +430,7 @@ fn odd_questions_get_protocol_answers() {
     assert_eq!(r.status, "NOERROR", "{}", r.raw);
     // ANY gets a minimal answer (RFC 8482): one RRset, not every type the name has.
     let any = ask(&dns, "web.default.svc.cluster.local", "ANY");
-    assert_eq!(any.data(), ["A 10.96.0.20"], "{}", any.raw);
+    assert_eq!(any.typed_data(), ["A 10.96.0.20"], "{}", any.raw);
     // Other opcodes are not implemented.
     let status = dig(
         &dns,
@@ -557,7 +500,7 @@ fn srv_with_a_bare_underscore_label_matches_any_port_or_protocol() {
         ("_._.dual.default.svc.cluster.local", &every[..]),
     ] {
         let r = ask(&dns, name, "SRV");
-        assert_eq!(r.data(), expected, "{name}: {}", r.raw);
+        assert_eq!(r.typed_data(), expected, "{name}: {}", r.raw);
     }
     let wrong = ask(&dns, "_._udp.dual.default.svc.cluster.local", "SRV");
     assert_eq!(wrong.status, "NXDOMAIN", "{}", wrong.raw);
@@ -599,14 +542,19 @@ fn several_udp_threads_share_the_port() {
     // misses and hits (fast path) and headless names (full path) answer on all of them.
     for _ in 0..6 {
         assert_eq!(
-            ask(&dns, "web.default.svc.cluster.local", "A").data(),
+            ask(&dns, "web.default.svc.cluster.local", "A").typed_data(),
             ["A 10.96.0.20"]
         );
         assert_eq!(
             ask(&dns, "missing.default.svc.cluster.local", "A").status,
             "NXDOMAIN"
         );
-        assert_eq!(ask(&dns, "db.shop.svc.cluster.local", "A").data().len(), 2);
+        assert_eq!(
+            ask(&dns, "db.shop.svc.cluster.local", "A")
+                .typed_data()
+                .len(),
+            2
+        );
     }
 }
 
@@ -671,7 +619,7 @@ fn tcp_connections_are_capped_per_client_and_idle_ones_closed() {
         .collect();
     let r = dig(&dns, &["+tcp", "web.default.svc.cluster.local", "A"]);
     assert_eq!(r.status, "NOERROR", "{}", r.raw);
-    assert_eq!(r.data(), ["A 10.96.0.20"]);
+    assert_eq!(r.typed_data(), ["A 10.96.0.20"]);
     let over: Vec<bool> = held[PER_CLIENT..]
         .iter_mut()
         .map(|s| closed(s, Duration::from_secs(5)))

@@ -16,7 +16,6 @@ use nodus_dns::{PodRecords, Zone};
 use nodus_view::{View, ViewWriter};
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -299,14 +298,9 @@ fn start_with_hosts(
     }
 }
 
+/// What `dig` printed, as the tests search it.
 fn dig(dns: SocketAddr, args: &[&str]) -> String {
-    let output = Command::new("dig")
-        .arg(format!("@{}", dns.ip()))
-        .args(["-p", &dns.port().to_string(), "+tries=1", "+time=3"])
-        .args(args)
-        .output()
-        .expect("dig is installed (dnsutils)");
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    nodus_testbed::dig::dig(dns, args).raw
 }
 
 /// How often the first live upstream was asked `key` ("name transport").

@@ -4,6 +4,7 @@
 use crate::support::{
     Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready, wait_ready_in,
 };
+use nodus_testbed::dig::DigReply;
 use nodus_testbed::netns::{self, Netns};
 use nodus_testbed::probe::http_get;
 use serde_json::json;
@@ -33,19 +34,9 @@ pub(crate) fn dig(dns: SocketAddr, name: &str, qtype: &str) -> (String, Vec<Stri
 
 /// What `dig +noall +answer +comments` printed: the status and each answer's data, sorted.
 fn status_and_data(text: &str) -> (String, Vec<String>) {
-    let status = text
-        .split("status: ")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-        .unwrap_or("")
-        .to_string();
-    let mut data: Vec<String> = text
-        .lines()
-        .filter(|l| !l.starts_with(';') && !l.trim().is_empty())
-        .map(|l| l.split_whitespace().skip(4).collect::<Vec<_>>().join(" "))
-        .collect();
-    data.sort();
-    (status, data)
+    let reply = DigReply::parse(text);
+    let data = reply.data();
+    (reply.status, data)
 }
 
 fn slice(ips: &[&str]) -> serde_json::Value {

@@ -7,6 +7,7 @@ pub mod apiserver;
 pub mod bench;
 pub mod cni;
 pub mod control_plane;
+pub mod dig;
 pub mod netns;
 pub mod probe;
 pub mod sandbox;
