@@ -104,9 +104,8 @@ fn pod(namespace: &str, name: &str, ip: &str, spec: serde_json::Value) -> Update
 }
 
 fn service(namespace: &str, name: &str, ip: &str) -> Update {
-    update(serde_json::json!({"kind": "Service",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"clusterIP": ip, "ports": [{"port": 80}]}}))
+    let spec = serde_json::json!({"clusterIP": ip, "ports": [{"port": 80}]});
+    update(nodus_testbed::fixtures::service(namespace, name, spec))
 }
 
 /// nodus DNS for node-1 with autopath on, the node's search domain `corp.example`, and

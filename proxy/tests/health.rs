@@ -3,9 +3,10 @@
 use nodus_http::Limits;
 use nodus_proxy::health::{HealthChecks, HealthListen};
 use nodus_proxy::metrics::{HEALTH_TIMEOUT, ProxyMetrics};
+use nodus_testbed::fixtures;
 use nodus_testbed::probe::http_get;
 use nodus_view::{ChangeSet, ServiceName, Update, View, ViewWriter};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,23 +28,17 @@ fn lb(port: u16) -> Update {
 }
 
 fn slice(local: &[(&str, bool, bool)]) -> Update {
-    let endpoints: Vec<_> = local
+    let endpoints = local
         .iter()
         .map(|(ip, ready, terminating)| {
-            json!({"addresses": [ip], "nodeName": "node-a",
-                   "conditions": {"ready": ready, "serving": true, "terminating": terminating}})
+            let conditions = json!({"conditions": {"ready": ready, "serving": true, "terminating": terminating}});
+            fixtures::endpoint(ip, "node-a", conditions)
         })
-        .chain([json!({"addresses": ["10.244.2.9"], "nodeName": "node-b"})])
+        .chain([fixtures::endpoint("10.244.2.9", "node-b", Value::Null)])
         .collect();
-    Update::EndpointSlice(
-        serde_json::from_value(json!({
-            "metadata": {"name": "lb-1", "namespace": "default",
-                         "labels": {"kubernetes.io/service-name": "lb"}},
-            "addressType": "IPv4", "endpoints": endpoints,
-            "ports": [{"name": "http", "port": 8080}]
-        }))
-        .expect("slice"),
-    )
+    let ports = json!([{"name": "http", "port": 8080}]);
+    let slice = fixtures::slice("default", "lb-1", "lb", "IPv4", endpoints, ports);
+    Update::EndpointSlice(serde_json::from_value(slice).expect("slice"))
 }
 
 fn changed() -> ChangeSet {
@@ -55,7 +50,7 @@ fn changed() -> ChangeSet {
     changes
 }
 
-fn get(port: u16) -> Option<(u16, serde_json::Value)> {
+fn get(port: u16) -> Option<(u16, Value)> {
     let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port);
     let (code, body) = http_get(addr, "/healthz", Duration::from_secs(2)).ok()?;
     Some((code, serde_json::from_str(&body).expect("JSON body")))

@@ -9,14 +9,12 @@
 
 use crate::dns::dig;
 use crate::support::{EXAMPLE, RealCluster, get, metric, wait_for, wait_ready, wait_within};
+use nodus_testbed::fixtures;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
 fn service(name: &str, ip: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": name, "namespace": "default"},
-           "spec": {"clusterIP": ip, "clusterIPs": [ip],
-                    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}})
+    fixtures::service("default", name, fixtures::cluster_ip(ip))
 }
 
 /// A Pod on `node` as its kubelet would report it once running: `ip`, and ready or not.

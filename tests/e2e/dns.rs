@@ -5,6 +5,7 @@ use crate::support::{
     Cluster, EXAMPLE, NODUS, free_port, get, metric, wait_for, wait_ready, wait_ready_in,
 };
 use nodus_testbed::dig::DigReply;
+use nodus_testbed::fixtures;
 use nodus_testbed::netns::{self, Netns};
 use nodus_testbed::probe::http_get;
 use serde_json::json;
@@ -40,16 +41,17 @@ fn status_and_data(text: &str) -> (String, Vec<String>) {
 }
 
 fn slice(ips: &[&str]) -> serde_json::Value {
-    let endpoints: Vec<_> = ips.iter().map(|ip| json!({"addresses": [ip], "hostname": format!("h{}", ip.rsplit('.').next().unwrap_or("0"))})).collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": "cache-1", "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": "cache",
-                                "service.kubernetes.io/headless": ""}},
-        "addressType": "IPv4",
-        "endpoints": endpoints,
-        "ports": [{"name": "redis", "protocol": "TCP", "port": 6379}]
-    })
+    let endpoints = ips
+        .iter()
+        .map(|ip| {
+            let host = format!("h{}", ip.rsplit('.').next().unwrap_or("0"));
+            json!({"addresses": [ip], "hostname": host})
+        })
+        .collect();
+    let ports = json!([{"name": "redis", "protocol": "TCP", "port": 6379}]);
+    let mut slice = fixtures::slice("default", "cache-1", "cache", "IPv4", endpoints, ports);
+    slice["metadata"]["labels"]["service.kubernetes.io/headless"] = "".into();
+    slice
 }
 
 #[test]

@@ -14,6 +14,7 @@ use crate::support::{
 };
 use nodus_mesh::plan::ANNOTATION_PUBLIC_KEY;
 use nodus_testbed::apiserver::{ApiServerConfig, Store};
+use nodus_testbed::fixtures;
 use nodus_testbed::netns::Pod;
 use nodus_testbed::netns::{self, Underlay};
 use nodus_testbed::scale::Shape;
@@ -632,10 +633,7 @@ fn dns_answers_every_query_through_restarts() {
 
 /// A ClusterIP Service `name` in `default` at `ip`.
 fn service(name: &str, ip: &str) -> serde_json::Value {
-    json!({"apiVersion": "v1", "kind": "Service",
-           "metadata": {"name": name, "namespace": "default"},
-           "spec": {"clusterIP": ip, "clusterIPs": [ip],
-                    "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]}})
+    fixtures::service("default", name, fixtures::cluster_ip(ip))
 }
 
 /// A3: the API server comes back with another resourceVersion history (restored from a

@@ -5,6 +5,7 @@
 use crate::support::{
     Cluster, EXAMPLE, NODUS, free_port, get, wait_for, wait_ready, wait_ready_in,
 };
+use nodus_testbed::fixtures;
 use nodus_testbed::netns::Netns;
 use serde_json::{Value, json};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -109,18 +110,20 @@ fn labelled_service(name: &str, owner: &str) -> Value {
 }
 
 fn slice(service: &str, addresses: &[&str]) -> Value {
-    let endpoints: Vec<Value> = addresses
+    let ready = json!({"conditions": {"ready": true}});
+    let endpoints = addresses
         .iter()
-        .map(|a| json!({"addresses": [a], "conditions": {"ready": true}, "nodeName": "node-2"}))
+        .map(|a| fixtures::endpoint(a, "node-2", ready.clone()))
         .collect();
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": format!("{service}-1"), "namespace": "default",
-                     "labels": {"kubernetes.io/service-name": service}},
-        "addressType": "IPv4",
-        "endpoints": endpoints,
-        "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]
-    })
+    let name = format!("{service}-1");
+    fixtures::slice(
+        "default",
+        &name,
+        service,
+        "IPv4",
+        endpoints,
+        fixtures::http(8080),
+    )
 }
 
 /// Starts `nodus run --on-change PROGRAM` for node-1, with DNS off and what `configure`

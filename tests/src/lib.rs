@@ -8,6 +8,7 @@ pub mod bench;
 pub mod cni;
 pub mod control_plane;
 pub mod dig;
+pub mod fixtures;
 pub mod netns;
 pub mod probe;
 pub mod sandbox;

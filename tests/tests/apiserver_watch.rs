@@ -32,11 +32,10 @@ fn client(server: &ServerHandle) -> Client {
 }
 
 fn service(ns: &str, name: &str, labels: Value) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "namespace": ns, "labels": labels},
-        "spec": {"ports": [{"port": 80, "protocol": "TCP"}], "clusterIP": "10.96.0.10"},
-    })
+    let spec = json!({"ports": [{"port": 80, "protocol": "TCP"}], "clusterIP": "10.96.0.10"});
+    let mut service = nodus_testbed::fixtures::service(ns, name, spec);
+    service["metadata"]["labels"] = labels;
+    service
 }
 
 async fn start(config: ApiServerConfig) -> (Store, ServerHandle) {

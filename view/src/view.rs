@@ -1203,32 +1203,23 @@ pub struct ServiceView<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nodus_testbed::fixtures;
 
     fn service(ns: &str, name: &str, ip: &str) -> Update {
-        Update::Service(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": name, "namespace": ns},
-                "spec": {"clusterIP": ip, "ports": [{"name": "http", "port": 80}]}
-            }))
-            .expect("test service"),
-        )
+        let spec = serde_json::json!({"clusterIP": ip, "ports": [{"name": "http", "port": 80}]});
+        let service = fixtures::service(ns, name, spec);
+        Update::Service(serde_json::from_value(service).expect("test service"))
     }
 
     fn slice(ns: &str, name: &str, svc: &str, ips: &[&str], node: &str) -> Update {
-        let endpoints: Vec<_> = ips
+        let zone = serde_json::json!({"zone": "z1"});
+        let endpoints = ips
             .iter()
-            .map(|ip| serde_json::json!({"addresses": [ip], "nodeName": node, "zone": "z1"}))
+            .map(|ip| fixtures::endpoint(ip, node, zone.clone()))
             .collect();
-        Update::EndpointSlice(
-            serde_json::from_value(serde_json::json!({
-                "metadata": {"name": name, "namespace": ns,
-                             "labels": {"kubernetes.io/service-name": svc}},
-                "addressType": "IPv4",
-                "endpoints": endpoints,
-                "ports": [{"name": "http", "port": 8080}]
-            }))
-            .expect("test slice"),
-        )
+        let ports = serde_json::json!([{"name": "http", "port": 8080}]);
+        let slice = fixtures::slice(ns, name, svc, "IPv4", endpoints, ports);
+        Update::EndpointSlice(serde_json::from_value(slice).expect("test slice"))
     }
 
     fn deleted(kind: Kind, ns: &str, name: &str) -> Update {

@@ -5,20 +5,15 @@ use serde_json::{Value as Json, json};
 
 use super::*;
 use crate::nft::{Element, Value};
+use nodus_testbed::fixtures;
 use nodus_view::model::Family;
 use nodus_view::{Update, View};
 
 const NODE: &str = "node-a";
 
 fn node(name: &str, addresses: Json, pod_cidrs: Json) -> Update {
-    Update::Node(
-        serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"podCIDRs": pod_cidrs},
-            "status": {"addresses": addresses}
-        }))
-        .expect("test node"),
-    )
+    let node = fixtures::node(name, addresses, pod_cidrs);
+    Update::Node(serde_json::from_value(node).expect("test node"))
 }
 
 /// This node: primary IPs 192.168.0.10 and fd00:c::10 (plus an ExternalIP that is not
@@ -37,21 +32,12 @@ fn this_node() -> Update {
 
 /// A service `default/<name>` with `spec` merged over a one-port ClusterIP spec.
 fn service(name: &str, spec: Json, status: Json) -> Update {
-    let mut full = json!({
-        "clusterIP": "10.96.0.10",
-        "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]
-    });
-    if let (Some(full), Some(extra)) = (full.as_object_mut(), spec.as_object()) {
-        full.extend(extra.clone());
-    }
-    Update::Service(
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": full,
-            "status": status
-        }))
-        .expect("test service"),
-    )
+    let full = fixtures::merged(
+        json!({"clusterIP": "10.96.0.10", "ports": fixtures::http(80)}),
+        spec,
+    );
+    let service = fixtures::with_status(fixtures::service("default", name, full), status);
+    Update::Service(serde_json::from_value(service).expect("test service"))
 }
 
 /// A ServiceCIDR named `name` holding `cidrs`.
@@ -66,23 +52,12 @@ fn service_cidr(name: &str, cidrs: Json) -> Update {
 type Ep<'a> = (&'a str, &'a str, bool);
 
 fn slice(service: &str, name: &str, family: &str, endpoints: &[Ep<'_>], ports: Json) -> Update {
-    let endpoints: Vec<Json> = endpoints
+    let endpoints = endpoints
         .iter()
-        .map(|(ip, node, ready)| {
-            json!({"addresses": [ip], "nodeName": node,
-                   "conditions": {"ready": ready, "serving": ready, "terminating": !ready}})
-        })
+        .map(|(ip, node, ready)| fixtures::endpoint(ip, node, fixtures::conditions(*ready)))
         .collect();
-    Update::EndpointSlice(
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default",
-                         "labels": {"kubernetes.io/service-name": service}},
-            "addressType": family,
-            "endpoints": endpoints,
-            "ports": ports
-        }))
-        .expect("test slice"),
-    )
+    let slice = fixtures::slice("default", name, service, family, endpoints, ports);
+    Update::EndpointSlice(serde_json::from_value(slice).expect("test slice"))
 }
 
 fn http_slice(service: &str, endpoints: &[Ep<'_>]) -> Update {

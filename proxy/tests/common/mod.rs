@@ -4,6 +4,7 @@
 // Each test binary uses its own subset of these helpers.
 #![allow(dead_code)]
 
+use nodus_testbed::fixtures;
 use nodus_testbed::netns::{self, Netns};
 use nodus_view::{Update, View};
 use serde_json::{Value as Json, json};
@@ -18,39 +19,29 @@ pub fn list_table(ns: &Netns) -> String {
 }
 
 pub fn service(name: &str, spec: Json, status: Json) -> Update {
-    Update::Service(
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": spec,
-            "status": status
-        }))
-        .expect("test service"),
-    )
+    let service = fixtures::with_status(fixtures::service("default", name, spec), status);
+    Update::Service(serde_json::from_value(service).expect("test service"))
 }
 
 pub fn slice(service: &str, family: &str, endpoints: &[(&str, &str)], port: u16) -> Update {
-    let endpoints: Vec<Json> = endpoints
+    let endpoints = endpoints
         .iter()
-        .map(|(ip, node)| json!({"addresses": [ip], "nodeName": node}))
+        .map(|(ip, node)| fixtures::endpoint(ip, node, Json::Null))
         .collect();
-    Update::EndpointSlice(
-        serde_json::from_value(json!({
-            "metadata": {"name": format!("{service}-{family}"), "namespace": "default",
-                         "labels": {"kubernetes.io/service-name": service}},
-            "addressType": family,
-            "endpoints": endpoints,
-            "ports": [{"name": "http", "port": port, "protocol": "TCP"}]
-        }))
-        .expect("test slice"),
-    )
+    let name = format!("{service}-{family}");
+    let slice = fixtures::slice(
+        "default",
+        &name,
+        service,
+        family,
+        endpoints,
+        fixtures::http(port),
+    );
+    Update::EndpointSlice(serde_json::from_value(slice).expect("test slice"))
 }
 
 pub fn http(extra: Json) -> Json {
-    let mut spec = json!({"ports": [{"name": "http", "port": 80, "protocol": "TCP"}]});
-    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
-        spec.extend(extra.clone());
-    }
-    spec
+    fixtures::merged(json!({"ports": fixtures::http(80)}), extra)
 }
 
 /// This node is 10.0.0.1 / fd00::1 with pods in 10.244.1.0/24; `web_endpoints` serve
