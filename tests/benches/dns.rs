@@ -328,11 +328,7 @@ fn main() -> anyhow::Result<()> {
         return resolve_client(&args[2..]);
     }
     let opts = options()?;
-    let shape = Shape {
-        services: opts.services,
-        endpoints_per_service: 10,
-        nodes: 100,
-    };
+    let shape = Shape::new(opts.services, 10, 100);
     // The agents' node runs its 110 pods; the autopath bench's client is the first.
     let pods = (0..scale::PODS_PER_NODE).map(|k| scale::pod(0, k, &scale::namespace(k)));
     let cluster = BenchCluster::new(10_000, scale::cluster(&shape).chain(pods))?;

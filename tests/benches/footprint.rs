@@ -29,8 +29,9 @@
 //! ServiceAccount. The churn phase then changes 1,000 Pods' readiness, and the `410`
 //! phase restarts the API server after a compaction. (`--policy` is not combined with it.)
 //!
-//! `cargo bench --bench footprint -- [--shape 1000x10x100]… [--policy 10000x200x100]
-//! [--real-api] [--nodus PATH]`
+//! `cargo bench --bench footprint -- [--shape 1000x10x100[:PORTS[:READY%]]]…
+//! [--policy 10000x200x100] [--real-api] [--nodus PATH]` (`10000x10x100:2:100`: two ports
+//! per Service, every endpoint ready).
 
 #![allow(
     clippy::too_many_lines,

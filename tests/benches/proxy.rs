@@ -59,11 +59,7 @@ struct Row {
 }
 
 fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow::Result<Row> {
-    let shape = Shape {
-        services,
-        endpoints_per_service: 10,
-        nodes: 100,
-    };
+    let shape = Shape::new(services, 10, 100);
     let mut view = view_of(&shape)?;
     let ns = Netns::new("pbench")?;
     let (mut proxy, cold, kernel_mib) =
@@ -96,7 +92,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
     for k in 0..changes.min(100) {
         let i = services + k;
         let objects = vec![
-            update(scale::service(i))?,
+            update(scale::service(i, &shape))?,
             update(scale::slice(i, &shape, 0))?,
         ];
         add_times.push(timed(objects, &mut view)?);

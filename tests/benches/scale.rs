@@ -210,7 +210,7 @@ fn proxy_latencies(
         cluster.store.apply_value(scale::slice(i, shape, 0))?;
         let before = agent.metric(programmed)?;
         let start = Instant::now();
-        cluster.store.apply_value(scale::service(i))?;
+        cluster.store.apply_value(scale::service(i, shape))?;
         new_services.push(committed(programmed, before, start)?);
     }
     Ok([percentiles(changes), percentiles(new_services)])

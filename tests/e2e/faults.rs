@@ -687,11 +687,7 @@ fn an_api_server_with_another_history_is_listed_afresh() {
 #[test]
 fn the_api_down_for_minutes_then_a_relist_under_a_query_flood() {
     let mut cluster = Cluster::new("fault-api-down", EXAMPLE);
-    let shape = Shape {
-        services: 2000,
-        endpoints_per_service: 5,
-        nodes: 10,
-    };
+    let shape = Shape::new(2000, 5, 10);
     for object in nodus_testbed::scale::cluster(&shape) {
         cluster.apply(object);
     }
@@ -881,11 +877,7 @@ fn node_with_cluster(tag: &str, test: &str, shape: &Shape) -> (netns::Netns, Clu
 /// endpoint and none of the ones before.
 #[test]
 fn an_outside_ruleset_flush_under_churn_is_repaired() {
-    let shape = Shape {
-        services: 200,
-        endpoints_per_service: 3,
-        nodes: 3,
-    };
+    let shape = Shape::new(200, 3, 3);
     let (ns, mut cluster) = node_with_cluster("flush", "fault-flush-ruleset", &shape);
     let (_, http) = agent_in(&mut cluster, &ns, PROXY_ONLY);
     crate::support::wait_ready_in(&ns, http);
@@ -942,11 +934,7 @@ fn an_outside_ruleset_flush_under_churn_is_repaired() {
 /// nothing left over).
 #[test]
 fn sigkill_during_a_full_sync_then_restart_converges() {
-    let shape = Shape {
-        services: 3000,
-        endpoints_per_service: 5,
-        nodes: 10,
-    };
+    let shape = Shape::new(3000, 5, 10);
     let (ns, mut cluster) = node_with_cluster("kill", "fault-sigkill-sync", &shape);
     let (first, _) = agent_in(&mut cluster, &ns, PROXY_ONLY);
     // The table appears with the sync's first transaction: kill then.
@@ -1014,11 +1002,7 @@ fn sigkill_during_a_full_sync_then_restart_converges() {
 /// and a deleted ServiceCIDR takes its rule along.
 #[test]
 fn service_cidrs_the_api_refuses_are_done_without() {
-    let shape = Shape {
-        services: 20,
-        endpoints_per_service: 2,
-        nodes: 2,
-    };
+    let shape = Shape::new(20, 2, 2);
     let (ns, mut cluster) = node_with_cluster("scidr", "fault-service-cidrs", &shape);
     cluster.apply(
         json!({"apiVersion": "networking.k8s.io/v1", "kind": "ServiceCIDR",

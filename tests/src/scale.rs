@@ -13,27 +13,92 @@ pub struct Shape {
     pub services: usize,
     pub endpoints_per_service: usize,
     pub nodes: usize,
+    /// Ports per Service (and per slice): `http` 80/TCP, then `dns` 53/UDP, `dns-tcp`
+    /// 53/TCP (kube-dns's three), then `p<k>` 8000+k/TCP.
+    pub ports: usize,
+    /// The share of ready endpoints, in tenths: 9 (the default) leaves one endpoint in
+    /// ten not ready, 10 none.
+    pub ready_tenths: usize,
 }
 
 impl Shape {
-    /// `SxExN`, as the benches take it on their command lines.
-    pub fn parse(text: &str) -> anyhow::Result<Shape> {
-        use anyhow::Context;
-        let parts: Vec<usize> = text
-            .split('x')
-            .map(|p| {
-                p.parse()
-                    .with_context(|| format!("shape {text:?}: expected SxExN"))
-            })
-            .collect::<Result<_, _>>()?;
-        let [services, endpoints_per_service, nodes] = parts[..] else {
-            anyhow::bail!("shape {text:?}: expected SxExN");
-        };
-        Ok(Shape {
+    /// `services × endpoints × nodes`, one port per Service, nine endpoints in ten ready.
+    pub fn new(services: usize, endpoints_per_service: usize, nodes: usize) -> Shape {
+        Shape {
             services,
             endpoints_per_service,
             nodes,
-        })
+            ports: 1,
+            ready_tenths: 9,
+        }
+    }
+
+    /// `SxExN[:P[:R]]`, as the benches take it on their command lines: services,
+    /// endpoints per service and nodes, then ports per Service (1) and the percentage of
+    /// ready endpoints (90, in steps of ten).
+    pub fn parse(text: &str) -> anyhow::Result<Shape> {
+        use anyhow::Context;
+        let mut fields = text.split(':');
+        let sizes = fields.next().unwrap_or_default();
+        let parts: Vec<usize> = sizes
+            .split('x')
+            .map(|p| {
+                p.parse()
+                    .with_context(|| format!("shape {text:?}: expected SxExN[:PORTS[:READY%]]"))
+            })
+            .collect::<Result<_, _>>()?;
+        let [services, endpoints_per_service, nodes] = parts[..] else {
+            anyhow::bail!("shape {text:?}: expected SxExN[:PORTS[:READY%]]");
+        };
+        let mut shape = Shape::new(services, endpoints_per_service, nodes);
+        if let Some(ports) = fields.next() {
+            shape.ports = ports
+                .parse()
+                .ok()
+                .filter(|p| (1..=100).contains(p))
+                .with_context(|| format!("shape {text:?}: ports per Service is 1 to 100"))?;
+        }
+        if let Some(ready) = fields.next() {
+            let percent: usize = ready
+                .trim_end_matches('%')
+                .parse()
+                .ok()
+                .filter(|r| *r <= 100 && r % 10 == 0)
+                .with_context(|| format!("shape {text:?}: ready is 0 to 100 %, in tens"))?;
+            shape.ready_tenths = percent / 10;
+        }
+        anyhow::ensure!(fields.next().is_none(), "shape {text:?}: too many fields");
+        Ok(shape)
+    }
+
+    /// The Service ports as the Service lists them (port, targetPort).
+    fn service_ports(&self) -> Vec<Value> {
+        (0..self.ports)
+            .map(|k| {
+                let (name, protocol, port, target) = port_of(k);
+                json!({"name": name, "protocol": protocol, "port": port, "targetPort": target})
+            })
+            .collect()
+    }
+
+    /// The same ports as an EndpointSlice lists them (the target ports).
+    fn slice_ports(&self) -> Vec<Value> {
+        (0..self.ports)
+            .map(|k| {
+                let (name, protocol, _, target) = port_of(k);
+                json!({"name": name, "protocol": protocol, "port": target})
+            })
+            .collect()
+    }
+}
+
+/// Port `k` of a generated Service: name, protocol, port and target port.
+fn port_of(k: usize) -> (String, &'static str, u16, u16) {
+    match k {
+        0 => ("http".into(), "TCP", 80, 8080),
+        1 => ("dns".into(), "UDP", 53, 53),
+        2 => ("dns-tcp".into(), "TCP", 53, 53),
+        k => (format!("p{k}"), "TCP", 8000 + k as u16, 8000 + k as u16),
     }
 }
 
@@ -43,7 +108,16 @@ impl std::fmt::Display for Shape {
             f,
             "{}×{}×{}",
             self.services, self.endpoints_per_service, self.nodes
-        )
+        )?;
+        if self.ports != 1 || self.ready_tenths != 9 {
+            write!(
+                f,
+                " ({} ports, {} % ready)",
+                self.ports,
+                self.ready_tenths * 10
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -105,13 +179,14 @@ pub fn node(i: usize) -> Value {
     })
 }
 
-pub fn service(i: usize) -> Value {
+/// Service `i` of the generated cluster, with `shape`'s ports.
+pub fn service(i: usize, shape: &Shape) -> Value {
     let (ns, name) = (namespace(i), service_name(i));
     let ip = cluster_ip(i).to_string();
     let spec = json!({
         "type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
         "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack",
-        "ports": [{"name": "http", "protocol": "TCP", "port": 80, "targetPort": 8080}],
+        "ports": shape.service_ports(),
         "selector": {"app": name}, "sessionAffinity": "None",
         "internalTrafficPolicy": "Cluster"
     });
@@ -140,7 +215,7 @@ pub fn slice(i: usize, shape: &Shape, generation: usize) -> Value {
     let endpoints: Vec<Value> = (0..shape.endpoints_per_service)
         .map(|e| {
             let node = (i * 7 + e) % shape.nodes.max(1);
-            let ready = (e + generation) % 10 != 9;
+            let ready = (e + generation) % 10 < shape.ready_tenths;
             json!({
                 "addresses": [pod_ip(i, e, generation).to_string()],
                 "conditions": {"ready": ready, "serving": ready, "terminating": false},
@@ -166,7 +241,7 @@ pub fn slice(i: usize, shape: &Shape, generation: usize) -> Value {
         },
         "addressType": "IPv4",
         "endpoints": endpoints,
-        "ports": [{"name": "http", "protocol": "TCP", "port": 8080}]
+        "ports": shape.slice_ports()
     })
 }
 
@@ -248,7 +323,7 @@ pub fn pod(node: usize, k: usize, namespace: &str) -> Value {
 pub fn cluster(shape: &Shape) -> impl Iterator<Item = Value> + '_ {
     (0..shape.nodes)
         .map(node)
-        .chain((0..shape.services).flat_map(move |i| [service(i), slice(i, shape, 0)]))
+        .chain((0..shape.services).flat_map(move |i| [service(i, shape), slice(i, shape, 0)]))
 }
 
 /// The NetworkPolicy part of a generated cluster: `pods` pods spread over the nodes,
@@ -387,11 +462,7 @@ mod tests {
 
     #[test]
     fn shapes_generate_distinct_objects() {
-        let shape = Shape {
-            services: 30,
-            endpoints_per_service: 10,
-            nodes: 4,
-        };
+        let shape = Shape::new(30, 10, 4);
         let objects: Vec<Value> = cluster(&shape).collect();
         assert_eq!(objects.len(), 4 + 30 * 2);
         assert_ne!(
@@ -400,6 +471,37 @@ mod tests {
             "churn changes a slice"
         );
         assert_eq!(cluster_ip(0).to_string(), "10.96.0.10");
+    }
+
+    #[test]
+    fn shapes_take_ports_per_service_and_the_ready_share() {
+        let shape = Shape::parse("100x10x5:3:100").expect("shape");
+        assert_eq!((shape.ports, shape.ready_tenths), (3, 10));
+        assert_eq!(shape.to_string(), "100×10×5 (3 ports, 100 % ready)");
+        let service = service(7, &shape);
+        let names: Vec<&str> = service["spec"]["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        assert_eq!(names, ["http", "dns", "dns-tcp"]);
+        let slice = slice(7, &shape, 3);
+        assert_eq!(slice["ports"].as_array().map(Vec::len), Some(3));
+        let ready = |slice: &Value| {
+            let endpoints = slice["endpoints"].as_array().expect("endpoints");
+            endpoints
+                .iter()
+                .filter(|e| e["conditions"]["ready"] == true)
+                .count()
+        };
+        assert_eq!(ready(&slice), 10);
+        let default = Shape::parse("100x10x5").expect("shape");
+        assert_eq!(ready(&super::slice(7, &default, 3)), 9);
+        assert_eq!(default.to_string(), "100×10×5");
+        for bad in ["100x10", "100x10x5:0", "100x10x5:2:95", "100x10x5:2:100:1"] {
+            assert!(Shape::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

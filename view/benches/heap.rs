@@ -133,11 +133,7 @@ pub fn main() {
     );
     let mut over_budget = false;
     for (services, endpoints, nodes) in [(100, 3, 3), (1000, 10, 100), (10_000, 10, 100)] {
-        let shape = Shape {
-            services,
-            endpoints_per_service: endpoints,
-            nodes,
-        };
+        let shape = Shape::new(services, endpoints, nodes);
         let (synced, churned, pods) = measure(shape, 1000);
         println!(
             "{:<14} {:>10.2} MiB {:>12.2} MiB {:>10} B {:>10.1} KiB",
@@ -157,11 +153,7 @@ pub fn main() {
         "shape S×E×N", "file", "save", "restore", "restored heap"
     );
     for (services, endpoints, nodes) in [(1000, 10, 100), (10_000, 10, 100)] {
-        snapshot(Shape {
-            services,
-            endpoints_per_service: endpoints,
-            nodes,
-        });
+        snapshot(Shape::new(services, endpoints, nodes));
     }
     if over_budget {
         eprintln!("the 10,000 × 10 × 100 view is over its 8 MiB budget");
