@@ -42,7 +42,7 @@ use super::{
 use crate::nft::{self, Element, ElementData, ListedData, ListedElement, Table, Tuple, Value};
 use crate::plan::{
     ChainPlan, ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet,
-    Skeleton, TABLE,
+    Skeleton, TABLE, UdpFlows,
 };
 
 /// One key of a shared map during a full sync.
@@ -152,6 +152,8 @@ pub(super) struct FullSync<'a, 'v> {
     members: Vec<Member>,
     /// Messages per transaction ([`full_sync_batch_messages`]).
     batch_messages: usize,
+    /// The UDP flows of the services programmed, for the conntrack cleanup after.
+    udp_flows: &'a mut Vec<UdpFlows>,
 }
 
 impl<'a, 'v> FullSync<'a, 'v> {
@@ -159,8 +161,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
         proxy: &'a mut Proxy,
         planner: &'a Planner<'v>,
         report: &'a mut SyncReport,
+        udp_flows: &'a mut Vec<UdpFlows>,
     ) -> FullSync<'a, 'v> {
         FullSync {
+            udp_flows,
             proxy,
             planner,
             report,
@@ -454,6 +458,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
 
     fn record(&mut self, plan: &ServicePlan) {
         self.proxy.shared.claim(plan, 1);
+        self.udp_flows.extend(plan.udp_flows.iter().cloned());
         self.proxy.record(
             service_key(&plan.namespace, &plan.name),
             Some(Record::of(plan.digest(), plan)),

@@ -175,9 +175,6 @@ pub struct Proxy {
     /// What was last committed per service, by [`service_key`]: a hash, so that the map
     /// holds no strings.
     applied: HashMap<u64, Footprint>,
-    /// The UDP flows of the services in `applied` that have UDP ports (most have none),
-    /// for cleaning up conntrack entries when their endpoints go.
-    udp_flows: HashMap<u64, Box<[UdpFlows]>>,
     /// The services of `applied` that have Local-policy ports without a local endpoint.
     no_local: HashMap<u64, NoLocalEndpoints>,
     /// Claims of the programmed services on shared elements.
@@ -206,7 +203,6 @@ impl Proxy {
             config,
             socket: Socket::open().map_err(Error::Open)?,
             applied: HashMap::new(),
-            udp_flows: HashMap::new(),
             no_local: HashMap::new(),
             shared: SharedClaims::default(),
             keys: EndpointKeys::new(),
@@ -270,23 +266,11 @@ impl Proxy {
         self.policy.refused()
     }
 
-    /// Heap bytes of the per-service records (footprints, UDP flows and the maps' tables),
-    /// an estimate for the memory budget (the proxy bench prints it).
+    /// Heap bytes of the per-service records (footprints and the map's table), an
+    /// estimate for the memory budget (the proxy bench prints it).
     pub fn record_bytes(&self) -> usize {
-        let tables = self.applied.capacity() * (size_of::<(u64, Footprint)>() + 1)
-            + self.udp_flows.capacity() * (size_of::<(u64, Box<[UdpFlows]>)>() + 1);
-        let footprints: usize = self.applied.values().map(Footprint::len).sum();
-        let udp_flows: usize = self
-            .udp_flows
-            .values()
-            .flat_map(|flows| flows.iter())
-            .map(|flows| {
-                size_of::<UdpFlows>()
-                    + size_of::<(IpAddr, u16)>()
-                        * (flows.service_addresses.len() + flows.serving.len())
-            })
-            .sum();
-        tables + footprints + udp_flows
+        let table = self.applied.capacity() * (size_of::<(u64, Footprint)>() + 1);
+        table + self.applied.values().map(Footprint::len).sum::<usize>()
     }
 
     /// Keeps what was committed for the service `key` (`None`: it is gone).
@@ -294,15 +278,9 @@ impl Proxy {
         match record {
             Some(Record {
                 footprint,
-                udp_flows,
                 no_local,
             }) => {
                 self.applied.insert(key, footprint);
-                if udp_flows.is_empty() {
-                    self.udp_flows.remove(&key)
-                } else {
-                    self.udp_flows.insert(key, udp_flows)
-                };
                 if no_local == NoLocalEndpoints::default() {
                     self.no_local.remove(&key)
                 } else {
@@ -311,7 +289,6 @@ impl Proxy {
             }
             None => {
                 self.applied.remove(&key);
-                self.udp_flows.remove(&key);
                 self.no_local.remove(&key);
             }
         }
@@ -323,21 +300,21 @@ impl Proxy {
         let mut report = SyncReport::new(SyncKind::Full);
         self.needs_full_sync = true;
         let planner = Planner::new(view, &self.config);
-        let previous_udp = std::mem::take(&mut self.udp_flows);
-        let outcome = full::FullSync::new(self, &planner, &mut report).run();
+        // Every UDP service address, those of services gone since too: after a restart
+        // this deletes what the previous process left pinned to old endpoints.
+        let mut touched = self.udp_addresses_recorded(planner.facts());
+        let mut current = Vec::new();
+        let outcome = full::FullSync::new(self, &planner, &mut report, &mut current).run();
         if outcome.is_ok() {
-            // Every UDP service address, those of services gone since too: after a restart
-            // this deletes what the previous process left pinned to old endpoints.
-            let current = self.udp_flows.values().flat_map(|flows| flows.iter());
-            let stale = StaleFlows::of(
-                previous_udp
-                    .values()
-                    .flat_map(|flows| flows.iter())
-                    .chain(current.clone()),
-                current,
+            touched.extend(
+                current
+                    .iter()
+                    .flat_map(|flows| flows.service_addresses.clone()),
             );
+            let stale = StaleFlows::of(touched, &current);
             report.conntrack_deletions += stale.delete(&mut self.socket);
         }
+        drop(current);
         let skeleton = outcome?;
         if planner.facts().network_policy {
             self.program_policies(view, &mut report)?
@@ -396,8 +373,53 @@ impl Proxy {
             return self.fall_back(view, reason);
         }
 
+        let Planned {
+            batch,
+            records,
+            claims,
+            udp,
+        } = match self.plan_changes(&planner, changes, &mut report) {
+            Ok(planned) => planned,
+            Err(reason) => return self.fall_back(view, reason),
+        };
+        if !batch.is_empty()
+            && let Err(failure) = self.commit_partial(batch.into_batch(), &mut report)
+        {
+            let mut full = self.fall_back(view, failure.to_string())?;
+            full.transactions += 1;
+            return Ok(full);
+        }
+        for (key, record) in records {
+            self.record(key, record);
+        }
+        if !udp.is_empty() {
+            report.conntrack_deletions += udp.delete(&mut self.socket);
+        }
+        self.shared.merge(claims);
+        if planner.facts().network_policy
+            && !changes.policy_pods.is_empty()
+            && let Err(error) = self.update_policies(view, &changes.policy_pods, &mut report)
+        {
+            return self.fall_back(view, error.to_string());
+        }
+        report.duration = start.elapsed();
+        Ok(report)
+    }
+
+    /// Plans the services of `changes` against what was recorded for them: the
+    /// transaction, the new records, the claims on shared elements it changes, and the
+    /// UDP flows to check; the reason for a full sync instead when a record is corrupt.
+    fn plan_changes(
+        &mut self,
+        planner: &Planner<'_>,
+        changes: &ChangeSet,
+        report: &mut SyncReport,
+    ) -> Result<Planned, String> {
         let mut batch = PlanBatch::new();
         let mut records: Vec<(u64, Option<Record>)> = Vec::new();
+        // The UDP addresses the changed services had and have, and their flows now.
+        let mut touched: Vec<(IpAddr, u16)> = Vec::new();
+        let mut current: Vec<UdpFlows> = Vec::new();
         // Claims on shared elements this transaction adds (+) and drops (-).
         let mut claims = SharedClaims::default();
         for name in &changes.services {
@@ -418,6 +440,12 @@ impl Proxy {
                 }
                 (None, Some(digest)) => {
                     warn_contested(&plan);
+                    touched.extend(
+                        plan.udp_flows
+                            .iter()
+                            .flat_map(|f| f.service_addresses.clone()),
+                    );
+                    current.extend(plan.udp_flows.iter().cloned());
                     claims.claim(&plan, 1);
                     batch.add_service(&plan);
                     report.added += 1;
@@ -426,8 +454,15 @@ impl Proxy {
                 (Some(previous), digest) => {
                     warn_contested(&plan);
                     let Some(mut old) = previous.previous_plan(&plan) else {
-                        return self.fall_back(view, format!("the record of {name:?} is corrupt"));
+                        return Err(format!("the record of {name:?} is corrupt"));
                     };
+                    touched.extend(udp::addresses_of(&old, planner.facts()));
+                    touched.extend(
+                        plan.udp_flows
+                            .iter()
+                            .flat_map(|f| f.service_addresses.clone()),
+                    );
+                    current.extend(plan.udp_flows.iter().cloned());
                     claims.claim(&old, -1);
                     claims.claim(&plan, 1);
                     // What another service still wants stays in the table.
@@ -450,23 +485,12 @@ impl Proxy {
                 }
             }
         }
-        if !batch.is_empty()
-            && let Err(failure) = self.commit_partial(batch.into_batch(), &mut report)
-        {
-            let mut full = self.fall_back(view, failure.to_string())?;
-            full.transactions += 1;
-            return Ok(full);
-        }
-        self.record_all(records, &mut report);
-        self.shared.merge(claims);
-        if planner.facts().network_policy
-            && !changes.policy_pods.is_empty()
-            && let Err(error) = self.update_policies(view, &changes.policy_pods, &mut report)
-        {
-            return self.fall_back(view, error.to_string());
-        }
-        report.duration = start.elapsed();
-        Ok(report)
+        Ok(Planned {
+            batch,
+            records,
+            claims,
+            udp: StaleFlows::of(touched, &current),
+        })
     }
 
     /// Commits a partial sync's transaction; a refusal is logged with the kernel's words.
@@ -488,26 +512,16 @@ impl Proxy {
         }
     }
 
-    /// Records the services a partial sync committed, and deletes the conntrack entries
-    /// of the UDP flows that changed, before and after.
-    fn record_all(&mut self, records: Vec<(u64, Option<Record>)>, report: &mut SyncReport) {
-        // The UDP flows of the services whose flows changed, before and after.
-        let mut touched: Vec<UdpFlows> = Vec::new();
-        for (key, record) in &records {
-            let old = self.udp_flows.get(key).map_or(&[][..], |flows| &flows[..]);
-            let new = record.as_ref().map_or(&[][..], |r| &r.udp_flows[..]);
-            if old != new {
-                touched.extend(old.iter().chain(new).cloned());
-            }
-        }
-        for (key, record) in records {
-            self.record(key, record);
-        }
-        if !touched.is_empty() {
-            let current = self.udp_flows.values().flat_map(|flows| flows.iter());
-            let stale = StaleFlows::of(&touched, current);
-            report.conntrack_deletions += stale.delete(&mut self.socket);
-        }
+    /// The UDP service addresses of every service recorded, read back from the
+    /// footprints (their NodePorts on the node addresses of `facts`).
+    fn udp_addresses_recorded(&self, facts: &NodeFacts) -> Vec<(IpAddr, u16)> {
+        let nobody = ServicePlan::empty("", "");
+        let facts = self.facts.as_ref().unwrap_or(facts);
+        self.applied
+            .values()
+            .filter_map(|footprint| footprint.previous_plan(&nobody))
+            .flat_map(|plan| udp::addresses_of(&plan, facts))
+            .collect()
     }
 
     fn fall_back(&mut self, view: &View, reason: String) -> Result<SyncReport, Error> {
@@ -654,10 +668,19 @@ impl SharedClaims {
     }
 }
 
+/// What a partial sync plans before it commits.
+struct Planned {
+    batch: PlanBatch,
+    records: Vec<(u64, Option<Record>)>,
+    /// Claims on shared elements the transaction adds (+) and drops (-).
+    claims: SharedClaims,
+    /// The UDP addresses the changed services had and have, with their endpoints now.
+    udp: StaleFlows,
+}
+
 /// What a committed plan leaves in the applier's records.
 struct Record {
     footprint: Footprint,
-    udp_flows: Box<[UdpFlows]>,
     no_local: NoLocalEndpoints,
 }
 
@@ -665,7 +688,6 @@ impl Record {
     fn of(digest: u64, plan: &ServicePlan) -> Record {
         Record {
             footprint: Footprint::of(plan, digest),
-            udp_flows: plan.udp_flows.clone().into_boxed_slice(),
             no_local: plan.no_local,
         }
     }

@@ -3,7 +3,9 @@
 //! serve that address any more (or never did: the flow began before the address had
 //! endpoints). As upstream's `conntrack/cleanup.go`, the decision reads only the current
 //! services and the kernel's entries, so a full sync after a restart cleans up what the
-//! previous process left pinned.
+//! previous process left pinned. Nothing is kept between syncs: the addresses a service
+//! had are read back from its footprint ([`addresses_of`]), the endpoints that serve an
+//! address now come from this sync's plans.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -11,8 +13,8 @@ use std::net::IpAddr;
 use nodus_view::model::Family;
 use tracing::warn;
 
-use crate::nft::{Socket, UdpEntry};
-use crate::plan::UdpFlows;
+use crate::nft::{Socket, UdpEntry, Value};
+use crate::plan::{NodeFacts, ServicePlan, SharedKind, UdpFlows};
 
 /// Stale entries collected from one dump before they are deleted: a bound on the memory
 /// a cleanup takes whatever the size of the conntrack table. A dump that fills it is
@@ -27,17 +29,16 @@ pub(super) struct StaleFlows {
 }
 
 impl StaleFlows {
-    /// Checks the addresses of `touched` (the old and new flows of the services a sync
-    /// changed) against the serving endpoints of every service in `current` that claims
-    /// them: an address two services share keeps the endpoints of both.
+    /// Checks the `touched` addresses (the old and new UDP addresses of the services a
+    /// sync changed) against the serving endpoints of every service in `current` that
+    /// claims them: an address two services share keeps the endpoints of both.
     pub(super) fn of<'a>(
-        touched: impl IntoIterator<Item = &'a UdpFlows>,
+        touched: impl IntoIterator<Item = (IpAddr, u16)>,
         current: impl IntoIterator<Item = &'a UdpFlows>,
     ) -> StaleFlows {
         let mut answers: HashMap<(IpAddr, u16), Vec<(IpAddr, u16)>> = touched
             .into_iter()
-            .flat_map(|flows| flows.service_addresses.iter())
-            .map(|address| (*address, Vec::new()))
+            .map(|address| (address, Vec::new()))
             .collect();
         for flows in current {
             for address in &flows.service_addresses {
@@ -47,6 +48,10 @@ impl StaleFlows {
             }
         }
         StaleFlows { answers }
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.answers.is_empty()
     }
 
     pub(super) fn is_stale(&self, entry: &UdpEntry) -> bool {
@@ -95,6 +100,41 @@ impl StaleFlows {
     }
 }
 
+/// The UDP service addresses `plan`'s elements lead clients in at: the ClusterIPs,
+/// ExternalIPs and LB IPs of its service and no-endpoint map elements, and its NodePorts on
+/// the addresses `facts` gives them. For a plan read back from a footprint, whose elements
+/// keep their keys.
+pub(super) fn addresses_of(plan: &ServicePlan, facts: &NodeFacts) -> Vec<(IpAddr, u16)> {
+    let udp = |proto: &Value| *proto == Value::UDP;
+    let mut addresses = Vec::new();
+    for element in &plan.elements {
+        match (element.set.kind, &element.element.key.0[..]) {
+            (
+                SharedKind::ServiceIps | SharedKind::NoEndpointServices,
+                [ip, proto, Value::InetService(port)],
+            ) if udp(proto) => {
+                let ip = match ip {
+                    Value::Ipv4(ip) => IpAddr::V4(*ip),
+                    Value::Ipv6(ip) => IpAddr::V6(*ip),
+                    _ => continue,
+                };
+                addresses.push((ip, *port));
+            }
+            (
+                SharedKind::ServiceNodeports | SharedKind::NoEndpointNodeports,
+                [proto, Value::InetService(port)],
+            ) if udp(proto) => {
+                let ips = facts.node_port_ips(element.set.family);
+                addresses.extend(ips.map(|ip| (ip, *port)));
+            }
+            _ => {}
+        }
+    }
+    addresses.sort_unstable();
+    addresses.dedup();
+    addresses
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,7 +167,10 @@ mod tests {
     fn an_entry_is_stale_when_its_endpoint_no_longer_serves_the_address_it_was_sent_to() {
         let before = flows(&["10.96.0.10:53", "10.0.0.1:30053"], &["10.244.1.5:5353"]);
         let after = flows(&["10.96.0.10:53", "10.0.0.1:30053"], &["10.244.1.6:5353"]);
-        let check = StaleFlows::of([&before, &after], [&after]);
+        let touched = [&before, &after]
+            .map(|f| f.service_addresses.clone())
+            .concat();
+        let check = StaleFlows::of(touched, [&after]);
         assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:5353")));
         assert!(check.is_stale(&entry("10.0.0.1:30053", "10.244.1.5:5353")));
         assert!(!check.is_stale(&entry("10.96.0.10:53", "10.244.1.6:5353")));
@@ -141,16 +184,17 @@ mod tests {
     #[test]
     fn a_deleted_service_leaves_no_flow_and_a_shared_address_keeps_both_services_endpoints() {
         let gone = flows(&["10.96.0.10:53"], &["10.244.1.5:5353"]);
-        let check = StaleFlows::of([&gone], []);
+        let check = StaleFlows::of(gone.service_addresses.clone(), []);
         assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:5353")));
 
         let changed = flows(&["192.0.2.1:53"], &["10.244.1.5:5353"]);
         let other = flows(&["192.0.2.1:53", "10.96.0.12:53"], &["10.244.2.9:53"]);
-        let check = StaleFlows::of([&changed], [&changed, &other]);
+        let check = StaleFlows::of(changed.service_addresses.clone(), [&changed, &other]);
         assert!(!check.is_stale(&entry("192.0.2.1:53", "10.244.2.9:53")));
         assert!(!check.is_stale(&entry("192.0.2.1:53", "10.244.1.5:5353")));
         assert!(!check.is_stale(&entry("10.96.0.12:53", "10.244.1.5:5353")));
         assert_eq!(check.families().collect::<Vec<_>>(), [Family::V4]);
         assert_eq!(StaleFlows::of([], [&other]).families().count(), 0);
+        assert!(StaleFlows::of([], [&other]).is_empty());
     }
 }
