@@ -20,7 +20,8 @@ exec $PWD/target/release/nodus-trace-functions --map $work/nodus.map --out $work
   -- $PWD/$binary "\$@"
 WRAPPER
 chmod +x "$work/nodus"
-cargo bench --bench footprint -- --shape 10000x10x100 --policy 10000x200x100 --nodus "$work/nodus"
+# Two ports per Service (TCP and UDP): the UDP paths run too.
+cargo bench --bench footprint -- --shape 10000x10x100:2 --policy 10000x200x100 --nodus "$work/nodus"
 {
   echo "# Functions nodus ran in a profile, in the order they first ran (link/profile.sh)."
   echo "# The linker lays them out in this order at the start of the code (build.rs)."

@@ -20,8 +20,8 @@ pub fn unix_ms(at: SystemTime) -> u64 {
 }
 
 /// A subsystem's line from its tracker's record.
-fn report(name: &str, track: Track) -> Subsystem {
-    Subsystem {
+fn report(name: &str, track: Track) -> SubsystemStatus {
+    SubsystemStatus {
         name: name.into(),
         enabled: true,
         synced: track.synced,
@@ -42,14 +42,14 @@ pub struct Status {
     pub node: String,
     pub started_unix_ms: u64,
     pub ready: bool,
-    pub subsystems: Vec<Subsystem>,
+    pub subsystems: Vec<SubsystemStatus>,
     /// The mesh's peers (at most 256, those without a recent handshake first).
     #[serde(default)]
     pub mesh_peers: Vec<PeerStatus>,
 }
 
 #[derive(Debug, Deserialize, Serialize)]
-pub struct Subsystem {
+pub struct SubsystemStatus {
     pub name: String,
     pub enabled: bool,
     pub synced: bool,
@@ -63,19 +63,19 @@ pub struct Subsystem {
     pub detail: Option<String>,
 }
 
-impl Subsystem {
+impl SubsystemStatus {
     /// Enabled but not running: its start failed and is being retried.
-    fn not_started(name: &str, board: &Board) -> Subsystem {
-        Subsystem {
+    fn not_started(name: &str, board: &Board) -> SubsystemStatus {
+        SubsystemStatus {
             enabled: true,
             last_error: board.starts.pending(name),
             detail: Some("not started; retrying".into()),
-            ..Subsystem::disabled(name, None)
+            ..SubsystemStatus::disabled(name, None)
         }
     }
 
-    fn disabled(name: &str, detail: Option<&str>) -> Subsystem {
-        Subsystem {
+    fn disabled(name: &str, detail: Option<&str>) -> SubsystemStatus {
+        SubsystemStatus {
             name: name.into(),
             enabled: false,
             synced: false,
@@ -118,7 +118,7 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
     let pending = |name| board.starts.pending(name).is_some();
     subsystems.push(match setup {
         Some(setup) if setup.programs_table() && pending("proxy") => {
-            Subsystem::not_started("proxy", board)
+            SubsystemStatus::not_started("proxy", board)
         }
         Some(setup) if setup.proxy => {
             let mut line = report("proxy", proxy_track);
@@ -138,11 +138,11 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
             line.detail = Some("off; the table holds only the mesh's egress masquerade".into());
             line
         }
-        _ => Subsystem::disabled("proxy", None),
+        _ => SubsystemStatus::disabled("proxy", None),
     });
     subsystems.push(match (setup.filter(|s| s.dns), board.dns_addrs.get()) {
         // DNS answers from the view itself: it is in step whenever the view is.
-        (Some(_), Some(addrs)) if !pending("dns") => Subsystem {
+        (Some(_), Some(addrs)) if !pending("dns") => SubsystemStatus {
             synced: subsystems[0].synced,
             last_sync_unix_ms: subsystems[0].last_sync_unix_ms,
             detail: Some(format!(
@@ -154,10 +154,10 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
                     .join(", ")
             )),
             enabled: true,
-            ..Subsystem::disabled("dns", None)
+            ..SubsystemStatus::disabled("dns", None)
         },
-        (Some(_), _) => Subsystem::not_started("dns", board),
-        _ => Subsystem::disabled("dns", None),
+        (Some(_), _) => SubsystemStatus::not_started("dns", board),
+        _ => SubsystemStatus::disabled("dns", None),
     });
     let mut mesh_peers = Vec::new();
     subsystems.push(match (setup.filter(|s| s.mesh), metrics.mesh.get()) {
@@ -167,8 +167,8 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
             mesh_peers = status.peers_listed;
             line
         }
-        (Some(_), _) => Subsystem::not_started("mesh", board),
-        _ => Subsystem::disabled("mesh", None),
+        (Some(_), _) => SubsystemStatus::not_started("mesh", board),
+        _ => SubsystemStatus::disabled("mesh", None),
     });
     if let Some(program) = setup.and_then(|s| s.on_change.as_ref()) {
         let mut on_change = report("on-change", board.on_change.snapshot());
@@ -204,13 +204,13 @@ fn refused_pods(refused: &[RefusedPod]) -> Option<String> {
 }
 
 /// The mesh from its own record: synced once a sync succeeded after the last failure.
-fn mesh_subsystem(mesh: &MeshStatus) -> Subsystem {
+fn mesh_subsystem(mesh: &MeshStatus) -> SubsystemStatus {
     let failed_since = match (&mesh.last_error, mesh.last_sync) {
         (Some((failed, _)), Some(synced)) => *failed > synced,
         (Some(_), None) => true,
         (None, _) => false,
     };
-    Subsystem {
+    SubsystemStatus {
         name: "mesh".into(),
         enabled: true,
         synced: mesh.last_sync.is_some() && !failed_since,
