@@ -142,9 +142,9 @@ fn command(cli: Cli) -> anyhow::Result<()> {
             })
         }
         Some(Command::InstallCni { from, to, replace }) => {
-            use nodus_mesh::cni::Installed;
+            use nodus_mesh::conflist::Installed;
             let nodus = std::env::current_exe().context("finding this binary")?;
-            let installed = nodus_mesh::cni::install_plugins(&nodus, &from, &to, replace)?;
+            let installed = nodus_mesh::conflist::install_plugins(&nodus, &from, &to, replace)?;
             for (plugin, done) in installed {
                 let done = match done {
                     Installed::Written => "installed",
@@ -176,8 +176,8 @@ mod tests {
     #[test]
     fn the_sandbox_checks_for_the_plugins_install_cni_copies() {
         assert_eq!(
-            nodus_testbed::cni::REFERENCE_PLUGINS,
-            nodus_mesh::cni::REFERENCE_PLUGINS
+            nodus_testbed::runtime::REFERENCE_PLUGINS,
+            nodus_mesh::conflist::REFERENCE_PLUGINS
         );
     }
 }

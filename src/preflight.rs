@@ -150,7 +150,7 @@ fn cni_directory(conflist: &Path) -> Option<String> {
 /// Every plugin the mesh's conflist names can run from `bin_dir`: without one, kubelet
 /// makes no pod on this node, and says so only in each pod's events.
 fn cni_plugins(bin_dir: &Path) -> Option<String> {
-    let missing: Vec<&str> = nodus_mesh::cni::PLUGINS
+    let missing: Vec<&str> = nodus_mesh::conflist::PLUGINS
         .into_iter()
         .filter(|plugin| executable(&bin_dir.join(plugin)).is_err())
         .collect();

@@ -7,7 +7,7 @@
 
 use crate::Error;
 use crate::backend::{BackendKind, Device, DeviceState};
-use crate::cni;
+use crate::conflist;
 use crate::key::{Key, KeyPair};
 use crate::links::{Link, Links};
 use crate::metrics::MeshMetrics;
@@ -130,7 +130,7 @@ impl Mesh {
             addresses: BTreeSet::new(),
             learned: BTreeMap::new(),
             peer_nodes: BTreeMap::new(),
-            cni_version: cni::chain_version(&settings.cni_bin_dir),
+            cni_version: conflist::chain_version(&settings.cni_bin_dir),
             metrics,
             settings,
         };
@@ -317,13 +317,13 @@ impl Mesh {
         report.routes_removed = remove_routes.len();
 
         if !desired.own_cidrs.is_empty() {
-            let content = cni::conflist(
+            let content = conflist::conflist(
                 &desired.own_cidrs,
                 mtu,
                 self.settings.policy_socket.as_deref(),
                 self.cni_version,
             );
-            report.cni_written = cni::write_if_changed(&self.settings.cni_conflist, &content)?;
+            report.cni_written = conflist::write_if_changed(&self.settings.cni_conflist, &content)?;
         }
         report.took = started.elapsed();
         // Handshakes and byte counts come with the next poll: a dump after every change

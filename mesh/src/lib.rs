@@ -2,7 +2,8 @@
 //!
 //! - [`plan`] (pure): the node view → desired peers, routes, device addresses and the
 //!   annotations to publish, and the per-peer deltas between two states.
-//! - [`cni`]: the CNI conflist for kubelet (pure content, atomic write).
+//! - [`conflist`]: the CNI conflist for kubelet (pure content, atomic write), and the
+//!   plugins it chains.
 //! - [`key`]: the node's key pair and its file.
 //! - [`config`]: the `mesh:` section of the configuration, and the settings it becomes.
 //! - [`backend`]: the WireGuard device: kernel (generic netlink), `wireguard-go` or
@@ -17,8 +18,8 @@
 pub mod apply;
 pub mod backend;
 pub mod cleanup;
-pub mod cni;
 pub mod config;
+pub mod conflist;
 pub mod key;
 pub mod links;
 pub mod metrics;

@@ -293,7 +293,7 @@ fn the_pod_plugin_answers_version_and_refuses_bad_input() {
 ///   GC does nothing. cnitool's GC holds no attachment valid: everything goes.
 #[test]
 fn status_and_gc_of_cni_1_1_with_the_reference_plugins_and_cnitool() {
-    use nodus_mesh::cni::{REFERENCE_PLUGINS, STATUS_AND_GC_VERSION, chain_version, conflist};
+    use nodus_mesh::conflist::{REFERENCE_PLUGINS, STATUS_AND_GC_VERSION, chain_version, conflist};
     require_root();
     let reference = nodus_testbed::control_plane::reference_cni_plugins().expect("plugins");
     let node = Netns::new("c11n").expect("node namespace");
@@ -305,7 +305,7 @@ fn status_and_gc_of_cni_1_1_with_the_reference_plugins_and_cnitool() {
         "1.0.0",
         "Debian's plugins read 1.0.0"
     );
-    let bin = nodus_testbed::cni::plugin_dir(
+    let bin = nodus_testbed::runtime::plugin_dir(
         &dir,
         std::path::Path::new(crate::support::NODUS),
         &REFERENCE_PLUGINS,

@@ -5,9 +5,9 @@
 
 use crate::support::{Cluster, NODUS, free_port, metric, wait_for};
 use nodus_mesh::plan::{ANNOTATION_ENDPOINT, ANNOTATION_PEER_ENDPOINTS, ANNOTATION_PUBLIC_KEY};
-use nodus_testbed::cni;
 use nodus_testbed::netns::{self, Netns, Node, Pod, Underlay, unique_name};
 use nodus_testbed::probe::{SourceEcho, http_get, tcp_who};
+use nodus_testbed::runtime;
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -271,13 +271,14 @@ fn who(pod: &Pod, to: IpAddr) -> anyhow::Result<String> {
 
 /// The conflist's plugins in `dir`, as the init container would have put them.
 pub(crate) fn plugins(dir: &std::path::Path) -> PathBuf {
-    let reference = nodus_mesh::cni::REFERENCE_PLUGINS;
-    let debian = std::path::Path::new(cni::CNI_PATH);
-    cni::plugin_dir(dir, std::path::Path::new(NODUS), &reference, debian).expect("the CNI plugins")
+    let reference = nodus_mesh::conflist::REFERENCE_PLUGINS;
+    let debian = std::path::Path::new(runtime::CNI_PATH);
+    runtime::plugin_dir(dir, std::path::Path::new(NODUS), &reference, debian)
+        .expect("the CNI plugins")
 }
 
 fn pod_on(node: &MeshNode, name: &str) -> Pod {
-    let pod = cni::add_pod(
+    let pod = runtime::add_pod(
         node.node.ns.name(),
         &node.conflist(),
         &unique_name(name),

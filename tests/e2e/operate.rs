@@ -436,7 +436,7 @@ fn check_config_host_names_what_the_host_lacks() {
         .args([
             "install-cni",
             "--from",
-            nodus_testbed::cni::CNI_PATH,
+            nodus_testbed::runtime::CNI_PATH,
             "--to",
         ])
         .arg(&cni_bin)

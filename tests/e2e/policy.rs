@@ -9,7 +9,7 @@
 
 use crate::proxy_packets::{node, service};
 use crate::support::{NODUS, Sandbox, WAIT, metric, wait_for};
-use nodus_testbed::{cni, netns};
+use nodus_testbed::{netns, runtime};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
@@ -467,7 +467,7 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
         "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "echo:test"}]}});
     kubectl(&sandbox, &["apply"], Some(&gap_pod));
     let node_a = sandbox.dir.join("node-a");
-    let gap = cni::add_pod(
+    let gap = runtime::add_pod(
         &sandbox.ns("nodes", "node-a"),
         &node_a.join("10-nodus.conflist"),
         &netns::unique_name("gap"),

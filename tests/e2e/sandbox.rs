@@ -117,7 +117,7 @@ fn sandbox_serves_the_example_cluster_until_interrupted_then_removes_everything(
         node_kubeconfig.contains("https://10.96.0.1:443"),
         "{node_kubeconfig}"
     );
-    for plugin in nodus_mesh::cni::PLUGINS {
+    for plugin in nodus_mesh::conflist::PLUGINS {
         let path = dir.join("node-2/cni-bin").join(plugin);
         let mode = std::fs::metadata(&path).map(|m| m.permissions().mode());
         assert!(mode.is_ok_and(|m| m & 0o111 != 0), "{}", path.display());

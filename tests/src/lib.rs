@@ -5,11 +5,11 @@
 
 pub mod apiserver;
 pub mod bench;
-pub mod cni;
 pub mod control_plane;
 pub mod dig;
 pub mod fixtures;
 pub mod netns;
 pub mod probe;
+pub mod runtime;
 pub mod sandbox;
 pub mod scale;

@@ -13,10 +13,10 @@
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
 use crate::apiserver::{self, ApiServerConfig, Store};
-use crate::cni;
 use crate::control_plane::{ControlPlane, ControlPlaneConfig, Relay};
 use crate::netns::{self, Node, Pod, Underlay, unique_name};
 use crate::probe::http_get;
+use crate::runtime;
 use anyhow::{Context, bail};
 use clap::Args;
 use nodus_view::model::Cidr;
@@ -305,8 +305,8 @@ fn check_prerequisites() -> anyhow::Result<()> {
             .collect()
     };
     let mut required = missing(&PREREQUISITES);
-    for plugin in cni::REFERENCE_PLUGINS {
-        let path = Path::new(cni::CNI_PATH).join(plugin);
+    for plugin in runtime::REFERENCE_PLUGINS {
+        let path = Path::new(runtime::CNI_PATH).join(plugin);
         if !is_executable(&path) {
             required.push((path.display().to_string(), CNI_PACKAGE.to_string()));
         }
@@ -1070,7 +1070,7 @@ fn start_nodes(
         // directory, from which the pods below are made.
         let cni_bin = node_dir.join("cni-bin");
         let installed = std::process::Command::new(agent_binary)
-            .args(["install-cni", "--from", cni::CNI_PATH, "--to"])
+            .args(["install-cni", "--from", runtime::CNI_PATH, "--to"])
             .arg(&cni_bin)
             .stdout(std::process::Stdio::null())
             .status()
@@ -1129,7 +1129,7 @@ fn make_pods(
             .flatten()
             .collect();
         let cni_bin = node_dir.join("cni-bin");
-        let pod = cni::add_pod(
+        let pod = runtime::add_pod(
             node.ns.name(),
             &conflist,
             &name,

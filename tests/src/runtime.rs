@@ -14,7 +14,7 @@ use std::process::{Command, Stdio};
 pub const CNI_PATH: &str = "/usr/lib/cni";
 
 /// The reference plugins nodus's conflist chains, which `nodus install-cni` copies from
-/// [`CNI_PATH`] (`nodus_mesh::cni::REFERENCE_PLUGINS`, which the binary's tests compare).
+/// [`CNI_PATH`] (`nodus_mesh::conflist::REFERENCE_PLUGINS`, which the binary's tests compare).
 pub const REFERENCE_PLUGINS: [&str; 3] = ["host-local", "portmap", "loopback"];
 
 /// Creates pod `name` on the node whose network namespace is `node_ns` by running `ADD`
