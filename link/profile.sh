@@ -1,6 +1,6 @@
 #!/bin/sh
 # Makes link/hot-functions.order again from a profile of the binary the image ships: the
-# footprint bench at 10,000 × 10 × 100, without and then with NetworkPolicy, every one of its
+# footprint bench at 10,000 × 10 × 100 with two ports per Service (TCP and UDP), without and then with NetworkPolicy, every one of its
 # phases (cold start, Node and endpoint updates, DNS questions, a relist, other programs'
 # nftables commits, policy changes, a restart) under nodus-trace-functions. About 15 minutes,
 # as root. Run it after a dependency or the toolchain changes: a function's name carries a
