@@ -1,4 +1,4 @@
-//! DNS throughput: `dnsperf` against nodus answering a generated cluster, and against NSD
+//! DNS throughput: `dnsperf` against nodus answering a generated cluster, and against NSD and Knot
 //! serving the equivalent zone file, in the same run, on the same query files.
 //!
 //! Query sets: existing service A names; SRV names; the search-path mix that `ndots:5`
@@ -18,7 +18,7 @@
 //! asserts nothing.
 //!
 //! `cargo bench --bench dns -- [--services 10000] [--seconds 10] [--runs 3] [--nodus PATH]
-//! [--only dnsperf|autopath]` (needs `dnsperf` and `nsd` from Debian, and root for the
+//! [--only dnsperf|autopath]` (needs `dnsperf`, `nsd` and `knot` from Debian, and root for the
 //! namespaces).
 
 #![allow(
@@ -143,9 +143,10 @@ fn zone_file(dir: &Path, services: usize) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
-struct Nsd(Child);
+/// A reference server (NSD or Knot), killed when dropped.
+struct Server(Child);
 
-impl Drop for Nsd {
+impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
@@ -199,10 +200,44 @@ fn wait_answering(
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("nsd did not answer; see {}/nsd.log", dir.display())
+    bail!(
+        "the server did not answer; see its log in {}",
+        dir.display()
+    )
 }
 
-fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Nsd> {
+/// Knot DNS (Debian's `knot`) serving `zone` on 127.0.0.1:`port` with one UDP worker,
+/// its state and log in `dir/knot`.
+fn start_knot(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Server> {
+    let dir = dir.join("knot");
+    std::fs::create_dir_all(&dir)?;
+    let d = dir.display();
+    let conf = format!(
+        "server:\n  listen: 127.0.0.1@{port}\n  rundir: \"{d}\"\n  udp-workers: 1\n  \
+         tcp-workers: 1\n  background-workers: 1\nlog:\n  - target: \"{d}/knot.log\"\n    \
+         any: warning\ndatabase:\n  storage: \"{d}\"\nzone:\n  - domain: cluster.local\n    \
+         file: \"{}\"\n    zonefile-sync: -1\n    journal-content: none\n",
+        zone.display()
+    );
+    let path = dir.join("knot.conf");
+    std::fs::write(&path, conf)?;
+    let child = Command::new("knotd")
+        .arg("-c")
+        .arg(&path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting knotd (Debian package knot)")?;
+    let knot = Server(child);
+    let dig = |args: &[&str]| {
+        let out = Command::new("dig").args(args).output()?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    wait_answering(dig, port, &service_fqdn(0), &dir)?;
+    Ok(knot)
+}
+
+fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Server> {
     let conf = nsd_conf(dir, port, &[("cluster.local", zone.to_path_buf())])?;
     let child = Command::new("nsd")
         .args(["-d", "-c"])
@@ -211,7 +246,7 @@ fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Nsd> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting nsd (Debian package nsd)")?;
-    let nsd = Nsd(child);
+    let nsd = Server(child);
     let dig = |args: &[&str]| {
         let out = Command::new("dig").args(args).output()?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
@@ -364,14 +399,17 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
     let zone = zone_file(&cluster.dir, opts.services)?;
     let nsd_port = free_port()?;
     let nsd = start_nsd(&cluster.dir, &zone, nsd_port)?;
+    let knot_port = free_port()?;
+    let knot = start_knot(&cluster.dir, &zone, knot_port)?;
 
     println!(
         "DNS bench: {} services × 10 endpoints; dnsperf -c 4 -T 1 -q 200 -l {} on loopback; \
-         median of {} alternating runs (nodus with 1 UDP thread, with 2, NSD)",
+         median of {} alternating runs (nodus with 1 UDP thread, with 2, NSD, Knot with one UDP \
+         worker); ratios: nodus's QPS over NSD's, and nodus 1T's over Knot's",
         opts.services, opts.seconds, opts.runs
     );
     println!(
-        "{:<36} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>5}",
+        "{:<36} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>6} {:>5} | {:>9} {:>6} {:>5} | {:>9} {:>6} {:>5} {:>7}",
         "query set",
         "nodus 1T",
         "avg ms",
@@ -383,23 +421,32 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
         "µs/q",
         "NSD",
         "avg ms",
-        "µs/q"
+        "µs/q",
+        "Knot",
+        "avg ms",
+        "µs/q",
+        "1T/Knot"
     );
     for (label, file, ask_nsd) in &files {
         let mut ours: Vec<Vec<Perf>> = agents.iter().map(|_| Vec::new()).collect();
         let mut theirs = Vec::new();
+        let mut knots = Vec::new();
         for _ in 0..opts.runs {
             for ((_, port, agent), runs) in agents.iter().zip(&mut ours) {
                 runs.push(dnsperf(*port, agent.pid(), file, opts.seconds)?);
             }
             if *ask_nsd {
                 theirs.push(dnsperf(nsd_port, nsd.0.id(), file, opts.seconds)?);
+                knots.push(dnsperf(knot_port, knot.0.id(), file, opts.seconds)?);
             }
         }
         let theirs = (!theirs.is_empty()).then(|| median(theirs));
+        let knot = (!knots.is_empty()).then(|| median(knots));
         let mut line = format!("{label:<36}");
+        let mut first_qps = None;
         for runs in ours {
             let ours = median(runs);
+            first_qps.get_or_insert(ours.qps);
             let ratio = theirs
                 .as_ref()
                 .map_or_else(|| "—".to_string(), |t| format!("{:.2}×", ours.qps / t.qps));
@@ -425,9 +472,19 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
             }
             None => line.push_str(" | (not asked)"),
         }
+        if let (Some(knot), Some(ours)) = (&knot, first_qps) {
+            let _ = write!(
+                line,
+                " | {:>9.0} {:>6.2} {:>5.1} {:>6.2}×",
+                knot.qps,
+                knot.latency_ms,
+                knot.cpu_us,
+                ours / knot.qps
+            );
+        }
         println!("{line}");
     }
-    drop(nsd);
+    drop((nsd, knot));
     for ((threads, _, agent), before) in agents.iter().zip(before) {
         let after = proc_memory(agent.pid())?;
         println!(
