@@ -333,15 +333,19 @@ impl ClusterDns {
     /// The pipeline for one TCP message: its front is the allow-list alone (no rate
     /// limit, and no fast path, whose replies are sized for UDP), then the full path.
     pub(crate) async fn answer_stream(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
-        let allowed = self.allow_list().contains(src.ip());
-        self.answer_message(packet, src, true, allowed).await
+        self.answer_checked(packet, src, true).await
     }
 
     /// The full path for one UDP datagram, past the front's rate limit and fast path (for
     /// tests and fuzzing that compare the two paths).
     pub async fn answer_datagram(&self, packet: Vec<u8>, src: SocketAddr) -> Option<Vec<u8>> {
+        self.answer_checked(packet, src, false).await
+    }
+
+    /// The full path for a message whose sender the allow-list is asked about now.
+    async fn answer_checked(&self, packet: Vec<u8>, src: SocketAddr, tcp: bool) -> Option<Vec<u8>> {
         let allowed = self.allow_list().contains(src.ip());
-        self.answer_message(packet, src, false, allowed).await
+        self.answer_message(packet, src, tcp, allowed).await
     }
 
     /// The full path, for what the front did not answer: no reply to a packet without a

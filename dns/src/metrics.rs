@@ -122,21 +122,8 @@ impl DnsMetrics {
         }
     }
 
-    /// One answered request; `qtype` is `None` when the request had no single question.
-    pub fn answered(
-        &self,
-        qtype: Option<RecordType>,
-        transport: Transport,
-        rcode: ResponseCode,
-        took: Duration,
-    ) {
-        let q = qtype.map_or(QTYPES.len() - 1, qtype_index);
-        self.requests[q][transport.index()].fetch_add(1, Relaxed);
-        self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);
-        self.latency.observe(took);
-    }
-
-    /// One request the UDP fast path answered; its time is observed per batch.
+    /// One answered request (a request without a single question counts under `other`);
+    /// its time is observed with its batch's ([`DnsMetrics::observed`]).
     pub fn counted(&self, qtype: RecordType, transport: Transport, rcode: ResponseCode) {
         self.requests[qtype_index(qtype)][transport.index()].fetch_add(1, Relaxed);
         self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);

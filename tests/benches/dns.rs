@@ -221,38 +221,38 @@ fn start_knot(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Server> {
     );
     let path = dir.join("knot.conf");
     std::fs::write(&path, conf)?;
-    let child = Command::new("knotd")
-        .arg("-c")
-        .arg(&path)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting knotd (Debian package knot)")?;
-    let knot = Server(child);
-    let dig = |args: &[&str]| {
-        let out = Command::new("dig").args(args).output()?;
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    };
-    wait_answering(dig, port, &service_fqdn(0), &dir)?;
-    Ok(knot)
+    let mut knotd = Command::new("knotd");
+    knotd.arg("-c").arg(&path);
+    serve_until_answering(knotd, "knotd (Debian package knot)", port, &dir)
 }
 
-fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Server> {
-    let conf = nsd_conf(dir, port, &[("cluster.local", zone.to_path_buf())])?;
-    let child = Command::new("nsd")
-        .args(["-d", "-c"])
-        .arg(&conf)
+/// Starts a reference server with `command` and waits until it answers on `port` (its
+/// log in `dir`).
+fn serve_until_answering(
+    mut command: Command,
+    what: &str,
+    port: u16,
+    dir: &Path,
+) -> anyhow::Result<Server> {
+    let child = command
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .context("starting nsd (Debian package nsd)")?;
-    let nsd = Server(child);
+        .with_context(|| format!("starting {what}"))?;
+    let server = Server(child);
     let dig = |args: &[&str]| {
         let out = Command::new("dig").args(args).output()?;
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     };
     wait_answering(dig, port, &service_fqdn(0), dir)?;
-    Ok(nsd)
+    Ok(server)
+}
+
+fn start_nsd(dir: &Path, zone: &Path, port: u16) -> anyhow::Result<Server> {
+    let conf = nsd_conf(dir, port, &[("cluster.local", zone.to_path_buf())])?;
+    let mut nsd = Command::new("nsd");
+    nsd.args(["-d", "-c"]).arg(&conf);
+    serve_until_answering(nsd, "nsd (Debian package nsd)", port, dir)
 }
 
 struct Perf {

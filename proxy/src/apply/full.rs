@@ -37,12 +37,13 @@ use nodus_view::model::Family;
 use tracing::{error, warn};
 
 use super::{
-    Error, Proxy, Record, RefusedService, SyncReport, full_sync_batch_messages, service_key,
+    Error, Proxy, Record, RefusedService, SyncReport, UdpCheck, full_sync_batch_messages,
+    service_key,
 };
 use crate::nft::{self, Element, ElementData, ListedData, ListedElement, Table, Tuple, Value};
 use crate::plan::{
     ChainPlan, ElementPlan, EndpointKeys, PlanBatch, Planner, ServicePlan, SharedKind, SharedSet,
-    Skeleton, TABLE, UdpFlows,
+    Skeleton, TABLE,
 };
 
 /// One key of a shared map during a full sync.
@@ -153,7 +154,7 @@ pub(super) struct FullSync<'a, 'v> {
     /// Messages per transaction ([`full_sync_batch_messages`]).
     batch_messages: usize,
     /// The UDP flows of the services programmed, for the conntrack cleanup after.
-    udp_flows: &'a mut Vec<UdpFlows>,
+    udp: &'a mut UdpCheck,
 }
 
 impl<'a, 'v> FullSync<'a, 'v> {
@@ -161,10 +162,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
         proxy: &'a mut Proxy,
         planner: &'a Planner<'v>,
         report: &'a mut SyncReport,
-        udp_flows: &'a mut Vec<UdpFlows>,
+        udp: &'a mut UdpCheck,
     ) -> FullSync<'a, 'v> {
         FullSync {
-            udp_flows,
+            udp,
             proxy,
             planner,
             report,
@@ -458,7 +459,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
 
     fn record(&mut self, plan: &ServicePlan) {
         self.proxy.shared.claim(plan, 1);
-        self.udp_flows.extend(plan.udp_flows.iter().cloned());
+        self.udp.planned(plan);
         self.proxy.record(
             service_key(&plan.namespace, &plan.name),
             Some(Record::of(plan.digest(), plan)),

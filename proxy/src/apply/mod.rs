@@ -32,9 +32,9 @@ pub use policy::RefusedPod;
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxySettings, ServicePlan, Skeleton, TABLE, UdpFlows,
+    ProxySettings, ServicePlan, Skeleton, TABLE,
 };
-use udp::StaleFlows;
+use udp::{StaleFlows, UdpCheck};
 
 /// Messages per transaction of a full sync of `services` services: a tenth of them,
 /// between 1,000 and 8,000.
@@ -302,19 +302,12 @@ impl Proxy {
         let planner = Planner::new(view, &self.config);
         // Every UDP service address, those of services gone since too: after a restart
         // this deletes what the previous process left pinned to old endpoints.
-        let mut touched = self.udp_addresses_recorded(planner.facts());
-        let mut current = Vec::new();
-        let outcome = full::FullSync::new(self, &planner, &mut report, &mut current).run();
+        let mut udp = UdpCheck::default();
+        udp.had(self.udp_addresses_recorded(planner.facts()));
+        let outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
         if outcome.is_ok() {
-            touched.extend(
-                current
-                    .iter()
-                    .flat_map(|flows| flows.service_addresses.clone()),
-            );
-            let stale = StaleFlows::of(touched, &current);
-            report.conntrack_deletions += stale.delete(&mut self.socket);
+            report.conntrack_deletions += udp.stale_flows().delete(&mut self.socket);
         }
-        drop(current);
         let skeleton = outcome?;
         if planner.facts().network_policy {
             self.program_policies(view, &mut report)?
@@ -417,9 +410,7 @@ impl Proxy {
     ) -> Result<Planned, String> {
         let mut batch = PlanBatch::new();
         let mut records: Vec<(u64, Option<Record>)> = Vec::new();
-        // The UDP addresses the changed services had and have, and their flows now.
-        let mut touched: Vec<(IpAddr, u16)> = Vec::new();
-        let mut current: Vec<UdpFlows> = Vec::new();
+        let mut udp = UdpCheck::default();
         // Claims on shared elements this transaction adds (+) and drops (-).
         let mut claims = SharedClaims::default();
         for name in &changes.services {
@@ -440,12 +431,7 @@ impl Proxy {
                 }
                 (None, Some(digest)) => {
                     warn_contested(&plan);
-                    touched.extend(
-                        plan.udp_flows
-                            .iter()
-                            .flat_map(|f| f.service_addresses.clone()),
-                    );
-                    current.extend(plan.udp_flows.iter().cloned());
+                    udp.planned(&plan);
                     claims.claim(&plan, 1);
                     batch.add_service(&plan);
                     report.added += 1;
@@ -456,13 +442,8 @@ impl Proxy {
                     let Some(mut old) = previous.previous_plan(&plan) else {
                         return Err(format!("the record of {name:?} is corrupt"));
                     };
-                    touched.extend(udp::addresses_of(&old, planner.facts()));
-                    touched.extend(
-                        plan.udp_flows
-                            .iter()
-                            .flat_map(|f| f.service_addresses.clone()),
-                    );
-                    current.extend(plan.udp_flows.iter().cloned());
+                    udp.had(udp::addresses_of(&old, planner.facts()));
+                    udp.planned(&plan);
                     claims.claim(&old, -1);
                     claims.claim(&plan, 1);
                     // What another service still wants stays in the table.
@@ -489,7 +470,7 @@ impl Proxy {
             batch,
             records,
             claims,
-            udp: StaleFlows::of(touched, &current),
+            udp: udp.stale_flows(),
         })
     }
 

@@ -22,6 +22,33 @@ use crate::plan::{NodeFacts, ServicePlan, SharedKind, UdpFlows};
 const DELETE_CHUNK: usize = 4_096;
 const MAX_DUMPS: usize = 16;
 
+/// What a sync gathers for its cleanup: the UDP addresses the services it programs or
+/// changes had and have, and their flows now.
+#[derive(Debug, Default)]
+pub(super) struct UdpCheck {
+    touched: Vec<(IpAddr, u16)>,
+    current: Vec<UdpFlows>,
+}
+
+impl UdpCheck {
+    /// The flows `plan` programs: their addresses are checked, their endpoints serve.
+    pub(super) fn planned(&mut self, plan: &ServicePlan) {
+        for flows in &plan.udp_flows {
+            self.touched.extend(&flows.service_addresses);
+            self.current.push(flows.clone());
+        }
+    }
+
+    /// Addresses a service had (read back from its footprint): checked too.
+    pub(super) fn had(&mut self, addresses: impl IntoIterator<Item = (IpAddr, u16)>) {
+        self.touched.extend(addresses);
+    }
+
+    pub(super) fn stale_flows(self) -> StaleFlows {
+        StaleFlows::of(self.touched, &self.current)
+    }
+}
+
 /// The service addresses a sync checks, each with the endpoints that may answer it.
 #[derive(Debug, Default)]
 pub(super) struct StaleFlows {
