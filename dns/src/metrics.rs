@@ -7,10 +7,11 @@ use crate::codes::{RCODES, rcode_index};
 use crate::forward::Forwarder;
 use hickory_proto::op::ResponseCode;
 use hickory_proto::rr::RecordType;
-use nodus_prom::{Histogram, family, sample, single};
+use nodus_prom::{ConstCounter, ConstGauge, Counter, Exported, Families, Histogram};
+use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 const QTYPES: [&str; 10] = [
@@ -23,30 +24,20 @@ const LATENCY_BUCKETS: [f64; 9] = [
 ];
 
 /// The labels CoreDNS puts on its series for kubeadm's server block `.:53`.
-const COREDNS_SERVER: &str = "server=\"dns://:53\",zone=\".\"";
-const COREDNS_CACHE: &str = "server=\"dns://:53\",zones=\".\"";
+const COREDNS_SERVER: [(&str, &str); 2] = [("server", "dns://:53"), ("zone", ".")];
+const COREDNS_CACHE: [(&str, &str); 2] = [("server", "dns://:53"), ("zones", ".")];
 
-/// A family of CoreDNS's cache split by its `type` label: `success` (of `all`) and `denial`.
-/// The two counters are read one after the other, so the difference saturates.
-fn coredns_cache_types(
-    out: &mut String,
-    (name, kind): (&str, &str),
-    help: &str,
-    all: u64,
-    denials: u64,
-) {
-    family(out, name, kind, help);
-    for (type_, count) in [
+/// The series of a CoreDNS cache family split by its `type` label: `success` (of `all`)
+/// and `denial`. The two counts are read one after the other, so the difference saturates.
+fn coredns_cache_types(all: u64, denials: u64) -> [([(&'static str, &'static str); 3], u64); 2] {
+    [
         ("success", all.saturating_sub(denials)),
         ("denial", denials),
-    ] {
-        sample(
-            out,
-            name,
-            &format!("{COREDNS_CACHE},type=\"{type_}\""),
-            count,
-        );
-    }
+    ]
+    .map(|(type_, count)| {
+        let [server, zones] = COREDNS_CACHE;
+        ([server, zones, ("type", type_)], count)
+    })
 }
 
 /// How a request came (CoreDNS's `proto` and `family` labels).
@@ -71,27 +62,24 @@ impl Transport {
         usize::from(self.tcp) * 2 + usize::from(self.ipv6)
     }
 
-    /// CoreDNS's labels for the transport of `index`.
-    fn labels(index: usize) -> &'static str {
-        [
-            "proto=\"udp\",family=\"1\"",
-            "proto=\"udp\",family=\"2\"",
-            "proto=\"tcp\",family=\"1\"",
-            "proto=\"tcp\",family=\"2\"",
-        ][index]
+    /// CoreDNS's `proto` and `family` for the transport of `index`.
+    fn labels(index: usize) -> [(&'static str, &'static str); 2] {
+        let proto = if index >= 2 { "tcp" } else { "udp" };
+        let family = if index % 2 == 1 { "2" } else { "1" };
+        [("proto", proto), ("family", family)]
     }
 }
 
 pub struct DnsMetrics {
     /// By query type, and by transport.
-    requests: [[AtomicU64; Transport::ALL]; QTYPES.len()],
-    responses: [AtomicU64; RCODES.len()],
+    requests: [[Counter; Transport::ALL]; QTYPES.len()],
+    responses: [Counter; RCODES.len()],
     latency: Histogram<{ LATENCY_BUCKETS.len() }>,
     forwarder: Option<Arc<Forwarder>>,
     /// Responses over the rate limit ([`crate::rate`]): dropped, and sent truncated.
-    rate_limited: [AtomicU64; 2],
+    rate_limited: [Counter; 2],
     /// Autopath walks by how they ended ([`Walked`]).
-    walks: [AtomicU64; Walked::ALL.len()],
+    walks: [Counter; Walked::ALL.len()],
 }
 
 /// Indexes into [`QTYPES`]; a match, not a search, because every query counts.
@@ -125,8 +113,8 @@ impl DnsMetrics {
     /// One answered request (a request without a single question counts under `other`);
     /// its time is observed with its batch's ([`DnsMetrics::observed`]).
     pub fn counted(&self, qtype: RecordType, transport: Transport, rcode: ResponseCode) {
-        self.requests[qtype_index(qtype)][transport.index()].fetch_add(1, Relaxed);
-        self.responses[rcode_index(rcode)].fetch_add(1, Relaxed);
+        self.requests[qtype_index(qtype)][transport.index()].inc();
+        self.responses[rcode_index(rcode)].inc();
     }
 
     /// `count` requests answered together in `took`, from receipt to the send.
@@ -136,285 +124,259 @@ impl DnsMetrics {
 
     /// One response over the rate limit: dropped, or sent truncated (`slipped`).
     pub fn rate_limited(&self, slipped: bool) {
-        self.rate_limited[usize::from(slipped)].fetch_add(1, Relaxed);
+        self.rate_limited[usize::from(slipped)].inc();
     }
 
     pub fn walked(&self, walked: Walked) {
-        self.walks[walked as usize].fetch_add(1, Relaxed);
+        self.walks[walked as usize].inc();
     }
+}
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the exposition: one family after another"
-    )]
-    pub fn render(&self, out: &mut String) {
-        family(
-            out,
-            "nodus_dns_requests_total",
-            "counter",
+/// A count as a gauge's value.
+fn gauge(count: usize) -> ConstGauge {
+    ConstGauge::new(i64::try_from(count).unwrap_or(i64::MAX))
+}
+
+impl Exported for DnsMetrics {
+    fn export(&self, families: &mut Families<'_>) -> fmt::Result {
+        self.export_own(families)?;
+        if let Some(forwarder) = &self.forwarder {
+            export_forwarding(forwarder, families)?;
+        }
+        self.export_coredns(families)
+    }
+}
+
+impl DnsMetrics {
+    fn export_own(&self, families: &mut Families<'_>) -> fmt::Result {
+        families.labelled(
+            "nodus_dns_requests",
             "DNS requests by query type.",
-        );
-        for (qtype, counts) in QTYPES.iter().zip(&self.requests) {
-            sample(
-                out,
-                "nodus_dns_requests_total",
-                &format!("qtype=\"{qtype}\""),
-                counts.iter().map(|c| c.load(Relaxed)).sum::<u64>(),
-            );
-        }
-        family(
-            out,
-            "nodus_dns_responses_total",
-            "counter",
+            QTYPES.iter().zip(&self.requests).map(|(qtype, counts)| {
+                let count = counts.iter().map(Counter::get).sum::<u64>();
+                ([("qtype", *qtype)], ConstCounter::new(count))
+            }),
+        )?;
+        families.labelled(
+            "nodus_dns_responses",
             "DNS responses by response code.",
-        );
-        for (rcode, count) in RCODES.iter().zip(&self.responses) {
-            sample(
-                out,
-                "nodus_dns_responses_total",
-                &format!("rcode=\"{rcode}\""),
-                count.load(Relaxed),
-            );
-        }
-        family(
-            out,
-            "nodus_dns_rate_limited_total",
-            "counter",
+            RCODES
+                .iter()
+                .zip(&self.responses)
+                .map(|(rcode, count)| ([("rcode", *rcode)], count.clone())),
+        )?;
+        families.labelled(
+            "nodus_dns_rate_limited",
             "UDP responses over a client prefix's rate: dropped, or sent truncated (slip).",
-        );
-        for (action, count) in ["drop", "slip"].iter().zip(&self.rate_limited) {
-            sample(
-                out,
-                "nodus_dns_rate_limited_total",
-                &format!("action=\"{action}\""),
-                count.load(Relaxed),
-            );
-        }
-        family(
-            out,
-            "nodus_dns_autopath_total",
-            "counter",
+            ["drop", "slip"]
+                .iter()
+                .zip(&self.rate_limited)
+                .map(|(action, count)| ([("action", *action)], count.clone())),
+        )?;
+        families.labelled(
+            "nodus_dns_autopath",
             "Questions of a pod's search list walked by the server (autopath), by outcome.",
-        );
-        for (walked, count) in Walked::ALL.iter().zip(&self.walks) {
-            let labels = format!("result=\"{}\"", walked.as_str());
-            sample(
-                out,
-                "nodus_dns_autopath_total",
-                &labels,
-                count.load(Relaxed),
-            );
-        }
-        self.latency.render(
-            out,
+            Walked::ALL
+                .iter()
+                .zip(&self.walks)
+                .map(|(walked, count)| ([("result", walked.as_str())], count.clone())),
+        )?;
+        families.one(
             "nodus_dns_request_duration_seconds",
             "Time from a request's arrival to its response being handed to the socket.",
-        );
-        if let Some(forwarder) = &self.forwarder {
-            let stats = &forwarder.stats;
-            single(
-                out,
-                "nodus_dns_forwarded_total",
-                "counter",
-                "Questions sent upstream.",
-                stats.forwarded.load(Relaxed),
-            );
-            single(
-                out,
-                "nodus_dns_forward_failures_total",
-                "counter",
-                "Questions no upstream answered.",
-                stats.failures.load(Relaxed),
-            );
-            single(
-                out,
-                "nodus_dns_forward_refused_total",
-                "counter",
-                "Questions refused because max_concurrent were upstream already.",
-                stats.refused.load(Relaxed),
-            );
-            single(
-                out,
-                "nodus_dns_cache_hits_total",
-                "counter",
-                "Forwarded questions answered from the cache.",
-                stats.cache_hits.load(Relaxed),
-            );
-            single(
-                out,
-                "nodus_dns_upstreams_down",
-                "gauge",
-                "Upstreams that failed twice in a row and have not answered a health check since.",
-                forwarder.upstreams().iter().filter(|u| u.is_down()).count(),
-            );
-            single(
-                out,
-                "nodus_dns_upstreams_looping",
-                "gauge",
-                "Upstreams left out because they sent our loop probe back to us.",
-                forwarder.looping_upstreams().len() as u64,
-            );
-            let (entries, bytes) = forwarder.cache_size();
-            single(
-                out,
-                "nodus_dns_cache_entries",
-                "gauge",
-                "Answers in the forwarding cache.",
-                entries,
-            );
-            single(
-                out,
-                "nodus_dns_cache_bytes",
-                "gauge",
-                "Wire size of the answers in the forwarding cache.",
-                bytes,
-            );
-        }
+            &self.latency,
+        )
     }
 
     /// The same counts under CoreDNS's names and labels (its `metrics`, `cache` and
     /// `forward` plugins), as kubeadm's Corefile serves them. Series that never counted
     /// are left out, as CoreDNS leaves them out.
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the exposition: one family after another"
-    )]
-    pub fn render_coredns(&self, out: &mut String) {
-        family(
-            out,
-            "coredns_dns_requests_total",
-            "counter",
+    fn export_coredns(&self, families: &mut Families<'_>) -> fmt::Result {
+        families.labelled(
+            "coredns_dns_requests",
             "Counter of DNS requests made per zone, protocol and family.",
-        );
-        for (qtype, counts) in QTYPES.iter().zip(&self.requests) {
-            for (transport, count) in counts.iter().enumerate() {
-                let count = count.load(Relaxed);
-                if count > 0 {
-                    let transport = Transport::labels(transport);
-                    let labels = format!("{COREDNS_SERVER},{transport},type=\"{qtype}\"");
-                    sample(out, "coredns_dns_requests_total", &labels, count);
-                }
-            }
-        }
-        family(
-            out,
-            "coredns_dns_responses_total",
-            "counter",
+            QTYPES
+                .iter()
+                .zip(&self.requests)
+                .flat_map(|(qtype, counts)| {
+                    counts
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, count)| count.get() > 0)
+                        .map(|(transport, count)| {
+                            let [server, zone] = COREDNS_SERVER;
+                            let [proto, family] = Transport::labels(transport);
+                            (
+                                [server, zone, proto, family, ("type", *qtype)],
+                                count.clone(),
+                            )
+                        })
+                }),
+        )?;
+        families.labelled(
+            "coredns_dns_responses",
             "Counter of response status codes.",
-        );
-        for (rcode, count) in RCODES.iter().zip(&self.responses) {
-            let count = count.load(Relaxed);
-            if count > 0 {
-                let labels = format!("{COREDNS_SERVER},rcode=\"{rcode}\"");
-                sample(out, "coredns_dns_responses_total", &labels, count);
-            }
-        }
-        family(
-            out,
-            "coredns_autopath_success_total",
-            "counter",
+            RCODES
+                .iter()
+                .zip(&self.responses)
+                .filter(|(_, count)| count.get() > 0)
+                .map(|(rcode, count)| {
+                    let [server, zone] = COREDNS_SERVER;
+                    ([server, zone, ("rcode", *rcode)], count.clone())
+                }),
+        )?;
+        families.labelled(
+            "coredns_autopath_success",
             "Counter of requests that did autopath.",
-        );
-        sample(
-            out,
-            "coredns_autopath_success_total",
-            "server=\"dns://:53\"",
-            self.walks[Walked::Answered as usize].load(Relaxed),
-        );
-        family(
-            out,
+            [(
+                [("server", "dns://:53")],
+                self.walks[Walked::Answered as usize].clone(),
+            )],
+        )?;
+        families.labelled(
             "coredns_dns_request_duration_seconds",
-            "histogram",
             "Histogram of the time (in seconds) each request took.",
-        );
-        self.latency
-            .samples(out, "coredns_dns_request_duration_seconds", COREDNS_SERVER);
-        let Some(forwarder) = &self.forwarder else {
-            return;
-        };
-        let stats = &forwarder.stats;
-        let (entries, denials) = forwarder.cache_entries_and_denials();
+            [(COREDNS_SERVER, &self.latency)],
+        )?;
+        if let Some(forwarder) = &self.forwarder {
+            export_coredns_forwarding(forwarder, families)?;
+        }
+        Ok(())
+    }
+}
+
+/// The forwarder's and its cache's families under nodus's names.
+fn export_forwarding(forwarder: &Forwarder, families: &mut Families<'_>) -> fmt::Result {
+    let stats = &forwarder.stats;
+    for (name, help, count) in [
+        (
+            "nodus_dns_forwarded",
+            "Questions sent upstream.",
+            &stats.forwarded,
+        ),
+        (
+            "nodus_dns_forward_failures",
+            "Questions no upstream answered.",
+            &stats.failures,
+        ),
+        (
+            "nodus_dns_forward_refused",
+            "Questions refused because max_concurrent were upstream already.",
+            &stats.refused,
+        ),
+        (
+            "nodus_dns_cache_hits",
+            "Forwarded questions answered from the cache.",
+            &stats.cache_hits,
+        ),
+    ] {
+        families.one(name, help, &ConstCounter::new(count.load(Relaxed)))?;
+    }
+    families.one(
+        "nodus_dns_upstreams_down",
+        "Upstreams that failed twice in a row and have not answered a health check since.",
+        &gauge(forwarder.upstreams().iter().filter(|u| u.is_down()).count()),
+    )?;
+    families.one(
+        "nodus_dns_upstreams_looping",
+        "Upstreams left out because they sent our loop probe back to us.",
+        &gauge(forwarder.looping_upstreams().len()),
+    )?;
+    let (entries, bytes) = forwarder.cache_size();
+    families.one(
+        "nodus_dns_cache_entries",
+        "Answers in the forwarding cache.",
+        &gauge(entries),
+    )?;
+    families.one(
+        "nodus_dns_cache_bytes",
+        "Wire size of the answers in the forwarding cache.",
+        &gauge(bytes),
+    )
+}
+
+/// The forwarder's and its cache's families under CoreDNS's names.
+fn export_coredns_forwarding(forwarder: &Forwarder, families: &mut Families<'_>) -> fmt::Result {
+    let stats = &forwarder.stats;
+    let (entries, denials) = forwarder.cache_entries_and_denials();
+    families.labelled(
+        "coredns_cache_entries",
+        "The number of elements in the cache.",
+        coredns_cache_types(entries as u64, denials as u64)
+            .map(|(labels, count)| (labels, gauge(count as usize))),
+    )?;
+    families.labelled(
+        "coredns_cache_hits",
+        "The count of cache hits.",
         coredns_cache_types(
-            out,
-            ("coredns_cache_entries", "gauge"),
-            "The number of elements in the cache.",
-            entries as u64,
-            denials as u64,
-        );
-        coredns_cache_types(
-            out,
-            ("coredns_cache_hits_total", "counter"),
-            "The count of cache hits.",
             stats.cache_hits.load(Relaxed),
             stats.cache_denial_hits.load(Relaxed),
-        );
-        for (name, help, count) in [
-            (
-                "coredns_cache_misses_total",
-                "The count of cache misses.",
-                &stats.cache_misses,
-            ),
-            (
-                "coredns_cache_served_stale_total",
-                "The number of requests served from stale cache entries.",
-                &stats.served_stale,
-            ),
-            (
-                "coredns_cache_prefetch_total",
-                "The number of times the cache has prefetched a cached item.",
-                &stats.prefetches,
-            ),
-        ] {
-            family(out, name, "counter", help);
-            sample(out, name, COREDNS_CACHE, count.load(Relaxed));
-        }
-        let upstreams = forwarder.upstreams();
-        family(
-            out,
-            "coredns_proxy_request_duration_seconds",
-            "histogram",
-            "Histogram of the time each request took.",
-        );
-        for upstream in &upstreams {
-            for (rcode, latency) in RCODES.iter().zip(&upstream.stats.latency) {
-                if latency.count() > 0 {
-                    let labels = format!(
-                        "proxy_name=\"forward\",to=\"{}\",rcode=\"{rcode}\"",
-                        upstream.addr
-                    );
-                    latency.samples(out, "coredns_proxy_request_duration_seconds", &labels);
-                }
-            }
-        }
-        family(
-            out,
-            "coredns_proxy_healthcheck_failures_total",
-            "counter",
-            "Count of failed health checks per upstream.",
-        );
-        for upstream in &upstreams {
-            let labels = format!("proxy_name=\"forward\",to=\"{}\"", upstream.addr);
-            let failures = upstream.stats.healthcheck_failures.load(Relaxed);
-            sample(
-                out,
-                "coredns_proxy_healthcheck_failures_total",
-                &labels,
-                failures,
-            );
-        }
-        single(
-            out,
-            "coredns_forward_healthcheck_broken_total",
-            "counter",
-            "Counter of the number of complete failures of the health checks.",
-            stats.all_down.load(Relaxed),
-        );
-        single(
-            out,
-            "coredns_forward_max_concurrent_rejects_total",
-            "counter",
-            "Counter of the number of queries rejected because the concurrent queries were at maximum.",
-            stats.refused.load(Relaxed),
-        );
+        )
+        .map(|(labels, count)| (labels, ConstCounter::new(count))),
+    )?;
+    for (name, help, count) in [
+        (
+            "coredns_cache_misses",
+            "The count of cache misses.",
+            &stats.cache_misses,
+        ),
+        (
+            "coredns_cache_served_stale",
+            "The number of requests served from stale cache entries.",
+            &stats.served_stale,
+        ),
+        (
+            "coredns_cache_prefetch",
+            "The number of times the cache has prefetched a cached item.",
+            &stats.prefetches,
+        ),
+    ] {
+        families.labelled(
+            name,
+            help,
+            [(COREDNS_CACHE, ConstCounter::new(count.load(Relaxed)))],
+        )?;
     }
+    let upstreams = forwarder.upstreams();
+    let to: Vec<String> = upstreams.iter().map(|u| u.addr.to_string()).collect();
+    families.labelled(
+        "coredns_proxy_request_duration_seconds",
+        "Histogram of the time each request took.",
+        upstreams.iter().zip(&to).flat_map(|(upstream, to)| {
+            RCODES
+                .iter()
+                .zip(&upstream.stats.latency)
+                .filter(|(_, latency)| latency.count() > 0)
+                .map(move |(rcode, latency)| {
+                    (
+                        [
+                            ("proxy_name", "forward"),
+                            ("to", to.as_str()),
+                            ("rcode", *rcode),
+                        ],
+                        latency,
+                    )
+                })
+        }),
+    )?;
+    families.labelled(
+        "coredns_proxy_healthcheck_failures",
+        "Count of failed health checks per upstream.",
+        upstreams.iter().zip(&to).map(|(upstream, to)| {
+            (
+                [("proxy_name", "forward"), ("to", to.as_str())],
+                ConstCounter::new(upstream.stats.healthcheck_failures.load(Relaxed)),
+            )
+        }),
+    )?;
+    families.one(
+        "coredns_forward_healthcheck_broken",
+        "Counter of the number of complete failures of the health checks.",
+        &ConstCounter::new(stats.all_down.load(Relaxed)),
+    )?;
+    families.one(
+        "coredns_forward_max_concurrent_rejects",
+        "Counter of the number of queries rejected because the concurrent queries were at maximum.",
+        &ConstCounter::new(stats.refused.load(Relaxed)),
+    )
 }

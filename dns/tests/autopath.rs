@@ -203,8 +203,7 @@ fn asked(setup: &Setup) -> Vec<String> {
 }
 
 fn walks(server: &DnsServer, result: &str) -> String {
-    let mut text = String::new();
-    server.metrics.render(&mut text);
+    let text = nodus_prom::render(server.metrics.clone());
     let series = format!("nodus_dns_autopath_total{{result=\"{result}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&series))

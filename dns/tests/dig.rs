@@ -567,8 +567,7 @@ fn metrics_count_both_paths() {
     ask(&dns, "missing.default.svc.cluster.local", "A");
     // Headless: the full path.
     ask(&dns, "db.shop.svc.cluster.local", "A");
-    let mut text = String::new();
-    dns._server.metrics.render(&mut text);
+    let text = nodus_prom::render(dns._server.metrics.clone());
     for line in [
         "nodus_dns_requests_total{qtype=\"A\"} 5",
         "nodus_dns_responses_total{rcode=\"NOERROR\"} 4",

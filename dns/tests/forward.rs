@@ -579,8 +579,7 @@ fn an_upstream_that_leads_back_here_is_found_at_start_and_left_out() {
         before,
         "the loop is not asked again"
     );
-    let mut metrics = String::new();
-    s._server.metrics.render(&mut metrics);
+    let metrics = nodus_prom::render(s._server.metrics.clone());
     assert!(
         metrics.contains("nodus_dns_upstreams_looping 1"),
         "{metrics}"
@@ -864,8 +863,7 @@ fn coredns_metric_names_count_what_happened() {
     }
     dig(s.dns, &["+tcp", "nothing.example.org", "AAAA"]);
     dig(s.dns, &["nothing.example.org", "AAAA"]);
-    let mut text = String::new();
-    s._server.metrics.render_coredns(&mut text);
+    let text = nodus_prom::render(s._server.metrics.clone());
     let upstream = s.forwarder.upstreams()[0].addr;
     for line in [
         "coredns_dns_requests_total{server=\"dns://:53\",zone=\".\",proto=\"udp\",family=\"1\",type=\"A\"} 2".to_string(),

@@ -3,7 +3,7 @@
 
 use crate::backend::DeviceState;
 use crate::key::Key;
-use nodus_prom::{Heartbeat, family, sample, single};
+use nodus_prom::{ConstGauge, Counter, Exported, Families, Gauge, Heartbeat};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
@@ -35,22 +35,22 @@ pub struct PeerStatus {
 
 #[derive(Default)]
 pub struct MeshMetrics {
-    peers: AtomicU64,
-    peers_recent_handshake: AtomicU64,
+    peers: Gauge,
+    peers_recent_handshake: Gauge,
     /// Bytes through the tunnel since nodus started: each poll adds what every peer's
     /// counters grew by, so that a peer that leaves takes nothing away.
-    rx_bytes: AtomicU64,
-    tx_bytes: AtomicU64,
+    rx_bytes: Counter,
+    tx_bytes: Counter,
     /// Each peer's counters at the last poll.
     peer_bytes: Mutex<BTreeMap<Key, (u64, u64)>>,
     /// The peers as the last poll found them, for `nodus status`.
     peer_table: Mutex<Vec<PeerStatus>>,
-    routes: AtomicU64,
+    routes: Gauge,
     /// Unix seconds of the last change made to the device or routes; 0 before any.
     last_change: AtomicU64,
-    peer_changes: AtomicU64,
-    sync_failures: AtomicU64,
-    device_recreations: AtomicU64,
+    peer_changes: Counter,
+    sync_failures: Counter,
+    device_recreations: Counter,
     /// Unix milliseconds of the last sync that succeeded, changed or not; 0 before any.
     last_sync_ms: AtomicU64,
     last_sync_micros: AtomicU64,
@@ -73,6 +73,11 @@ pub struct MeshStatus {
     pub peers_listed: Vec<PeerStatus>,
 }
 
+/// A count as a gauge's value.
+fn gauge(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
@@ -87,8 +92,8 @@ impl MeshMetrics {
             .values()
             .filter(|p| is_recent(p.last_handshake, now))
             .count();
-        self.peers.store(state.peers.len() as u64, Relaxed);
-        self.peers_recent_handshake.store(recent as u64, Relaxed);
+        self.peers.set(gauge(state.peers.len()));
+        self.peers_recent_handshake.set(gauge(recent));
         if let Ok(mut last) = self.peer_bytes.lock() {
             let (mut rx, mut tx) = (0, 0);
             for (key, peer) in &state.peers {
@@ -97,8 +102,8 @@ impl MeshMetrics {
                 rx += peer.rx_bytes.checked_sub(old_rx).unwrap_or(peer.rx_bytes);
                 tx += peer.tx_bytes.checked_sub(old_tx).unwrap_or(peer.tx_bytes);
             }
-            self.rx_bytes.fetch_add(rx, Relaxed);
-            self.tx_bytes.fetch_add(tx, Relaxed);
+            self.rx_bytes.inc_by(rx);
+            self.tx_bytes.inc_by(tx);
             *last = state
                 .peers
                 .iter()
@@ -155,35 +160,35 @@ impl MeshMetrics {
         self.last_sync_ms.store(now_ms, Relaxed);
         self.last_sync_micros
             .store(took.as_micros() as u64, Relaxed);
-        self.peers.store(peers as u64, Relaxed);
-        self.routes.store(routes as u64, Relaxed);
-        self.peer_changes.fetch_add(peer_changes as u64, Relaxed);
+        self.peers.set(gauge(peers));
+        self.routes.set(gauge(routes));
+        self.peer_changes.inc_by(peer_changes as u64);
         if changed {
             self.last_change.store(unix_now(), Relaxed);
         }
     }
 
     pub fn sync_failed(&self, error: &impl std::fmt::Display) {
-        self.sync_failures.fetch_add(1, Relaxed);
+        self.sync_failures.inc();
         if let Ok(mut last) = self.last_error.lock() {
             *last = Some((SystemTime::now(), error.to_string()));
         }
     }
 
     pub fn device_recreated(&self) {
-        self.device_recreations.fetch_add(1, Relaxed);
+        self.device_recreations.inc();
     }
 
     pub fn status(&self) -> MeshStatus {
         let last_sync_ms = self.last_sync_ms.load(Relaxed);
         MeshStatus {
-            peers: self.peers.load(Relaxed),
-            peers_recent_handshake: self.peers_recent_handshake.load(Relaxed),
-            routes: self.routes.load(Relaxed),
+            peers: self.peers.get().unsigned_abs(),
+            peers_recent_handshake: self.peers_recent_handshake.get().unsigned_abs(),
+            routes: self.routes.get().unsigned_abs(),
             last_sync: (last_sync_ms > 0)
                 .then(|| SystemTime::UNIX_EPOCH + Duration::from_millis(last_sync_ms)),
             last_sync_duration: Duration::from_micros(self.last_sync_micros.load(Relaxed)),
-            failures: self.sync_failures.load(Relaxed),
+            failures: self.sync_failures.get(),
             last_error: self.last_error.lock().ok().and_then(|last| last.clone()),
             peers_listed: self
                 .peer_table
@@ -192,74 +197,57 @@ impl MeshMetrics {
                 .unwrap_or_default(),
         }
     }
+}
 
-    pub fn render(&self, out: &mut String) {
-        single(
-            out,
+impl Exported for MeshMetrics {
+    fn export(&self, families: &mut Families<'_>) -> std::fmt::Result {
+        families.one(
             "nodus_mesh_peers",
-            "gauge",
             "WireGuard peers on the device.",
-            self.peers.load(Relaxed),
-        );
-        single(
-            out,
+            &self.peers,
+        )?;
+        families.one(
             "nodus_mesh_peers_recent_handshake",
-            "gauge",
             "Peers whose last handshake is under 180 seconds old.",
-            self.peers_recent_handshake.load(Relaxed),
-        );
-        family(
-            out,
-            "nodus_mesh_bytes_total",
-            "counter",
+            &self.peers_recent_handshake,
+        )?;
+        families.labelled(
+            "nodus_mesh_bytes",
             "Bytes through the tunnel since nodus started, over every peer it had.",
-        );
-        for (direction, value) in [("received", &self.rx_bytes), ("sent", &self.tx_bytes)] {
-            sample(
-                out,
-                "nodus_mesh_bytes_total",
-                &format!("direction=\"{direction}\""),
-                value.load(Relaxed),
-            );
-        }
-        single(
-            out,
+            [
+                ([("direction", "received")], self.rx_bytes.clone()),
+                ([("direction", "sent")], self.tx_bytes.clone()),
+            ],
+        )?;
+        families.one(
             "nodus_mesh_routes",
-            "gauge",
             "Routes to remote pod CIDRs through the device.",
-            self.routes.load(Relaxed),
-        );
+            &self.routes,
+        )?;
         let last = self.last_change.load(Relaxed);
         if last > 0 {
-            single(
-                out,
+            let since = unix_now().saturating_sub(last);
+            families.one(
                 "nodus_mesh_seconds_since_last_change",
-                "gauge",
                 "Seconds since the mesh last changed a peer, route, address or the CNI file.",
-                unix_now().saturating_sub(last),
-            );
+                &ConstGauge::new(i64::try_from(since).unwrap_or(i64::MAX)),
+            )?;
         }
-        single(
-            out,
-            "nodus_mesh_peer_changes_total",
-            "counter",
+        families.one(
+            "nodus_mesh_peer_changes",
             "Per-peer additions, updates and removals made.",
-            self.peer_changes.load(Relaxed),
-        );
-        single(
-            out,
-            "nodus_mesh_sync_failures_total",
-            "counter",
+            &self.peer_changes,
+        )?;
+        families.one(
+            "nodus_mesh_sync_failures",
             "Mesh syncs that failed (each is retried).",
-            self.sync_failures.load(Relaxed),
-        );
-        single(
-            out,
-            "nodus_mesh_device_recreations_total",
-            "counter",
+            &self.sync_failures,
+        )?;
+        families.one(
+            "nodus_mesh_device_recreations",
             "Times the device had vanished (deleted, or its daemon gone) and was created again.",
-            self.device_recreations.load(Relaxed),
-        );
+            &self.device_recreations,
+        )
     }
 }
 
@@ -288,7 +276,7 @@ mod tests {
             (Key([1; 32]), "node-1".into()),
             (Key([2; 32]), "node-2".into()),
         ]);
-        let metrics = MeshMetrics::default();
+        let metrics = std::sync::Arc::new(MeshMetrics::default());
         metrics.observe(
             &state(vec![
                 (1, peer(Some(5), 100, 10)),
@@ -299,11 +287,7 @@ mod tests {
             &names,
         );
         metrics.synced(Duration::from_millis(2), 3, true, 3, 4);
-        let rendered = || {
-            let mut text = String::new();
-            metrics.render(&mut text);
-            text
-        };
+        let rendered = || nodus_prom::render(metrics.clone());
         let text = rendered();
         for line in [
             "nodus_mesh_peers 3",

@@ -1,39 +1,123 @@
-//! Prometheus text exposition on plain atomics.
+//! Metrics for nodus on the Prometheus organisation's client, `prometheus-client`: its
+//! counters and gauges, and its OpenMetrics text encoder for `/metrics`.
 //!
-//! nodus exports a few dozen series; a metrics library would cost more memory and build time
-//! than the numbers it carries. Every subsystem renders its own series with these helpers
-//! into the one `/metrics` body, and keeps its last sync and error for `/status` in a
-//! [`Tracker`], and a [`Heartbeat`] per loop for the liveness check.
+//! Every subsystem declares each of its families once, with name, help and value, in its
+//! [`Exported::export`]; the agent renders them all into the one `/metrics` body with
+//! [`render`]. Two things are nodus's own: a lock-free [`Histogram`] that takes a batch's
+//! observations at once (the library's takes a write lock per observation, and DNS
+//! observes from every UDP thread), and [`Escaped`] label values (the library writes
+//! values as they are). Beside the metrics: each subsystem's last sync and error for
+//! `/status` in a [`Tracker`], and a [`Heartbeat`] per loop for the liveness check.
 
 #![forbid(unsafe_code)]
 
-use std::fmt::Write;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{
+    DescriptorEncoder, EncodeLabelSet, EncodeLabelValue, EncodeMetric, LabelValueEncoder,
+    MetricEncoder,
+};
+pub use prometheus_client::metrics::counter::{ConstCounter, Counter};
+pub use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::Registry;
+use std::fmt::{self, Write};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-/// Writes the `# HELP` and `# TYPE` lines of a metric family.
-pub fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+/// A gauge of seconds (a timestamp, an age).
+pub type SecondsGauge = Gauge<f64, AtomicU64>;
+
+/// The content type of [`render`]'s text.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// What a part of nodus exports: its families, each declared once.
+pub trait Exported: Send + Sync {
+    fn export(&self, families: &mut Families<'_>) -> fmt::Result;
 }
 
-/// Writes one sample line; `labels` is empty or `key="value",…`.
-pub fn sample(out: &mut String, name: &str, labels: &str, value: impl std::fmt::Display) {
-    if labels.is_empty() {
-        let _ = writeln!(out, "{name} {value}");
-    } else {
-        let _ = writeln!(out, "{name}{{{labels}}} {value}");
+/// The families of one scrape, as [`Exported::export`] declares them.
+pub struct Families<'a>(DescriptorEncoder<'a>);
+
+impl Families<'_> {
+    /// A family of one series without labels.
+    pub fn one(&mut self, name: &str, help: &str, metric: &impl EncodeMetric) -> fmt::Result {
+        let encoder = self
+            .0
+            .encode_descriptor(name, help, None, metric.metric_type())?;
+        metric.encode(encoder)
+    }
+
+    /// A family of labelled series of one type. A family whose series are all left out
+    /// still has its help and type.
+    pub fn labelled<S, M>(
+        &mut self,
+        name: &str,
+        help: &str,
+        series: impl IntoIterator<Item = (S, M)>,
+    ) -> fmt::Result
+    where
+        S: EncodeLabelSet,
+        M: EncodeMetric + TypedMetric,
+    {
+        let mut encoder = self.0.encode_descriptor(name, help, None, M::TYPE)?;
+        for (labels, metric) in series {
+            metric.encode(encoder.encode_family(&labels)?)?;
+        }
+        Ok(())
     }
 }
 
-/// A family with a single unlabelled sample.
-pub fn single(out: &mut String, name: &str, kind: &str, help: &str, value: impl std::fmt::Display) {
-    family(out, name, kind, help);
-    sample(out, name, "", value);
+/// Renders `exported` in the OpenMetrics text format ([`CONTENT_TYPE`]), ended by `# EOF`.
+pub fn render(exported: Arc<dyn Exported>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Exporter(exported)));
+    let mut text = String::with_capacity(8192);
+    // A String takes every write; an export fails only on a value the format cannot carry
+    // (a gauge over i64::MAX), and the scrape then gets the families before it.
+    let _ = prometheus_client::encoding::text::encode(&mut text, &registry);
+    text
 }
 
-/// A histogram of durations with fixed upper bounds, in seconds.
+/// The library's view of an [`Exported`]: a collector asked at every scrape.
+struct Exporter(Arc<dyn Exported>);
+
+impl fmt::Debug for Exporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Exporter")
+    }
+}
+
+impl Collector for Exporter {
+    fn encode(&self, encoder: DescriptorEncoder<'_>) -> fmt::Result {
+        self.0.export(&mut Families(encoder))
+    }
+}
+
+/// A label value escaped as the text format requires (`\`, `"` and newlines): for values
+/// from the cluster, such as a policy's name.
+pub struct Escaped<'a>(pub &'a str);
+
+impl EncodeLabelValue for Escaped<'_> {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> fmt::Result {
+        for c in self.0.chars() {
+            match c {
+                '\\' => encoder.write_str("\\\\")?,
+                '"' => encoder.write_str("\\\"")?,
+                '\n' => encoder.write_str("\\n")?,
+                c => encoder.write_char(c)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A histogram of durations with fixed upper bounds, in seconds, on plain atomics.
+#[derive(Debug)]
 pub struct Histogram<const N: usize> {
     bounds: [f64; N],
+    /// Observations per bucket (not cumulative): those over every bound are the count's
+    /// remainder.
     buckets: [AtomicU64; N],
     count: AtomicU64,
     sum_nanos: AtomicU64,
@@ -59,10 +143,8 @@ impl<const N: usize> Histogram<N> {
             return;
         }
         let seconds = took.as_secs_f64();
-        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            if seconds <= *bound {
-                bucket.fetch_add(count, Relaxed);
-            }
+        if let Some(bucket) = self.bounds.iter().position(|bound| seconds <= *bound) {
+            self.buckets[bucket].fetch_add(count, Relaxed);
         }
         self.count.fetch_add(count, Relaxed);
         let nanos = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
@@ -73,35 +155,46 @@ impl<const N: usize> Histogram<N> {
     pub fn count(&self) -> u64 {
         self.count.load(Relaxed)
     }
+}
 
-    pub fn render(&self, out: &mut String, name: &str, help: &str) {
-        family(out, name, "histogram", help);
-        self.samples(out, name, "");
+impl<const N: usize> TypedMetric for Histogram<N> {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl<const N: usize> TypedMetric for &Histogram<N> {
+    const TYPE: MetricType = MetricType::Histogram;
+}
+
+impl<const N: usize> EncodeMetric for Histogram<N> {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> fmt::Result {
+        let count = self.count();
+        let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(N + 1);
+        let mut bucketed = 0u64;
+        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
+            // Read after the count: a concurrent observation never makes a bucket exceed it.
+            let n = bucket.load(Relaxed).min(count - bucketed);
+            bucketed += n;
+            buckets.push((*bound, n));
+        }
+        // The library writes f64::MAX as `+Inf`.
+        buckets.push((f64::MAX, count - bucketed));
+        let sum = self.sum_nanos.load(Relaxed) as f64 / 1e9;
+        encoder
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
     }
 
-    /// The histogram's lines without its family's header, with `labels` (empty or
-    /// `key="value",…`) on each: one series of a labelled family.
-    pub fn samples(&self, out: &mut String, name: &str, labels: &str) {
-        let (before_le, braces) = if labels.is_empty() {
-            (String::new(), String::new())
-        } else {
-            (format!("{labels},"), format!("{{{labels}}}"))
-        };
-        for (bound, bucket) in self.bounds.iter().zip(&self.buckets) {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{before_le}le=\"{bound}\"}} {}",
-                bucket.load(Relaxed)
-            );
-        }
-        let count = self.count();
-        let _ = writeln!(out, "{name}_bucket{{{before_le}le=\"+Inf\"}} {count}");
-        let _ = writeln!(
-            out,
-            "{name}_sum{braces} {}",
-            self.sum_nanos.load(Relaxed) as f64 / 1e9
-        );
-        let _ = writeln!(out, "{name}_count{braces} {count}");
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
+    }
+}
+
+impl<const N: usize> EncodeMetric for &Histogram<N> {
+    fn encode(&self, encoder: MetricEncoder<'_>) -> fmt::Result {
+        (**self).encode(encoder)
+    }
+
+    fn metric_type(&self) -> MetricType {
+        MetricType::Histogram
     }
 }
 
@@ -137,7 +230,7 @@ impl Tracker {
     }
 
     /// An error that leaves the subsystem out of step until its next sync.
-    pub fn failed(&self, error: impl std::fmt::Display) {
+    pub fn failed(&self, error: impl fmt::Display) {
         let mut track = self.lock();
         track.synced = false;
         track.note_error(error);
@@ -145,7 +238,7 @@ impl Tracker {
 
     /// An error after which the subsystem is still in step (a skipped object, a retried
     /// watch, a backend program that failed).
-    pub fn error(&self, error: impl std::fmt::Display) {
+    pub fn error(&self, error: impl fmt::Display) {
         self.lock().note_error(error);
     }
 
@@ -155,7 +248,7 @@ impl Tracker {
 }
 
 impl Track {
-    fn note_error(&mut self, error: impl std::fmt::Display) {
+    fn note_error(&mut self, error: impl fmt::Display) {
         self.errors += 1;
         self.last_error = Some((std::time::SystemTime::now(), error.to_string()));
     }
@@ -195,29 +288,44 @@ impl Heartbeat {
 mod tests {
     use super::*;
 
-    #[test]
-    fn histogram_buckets_are_cumulative() {
-        let h = Histogram::new([0.001, 0.01]);
-        h.observe(Duration::from_micros(500));
-        h.observe(Duration::from_millis(5));
-        h.observe(Duration::from_secs(1));
-        let mut out = String::new();
-        h.render(&mut out, "x_seconds", "help");
-        assert!(out.contains("x_seconds_bucket{le=\"0.001\"} 1\n"), "{out}");
-        assert!(out.contains("x_seconds_bucket{le=\"0.01\"} 2\n"), "{out}");
-        assert!(out.contains("x_seconds_bucket{le=\"+Inf\"} 3\n"), "{out}");
-        assert!(out.contains("x_seconds_count 3\n"), "{out}");
+    struct Sample {
+        histogram: Histogram<2>,
+        requests: Counter,
+    }
+
+    impl Exported for Sample {
+        fn export(&self, families: &mut Families<'_>) -> fmt::Result {
+            families.one("x_seconds", "Time.", &self.histogram)?;
+            families.one("up", "Up.", &ConstGauge::new(1))?;
+            families.labelled(
+                "requests",
+                "Requests.",
+                [([("kind", Escaped("a\"b\\\n"))], self.requests.clone())],
+            )
+        }
     }
 
     #[test]
-    fn samples_with_and_without_labels() {
-        let mut out = String::new();
-        single(&mut out, "up", "gauge", "Up.", 1);
-        sample(&mut out, "req_total", "kind=\"a\"", 2);
-        assert_eq!(
-            out,
-            "# HELP up Up.\n# TYPE up gauge\nup 1\nreq_total{kind=\"a\"} 2\n"
-        );
+    fn families_are_rendered_in_openmetrics_text() {
+        let sample = Arc::new(Sample {
+            histogram: Histogram::new([0.001, 0.01]),
+            requests: Counter::default(),
+        });
+        sample.histogram.observe(Duration::from_micros(500));
+        sample.histogram.observe_many(Duration::from_millis(5), 2);
+        sample.histogram.observe(Duration::from_secs(1));
+        sample.requests.inc_by(2);
+        let text = render(sample);
+        let expected = "# HELP x_seconds Time.\n# TYPE x_seconds histogram\n\
+            x_seconds_sum 1.0105\nx_seconds_count 4\n\
+            x_seconds_bucket{le=\"0.001\"} 1\n\
+            x_seconds_bucket{le=\"0.01\"} 3\n\
+            x_seconds_bucket{le=\"+Inf\"} 4\n\
+            # HELP up Up.\n# TYPE up gauge\nup 1\n\
+            # HELP requests Requests.\n# TYPE requests counter\n\
+            requests_total{kind=\"a\\\"b\\\\\\n\"} 2\n\
+            # EOF\n";
+        assert_eq!(text, expected);
     }
 
     #[test]

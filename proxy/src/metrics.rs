@@ -3,11 +3,13 @@
 //! alerts written for kube-proxy keep working.
 
 use crate::apply::{RefusedPod, SyncKind, SyncReport};
-use nodus_prom::{Histogram, Tracker, family, sample, single};
+use nodus_prom::{
+    ConstCounter, ConstGauge, Counter, Escaped, Exported, Families, Gauge, Histogram, SecondsGauge,
+    Tracker,
+};
 use nodus_view::ChangeSet;
 use nodus_view::policy::resolve::Direction;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -20,14 +22,6 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// `value` escaped for a label in the text format.
-fn label_value(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 /// Upper bounds of the sync histograms, in seconds.
@@ -52,11 +46,11 @@ pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(60);
 pub struct ProxyMetrics {
     full: Histogram<{ SYNC_BUCKETS.len() }>,
     partial: Histogram<{ SYNC_BUCKETS.len() }>,
-    services: AtomicU64,
-    transactions: AtomicU64,
-    conntrack_deletions: AtomicU64,
-    failures: AtomicU64,
-    cleanup_failures: AtomicU64,
+    services: Gauge,
+    transactions: Counter,
+    conntrack_deletions: Counter,
+    failures: Counter,
+    cleanup_failures: Counter,
     kube_proxy: KubeProxyMetrics,
     /// Since when a sync is owed: changes queued, or a failed sync to retry. `/healthz`
     /// turns unhealthy when this grows old, as kube-proxy's does.
@@ -83,18 +77,28 @@ struct KubeProxyMetrics {
     full: Histogram<{ KUBE_PROXY_SYNC_BUCKETS.len() }>,
     partial: Histogram<{ KUBE_PROXY_SYNC_BUCKETS.len() }>,
     programming: Histogram<{ PROGRAMMING_BUCKETS.len() }>,
-    /// Unix milliseconds of the last successful sync and of the last change queued.
-    last_sync: AtomicU64,
-    last_queued: AtomicU64,
+    /// Unix seconds of the last successful sync and of the last change queued.
+    last_sync: SecondsGauge,
+    last_queued: SecondsGauge,
     /// Changes since the last successful sync (a failed sync leaves them pending).
-    service_changes_pending: AtomicU64,
-    endpoint_changes_pending: AtomicU64,
-    service_changes: AtomicU64,
-    endpoint_changes: AtomicU64,
-    no_local_internal: AtomicU64,
-    no_local_external: AtomicU64,
+    service_changes_pending: Gauge,
+    endpoint_changes_pending: Gauge,
+    service_changes: Counter,
+    endpoint_changes: Counter,
+    no_local_internal: Gauge,
+    no_local_external: Gauge,
     /// Unix milliseconds when this process started: older trigger times are not its work.
     started: u64,
+}
+
+/// A count as a gauge's value.
+fn gauge(count: usize) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
+fn unix_seconds(at: SystemTime) -> f64 {
+    at.duration_since(UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
 }
 
 fn unix_millis(at: SystemTime) -> u64 {
@@ -108,24 +112,24 @@ impl Default for ProxyMetrics {
         ProxyMetrics {
             full: Histogram::new(SYNC_BUCKETS),
             partial: Histogram::new(SYNC_BUCKETS),
-            services: AtomicU64::new(0),
-            transactions: AtomicU64::new(0),
-            conntrack_deletions: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            cleanup_failures: AtomicU64::new(0),
+            services: Gauge::default(),
+            transactions: Counter::default(),
+            conntrack_deletions: Counter::default(),
+            failures: Counter::default(),
+            cleanup_failures: Counter::default(),
             kube_proxy: KubeProxyMetrics {
                 sync: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
                 full: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
                 partial: Histogram::new(KUBE_PROXY_SYNC_BUCKETS),
                 programming: Histogram::new(PROGRAMMING_BUCKETS),
-                last_sync: AtomicU64::new(0),
-                last_queued: AtomicU64::new(0),
-                service_changes_pending: AtomicU64::new(0),
-                endpoint_changes_pending: AtomicU64::new(0),
-                service_changes: AtomicU64::new(0),
-                endpoint_changes: AtomicU64::new(0),
-                no_local_internal: AtomicU64::new(0),
-                no_local_external: AtomicU64::new(0),
+                last_sync: SecondsGauge::default(),
+                last_queued: SecondsGauge::default(),
+                service_changes_pending: Gauge::default(),
+                endpoint_changes_pending: Gauge::default(),
+                service_changes: Counter::default(),
+                endpoint_changes: Counter::default(),
+                no_local_internal: Gauge::default(),
+                no_local_external: Gauge::default(),
                 started: unix_millis(SystemTime::now()),
             },
             owed_since: Mutex::new(None),
@@ -144,7 +148,7 @@ impl ProxyMetrics {
             return;
         }
         self.owe_sync();
-        kube.last_queued.store(unix_millis(now), Relaxed);
+        kube.last_queued.set(unix_seconds(now));
         for (pending, total, count) in [
             (
                 &kube.service_changes_pending,
@@ -157,8 +161,8 @@ impl ProxyMetrics {
                 changes.slice_updates,
             ),
         ] {
-            pending.fetch_add(u64::from(count), Relaxed);
-            total.fetch_add(u64::from(count), Relaxed);
+            pending.inc_by(i64::from(count));
+            total.inc_by(u64::from(count));
         }
     }
 
@@ -176,11 +180,10 @@ impl ProxyMetrics {
             SyncKind::Full => self.full.observe(report.duration),
             SyncKind::Partial => self.partial.observe(report.duration),
         }
-        self.services.store(programmed as u64, Relaxed);
-        self.transactions
-            .fetch_add(report.transactions as u64, Relaxed);
+        self.services.set(gauge(programmed));
+        self.transactions.inc_by(report.transactions as u64);
         self.conntrack_deletions
-            .fetch_add(report.conntrack_deletions as u64, Relaxed);
+            .inc_by(report.conntrack_deletions as u64);
         self.status.synced(report.duration);
         *self.owed() = None;
 
@@ -190,12 +193,12 @@ impl ProxyMetrics {
             SyncKind::Full => kube.full.observe(report.duration),
             SyncKind::Partial => kube.partial.observe(report.duration),
         }
+        kube.last_sync.set(unix_seconds(now));
         let now = unix_millis(now);
-        kube.last_sync.store(now, Relaxed);
-        kube.service_changes_pending.store(0, Relaxed);
-        kube.endpoint_changes_pending.store(0, Relaxed);
-        kube.no_local_internal.store(no_local.0 as u64, Relaxed);
-        kube.no_local_external.store(no_local.1 as u64, Relaxed);
+        kube.service_changes_pending.set(0);
+        kube.endpoint_changes_pending.set(0);
+        kube.no_local_internal.set(gauge(no_local.0));
+        kube.no_local_external.set(gauge(no_local.1));
         for trigger in &changes.trigger_times {
             // Clocks of the controller and this node may disagree: never negative.
             if let Ok(trigger) = u64::try_from(*trigger)
@@ -232,11 +235,11 @@ impl ProxyMetrics {
     /// A full sync programmed its plans but could not remove a previous run's leftovers
     /// (counted as a sync failure too).
     pub fn cleanup_failed(&self) {
-        self.cleanup_failures.fetch_add(1, Relaxed);
+        self.cleanup_failures.inc();
     }
 
     pub fn sync_failed(&self, error: impl std::fmt::Display) {
-        self.failures.fetch_add(1, Relaxed);
+        self.failures.inc();
         self.status.failed(error);
         self.owe_sync();
     }
@@ -269,189 +272,171 @@ impl ProxyMetrics {
 
     /// Services whose rules are in the kernel.
     pub fn services_programmed(&self) -> u64 {
-        self.services.load(Relaxed)
+        self.services.get().unsigned_abs()
     }
+}
 
-    /// Appends the proxy's series, once it has synced or failed.
-    pub fn render(&self, out: &mut String) {
-        if self.full.count() == 0 && self.failures.load(Relaxed) == 0 {
-            return;
+impl Exported for ProxyMetrics {
+    /// The proxy's families, once it has synced or failed.
+    fn export(&self, families: &mut Families<'_>) -> std::fmt::Result {
+        if self.full.count() == 0 && self.failures.get() == 0 {
+            return Ok(());
         }
-        self.full.render(
-            out,
+        families.one(
             "nodus_proxy_full_sync_duration_seconds",
             "Time of a full proxy sync (start-up, repair, after a failure).",
-        );
-        self.partial.render(
-            out,
+            &self.full,
+        )?;
+        families.one(
             "nodus_proxy_partial_sync_duration_seconds",
             "Time of a partial proxy sync: the services one batch changed.",
-        );
-        single(
-            out,
+            &self.partial,
+        )?;
+        families.one(
             "nodus_proxy_services_programmed",
-            "gauge",
             "Services whose rules are in the kernel.",
-            self.services.load(Relaxed),
-        );
-        single(
-            out,
-            "nodus_proxy_transactions_total",
-            "counter",
+            &self.services,
+        )?;
+        families.one(
+            "nodus_proxy_transactions",
             "nf_tables transactions committed.",
-            self.transactions.load(Relaxed),
-        );
-        single(
-            out,
-            "nodus_proxy_conntrack_deletions_total",
-            "counter",
+            &self.transactions,
+        )?;
+        families.one(
+            "nodus_proxy_conntrack_deletions",
             "UDP conntrack entries deleted because their endpoint no longer serves the address they were sent to.",
-            self.conntrack_deletions.load(Relaxed),
-        );
-        single(
-            out,
-            "nodus_proxy_sync_failures_total",
-            "counter",
+            &self.conntrack_deletions,
+        )?;
+        families.one(
+            "nodus_proxy_sync_failures",
             "Proxy syncs that failed (each is followed by a full sync).",
-            self.failures.load(Relaxed),
-        );
+            &self.failures,
+        )?;
         if let Some(policy) = self.policy_enforcement() {
-            single(
-                out,
-                "nodus_policy_isolated_pods",
-                "gauge",
-                "Pods of this node that NetworkPolicies isolate in some direction.",
-                policy.isolated_pods as u64,
-            );
-            single(
-                out,
-                "nodus_policy_refused_pods",
-                "gauge",
-                "Pods of this node failing closed: the kernel refused what their NetworkPolicies allow.",
-                policy.refused.len() as u64,
-            );
-            let name = "nodus_policy_denied_packets_total";
-            family(
-                out,
-                name,
-                "counter",
-                "Packets dropped for a pod of this node that the NetworkPolicy isolates, in a direction in which no policy allows them (counted for each policy isolating the pod).",
-            );
-            let denied = locked(&self.denied);
-            for ((policy, direction), packets) in denied.iter() {
-                let (namespace, policy) = policy.split_once('/').unwrap_or(("", policy));
-                let direction = direction.as_str();
-                sample(
-                    out,
-                    name,
-                    &format!(
-                        "namespace=\"{}\",policy=\"{}\",direction=\"{direction}\"",
-                        label_value(namespace),
-                        label_value(policy)
-                    ),
-                    packets,
-                );
-            }
+            self.export_policy(families, &policy)?;
         }
-        self.render_kube_proxy(out);
+        self.kube_proxy
+            .export(families, &self.failures, &self.cleanup_failures)
     }
+}
 
-    fn render_kube_proxy(&self, out: &mut String) {
-        let kube = &self.kube_proxy;
-        kube.sync.render(
-            out,
+impl ProxyMetrics {
+    fn export_policy(
+        &self,
+        families: &mut Families<'_>,
+        policy: &PolicyEnforcement,
+    ) -> std::fmt::Result {
+        families.one(
+            "nodus_policy_isolated_pods",
+            "Pods of this node that NetworkPolicies isolate in some direction.",
+            &ConstGauge::new(gauge(policy.isolated_pods)),
+        )?;
+        families.one(
+            "nodus_policy_refused_pods",
+            "Pods of this node failing closed: the kernel refused what their NetworkPolicies allow.",
+            &ConstGauge::new(gauge(policy.refused.len())),
+        )?;
+        let denied = locked(&self.denied);
+        families.labelled(
+            "nodus_policy_denied_packets",
+            "Packets dropped for a pod of this node that the NetworkPolicy isolates, in a direction in which no policy allows them (counted for each policy isolating the pod).",
+            denied.iter().map(|((policy, direction), packets)| {
+                let (namespace, policy) = policy.split_once('/').unwrap_or(("", policy));
+                (
+                    [
+                        ("namespace", Escaped(namespace)),
+                        ("policy", Escaped(policy)),
+                        ("direction", Escaped(direction.as_str())),
+                    ],
+                    ConstCounter::new(*packets),
+                )
+            }),
+        )
+    }
+}
+
+impl KubeProxyMetrics {
+    /// kube-proxy's families; its sync failures are nodus's (`failures`).
+    fn export(
+        &self,
+        families: &mut Families<'_>,
+        failures: &Counter,
+        cleanup_failures: &Counter,
+    ) -> std::fmt::Result {
+        families.one(
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds (nodus: every proxy sync).",
-        );
-        kube.full.render(
-            out,
+            &self.sync,
+        )?;
+        families.one(
             "kubeproxy_sync_full_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for full resyncs.",
-        );
-        kube.partial.render(
-            out,
+            &self.full,
+        )?;
+        families.one(
             "kubeproxy_sync_partial_proxy_rules_duration_seconds",
             "SyncProxyRules latency in seconds for partial resyncs.",
-        );
-        kube.programming.render(
-            out,
+            &self.partial,
+        )?;
+        families.one(
             "kubeproxy_network_programming_duration_seconds",
             "In Cluster Network Programming Latency in seconds: from an EndpointSlice's last-change-trigger-time to its rules in the kernel.",
-        );
-        let seconds = |millis: &AtomicU64| millis.load(Relaxed) as f64 / 1000.0;
-        single(
-            out,
+            &self.programming,
+        )?;
+        families.one(
             "kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-            "gauge",
             "The last time proxy rules were successfully synced.",
-            seconds(&kube.last_sync),
-        );
-        single(
-            out,
+            &self.last_sync,
+        )?;
+        families.one(
             "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-            "gauge",
             "The last time a sync of proxy rules was queued.",
-            seconds(&kube.last_queued),
-        );
-        for (name, kind, help, value) in [
-            (
-                "kubeproxy_sync_proxy_rules_service_changes_pending",
-                "gauge",
-                "Pending proxy rules Service changes.",
-                &kube.service_changes_pending,
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-                "gauge",
-                "Pending proxy rules Endpoint changes.",
-                &kube.endpoint_changes_pending,
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_service_changes_total",
-                "counter",
-                "Cumulative proxy rules Service changes.",
-                &kube.service_changes,
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_endpoint_changes_total",
-                "counter",
-                "Cumulative proxy rules Endpoint changes.",
-                &kube.endpoint_changes,
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_nftables_sync_failures_total",
-                "counter",
-                "Cumulative proxy nftables sync failures.",
-                &self.failures,
-            ),
-            (
-                "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
-                "counter",
-                "Cumulative proxy nftables cleanup failures.",
-                &self.cleanup_failures,
-            ),
-        ] {
-            single(out, name, kind, help, value.load(Relaxed));
-        }
-        let no_local = "kubeproxy_sync_proxy_rules_no_local_endpoints_total";
-        family(
-            out,
-            no_local,
-            "gauge",
+            &self.last_queued,
+        )?;
+        families.one(
+            "kubeproxy_sync_proxy_rules_service_changes_pending",
+            "Pending proxy rules Service changes.",
+            &self.service_changes_pending,
+        )?;
+        families.one(
+            "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+            "Pending proxy rules Endpoint changes.",
+            &self.endpoint_changes_pending,
+        )?;
+        families.one(
+            "kubeproxy_sync_proxy_rules_service_changes",
+            "Cumulative proxy rules Service changes.",
+            &self.service_changes,
+        )?;
+        families.one(
+            "kubeproxy_sync_proxy_rules_endpoint_changes",
+            "Cumulative proxy rules Endpoint changes.",
+            &self.endpoint_changes,
+        )?;
+        families.one(
+            "kubeproxy_sync_proxy_rules_nftables_sync_failures",
+            "Cumulative proxy nftables sync failures.",
+            failures,
+        )?;
+        families.one(
+            "kubeproxy_sync_proxy_rules_nftables_cleanup_failures",
+            "Cumulative proxy nftables cleanup failures.",
+            cleanup_failures,
+        )?;
+        families.labelled(
+            "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints.",
-        );
-        sample(
-            out,
-            no_local,
-            "traffic_policy=\"internal\"",
-            kube.no_local_internal.load(Relaxed),
-        );
-        sample(
-            out,
-            no_local,
-            "traffic_policy=\"external\"",
-            kube.no_local_external.load(Relaxed),
-        );
+            [
+                (
+                    [("traffic_policy", "internal")],
+                    self.no_local_internal.clone(),
+                ),
+                (
+                    [("traffic_policy", "external")],
+                    self.no_local_external.clone(),
+                ),
+            ],
+        )
     }
 }
 
@@ -468,7 +453,7 @@ mod tests {
 
     #[test]
     fn kube_proxy_series_carry_the_sync_the_pending_changes_and_the_programming_latency() {
-        let metrics = ProxyMetrics::default();
+        let metrics = std::sync::Arc::new(ProxyMetrics::default());
         let started = UNIX_EPOCH + Duration::from_millis(metrics.kube_proxy.started);
         let changes = ChangeSet {
             services: [nodus_view::ServiceName {
@@ -488,8 +473,7 @@ mod tests {
         metrics.queued(&changes, started + Duration::from_secs(1));
         metrics.sync_failed("refused");
         metrics.cleanup_failed();
-        let mut text = String::new();
-        metrics.render(&mut text);
+        let text = nodus_prom::render(metrics.clone());
         assert_eq!(
             value(
                 &text,
@@ -513,8 +497,7 @@ mod tests {
         report.duration = Duration::from_millis(3);
         let synced_at = started + Duration::from_secs(2);
         metrics.synced(&report, 10, (1, 2), &changes, synced_at);
-        let mut text = String::new();
-        metrics.render(&mut text);
+        let text = nodus_prom::render(metrics.clone());
         for (series, expected) in [
             ("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "0"),
             ("kubeproxy_sync_proxy_rules_endpoint_changes_total", "2"),
@@ -534,11 +517,11 @@ mod tests {
             ),
             ("kubeproxy_network_programming_duration_seconds_count", "1"),
             (
-                "kubeproxy_network_programming_duration_seconds_bucket{le=\"1\"}",
+                "kubeproxy_network_programming_duration_seconds_bucket{le=\"1.0\"}",
                 "0",
             ),
             (
-                "kubeproxy_network_programming_duration_seconds_bucket{le=\"2\"}",
+                "kubeproxy_network_programming_duration_seconds_bucket{le=\"2.0\"}",
                 "1",
             ),
             (

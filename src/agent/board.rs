@@ -2,7 +2,7 @@
 //! error of the view and of the `--on-change` backend (each subsystem crate keeps its
 //! own), and the subsystems that failed to start.
 
-use nodus_prom::{Tracker, family, sample};
+use nodus_prom::{ConstCounter, Exported, Families, Tracker};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
@@ -96,34 +96,35 @@ impl Starts {
             .get(name)
             .and_then(|record| record.pending.clone())
     }
+}
 
-    pub fn render(&self, out: &mut String) {
+impl Exported for Starts {
+    fn export(&self, families: &mut Families<'_>) -> std::fmt::Result {
         let starts = self.lock();
         if starts.is_empty() {
-            return;
+            return Ok(());
         }
-        for (family_name, help, count) in [
+        for (family, help, count) in [
             (
-                "nodus_subsystem_start_failures_total",
+                "nodus_subsystem_start_failures",
                 "Failed starts of a subsystem (each is retried while the others run).",
                 (|r: &Record| r.failures) as fn(&Record) -> u64,
             ),
             (
-                "nodus_subsystem_panics_total",
+                "nodus_subsystem_panics",
                 "Panics of a subsystem (each one is dropped and started again).",
                 |r: &Record| r.panics,
             ),
         ] {
-            family(out, family_name, "counter", help);
-            for (name, record) in starts.iter() {
-                sample(
-                    out,
-                    family_name,
-                    &format!("subsystem=\"{name}\""),
-                    count(record),
-                );
-            }
+            families.labelled(
+                family,
+                help,
+                starts.iter().map(|(name, record)| {
+                    ([("subsystem", *name)], ConstCounter::new(count(record)))
+                }),
+            )?;
         }
+        Ok(())
     }
 }
 

@@ -16,8 +16,8 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 fn route(
-    metrics: &Metrics,
-    process: &ProcessState,
+    metrics: &Arc<Metrics>,
+    process: &Arc<ProcessState>,
     status_from_anywhere: bool,
     req: &Request<Incoming>,
     client: SocketAddr,
@@ -65,8 +65,8 @@ fn route(
         ),
         "/metrics" => respond(
             StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            metrics.render(process),
+            nodus_prom::CONTENT_TYPE,
+            crate::agent::metrics::render(metrics, process),
         ),
         _ => respond(StatusCode::NOT_FOUND, TEXT, "not found\n"),
     }

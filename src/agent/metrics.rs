@@ -1,12 +1,16 @@
-//! The agent's metrics, rendered in the Prometheus text format with `nodus-prom`.
+//! The agent's metrics, and the one `/metrics` exposition ([`render`]) of the agent's
+//! families and every running subsystem's, in the OpenMetrics text format (`nodus-prom`).
 
 use crate::agent::board::Board;
 use crate::agent::process::ProcessState;
 use nodus_dns::metrics::DnsMetrics;
 use nodus_mesh::metrics::MeshMetrics;
-use nodus_prom::{Heartbeat, Histogram, family, sample, single};
+use nodus_prom::{
+    ConstCounter, ConstGauge, Counter, Exported, Families, Gauge, Heartbeat, Histogram,
+};
 use nodus_proxy::metrics::ProxyMetrics;
 use nodus_view::{Counts, Kind};
+use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,21 +19,21 @@ use std::time::Duration;
 const APPLY_BUCKETS: [f64; 10] = [0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0];
 
 pub struct Metrics {
-    services: AtomicU64,
-    endpoint_slices: AtomicU64,
-    endpoints: AtomicU64,
-    nodes: AtomicU64,
+    services: Gauge,
+    endpoint_slices: Gauge,
+    endpoints: Gauge,
+    nodes: Gauge,
     /// This node's pods.
-    pods: AtomicU64,
+    pods: Gauge,
     /// What NetworkPolicy holds: every pod, namespace and policy.
-    policy_pods: AtomicU64,
-    namespaces: AtomicU64,
-    network_policies: AtomicU64,
+    policy_pods: Gauge,
+    namespaces: Gauge,
+    network_policies: Gauge,
     /// Pods and namespaces with more labels than nodus keeps, failing closed.
-    over_label_cap: AtomicU64,
-    strings: AtomicU64,
-    watch_restarts: [AtomicU64; Kind::ALL.len()],
-    invalid_objects: [AtomicU64; Kind::ALL.len()],
+    over_label_cap: Gauge,
+    strings: Gauge,
+    watch_restarts: [Counter; Kind::ALL.len()],
+    invalid_objects: [Counter; Kind::ALL.len()],
     apply: Histogram<{ APPLY_BUCKETS.len() }>,
     /// Set once nodus's table is programmed (the proxy, or the mesh's egress masquerade).
     pub proxy: Latest<ProxyMetrics>,
@@ -42,26 +46,26 @@ pub struct Metrics {
     /// The run loop's last pass, for `/livez`.
     pub run_loop: Heartbeat,
     /// Answers of `/healthz` and `/livez`: 200, then 503.
-    healthz: [AtomicU64; 2],
-    livez: [AtomicU64; 2],
-    view_saves: AtomicU64,
-    view_save_failures: AtomicU64,
-    view_saved_bytes: AtomicU64,
+    healthz: [Counter; 2],
+    livez: [Counter; 2],
+    view_saves: Counter,
+    view_save_failures: Counter,
+    view_saved_bytes: Gauge,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
-            services: AtomicU64::new(0),
-            endpoint_slices: AtomicU64::new(0),
-            endpoints: AtomicU64::new(0),
-            nodes: AtomicU64::new(0),
-            pods: AtomicU64::new(0),
-            policy_pods: AtomicU64::new(0),
-            namespaces: AtomicU64::new(0),
-            network_policies: AtomicU64::new(0),
-            over_label_cap: AtomicU64::new(0),
-            strings: AtomicU64::new(0),
+            services: Gauge::default(),
+            endpoint_slices: Gauge::default(),
+            endpoints: Gauge::default(),
+            nodes: Gauge::default(),
+            pods: Gauge::default(),
+            policy_pods: Gauge::default(),
+            namespaces: Gauge::default(),
+            network_policies: Gauge::default(),
+            over_label_cap: Gauge::default(),
+            strings: Gauge::default(),
             watch_restarts: Default::default(),
             invalid_objects: Default::default(),
             apply: Histogram::new(APPLY_BUCKETS),
@@ -72,9 +76,9 @@ impl Default for Metrics {
             run_loop: Heartbeat::default(),
             healthz: Default::default(),
             livez: Default::default(),
-            view_saves: AtomicU64::new(0),
-            view_save_failures: AtomicU64::new(0),
-            view_saved_bytes: AtomicU64::new(0),
+            view_saves: Counter::default(),
+            view_save_failures: Counter::default(),
+            view_saved_bytes: Gauge::default(),
         }
     }
 }
@@ -125,42 +129,44 @@ fn kind_index(kind: Kind) -> usize {
 
 impl Metrics {
     pub fn set_counts(&self, counts: &Counts) {
-        self.services.store(counts.services as u64, Relaxed);
-        self.endpoint_slices
-            .store(counts.endpoint_slices as u64, Relaxed);
-        self.endpoints.store(counts.endpoints as u64, Relaxed);
-        self.nodes.store(counts.nodes as u64, Relaxed);
-        self.pods.store(counts.pods as u64, Relaxed);
-        self.policy_pods.store(counts.policy_pods as u64, Relaxed);
-        self.namespaces.store(counts.namespaces as u64, Relaxed);
-        self.network_policies
-            .store(counts.network_policies as u64, Relaxed);
-        self.over_label_cap
-            .store(counts.over_label_cap as u64, Relaxed);
-        self.strings.store(counts.strings as u64, Relaxed);
+        for (gauge, count) in [
+            (&self.services, counts.services),
+            (&self.endpoint_slices, counts.endpoint_slices),
+            (&self.endpoints, counts.endpoints),
+            (&self.nodes, counts.nodes),
+            (&self.pods, counts.pods),
+            (&self.policy_pods, counts.policy_pods),
+            (&self.namespaces, counts.namespaces),
+            (&self.network_policies, counts.network_policies),
+            (&self.over_label_cap, counts.over_label_cap),
+            (&self.strings, counts.strings),
+        ] {
+            gauge.set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     pub fn watch_restarted(&self, kind: Kind) {
-        self.watch_restarts[kind_index(kind)].fetch_add(1, Relaxed);
+        self.watch_restarts[kind_index(kind)].inc();
     }
 
     pub fn object_skipped(&self, kind: Kind) {
-        self.invalid_objects[kind_index(kind)].fetch_add(1, Relaxed);
+        self.invalid_objects[kind_index(kind)].inc();
     }
 
     /// Counts an answer of `/healthz` (or of `/livez`): healthy or not.
     pub fn health_answered(&self, livez: bool, healthy: bool) {
         let counts = if livez { &self.livez } else { &self.healthz };
-        counts[usize::from(!healthy)].fetch_add(1, Relaxed);
+        counts[usize::from(!healthy)].inc();
     }
 
     pub fn view_saved(&self, bytes: u64) {
-        self.view_saves.fetch_add(1, Relaxed);
-        self.view_saved_bytes.store(bytes, Relaxed);
+        self.view_saves.inc();
+        self.view_saved_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     pub fn view_save_failed(&self) {
-        self.view_save_failures.fetch_add(1, Relaxed);
+        self.view_save_failures.inc();
     }
 
     pub fn batch_applied(&self, took: Duration) {
@@ -180,147 +186,149 @@ impl Metrics {
             ("networkpolicy", &self.network_policies),
             ("over_label_cap", &self.over_label_cap),
         ]
-        .map(|(kind, value)| (kind, value.load(Relaxed)))
+        .map(|(kind, value)| (kind, value.get().unsigned_abs()))
+    }
+}
+
+/// The `/metrics` text: the agent's families, then those of each running subsystem.
+pub fn render(metrics: &Arc<Metrics>, process: &Arc<ProcessState>) -> String {
+    nodus_prom::render(Arc::new(Exposition {
+        metrics: metrics.clone(),
+        process: process.clone(),
+    }))
+}
+
+/// What one scrape reads: the agent's metrics and the process state.
+struct Exposition {
+    metrics: Arc<Metrics>,
+    process: Arc<ProcessState>,
+}
+
+impl Exported for Exposition {
+    fn export(&self, families: &mut Families<'_>) -> fmt::Result {
+        let metrics = &self.metrics;
+        metrics.export_process(families, &self.process)?;
+        metrics.export_view(families)?;
+        metrics.export_health(families)?;
+        metrics.status.starts.export(families)?;
+        if let Some(proxy) = metrics.proxy.get() {
+            proxy.export(families)?;
+        }
+        if let Some(dns) = metrics.dns.get() {
+            dns.export(families)?;
+        }
+        if let Some(mesh) = metrics.mesh.get() {
+            mesh.export(families)?;
+        }
+        Ok(())
+    }
+}
+
+impl Metrics {
+    fn export_process(&self, families: &mut Families<'_>, process: &ProcessState) -> fmt::Result {
+        families.labelled(
+            "nodus_build_info",
+            "Build information.",
+            [([("version", env!("CARGO_PKG_VERSION"))], ConstGauge::new(1))],
+        )?;
+        families.one(
+            "nodus_ready",
+            "1 once every enabled subsystem applied the initial view.",
+            &ConstGauge::new(i64::from(process.is_ready())),
+        )?;
+        families.one(
+            "nodus_panics",
+            "Panics caught anywhere in the process (each logged; the subsystem is started again).",
+            &ConstCounter::new(PANICS.load(Relaxed)),
+        )?;
+        families.one(
+            "nodus_view_stale",
+            "1 while the view is the one saved before the last restart, until the API's lists replace it.",
+            &ConstGauge::new(i64::from(process.is_view_stale())),
+        )
     }
 
-    #[expect(
-        clippy::too_many_lines,
-        reason = "the exposition: one family after another"
-    )]
-    pub fn render(&self, process: &ProcessState) -> String {
-        let mut out = String::with_capacity(4096);
-        family(&mut out, "nodus_build_info", "gauge", "Build information.");
-        sample(
-            &mut out,
-            "nodus_build_info",
-            &format!("version=\"{}\"", env!("CARGO_PKG_VERSION")),
-            1,
-        );
-        single(
-            &mut out,
-            "nodus_ready",
-            "gauge",
-            "1 once every enabled subsystem applied the initial view.",
-            u8::from(process.is_ready()),
-        );
-        family(
-            &mut out,
+    fn export_view(&self, families: &mut Families<'_>) -> fmt::Result {
+        families.labelled(
             "nodus_view_objects",
-            "gauge",
             "Objects in the node view.",
-        );
-        for (kind, value) in self.view_objects() {
-            sample(
-                &mut out,
-                "nodus_view_objects",
-                &format!("kind=\"{kind}\""),
-                value,
-            );
-        }
-        single(
-            &mut out,
-            "nodus_panics_total",
-            "counter",
-            "Panics caught anywhere in the process (each logged; the subsystem is started again).",
-            PANICS.load(Relaxed),
-        );
-        single(
-            &mut out,
-            "nodus_view_stale",
-            "gauge",
-            "1 while the view is the one saved before the last restart, until the API's lists replace it.",
-            u8::from(process.is_view_stale()),
-        );
-        single(
-            &mut out,
-            "nodus_view_saves_total",
-            "counter",
+            self.view_objects()
+                .map(|(kind, count)| ([("kind", kind)], ConstGauge::new(count as i64))),
+        )?;
+        families.one(
+            "nodus_view_saves",
             "Times the view was saved to the state directory.",
-            self.view_saves.load(Relaxed),
-        );
-        single(
-            &mut out,
-            "nodus_view_save_failures_total",
-            "counter",
+            &self.view_saves,
+        )?;
+        families.one(
+            "nodus_view_save_failures",
             "Saves of the view that failed.",
-            self.view_save_failures.load(Relaxed),
-        );
-        single(
-            &mut out,
+            &self.view_save_failures,
+        )?;
+        families.one(
             "nodus_view_saved_bytes",
-            "gauge",
             "Size of the view's last save.",
-            self.view_saved_bytes.load(Relaxed),
-        );
-        single(
-            &mut out,
+            &self.view_saved_bytes,
+        )?;
+        families.one(
             "nodus_view_interned_strings",
-            "gauge",
             "Distinct strings interned by the view.",
-            self.strings.load(Relaxed),
-        );
-        for (name, help, values) in [
+            &self.strings,
+        )?;
+        for (name, help, counts) in [
             (
-                "nodus_watch_restarts_total",
+                "nodus_watch_restarts",
                 "Watch streams that failed and were restarted.",
                 &self.watch_restarts,
             ),
             (
-                "nodus_invalid_objects_total",
+                "nodus_invalid_objects",
                 "Objects skipped because they failed validation.",
                 &self.invalid_objects,
             ),
         ] {
-            family(&mut out, name, "counter", help);
-            for (kind, value) in Kind::ALL.iter().zip(values) {
-                // Lower case, as in nodus_view_objects.
-                sample(
-                    &mut out,
-                    name,
-                    &format!("kind=\"{}\"", kind.as_str().to_ascii_lowercase()),
-                    value.load(Relaxed),
-                );
-            }
+            // Lower case, as in nodus_view_objects.
+            families.labelled(
+                name,
+                help,
+                Kind::ALL.iter().zip(counts).map(|(kind, count)| {
+                    (
+                        [("kind", kind.as_str().to_ascii_lowercase())],
+                        count.clone(),
+                    )
+                }),
+            )?;
         }
+        families.one(
+            "nodus_view_apply_duration_seconds",
+            "Time to apply one batch of watch events to the view.",
+            &self.apply,
+        )
+    }
+
+    fn export_health(&self, families: &mut Families<'_>) -> fmt::Result {
         for (name, help, counts) in [
             (
-                "kubeproxy_proxy_healthz_total",
+                "kubeproxy_proxy_healthz",
                 "Answers of /healthz, by HTTP code.",
                 &self.healthz,
             ),
             (
-                "kubeproxy_proxy_livez_total",
+                "kubeproxy_proxy_livez",
                 "Answers of /livez, by HTTP code.",
                 &self.livez,
             ),
         ] {
-            family(&mut out, name, "counter", help);
-            for (code, count) in ["200", "503"].iter().zip(counts) {
-                sample(
-                    &mut out,
-                    name,
-                    &format!("code=\"{code}\""),
-                    count.load(Relaxed),
-                );
-            }
+            families.labelled(
+                name,
+                help,
+                ["200", "503"]
+                    .iter()
+                    .zip(counts)
+                    .map(|(code, count)| ([("code", *code)], count.clone())),
+            )?;
         }
-        self.apply.render(
-            &mut out,
-            "nodus_view_apply_duration_seconds",
-            "Time to apply one batch of watch events to the view.",
-        );
-        self.status.starts.render(&mut out);
-        if let Some(proxy) = self.proxy.get() {
-            proxy.render(&mut out);
-        }
-        if let Some(dns) = self.dns.get() {
-            dns.render(&mut out);
-            dns.render_coredns(&mut out);
-        }
-        if let Some(mesh) = self.mesh.get() {
-            mesh.render(&mut out);
-        }
-        out
+        Ok(())
     }
 }
 
@@ -330,10 +338,10 @@ mod tests {
 
     #[test]
     fn apply_histogram_is_exported() {
-        let metrics = Metrics::default();
+        let metrics = Arc::new(Metrics::default());
         metrics.batch_applied(Duration::from_micros(50));
         metrics.batch_applied(Duration::from_millis(3));
-        let text = metrics.render(&ProcessState::default());
+        let text = render(&metrics, &Arc::default());
         assert!(
             text.contains("nodus_view_apply_duration_seconds_bucket{le=\"0.0001\"} 1"),
             "{text}"
@@ -346,11 +354,11 @@ mod tests {
 
     #[test]
     fn counters_are_labelled_by_kind() {
-        let metrics = Metrics::default();
+        let metrics = Arc::new(Metrics::default());
         metrics.object_skipped(Kind::EndpointSlice);
         metrics.object_skipped(Kind::EndpointSlice);
         metrics.watch_restarted(Kind::Node);
-        let text = metrics.render(&ProcessState::default());
+        let text = render(&metrics, &Arc::default());
         assert!(
             text.contains("nodus_invalid_objects_total{kind=\"endpointslice\"} 2"),
             "{text}"
@@ -363,19 +371,26 @@ mod tests {
 
     #[test]
     fn names_follow_the_prometheus_conventions() {
-        let metrics = Metrics::default();
+        let metrics = Arc::new(Metrics::default());
         let proxy = Arc::new(ProxyMetrics::default());
         metrics.proxy.set(proxy.clone());
         proxy.sync_failed("refused");
         metrics.dns.set(Arc::new(DnsMetrics::new(None)));
-        let text = metrics.render(&ProcessState::default());
+        let text = render(&metrics, &Arc::default());
         let mut families = 0;
+        let mut family = ("", "");
         for line in text.lines() {
             let Some(rest) = line.strip_prefix("# TYPE ") else {
+                // OpenMetrics: a counter's samples are its family's name with `_total`.
+                if family.1 == "counter" && !line.starts_with('#') {
+                    let series = line.split(['{', ' ']).next().unwrap_or_default();
+                    assert_eq!(series, format!("{}_total", family.0), "{line}");
+                }
                 continue;
             };
             families += 1;
             let (name, kind) = rest.split_once(' ').expect("# TYPE name kind");
+            family = (name, kind);
             // kube-proxy's series keep kube-proxy's names, for its dashboards: one gauge of
             // them ends in _total.
             let kube_proxy = name.starts_with("kubeproxy_");
@@ -386,7 +401,7 @@ mod tests {
                 "{name}"
             );
             match kind {
-                "counter" => assert!(name.ends_with("_total"), "{name}"),
+                "counter" => assert!(!name.ends_with("_total"), "{name}: _total is the sample's"),
                 "histogram" => assert!(name.ends_with("_seconds"), "{name}: unit in the name"),
                 _ => assert!(
                     !name.ends_with("_total") || kube_proxy,
@@ -394,12 +409,13 @@ mod tests {
                 ),
             }
         }
+        assert!(text.ends_with("# EOF\n"), "{text}");
         assert!(families > 10, "{text}");
         for rendered in [
             "nodus_proxy_sync_failures_total",
             "kubeproxy_sync_proxy_rules_duration_seconds",
             "nodus_dns_requests_total",
-            "coredns_dns_request_duration_seconds_bucket{server=\"dns://:53\",zone=\".\",le=",
+            "coredns_dns_request_duration_seconds_bucket{le=\"+Inf\",server=\"dns://:53\",zone=\".\"} 0",
         ] {
             assert!(text.contains(rendered), "{rendered} in\n{text}");
         }

@@ -243,8 +243,7 @@ mod tests {
             [true, false],
             "caught up, then batch by batch"
         );
-        let mut text = String::new();
-        starts.render(&mut text);
+        let text = nodus_prom::render(starts.clone());
         assert!(
             text.contains("nodus_subsystem_start_failures_total{subsystem=\"probe\"} 2"),
             "{text}"
@@ -284,8 +283,7 @@ mod tests {
             [false, false, true],
             "two batches, the panic, then the new one caught up"
         );
-        let mut text = String::new();
-        starts.render(&mut text);
+        let text = nodus_prom::render(starts.clone());
         assert!(
             text.contains("nodus_subsystem_panics_total{subsystem=\"probe\"} 1"),
             "{text}"

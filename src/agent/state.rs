@@ -247,7 +247,6 @@ impl Saver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::process::ProcessState;
     use nodus_view::ViewWriter;
 
     #[test]
@@ -258,7 +257,7 @@ mod tests {
         assert!(state.restore().is_none(), "nothing saved yet");
         let writer = ViewWriter::new(View::new("node-a"));
         writer.mark_complete();
-        let metrics = Metrics::default();
+        let metrics = Arc::new(Metrics::default());
         state.save(&writer.reader(), &metrics);
         let (view, restored) = state.restore().expect("restored");
         assert_eq!(view.node_name(), "node-a");
@@ -267,8 +266,7 @@ mod tests {
             std::fs::metadata(state.view_path()).expect("file").len()
         );
         assert!(
-            metrics
-                .render(&ProcessState::default())
+            crate::agent::metrics::render(&metrics, &Arc::default())
                 .contains("nodus_view_saves_total 1")
         );
         let other = StateDir::new(&dir, "node-b").expect("a usable name");
