@@ -17,6 +17,7 @@ mod operate;
 mod policy;
 mod proxy;
 mod proxy_packets;
+mod real_nodes;
 mod sandbox;
 mod support;
 mod upgrade;

@@ -469,7 +469,7 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     let node_a = sandbox.dir.join("node-a");
     let gap = runtime::add_pod(
         &sandbox.ns("nodes", "node-a"),
-        &node_a.join("10-nodus.conflist"),
+        &node_a.join("net.d/10-nodus.conflist"),
         &netns::unique_name("gap"),
         &node_a.join("ipam"),
         &[],

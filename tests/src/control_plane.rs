@@ -56,7 +56,17 @@ fn build_once(built: &Mutex<Option<PathBuf>>, args: &[&str]) -> anyhow::Result<P
     if let Some(dir) = built.as_ref() {
         return Ok(dir.clone());
     }
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../k8s/build.sh");
+    let dir = k8s_script("build.sh", args)?;
+    *built = Some(dir.clone());
+    Ok(dir)
+}
+
+/// Runs `k8s/<script> args` (which builds what its cache lacks) and returns the directory
+/// it prints.
+pub(crate) fn k8s_script(script: &str, args: &[&str]) -> anyhow::Result<PathBuf> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../k8s")
+        .join(script);
     let output = Command::new("bash")
         .arg(&script)
         .args(args)
@@ -66,10 +76,12 @@ fn build_once(built: &Mutex<Option<PathBuf>>, args: &[&str]) -> anyhow::Result<P
     if !output.status.success() {
         bail!("{} {args:?} failed ({})", script.display(), output.status);
     }
-    let dir = PathBuf::from(String::from_utf8(output.stdout)?.trim());
-    *built = Some(dir.clone());
-    Ok(dir)
+    Ok(PathBuf::from(String::from_utf8(output.stdout)?.trim()))
 }
+
+/// The pause image of this Kubernetes version, which `k8s/images.sh` makes and every real
+/// node ([`crate::kubelet`]) has.
+pub const PAUSE_IMAGE: &str = "registry.k8s.io/pause:3.10.2";
 
 /// What a control plane is started with.
 #[derive(Clone, Debug)]
@@ -83,6 +95,14 @@ pub struct ControlPlaneConfig {
     /// The API server's port on loopback (default: a free one). The `kubernetes` Service
     /// names the advertised address with this port.
     pub api_port: Option<u16>,
+    /// The Unix socket of an HTTP CONNECT proxy ([`EgressProxy`]) through which the API
+    /// server reaches nodes and pods (kubelets for `exec` and `logs`, the `proxy`
+    /// subresources), which live in namespaces it cannot reach itself.
+    pub cluster_egress: Option<PathBuf>,
+    /// Real kubelets run the nodes (`crate::kubelet`): the node lifecycle controller runs,
+    /// which removes a new Node's `not-ready` taint once its kubelet reports Ready. Without
+    /// kubelets it would mark every Node unreachable after 40 s.
+    pub kubelets: bool,
 }
 
 impl Default for ControlPlaneConfig {
@@ -92,6 +112,8 @@ impl Default for ControlPlaneConfig {
             advertise: IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1)),
             extra_sans: Vec::new(),
             api_port: None,
+            cluster_egress: None,
+            kubelets: false,
         }
     }
 }
@@ -142,48 +164,77 @@ fn kube_apiserver(
     config: &ControlPlaneConfig,
     etcd_url: &str,
     api_port: u16,
+    egress_selector: Option<&Path>,
 ) -> Component {
     let path = |p: &Path| p.to_string_lossy().into_owned();
-    Component::new(
-        "kube-apiserver",
-        bin.join("kube-apiserver"),
-        &[
-            format!("--etcd-servers={etcd_url}"),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={api_port}"),
-            format!("--advertise-address={}", config.advertise),
-            format!("--tls-cert-file={}", path(&pki.apiserver.cert)),
-            format!("--tls-private-key-file={}", path(&pki.apiserver.key)),
-            format!("--client-ca-file={}", path(&pki.ca.cert)),
-            format!(
-                "--kubelet-client-certificate={}",
-                path(&pki.apiserver_kubelet.cert)
-            ),
-            format!("--kubelet-client-key={}", path(&pki.apiserver_kubelet.key)),
-            format!("--kubelet-certificate-authority={}", path(&pki.ca.cert)),
-            format!(
-                "--service-account-key-file={}",
-                path(&pki.service_account_public)
-            ),
-            format!(
-                "--service-account-signing-key-file={}",
-                path(&pki.service_account_key)
-            ),
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-            format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
-            "--service-node-port-range=30000-32767".into(),
-            "--authorization-mode=Node,RBAC".into(),
-            "--enable-admission-plugins=NodeRestriction".into(),
-            "--allow-privileged=true".into(),
-            "--profiling=false".into(),
-            "--v=1".into(),
-        ],
-    )
+    let mut flags = vec![
+        format!("--etcd-servers={etcd_url}"),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={api_port}"),
+        format!("--advertise-address={}", config.advertise),
+        format!("--tls-cert-file={}", path(&pki.apiserver.cert)),
+        format!("--tls-private-key-file={}", path(&pki.apiserver.key)),
+        format!("--client-ca-file={}", path(&pki.ca.cert)),
+        format!(
+            "--kubelet-client-certificate={}",
+            path(&pki.apiserver_kubelet.cert)
+        ),
+        format!("--kubelet-client-key={}", path(&pki.apiserver_kubelet.key)),
+        format!("--kubelet-certificate-authority={}", path(&pki.ca.cert)),
+        // kubeadm's order: a Node's address, not its hostname, which nothing here resolves.
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
+        format!(
+            "--service-account-key-file={}",
+            path(&pki.service_account_public)
+        ),
+        format!(
+            "--service-account-signing-key-file={}",
+            path(&pki.service_account_key)
+        ),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
+        "--service-node-port-range=30000-32767".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        "--enable-admission-plugins=NodeRestriction".into(),
+        "--allow-privileged=true".into(),
+        "--profiling=false".into(),
+        "--v=1".into(),
+    ];
+    if let Some(file) = egress_selector {
+        flags.push(format!("--egress-selector-config-file={}", path(file)));
+    }
+    Component::new("kube-apiserver", bin.join("kube-apiserver"), &flags)
+}
+
+/// The API server's egress selection: traffic to the cluster (nodes, pods, services)
+/// through the HTTP CONNECT proxy listening on `socket`.
+fn write_egress_selector(dir: &Path, socket: &Path) -> anyhow::Result<PathBuf> {
+    let path = dir.join("egress-selector.json");
+    let config = serde_json::json!({
+        "apiVersion": "apiserver.k8s.io/v1beta1",
+        "kind": "EgressSelectorConfiguration",
+        "egressSelections": [{
+            "name": "cluster",
+            "connection": {
+                "proxyProtocol": "HTTPConnect",
+                "transport": {"uds": {"udsName": socket}},
+            },
+        }],
+    });
+    std::fs::write(&path, serde_json::to_string_pretty(&config)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
 }
 
 /// kube-controller-manager: node IPAM, EndpointSlices, ServiceAccounts and the rest,
 /// but the node lifecycle controller.
-fn kube_controller_manager(bin: &Path, pki: &Pki, kubeconfig: &Path, port: u16) -> Component {
+fn kube_controller_manager(
+    bin: &Path,
+    pki: &Pki,
+    kubeconfig: &Path,
+    port: u16,
+    kubelets: bool,
+) -> Component {
     let path = |p: &Path| p.to_string_lossy().into_owned();
     let mut flags = controller_flags(kubeconfig, port);
     flags.extend([
@@ -200,9 +251,13 @@ fn kube_controller_manager(bin: &Path, pki: &Pki, kubeconfig: &Path, port: u16) 
         "--node-cidr-mask-size-ipv4=24".into(),
         "--node-cidr-mask-size-ipv6=64".into(),
         format!("--service-cluster-ip-range={SERVICE_CIDRS}"),
-        // No kubelet heartbeats here: the node lifecycle controller would mark
-        // every Node unreachable after 40 s, and its pods not ready.
-        "--controllers=*,-node-lifecycle-controller".into(),
+        // Without kubelet heartbeats the node lifecycle controller would mark every Node
+        // unreachable after 40 s, and its pods not ready.
+        if kubelets {
+            "--controllers=*".into()
+        } else {
+            "--controllers=*,-node-lifecycle-controller".into()
+        },
         // The footprint bench's clusters: 10,000 slices to write.
         "--kube-api-qps=1000".into(),
         "--kube-api-burst=2000".into(),
@@ -279,10 +334,21 @@ impl ControlPlane {
         let kcm_kubeconfig = client_kubeconfig("controller-manager", &pki.kcm)?;
         let scheduler_kubeconfig = client_kubeconfig("scheduler", &pki.scheduler)?;
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let egress_selector = match &config.cluster_egress {
+            Some(socket) => Some(write_egress_selector(dir, socket)?),
+            None => None,
+        };
         let components = vec![
             etcd(&bin, dir, &etcd_url, etcd_peer_port),
-            kube_apiserver(&bin, &pki, config, &etcd_url, api_port),
-            kube_controller_manager(&bin, &pki, &kcm_kubeconfig, other_port()?),
+            kube_apiserver(
+                &bin,
+                &pki,
+                config,
+                &etcd_url,
+                api_port,
+                egress_selector.as_deref(),
+            ),
+            kube_controller_manager(&bin, &pki, &kcm_kubeconfig, other_port()?, config.kubelets),
             kube_scheduler(&bin, &scheduler_kubeconfig, other_port()?),
         ];
         let mut plane = ControlPlane {
@@ -424,15 +490,17 @@ impl ControlPlane {
     /// The token of [`ControlPlane::nodus_kubeconfig`].
     pub fn nodus_token(&self, node: &str) -> anyhow::Result<String> {
         let pod = format!("nodus-token-{node}");
-        // Never started (no kubelet runs it): it only binds the token to the node. It
-        // tolerates every taint, as the DaemonSet's pods do, so that no controller evicts
-        // it from a node without a kubelet, which would end the token.
+        // It only binds the token to the node. It tolerates every taint, as the
+        // DaemonSet's pods do, so that no controller evicts it from a node without a
+        // kubelet, which would end the token. Where a real kubelet runs it (the test bed's
+        // real nodes), it is the pause image every node has, and it runs.
         let object = serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": pod, "namespace": "kube-system"},
             "spec": {"nodeName": node, "serviceAccountName": "nodus",
                      "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "nodus", "image": "nodus:test"}]}
+                     "containers": [{"name": "nodus", "image": PAUSE_IMAGE,
+                                     "imagePullPolicy": "Never"}]}
         });
         self.kubectl_with_input(&["apply", "-f", "-"], &object.to_string())?;
         let token = self.kubectl(&[
@@ -1028,4 +1096,162 @@ fn copy(mut from: TcpStream, mut to: TcpStream) {
         }
     }
     let _ = to.shutdown(Shutdown::Write);
+}
+
+/// An HTTP CONNECT proxy on a Unix socket, through which the API server reaches the
+/// cluster ([`ControlPlaneConfig::cluster_egress`]): each `CONNECT host:port` is dialled
+/// from inside one network namespace (the nodes' underlay), so that the API server on
+/// this namespace's loopback reaches kubelets and pods without a route to them here.
+pub struct EgressProxy {
+    pub socket: PathBuf,
+    listener: std::os::unix::net::UnixListener,
+}
+
+impl EgressProxy {
+    /// Listens on `socket` and dials into the namespace named `netns`.
+    pub fn start(socket: &Path, netns: &str) -> anyhow::Result<EgressProxy> {
+        remove_stale_socket(socket)?;
+        let listener = std::os::unix::net::UnixListener::bind(socket)
+            .with_context(|| format!("binding {}", socket.display()))?;
+        let accepting = listener.try_clone()?;
+        let netns = netns.to_string();
+        std::thread::spawn(move || {
+            for client in accepting.incoming() {
+                let Ok(client) = client else { break };
+                let netns = netns.clone();
+                std::thread::spawn(move || {
+                    if let Err(error) = tunnel(client, &netns) {
+                        tracing::debug!("egress proxy: {error:#}");
+                    }
+                });
+            }
+        });
+        Ok(EgressProxy {
+            socket: socket.to_path_buf(),
+            listener,
+        })
+    }
+}
+
+impl Drop for EgressProxy {
+    fn drop(&mut self) {
+        // Wakes the accepting thread, which then ends.
+        // SAFETY: shutting down a listening socket we own; the fd stays open until drop.
+        unsafe {
+            libc::shutdown(
+                std::os::fd::AsRawFd::as_raw_fd(&self.listener),
+                libc::SHUT_RDWR,
+            )
+        };
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+fn remove_stale_socket(socket: &Path) -> anyhow::Result<()> {
+    match std::fs::remove_file(socket) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(error).with_context(|| format!("removing {}", socket.display()))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Reads one `CONNECT host:port` request, dials it inside `netns`, answers 200 and copies
+/// both ways until either side closes.
+fn tunnel(client: std::os::unix::net::UnixStream, netns: &str) -> anyhow::Result<()> {
+    use std::io::BufRead as _;
+    let mut reader = std::io::BufReader::new(client.try_clone()?);
+    let mut request = String::new();
+    reader.read_line(&mut request)?;
+    let target = request
+        .strip_prefix("CONNECT ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("not a CONNECT request: {request:?}"))?
+        .to_string();
+    // The headers, up to the empty line.
+    loop {
+        let mut header = String::new();
+        if reader.read_line(&mut header)? == 0 || header.trim_end().is_empty() {
+            break;
+        }
+    }
+    let mut answer = client.try_clone()?;
+    let addr: SocketAddr = match target.parse() {
+        Ok(addr) => addr,
+        Err(_) => {
+            answer.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n")?;
+            bail!("CONNECT to {target}: not an address and port");
+        }
+    };
+    let server = crate::netns::enter(netns, || {
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+    })?;
+    let server = match server {
+        Ok(server) => server,
+        Err(error) => {
+            answer.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n")?;
+            return Err(error).with_context(|| format!("dialling {addr} in {netns}"));
+        }
+    };
+    answer.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")?;
+    // What the client sent after its request is in the reader's buffer: send it first.
+    let buffered = reader.buffer().to_vec();
+    let mut upstream = server.try_clone()?;
+    upstream.write_all(&buffered)?;
+    let mut downstream = client;
+    let from_client = std::thread::spawn(move || {
+        let _ = std::io::copy(reader.get_mut(), &mut upstream);
+        let _ = upstream.shutdown(Shutdown::Write);
+    });
+    let mut from_server = server;
+    let _ = std::io::copy(&mut from_server, &mut downstream);
+    let _ = downstream.shutdown(Shutdown::Write);
+    let _ = from_client.join();
+    Ok(())
+}
+
+/// What a kubelet on one node authenticates with, made by the cluster's CA.
+pub struct KubeletCredentials {
+    /// A kubeconfig as `system:node:<node>` in `system:nodes`, which the Node authorizer
+    /// and NodeRestriction judge.
+    pub kubeconfig: PathBuf,
+    /// The kubelet's serving certificate and key, for the node's address: the API server
+    /// checks it against the CA (`--kubelet-certificate-authority`).
+    pub serving_cert: PathBuf,
+    pub serving_key: PathBuf,
+    /// The CA that signs the API server's clients, for the kubelet's x509 authentication.
+    pub client_ca: PathBuf,
+}
+
+impl ControlPlane {
+    /// A kubelet's credentials for `node` at `ip`, reaching the API server at `server`.
+    pub fn kubelet_credentials(
+        &self,
+        node: &str,
+        ip: IpAddr,
+        server: &str,
+    ) -> anyhow::Result<KubeletCredentials> {
+        let pki = self.dir.join("pki");
+        let openssl = Openssl { dir: &pki };
+        let client = openssl.leaf(
+            &format!("kubelet-{node}"),
+            &format!("/O=system:nodes/CN=system:node:{node}"),
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n",
+        )?;
+        let serving = openssl.leaf(
+            &format!("kubelet-{node}-serving"),
+            &format!("/O=system:nodes/CN=system:node:{node}"),
+            &format!(
+                "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nsubjectAltName=DNS:{node},IP:{ip}\n"
+            ),
+        )?;
+        let kubeconfig = self.dir.join(format!("kubelet-{node}.kubeconfig"));
+        write_kubeconfig(&kubeconfig, server, &self.ca(), Credentials::Cert(&client))?;
+        Ok(KubeletCredentials {
+            kubeconfig,
+            serving_cert: serving.cert,
+            serving_key: serving.key,
+            client_ca: self.ca().cert,
+        })
+    }
 }

@@ -816,7 +816,7 @@ impl Agent {
 /// load balancer or next pod waits on a sandbox node, and Ctrl-C should not); the mesh's
 /// device (names are host-wide for wireguard-go), key and conflist, the isolation gate's
 /// socket and the saved view, in the node's directory.
-fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> {
+pub fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> {
     let mut config: Value =
         serde_saphyr::from_str(OVERLAY_CONFIG).context("reading the overlay's nodus.yaml")?;
     let path = |relative: &str| Value::from(node_dir.join(relative).to_string_lossy());
@@ -825,7 +825,7 @@ fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> 
     config["dns"]["serve_cluster_dns_ip"] = true.into();
     config["mesh"]["interface"] = interface.into();
     config["mesh"]["key_file"] = path("key/wireguard.key");
-    config["mesh"]["cni_conflist"] = path("10-nodus.conflist");
+    config["mesh"]["cni_conflist"] = path("net.d/10-nodus.conflist");
     config["mesh"]["cni_bin_dir"] = path("cni-bin");
     config["policy"]["cni_socket"] = path("cni.sock");
     config["state_dir"] = path("state");
@@ -1118,7 +1118,7 @@ fn make_pods(
             continue;
         };
         let node_dir = dir.path.join(&node.name);
-        let conflist = node_dir.join("10-nodus.conflist");
+        let conflist = node_dir.join("net.d/10-nodus.conflist");
         // The conflist appears once the node's nodus has the view and its mesh is set up.
         let deadline = Instant::now() + Duration::from_secs(60);
         while !conflist.exists() && Instant::now() < deadline {

@@ -1,0 +1,295 @@
+//! Real nodes: kubelets with containerd, on a real control plane, make their pods through
+//! `nodus-cni`, and nodus is each node's only network component (service proxy, DNS, the
+//! WireGuard mesh and NetworkPolicy), installed as its DaemonSet installs it.
+//!
+//! The control plane runs on this namespace's loopback; the nodes sit on an underlay (a
+//! bridge in a namespace of its own) and reach the API server through a relay on the
+//! underlay's `.1`, as kubelets reach a load balancer. The API server reaches the kubelets
+//! (`kubectl exec`, `logs`) through its egress selector: an HTTP CONNECT proxy that dials
+//! into the underlay.
+
+use crate::support::{NODUS, wait_within};
+use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, EgressProxy, Relay};
+use nodus_testbed::kubelet::{KubeletNode, KubeletNodeConfig, NodeBinaries};
+use nodus_testbed::netns::{self, Node, Underlay};
+use nodus_testbed::runtime;
+use serde_json::json;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+const OVERLAY_KUBE_DNS: &str = include_str!("../../deploy/overlays/replace/kube-dns.yaml");
+const API_PORT: u16 = 6443;
+const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// How long a node may take to register and turn Ready, and a pod to run: the first start
+/// of containerd and the kubelet on a loaded 2-core machine.
+const NODE_LIMIT: Duration = Duration::from_secs(180);
+
+/// One real node: its namespace, its nodus, and containerd with the kubelet.
+struct RealNode {
+    /// Dropped first: the kubelet and the pods, then nodus, then the namespace.
+    kubelet: Option<KubeletNode>,
+    nodus: Child,
+    node: Node,
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.kubelet.take();
+        let _ = self.nodus.kill();
+        let _ = self.nodus.wait();
+    }
+}
+
+/// The node's nodus as its DaemonSet pod runs it: the replacement overlay's configuration
+/// (as the sandbox writes it), the plugins copied by `install-cni`, the `nodus`
+/// ServiceAccount's token bound to a pod on the node.
+fn start_nodus(plane: &ControlPlane, node: &Node, dir: &Path, api: &str) -> Child {
+    std::fs::create_dir_all(dir).expect("node dir");
+    let interface = netns::unique_name("wg");
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        nodus_testbed::sandbox::node_config_text(dir, &interface).expect("node config"),
+    )
+    .expect("config");
+    let installed = std::process::Command::new(NODUS)
+        .args(["install-cni", "--from", runtime::CNI_PATH, "--to"])
+        .arg(dir.join("cni-bin"))
+        .stdout(Stdio::null())
+        .status()
+        .expect("install-cni runs");
+    assert!(installed.success(), "install-cni: {installed}");
+    // The conflist's directory (`net.d`), which containerd reads, holds nothing else.
+    std::fs::create_dir_all(dir.join("net.d")).expect("net.d");
+    let kubeconfig = plane
+        .nodus_kubeconfig(&node.name, api)
+        .expect("a token for nodus");
+    let log = std::fs::File::create(dir.join("nodus.log")).expect("log");
+    let mut command = node.ns.command(NODUS);
+    command
+        .args(["run", "--node-name", &node.name, "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(["--api-server", api, "--config"])
+        .arg(&config)
+        .args(["--http-addr", "127.0.0.1:10256"])
+        .env("NODUS_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log);
+    command.spawn().expect("nodus starts")
+}
+
+fn pod(name: &str, node: &str, labels: serde_json::Value, args: &[&str]) -> serde_json::Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "labels": labels},
+        "spec": {
+            "nodeName": node,
+            "containers": [{
+                "name": "agnhost",
+                "image": "registry.k8s.io/e2e-test-images/agnhost:2.66.1",
+                "imagePullPolicy": "Never",
+                "args": args,
+            }],
+            "terminationGracePeriodSeconds": 1,
+        },
+    })
+}
+
+/// `jsonpath` of an object, once it is not empty.
+fn wait_field(plane: &ControlPlane, args: &[&str], jsonpath: &str, what: &str) -> String {
+    let mut full: Vec<&str> = args.to_vec();
+    let output = format!("jsonpath={jsonpath}");
+    full.extend(["-o", &output]);
+    wait_within(what, NODE_LIMIT, || {
+        plane
+            .kubectl(&full)
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+    })
+}
+
+#[test]
+fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
+    netns::require_root();
+    let binaries = NodeBinaries::get().expect("kubelet, containerd and the images are built");
+    let dir: PathBuf =
+        std::env::temp_dir().join(format!("nodus-e2e-real-nodes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let underlay = Underlay::new([10, 78, 0], [0xfd00, 78, 0, 0]).expect("underlay");
+    let egress =
+        EgressProxy::start(&dir.join("egress.sock"), underlay.ns.name()).expect("egress proxy");
+    let plane = ControlPlane::start(
+        &dir.join("control-plane"),
+        &ControlPlaneConfig {
+            advertise: IpAddr::V4(underlay.v4(1)),
+            cluster_egress: Some(egress.socket.clone()),
+            kubelets: true,
+            ..ControlPlaneConfig::default()
+        },
+    )
+    .expect("the control plane starts");
+    let _relay = Relay::in_namespace(
+        &underlay.ns,
+        SocketAddr::from((underlay.v4(1), API_PORT)),
+        plane.api_addr(),
+    )
+    .expect("relay");
+    let api = format!("https://{}:{API_PORT}", underlay.v4(1));
+    plane.apply_deploy_base().expect("deploy/base applies");
+    // nodus runs as a process on each node here (the test's build); its DaemonSet's pods
+    // would wait for an image no node has.
+    plane
+        .kubectl(&["delete", "daemonset", "nodus", "-n", "kube-system"])
+        .expect("the DaemonSet is deleted");
+    plane
+        .apply_yaml(OVERLAY_KUBE_DNS)
+        .expect("the kube-dns Service applies");
+
+    let mut nodes = Vec::new();
+    for i in 1..=2u8 {
+        let name = format!("node-{i}");
+        let node = Node::new(&underlay, &name, 10 + i).expect("node namespace");
+        node.ns
+            .ip(&[
+                "route",
+                "add",
+                "default",
+                "via",
+                &underlay.v4(1).to_string(),
+            ])
+            .expect("default route");
+        let node_dir = dir.join(&name);
+        let credentials = plane
+            .kubelet_credentials(&name, IpAddr::V4(node.v4), &api)
+            .expect("kubelet credentials");
+        let kubelet = KubeletNode::start(
+            &KubeletNodeConfig {
+                name: &name,
+                netns: node.ns.name(),
+                ip: IpAddr::V4(node.v4),
+                dir: &node_dir.join("kubelet"),
+                credentials: &credentials,
+                cni_conf_dir: &node_dir.join("net.d"),
+                cni_bin_dir: &node_dir.join("cni-bin"),
+                cluster_dns: IpAddr::V4(CLUSTER_DNS),
+            },
+            &binaries,
+        )
+        .unwrap_or_else(|error| panic!("{name}'s kubelet starts: {error:#}"));
+        // nodus's token is bound to a pod on its Node, which the kubelet registers: a pod
+        // bound to a Node that does not exist is deleted (the pod GC), and its token with it.
+        wait_within(&format!("{name} registered"), NODE_LIMIT, || {
+            plane.kubectl(&["get", "node", &name, "-o", "name"]).ok()
+        });
+        let nodus = start_nodus(&plane, &node, &node_dir, &api);
+        nodes.push(RealNode {
+            kubelet: Some(kubelet),
+            nodus,
+            node,
+        });
+    }
+    for node in &nodes {
+        let name = &node.node.name;
+        wait_within(&format!("{name} Ready"), NODE_LIMIT, || {
+            let status = plane
+                .kubectl(&[
+                    "get",
+                    "node",
+                    name,
+                    "-o",
+                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                ])
+                .ok()?;
+            (status.trim() == "True").then_some(())
+        });
+    }
+
+    // Two servers, one on each node, behind a Service; a client on node-1.
+    let web = json!({"app": "web"});
+    plane
+        .apply(&[
+            pod(
+                "web-1",
+                "node-1",
+                web.clone(),
+                &["netexec", "--http-port=8080"],
+            ),
+            pod("web-2", "node-2", web, &["netexec", "--http-port=8080"]),
+            pod("client", "node-1", json!({"app": "client"}), &["pause"]),
+            json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "default"},
+                "spec": {"selector": {"app": "web"},
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+            }),
+        ])
+        .expect("the pods and the Service apply");
+    let mut ips = Vec::new();
+    for (name, node) in [
+        ("web-1", "node-1"),
+        ("web-2", "node-2"),
+        ("client", "node-1"),
+    ] {
+        wait_field(
+            &plane,
+            &["get", "pod", name],
+            "{.status.containerStatuses[0].ready}",
+            &format!("{name} running"),
+        );
+        let ip = wait_field(&plane, &["get", "pod", name], "{.status.podIP}", "pod IP");
+        let cidr = wait_field(&plane, &["get", "node", node], "{.spec.podCIDR}", "podCIDR");
+        let ip: Ipv4Addr = ip.parse().expect("an IPv4 pod address");
+        let network: nodus_view::model::Cidr = cidr.parse().expect("a CIDR");
+        assert!(
+            network.contains(IpAddr::V4(ip)),
+            "{name} at {ip}: nodus-cni gives addresses from {node}'s {cidr}"
+        );
+        ips.push(ip);
+    }
+
+    // Through the API server's egress and the kubelet's exec: from the client on node-1,
+    // the pod on node-2 across the mesh, and the Service by name (DNS, then the proxy).
+    let fetch = |url: String| -> Option<String> {
+        // Busybox's own timeout: its wget crashes on `-T`.
+        match plane.kubectl(&[
+            "exec", "client", "--", "busybox", "timeout", "5", "busybox", "wget", "-q", "-O", "-",
+            &url,
+        ]) {
+            Ok(body) => Some(body.trim().to_string()),
+            Err(error) => {
+                eprintln!("wget {url} in client: {error:#}");
+                None
+            }
+        }
+    };
+    let across = wait_within("web-2 across the mesh", Duration::from_secs(60), || {
+        fetch(format!("http://{}:8080/hostname", ips[1]))
+    });
+    assert_eq!(across, "web-2");
+    let mut seen = std::collections::BTreeSet::new();
+    wait_within(
+        "both pods behind the Service by name",
+        Duration::from_secs(60),
+        || {
+            seen.insert(fetch(
+                "http://web.default.svc.cluster.local/hostname".into(),
+            )?);
+            (seen.len() == 2).then_some(())
+        },
+    );
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["web-1", "web-2"],
+        "the Service's endpoints on both nodes answer through nodus's proxy"
+    );
+    let logs = plane
+        .kubectl(&["logs", "web-2"])
+        .expect("kubectl logs through the egress");
+    assert!(logs.contains("/hostname"), "{logs}");
+    drop(nodes);
+    let _ = std::fs::remove_dir_all(&dir);
+}
