@@ -5,8 +5,9 @@
 #
 #   registry.k8s.io/pause:<tag>                  Kubernetes's pause.c (from the module
 #                                                k8s/go.mod pins), linked statically
-#   registry.k8s.io/e2e-test-images/agnhost:<v>  the agnhost binary k8s/build.sh built,
-#                                                with a static busybox for /bin/sh
+#   registry.k8s.io/e2e-test-images/agnhost:<v>  the agnhost binary k8s/build.sh built, on
+#                                                a minimal Debian 12 (debootstrap) with the
+#                                                tools the e2e suites run in it
 #
 # The tags are those of the e2e framework's image manifest for this Kubernetes version
 # (test/utils/image/manifest.go; `e2e.test --list-images` prints the same). The
@@ -74,16 +75,20 @@ if [[ ! -s $out/pause.tar ]]; then
 fi
 
 if [[ ! -s $out/agnhost.tar ]]; then
-    busybox=$(command -v busybox || true)
-    [[ -n $busybox ]] || { echo "images.sh: busybox-static is not installed" >&2; exit 1; }
+    # The tools the e2e suites run inside agnhost pods (curl, nc, dig, ip, ping): the
+    # upstream image is Alpine with these; here, a minimal Debian made by debootstrap.
+    command -v debootstrap >/dev/null || { echo "images.sh: debootstrap is not installed" >&2; exit 1; }
     rootfs=$(mktemp -d "$out/.rootfs.XXXXXX")
-    mkdir -p "$rootfs/bin" "$rootfs/tmp" "$rootfs/etc"
+    if ! debootstrap --variant=minbase \
+        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates \
+        bookworm "$rootfs" http://deb.debian.org/debian >"$out/.debootstrap.log" 2>&1; then
+        tail -n 20 "$out/.debootstrap.log" >&2
+        exit 1
+    fi
+    rm -rf "$rootfs"/usr/share/{doc,man,info,locale} "$rootfs"/var/cache/apt/* \
+        "$rootfs"/var/lib/apt/lists/*
     cp "$bin/agnhost" "$rootfs/agnhost"
     ln -s agnhost "$rootfs/agnhost-2"
-    cp "$busybox" "$rootfs/bin/busybox"
-    for applet in sh cat echo ls sleep nc wget hostname ip ps; do
-        ln -s busybox "$rootfs/bin/$applet"
-    done
     oci_archive "$rootfs" "registry.k8s.io/e2e-test-images/agnhost:$agnhost_tag" \
         '"Entrypoint":["/agnhost"],"Cmd":["pause"]' "$out/agnhost.tar"
     rm -rf "$rootfs"

@@ -112,101 +112,154 @@ fn wait_field(plane: &ControlPlane, args: &[&str], jsonpath: &str, what: &str) -
     })
 }
 
+/// A cluster of real nodes: the control plane, the underlay, and the nodes. Dropped in
+/// this order: the nodes (their pods, nodus, their namespaces), then the relay, the control
+/// plane, the egress proxy and the underlay.
+struct KubeletCluster {
+    nodes: Vec<RealNode>,
+    _relay: Relay,
+    plane: ControlPlane,
+    _egress: EgressProxy,
+    _underlay: Underlay,
+    dir: PathBuf,
+}
+
+impl KubeletCluster {
+    /// `count` nodes (`node-1`, …) on the underlay 10.`subnet`.0.0/24, each Ready.
+    fn start(tag: &str, subnet: u8, count: u8) -> KubeletCluster {
+        netns::require_root();
+        let binaries = NodeBinaries::get().expect("kubelet, containerd and the images are built");
+        let dir: PathBuf =
+            std::env::temp_dir().join(format!("nodus-e2e-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let underlay =
+            Underlay::new([10, subnet, 0], [0xfd00, u16::from(subnet), 0, 0]).expect("underlay");
+        let egress =
+            EgressProxy::start(&dir.join("egress.sock"), underlay.ns.name()).expect("egress proxy");
+        let plane = ControlPlane::start(
+            &dir.join("control-plane"),
+            &ControlPlaneConfig {
+                advertise: IpAddr::V4(underlay.v4(1)),
+                cluster_egress: Some(egress.socket.clone()),
+                kubelets: true,
+                ..ControlPlaneConfig::default()
+            },
+        )
+        .expect("the control plane starts");
+        let relay = Relay::in_namespace(
+            &underlay.ns,
+            SocketAddr::from((underlay.v4(1), API_PORT)),
+            plane.api_addr(),
+        )
+        .expect("relay");
+        let api = format!("https://{}:{API_PORT}", underlay.v4(1));
+        plane.apply_deploy_base().expect("deploy/base applies");
+        // nodus runs as a process on each node here (the test's build); its DaemonSet's
+        // pods would wait for an image no node has.
+        plane
+            .kubectl(&["delete", "daemonset", "nodus", "-n", "kube-system"])
+            .expect("the DaemonSet is deleted");
+        plane
+            .apply_yaml(OVERLAY_KUBE_DNS)
+            .expect("the kube-dns Service applies");
+        let nodes = (1..=count)
+            .map(|i| start_node(&plane, &underlay, &dir, &binaries, &api, i))
+            .collect();
+        let cluster = KubeletCluster {
+            nodes,
+            _relay: relay,
+            plane,
+            _egress: egress,
+            _underlay: underlay,
+            dir,
+        };
+        for node in &cluster.nodes {
+            let name = &node.node.name;
+            wait_within(&format!("{name} Ready"), NODE_LIMIT, || {
+                let status = cluster
+                    .plane
+                    .kubectl(&[
+                        "get",
+                        "node",
+                        name,
+                        "-o",
+                        "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
+                    ])
+                    .ok()?;
+                (status.trim() == "True").then_some(())
+            });
+        }
+        cluster
+    }
+}
+
+impl Drop for KubeletCluster {
+    fn drop(&mut self) {
+        self.nodes.clear();
+        if std::thread::panicking() {
+            eprintln!("logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Node `node-<i>` at the underlay's `.1<i>`: its kubelet, then (once the kubelet has
+/// registered the Node) its nodus.
+fn start_node(
+    plane: &ControlPlane,
+    underlay: &Underlay,
+    dir: &Path,
+    binaries: &NodeBinaries,
+    api: &str,
+    i: u8,
+) -> RealNode {
+    let name = format!("node-{i}");
+    let node = Node::new(underlay, &name, 10 + i).expect("node namespace");
+    node.ns
+        .ip(&[
+            "route",
+            "add",
+            "default",
+            "via",
+            &underlay.v4(1).to_string(),
+        ])
+        .expect("default route");
+    let node_dir = dir.join(&name);
+    let credentials = plane
+        .kubelet_credentials(&name, IpAddr::V4(node.v4), api)
+        .expect("kubelet credentials");
+    let kubelet = KubeletNode::start(
+        &KubeletNodeConfig {
+            name: &name,
+            netns: node.ns.name(),
+            ip: IpAddr::V4(node.v4),
+            dir: &node_dir.join("kubelet"),
+            credentials: &credentials,
+            cni_conf_dir: &node_dir.join("net.d"),
+            cni_bin_dir: &node_dir.join("cni-bin"),
+            cluster_dns: IpAddr::V4(CLUSTER_DNS),
+        },
+        binaries,
+    )
+    .unwrap_or_else(|error| panic!("{name}'s kubelet starts: {error:#}"));
+    // nodus's token is bound to a pod on its Node, which the kubelet registers: a pod
+    // bound to a Node that does not exist is deleted (the pod GC), and its token with it.
+    wait_within(&format!("{name} registered"), NODE_LIMIT, || {
+        plane.kubectl(&["get", "node", &name, "-o", "name"]).ok()
+    });
+    let nodus = start_nodus(plane, &node, &node_dir, api);
+    RealNode {
+        kubelet: Some(kubelet),
+        nodus,
+        node,
+    }
+}
+
 #[test]
 fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
-    netns::require_root();
-    let binaries = NodeBinaries::get().expect("kubelet, containerd and the images are built");
-    let dir: PathBuf =
-        std::env::temp_dir().join(format!("nodus-e2e-real-nodes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("dir");
-    let underlay = Underlay::new([10, 78, 0], [0xfd00, 78, 0, 0]).expect("underlay");
-    let egress =
-        EgressProxy::start(&dir.join("egress.sock"), underlay.ns.name()).expect("egress proxy");
-    let plane = ControlPlane::start(
-        &dir.join("control-plane"),
-        &ControlPlaneConfig {
-            advertise: IpAddr::V4(underlay.v4(1)),
-            cluster_egress: Some(egress.socket.clone()),
-            kubelets: true,
-            ..ControlPlaneConfig::default()
-        },
-    )
-    .expect("the control plane starts");
-    let _relay = Relay::in_namespace(
-        &underlay.ns,
-        SocketAddr::from((underlay.v4(1), API_PORT)),
-        plane.api_addr(),
-    )
-    .expect("relay");
-    let api = format!("https://{}:{API_PORT}", underlay.v4(1));
-    plane.apply_deploy_base().expect("deploy/base applies");
-    // nodus runs as a process on each node here (the test's build); its DaemonSet's pods
-    // would wait for an image no node has.
-    plane
-        .kubectl(&["delete", "daemonset", "nodus", "-n", "kube-system"])
-        .expect("the DaemonSet is deleted");
-    plane
-        .apply_yaml(OVERLAY_KUBE_DNS)
-        .expect("the kube-dns Service applies");
-
-    let mut nodes = Vec::new();
-    for i in 1..=2u8 {
-        let name = format!("node-{i}");
-        let node = Node::new(&underlay, &name, 10 + i).expect("node namespace");
-        node.ns
-            .ip(&[
-                "route",
-                "add",
-                "default",
-                "via",
-                &underlay.v4(1).to_string(),
-            ])
-            .expect("default route");
-        let node_dir = dir.join(&name);
-        let credentials = plane
-            .kubelet_credentials(&name, IpAddr::V4(node.v4), &api)
-            .expect("kubelet credentials");
-        let kubelet = KubeletNode::start(
-            &KubeletNodeConfig {
-                name: &name,
-                netns: node.ns.name(),
-                ip: IpAddr::V4(node.v4),
-                dir: &node_dir.join("kubelet"),
-                credentials: &credentials,
-                cni_conf_dir: &node_dir.join("net.d"),
-                cni_bin_dir: &node_dir.join("cni-bin"),
-                cluster_dns: IpAddr::V4(CLUSTER_DNS),
-            },
-            &binaries,
-        )
-        .unwrap_or_else(|error| panic!("{name}'s kubelet starts: {error:#}"));
-        // nodus's token is bound to a pod on its Node, which the kubelet registers: a pod
-        // bound to a Node that does not exist is deleted (the pod GC), and its token with it.
-        wait_within(&format!("{name} registered"), NODE_LIMIT, || {
-            plane.kubectl(&["get", "node", &name, "-o", "name"]).ok()
-        });
-        let nodus = start_nodus(&plane, &node, &node_dir, &api);
-        nodes.push(RealNode {
-            kubelet: Some(kubelet),
-            nodus,
-            node,
-        });
-    }
-    for node in &nodes {
-        let name = &node.node.name;
-        wait_within(&format!("{name} Ready"), NODE_LIMIT, || {
-            let status = plane
-                .kubectl(&[
-                    "get",
-                    "node",
-                    name,
-                    "-o",
-                    "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
-                ])
-                .ok()?;
-            (status.trim() == "True").then_some(())
-        });
-    }
+    let cluster = KubeletCluster::start("real-nodes", 78, 2);
+    let plane = &cluster.plane;
 
     // Two servers, one on each node, behind a Service; a client on node-1.
     let web = json!({"app": "web"});
@@ -235,13 +288,13 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
         ("client", "node-1"),
     ] {
         wait_field(
-            &plane,
+            plane,
             &["get", "pod", name],
             "{.status.containerStatuses[0].ready}",
             &format!("{name} running"),
         );
-        let ip = wait_field(&plane, &["get", "pod", name], "{.status.podIP}", "pod IP");
-        let cidr = wait_field(&plane, &["get", "node", node], "{.spec.podCIDR}", "podCIDR");
+        let ip = wait_field(plane, &["get", "pod", name], "{.status.podIP}", "pod IP");
+        let cidr = wait_field(plane, &["get", "node", node], "{.spec.podCIDR}", "podCIDR");
         let ip: Ipv4Addr = ip.parse().expect("an IPv4 pod address");
         let network: nodus_view::model::Cidr = cidr.parse().expect("a CIDR");
         assert!(
@@ -254,14 +307,10 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
     // Through the API server's egress and the kubelet's exec: from the client on node-1,
     // the pod on node-2 across the mesh, and the Service by name (DNS, then the proxy).
     let fetch = |url: String| -> Option<String> {
-        // Busybox's own timeout: its wget crashes on `-T`.
-        match plane.kubectl(&[
-            "exec", "client", "--", "busybox", "timeout", "5", "busybox", "wget", "-q", "-O", "-",
-            &url,
-        ]) {
+        match plane.kubectl(&["exec", "client", "--", "curl", "-sS", "-m", "5", &url]) {
             Ok(body) => Some(body.trim().to_string()),
             Err(error) => {
-                eprintln!("wget {url} in client: {error:#}");
+                eprintln!("curl {url} in client: {error:#}");
                 None
             }
         }
@@ -290,6 +339,78 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
         .kubectl(&["logs", "web-2"])
         .expect("kubectl logs through the egress");
     assert!(logs.contains("/hostname"), "{logs}");
-    drop(nodes);
-    let _ = std::fs::remove_dir_all(&dir);
+
+    // The upstream suite's own judgement, on the same cluster: its smoke specs.
+    let report = cluster.dir.join("e2e");
+    let status = run_upstream(&cluster, SMOKE_FOCUS, "", &report);
+    let log = std::fs::read_to_string(report.join("e2e.log")).unwrap_or_default();
+    let ran = log.lines().rev().find(|l| l.contains("Ran ")).unwrap_or("");
+    assert!(status.success(), "e2e.test {status}: {ran}\n{log}");
+    assert!(ran.contains("Ran 5 of"), "{ran}");
+}
+
+/// A handful of the upstream `[sig-network]` Conformance specs, which need nothing this
+/// machine lacks: run by the suite after its own checks, and by `k8s/conformance.sh smoke`.
+const SMOKE_FOCUS: &str = r"\[sig-network\] (Services should serve a basic endpoint from pods|Services should serve multiport endpoints from pods|Services should find a service from listing all namespaces|Networking Granular Checks: Pods should function for intra-pod communication: http|Networking Granular Checks: Pods should function for node-pod communication: udp).*\[Conformance\]";
+
+/// Runs `e2e.test` (built from the same Kubernetes module) against `cluster` with ginkgo's
+/// `focus` and `skip`, its JUnit report written to `report`.
+fn run_upstream(
+    cluster: &KubeletCluster,
+    focus: &str,
+    skip: &str,
+    report: &Path,
+) -> std::process::ExitStatus {
+    std::fs::create_dir_all(report).expect("report dir");
+    let bin = nodus_testbed::control_plane::binaries().expect("the Kubernetes binaries");
+    std::process::Command::new(bin.join("e2e.test"))
+        .args([
+            "--provider=skeleton",
+            "--num-nodes=2",
+            "--disable-log-dump=true",
+            "--ginkgo.timeout=6h",
+            "--ginkgo.no-color",
+            "--ginkgo.v",
+        ])
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.plane.admin_kubeconfig.display()
+        ))
+        .arg(format!("--kubectl-path={}", bin.join("kubectl").display()))
+        .arg(format!("--report-dir={}", report.display()))
+        .arg(format!("--ginkgo.focus={focus}"))
+        .arg(format!("--ginkgo.skip={skip}"))
+        .env("KUBERNETES_CONFORMANCE_TEST", "y")
+        .current_dir(report)
+        .stdout(std::fs::File::create(report.join("e2e.log")).expect("log"))
+        .stderr(Stdio::inherit())
+        .status()
+        .expect("e2e.test runs")
+}
+
+/// The upstream e2e suites against a cluster of two real nodes with nodus as its only
+/// network component, for `k8s/conformance.sh`, which names the specs
+/// (`NODUS_E2E_FOCUS`, `NODUS_E2E_SKIP`: ginkgo's regular expressions; no focus: the
+/// smoke specs) and the report's directory (`NODUS_E2E_REPORT_DIR`). Hours long, so not in
+/// the suite.
+#[test]
+#[ignore = "hours long: k8s/conformance.sh runs it"]
+fn upstream_e2e_suite() {
+    let var = |name: &str| std::env::var(name).unwrap_or_default();
+    let report = PathBuf::from(var("NODUS_E2E_REPORT_DIR"));
+    assert!(
+        report.is_absolute(),
+        "NODUS_E2E_REPORT_DIR names the report's directory"
+    );
+    let focus = match var("NODUS_E2E_FOCUS") {
+        focus if focus.is_empty() => SMOKE_FOCUS.to_string(),
+        focus => focus,
+    };
+    let cluster = KubeletCluster::start("upstream", 79, 2);
+    let status = run_upstream(&cluster, &focus, &var("NODUS_E2E_SKIP"), &report);
+    assert!(
+        status.success(),
+        "e2e.test: {status} (report in {})",
+        report.display()
+    );
 }
