@@ -6,7 +6,8 @@
 //! bridge in a namespace of its own) and reach the API server through a relay on the
 //! underlay's `.1`, as kubelets reach a load balancer. The API server reaches the kubelets
 //! (`kubectl exec`, `logs`) through its egress selector: an HTTP CONNECT proxy that dials
-//! into the underlay.
+//! into the underlay, which has a route to each node's pods for the API server's pod and
+//! service proxies.
 
 use crate::support::{NODUS, wait_within};
 use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, EgressProxy, Relay};
@@ -120,7 +121,7 @@ struct KubeletCluster {
     _relay: Relay,
     plane: ControlPlane,
     _egress: EgressProxy,
-    _underlay: Underlay,
+    underlay: Underlay,
     dir: PathBuf,
 }
 
@@ -170,7 +171,7 @@ impl KubeletCluster {
             _relay: relay,
             plane,
             _egress: egress,
-            _underlay: underlay,
+            underlay,
             dir,
         };
         for node in &cluster.nodes {
@@ -188,6 +189,19 @@ impl KubeletCluster {
                     .ok()?;
                 (status.trim() == "True").then_some(())
             });
+            // The API server's pod and service proxies dial pods from the underlay (its
+            // egress): a route to each node's pods, as a cluster's hosts have.
+            let cidr = wait_field(
+                &cluster.plane,
+                &["get", "node", name],
+                "{.spec.podCIDR}",
+                "podCIDR",
+            );
+            cluster
+                .underlay
+                .ns
+                .ip(&["route", "add", &cidr, "via", &node.node.v4.to_string()])
+                .expect("a route to the node's pods");
         }
         cluster
     }
