@@ -1071,16 +1071,16 @@ impl Relay {
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        // Wakes the accepting thread, which then ends.
-        // SAFETY: shutting down a listening socket we own; the fd stays open until drop.
-        unsafe {
-            libc::shutdown(
-                std::os::fd::AsRawFd::as_raw_fd(&self.listener),
-                libc::SHUT_RDWR,
-            )
-        };
+        wake_accepting(&self.listener);
         self.cut();
     }
+}
+
+/// Shuts a listening socket down, which wakes the thread blocked accepting on it (a copy
+/// of it), and that thread ends; the descriptor stays open until its owner drops.
+fn wake_accepting(listener: &impl std::os::fd::AsRawFd) {
+    // SAFETY: shutdown(2) of a listening socket the caller owns, open for the call.
+    unsafe { libc::shutdown(listener.as_raw_fd(), libc::SHUT_RDWR) };
 }
 
 fn copy(mut from: TcpStream, mut to: TcpStream) {
@@ -1135,14 +1135,7 @@ impl EgressProxy {
 
 impl Drop for EgressProxy {
     fn drop(&mut self) {
-        // Wakes the accepting thread, which then ends.
-        // SAFETY: shutting down a listening socket we own; the fd stays open until drop.
-        unsafe {
-            libc::shutdown(
-                std::os::fd::AsRawFd::as_raw_fd(&self.listener),
-                libc::SHUT_RDWR,
-            )
-        };
+        wake_accepting(&self.listener);
         let _ = std::fs::remove_file(&self.socket);
     }
 }
