@@ -7,7 +7,8 @@
 #
 #   k8s/build.sh                 the control plane: etcd kube-apiserver kube-controller-manager
 #                                kube-scheduler kubectl
-#   k8s/build.sh all             and kubelet, kube-proxy, agnhost, e2e.test, and containerd
+#   k8s/build.sh all             and kubelet, kube-proxy, agnhost, regression-issue-74839 (an
+#                                e2e image's program), e2e.test, and containerd
 #                                (containerd, its runc shim, ctr) for real nodes
 #   k8s/build.sh kubelet ...     only those named
 #   k8s/build.sh cni             the reference CNI plugins (host-local, portmap, loopback) and
@@ -24,7 +25,8 @@ export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-mod=readonly
 
 control_plane=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl)
 cni=(host-local portmap loopback cnitool)
-all=("${control_plane[@]}" kubelet kube-proxy agnhost e2e.test containerd containerd-shim-runc-v2 ctr)
+all=("${control_plane[@]}" kubelet kube-proxy agnhost regression-issue-74839 e2e.test containerd
+    containerd-shim-runc-v2 ctr)
 case "${1:-}" in
     "") wanted=("${control_plane[@]}") ;;
     cni) wanted=("${cni[@]}") ;;
@@ -79,8 +81,8 @@ build() { # name
         containerd | containerd-shim-runc-v2 | ctr)
             (cd "$here/containerd" &&
                 go build -trimpath -ldflags "-s -w" -o "$out" "github.com/containerd/containerd/v2/cmd/$name") ;;
-        agnhost)
-            (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out" k8s.io/kubernetes/test/images/agnhost) ;;
+        agnhost | regression-issue-74839)
+            (cd "$here" && go build -trimpath -ldflags "$ldflags" -o "$out" "k8s.io/kubernetes/test/images/$name") ;;
         e2e.test)
             # A test binary of a dependency's package: its test-only imports are required
             # through k8s/e2e.go.

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the upstream Kubernetes e2e suites against a real cluster on this machine: the
 # control plane, two nodes with containerd and a kubelet each, and nodus as the nodes' only
-# network component (service proxy, DNS, WireGuard mesh and CNI, NetworkPolicy). Everything
-# is built from the modules k8s/go.mod pins (k8s/build.sh, k8s/images.sh) and torn down at
-# the end. Prints passed, failed and skipped, and the wall time; the JUnit report stays.
+# network component (service proxy, DNS, WireGuard mesh and CNI, NetworkPolicy), installed
+# from deploy/overlays/replace: its DaemonSet runs an image of the static binary (built if
+# NODUS_IMAGE_BINARY names none) that each node imported. Everything is built from the
+# modules k8s/go.mod pins (k8s/build.sh, k8s/images.sh) and torn down at the end. Prints passed, failed and skipped, and the wall time; the JUnit report stays.
 #
 #   k8s/conformance.sh SUITE [REPORT_DIR]     (as root; REPORT_DIR: /tmp/nodus-e2e-SUITE)
 #

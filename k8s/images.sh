@@ -3,11 +3,12 @@
 # image archives built from what is on this machine, named as upstream names them, for
 # `ctr -n k8s.io images import`. Prints the directory that holds them.
 #
-#   registry.k8s.io/pause:<tag>                  Kubernetes's pause.c (from the module
-#                                                k8s/go.mod pins), linked statically
-#   registry.k8s.io/e2e-test-images/agnhost:<v>  the agnhost binary k8s/build.sh built, on
-#                                                a minimal Debian 12 (debootstrap) with the
-#                                                tools the e2e suites run in it
+#   pause.tar     registry.k8s.io/pause: Kubernetes's pause.c (from the module k8s/go.mod
+#                 pins), linked statically
+#   debian.tar    registry.k8s.io/e2e-test-images/ agnhost, glibc-dns-testing, busybox and
+#                 nginx: one minimal Debian 12 (debootstrap) with the agnhost binary
+#                 k8s/build.sh built and the tools the e2e suites run in these images
+#   regression-issue-74839.tar   that e2e image's program, built from the module
 #
 # The tags are those of the e2e framework's image manifest for this Kubernetes version
 # (test/utils/image/manifest.go; `e2e.test --list-images` prints the same). The
@@ -30,57 +31,40 @@ tag_of() { # the image's key in the manifest
     sed -n "s/^\tconfigs\[$1\] = Config{[^,]*, \"[^\"]*\", \"\([^\"]*\)\"}.*/\1/p" "$manifest"
 }
 
-# Moves the file $2 into the OCI layout $1 as a blob; prints `<digest hex> <size>`.
-blob() {
-    local digest size
-    digest=$(sha256sum "$2" | cut -d' ' -f1)
-    size=$(stat -c %s "$2")
-    mv "$2" "$1/blobs/sha256/$digest"
-    echo "$digest $size"
-}
-
-# An OCI archive of one layer made from the directory $1, named $2, with $3 in its
-# config (its Entrypoint and Cmd, as JSON members), written to $4.
-oci_archive() {
-    local rootfs=$1 name=$2 run=$3 archive=$4 work layer layer_size config config_size
-    local manifest manifest_size
-    work=$(mktemp -d "$out/.work.XXXXXX")
-    mkdir -p "$work/blobs/sha256"
-    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$rootfs" -cf "$work/layer.tar" .
-    read -r layer layer_size < <(blob "$work" "$work/layer.tar")
-    printf '{"architecture":"amd64","os":"linux","config":{%s,"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-        "$run" "$layer" >"$work/config.json"
-    read -r config config_size < <(blob "$work" "$work/config.json")
-    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar","digest":"sha256:%s","size":%s}]}' \
-        "$config" "$config_size" "$layer" "$layer_size" >"$work/manifest.json"
-    read -r manifest manifest_size < <(blob "$work" "$work/manifest.json")
-    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
-        "$manifest" "$manifest_size" "$name" "${name##*:}" >"$work/index.json"
-    printf '{"imageLayoutVersion":"1.0.0"}' >"$work/oci-layout"
-    tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C "$work" -cf "$archive.partial" oci-layout index.json blobs
-    mv "$archive.partial" "$archive"
-    rm -rf "$work"
-}
-
+e2e=registry.k8s.io/e2e-test-images
 pause_tag=$(tag_of Pause)
 agnhost_tag=$(tag_of Agnhost)
-[[ -n $pause_tag && -n $agnhost_tag ]] || { echo "images.sh: no tags in $manifest" >&2; exit 1; }
+glibc_dns_tag=$(tag_of GlibcDnsTesting)
+busybox_tag=$(tag_of BusyBox)
+nginx_tag=$(tag_of Nginx)
+regression_tag=$(tag_of RegressionIssue74839)
+for tag in "$pause_tag" "$agnhost_tag" "$glibc_dns_tag" "$busybox_tag" "$nginx_tag" "$regression_tag"; do
+    [[ -n $tag ]] || { echo "images.sh: an image's tag is missing from $manifest" >&2; exit 1; }
+done
 if [[ ! -s $out/pause.tar ]]; then
     rootfs=$(mktemp -d "$out/.rootfs.XXXXXX")
     gcc -Os -Wall -Werror -static -DVERSION="v$pause_tag-nodus" \
         -o "$rootfs/pause" "$source_dir/build/pause/linux/pause.c"
     strip "$rootfs/pause"
-    oci_archive "$rootfs" "registry.k8s.io/pause:$pause_tag" '"Entrypoint":["/pause"]' "$out/pause.tar"
+    "$here/oci-archive.sh" "$rootfs" "$out/pause.tar" "registry.k8s.io/pause:$pause_tag" '"Entrypoint":["/pause"]'
     rm -rf "$rootfs"
 fi
 
-if [[ ! -s $out/agnhost.tar ]]; then
-    # The tools the e2e suites run inside agnhost pods (curl, nc, dig, ip, ping): the
-    # upstream image is Alpine with these; here, a minimal Debian made by debootstrap.
+# Made by an earlier version of this script, with agnhost alone; debian.tar replaces it.
+rm -f "$out/agnhost.tar"
+if [[ ! -s $out/debian.tar ]]; then
+    # One minimal Debian 12 (debootstrap) serves four upstream images, each with the
+    # tools the e2e suites run in it:
+    #   agnhost            curl, nc, socat, dig, ip, ping, and porter's TLS key pair and the
+    #                      user and group the image defines, as upstream's Dockerfile adds
+    #                      them (upstream: Alpine)
+    #   glibc-dns-testing  dig and glibc's resolver (upstream: Debian 12 with dnsutils)
+    #   busybox            sh, sleep, nc (upstream: busybox; the specs run only those)
+    #   nginx              nginx serving on port 80 (upstream: nginx on Alpine)
     command -v debootstrap >/dev/null || { echo "images.sh: debootstrap is not installed" >&2; exit 1; }
     rootfs=$(mktemp -d "$out/.rootfs.XXXXXX")
     if ! debootstrap --variant=minbase \
-        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates \
+        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates,socat,nginx-light \
         bookworm "$rootfs" http://deb.debian.org/debian >"$out/.debootstrap.log" 2>&1; then
         tail -n 20 "$out/.debootstrap.log" >&2
         exit 1
@@ -88,9 +72,28 @@ if [[ ! -s $out/agnhost.tar ]]; then
     rm -rf "$rootfs"/usr/share/{doc,man,info,locale} "$rootfs"/var/cache/apt/* \
         "$rootfs"/var/lib/apt/lists/*
     cp "$bin/agnhost" "$rootfs/agnhost"
+    cp "$source_dir/test/images/agnhost/porter/localhost.crt" \
+        "$source_dir/test/images/agnhost/porter/localhost.key" "$rootfs/"
+    mkdir "$rootfs/uploads"
+    chroot "$rootfs" sh -e -c 'useradd -u 1000 -M user-defined-in-image
+        groupadd -g 50000 group-defined-in-image
+        usermod -a -G group-defined-in-image user-defined-in-image'
     ln -s agnhost "$rootfs/agnhost-2"
-    oci_archive "$rootfs" "registry.k8s.io/e2e-test-images/agnhost:$agnhost_tag" \
-        '"Entrypoint":["/agnhost"],"Cmd":["pause"]' "$out/agnhost.tar"
+    "$here/oci-archive.sh" "$rootfs" "$out/debian.tar" \
+        "$e2e/agnhost:$agnhost_tag" '"Entrypoint":["/agnhost"],"Cmd":["pause"]' \
+        "$e2e/glibc-dns-testing:$glibc_dns_tag" '"Cmd":["/bin/bash"]' \
+        "$e2e/busybox:$busybox_tag" '"Cmd":["sh"]' \
+        "$e2e/nginx:$nginx_tag" '"Entrypoint":["nginx","-g","daemon off;"],"StopSignal":"SIGQUIT"'
+    rm -rf "$rootfs"
+fi
+
+if [[ ! -s $out/regression-issue-74839.tar ]]; then
+    # The conntrack spec's client that sends an out-of-window TCP packet: a Go program of
+    # the module's, alone in its image as upstream has it.
+    rootfs=$(mktemp -d "$out/.rootfs.XXXXXX")
+    cp "$("$here/build.sh" regression-issue-74839)/regression-issue-74839" "$rootfs/"
+    "$here/oci-archive.sh" "$rootfs" "$out/regression-issue-74839.tar" \
+        "$e2e/regression-issue-74839:$regression_tag" '"Entrypoint":["/regression-issue-74839"]'
     rm -rf "$rootfs"
 fi
 echo "$(cd "$out" && pwd)"

@@ -1,6 +1,7 @@
 //! Real nodes: kubelets with containerd, on a real control plane, make their pods through
 //! `nodus-cni`, and nodus is each node's only network component (service proxy, DNS, the
-//! WireGuard mesh and NetworkPolicy), installed as its DaemonSet installs it.
+//! WireGuard mesh and NetworkPolicy), installed as a user installs it: the replacement
+//! overlay's DaemonSet, from a nodus image each node's containerd imported.
 //!
 //! The control plane runs on this namespace's loopback; the nodes sit on an underlay (a
 //! bridge in a namespace of its own) and reach the API server through a relay on the
@@ -9,77 +10,85 @@
 //! into the underlay, which has a route to each node's pods for the API server's pod and
 //! service proxies.
 
-use crate::support::{NODUS, wait_within};
+use crate::support::wait_within;
 use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, EgressProxy, Relay};
 use nodus_testbed::kubelet::{KubeletNode, KubeletNodeConfig, NodeBinaries};
 use nodus_testbed::netns::{self, Node, Underlay};
-use nodus_testbed::runtime;
+use nodus_testbed::nodus_image::{self, NODUS_IMAGE_NAME, NODUS_IMAGE_TAG};
 use serde_json::json;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::process::Stdio;
 use std::time::Duration;
 
-const OVERLAY_KUBE_DNS: &str = include_str!("../../deploy/overlays/replace/kube-dns.yaml");
 const API_PORT: u16 = 6443;
 const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// How long a node may take to register and turn Ready, and a pod to run: the first start
 /// of containerd and the kubelet on a loaded 2-core machine.
 const NODE_LIMIT: Duration = Duration::from_secs(180);
 
-/// One real node: its namespace, its nodus, and containerd with the kubelet.
+/// One real node: its namespace, and containerd with the kubelet, which run nodus's
+/// DaemonSet pod and the test's pods.
 struct RealNode {
-    /// Dropped first: the kubelet and the pods, then nodus, then the namespace.
+    /// Dropped first: the kubelet and the pods, then the namespace.
     kubelet: Option<KubeletNode>,
-    nodus: Child,
     node: Node,
 }
 
 impl Drop for RealNode {
     fn drop(&mut self) {
         self.kubelet.take();
-        let _ = self.nodus.kill();
-        let _ = self.nodus.wait();
     }
 }
 
-/// The node's nodus as its DaemonSet pod runs it: the replacement overlay's configuration
-/// (as the sandbox writes it), the plugins copied by `install-cni`, the `nodus`
-/// ServiceAccount's token bound to a pod on the node.
-fn start_nodus(plane: &ControlPlane, node: &Node, dir: &Path, api: &str) -> Child {
-    std::fs::create_dir_all(dir).expect("node dir");
-    let interface = netns::unique_name("wg");
-    let config = dir.join("config.yaml");
-    std::fs::write(
-        &config,
-        nodus_testbed::sandbox::node_config_text(dir, &interface).expect("node config"),
-    )
-    .expect("config");
-    let installed = std::process::Command::new(NODUS)
-        .args(["install-cni", "--from", runtime::CNI_PATH, "--to"])
-        .arg(dir.join("cni-bin"))
-        .stdout(Stdio::null())
-        .status()
-        .expect("install-cni runs");
-    assert!(installed.success(), "install-cni: {installed}");
-    // The conflist's directory (`net.d`), which containerd reads, holds nothing else.
-    std::fs::create_dir_all(dir.join("net.d")).expect("net.d");
-    let kubeconfig = plane
-        .nodus_kubeconfig(&node.name, api)
-        .expect("a token for nodus");
-    let log = std::fs::File::create(dir.join("nodus.log")).expect("log");
-    let mut command = node.ns.command(NODUS);
-    command
-        .args(["run", "--node-name", &node.name, "--kubeconfig"])
-        .arg(kubeconfig)
-        .args(["--api-server", api, "--config"])
-        .arg(&config)
-        .args(["--http-addr", "127.0.0.1:10256"])
-        .env("NODUS_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log);
-    command.spawn().expect("nodus starts")
+/// The replacement overlay (`deploy/overlays/replace`) as a user installs it: copied, its
+/// two values and its pod ranges changed where its comments say CHANGE, and the image set
+/// (`kustomize edit set image`) to the one each node imported. Returns the copy's directory.
+fn write_overlay(dir: &Path, api: &str) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays/replace");
+    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base");
+    let overlay = dir.join("overlay");
+    std::fs::create_dir_all(&overlay).expect("overlay dir");
+    let read = |file: &str| std::fs::read_to_string(source.join(file)).expect("overlay file");
+    let edit = |text: String, from: &str, to: &str| {
+        assert!(text.contains(from), "the overlay has {from:?}");
+        text.replace(from, to)
+    };
+    let mut kustomization = read("kustomization.yaml");
+    // Kustomize takes no absolute path: the base, relative to the copy.
+    let base = base.canonicalize().expect("deploy/base");
+    let up = "../".repeat(overlay.components().count() - 1);
+    kustomization = edit(
+        kustomization,
+        "  - ../../base\n",
+        &format!(
+            "  - {up}{}\n",
+            base.display().to_string().trim_start_matches('/')
+        ),
+    );
+    kustomization = edit(
+        kustomization,
+        "api_server=https://control-plane.invalid:6443",
+        &format!("api_server={api}"),
+    );
+    kustomization = edit(
+        kustomization,
+        "dns_cluster_ip=10.96.0.10",
+        &format!("dns_cluster_ip={CLUSTER_DNS}"),
+    );
+    kustomization.push_str(&format!(
+        "images:\n  - name: nodus\n    newName: {NODUS_IMAGE_NAME}\n    newTag: {NODUS_IMAGE_TAG}\n"
+    ));
+    let cidrs = nodus_testbed::control_plane::CLUSTER_CIDRS.replace(',', "\", \"");
+    let config = edit(
+        read("nodus.yaml"),
+        "cluster_cidrs: [\"10.244.0.0/16\"]",
+        &format!("cluster_cidrs: [\"{cidrs}\"]"),
+    );
+    std::fs::write(overlay.join("kustomization.yaml"), kustomization).expect("kustomization");
+    std::fs::write(overlay.join("nodus.yaml"), config).expect("nodus.yaml");
+    std::fs::write(overlay.join("kube-dns.yaml"), read("kube-dns.yaml")).expect("kube-dns");
+    overlay
 }
 
 fn pod(name: &str, node: &str, labels: serde_json::Value, args: &[&str]) -> serde_json::Value {
@@ -129,7 +138,8 @@ impl KubeletCluster {
     /// `count` nodes (`node-1`, …) on the underlay 10.`subnet`.0.0/24, each Ready.
     fn start(tag: &str, subnet: u8, count: u8) -> KubeletCluster {
         netns::require_root();
-        let binaries = NodeBinaries::get().expect("kubelet, containerd and the images are built");
+        let mut binaries =
+            NodeBinaries::get().expect("kubelet, containerd and the images are built");
         let dir: PathBuf =
             std::env::temp_dir().join(format!("nodus-e2e-{tag}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
@@ -154,15 +164,14 @@ impl KubeletCluster {
         )
         .expect("relay");
         let api = format!("https://{}:{API_PORT}", underlay.v4(1));
-        plane.apply_deploy_base().expect("deploy/base applies");
-        // nodus runs as a process on each node here (the test's build); its DaemonSet's
-        // pods would wait for an image no node has.
+        // nodus as its DaemonSet from the image each node imports before its kubelet starts.
+        binaries
+            .images
+            .push(nodus_image::make_archive(&dir).expect("the nodus image"));
+        let overlay = write_overlay(&dir, &api);
         plane
-            .kubectl(&["delete", "daemonset", "nodus", "-n", "kube-system"])
-            .expect("the DaemonSet is deleted");
-        plane
-            .apply_yaml(OVERLAY_KUBE_DNS)
-            .expect("the kube-dns Service applies");
+            .kubectl(&["apply", "-k", &overlay.to_string_lossy()])
+            .expect("the replacement overlay applies");
         let nodes = (1..=count)
             .map(|i| start_node(&plane, &underlay, &dir, &binaries, &api, i))
             .collect();
@@ -174,6 +183,20 @@ impl KubeletCluster {
             underlay,
             dir,
         };
+        let rollout = cluster.plane.kubectl(&[
+            "rollout",
+            "status",
+            "daemonset/nodus",
+            "-n",
+            "kube-system",
+            &format!("--timeout={}s", NODE_LIMIT.as_secs()),
+        ]);
+        if let Err(error) = rollout {
+            panic!(
+                "nodus's DaemonSet rolls out: {error:#}\n{}",
+                cluster.nodus_logs()
+            );
+        }
         for node in &cluster.nodes {
             let name = &node.node.name;
             wait_within(&format!("{name} Ready"), NODE_LIMIT, || {
@@ -207,8 +230,29 @@ impl KubeletCluster {
     }
 }
 
+impl KubeletCluster {
+    /// The last lines of every nodus pod's log, for a failure's message.
+    fn nodus_logs(&self) -> String {
+        self.plane
+            .kubectl(&[
+                "logs",
+                "-n",
+                "kube-system",
+                "-l",
+                "app.kubernetes.io/name=nodus",
+                "--all-containers",
+                "--prefix",
+                "--tail=40",
+            ])
+            .unwrap_or_else(|error| format!("no nodus logs: {error:#}"))
+    }
+}
+
 impl Drop for KubeletCluster {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.nodus_logs());
+        }
         self.nodes.clear();
         if std::thread::panicking() {
             eprintln!("logs kept in {}", self.dir.display());
@@ -218,8 +262,8 @@ impl Drop for KubeletCluster {
     }
 }
 
-/// Node `node-<i>` at the underlay's `.1<i>`: its kubelet, then (once the kubelet has
-/// registered the Node) its nodus.
+/// Node `node-<i>` at the underlay's `.1<i>`, with its kubelet: nodus's DaemonSet then
+/// runs on it.
 fn start_node(
     plane: &ControlPlane,
     underlay: &Underlay,
@@ -257,15 +301,8 @@ fn start_node(
         binaries,
     )
     .unwrap_or_else(|error| panic!("{name}'s kubelet starts: {error:#}"));
-    // nodus's token is bound to a pod on its Node, which the kubelet registers: a pod
-    // bound to a Node that does not exist is deleted (the pod GC), and its token with it.
-    wait_within(&format!("{name} registered"), NODE_LIMIT, || {
-        plane.kubectl(&["get", "node", &name, "-o", "name"]).ok()
-    });
-    let nodus = start_nodus(plane, &node, &node_dir, api);
     RealNode {
         kubelet: Some(kubelet),
-        nodus,
         node,
     }
 }

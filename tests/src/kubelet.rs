@@ -43,6 +43,10 @@ const CGROUP_HIERARCHIES: [&str; 10] = [
     "unified",
 ];
 
+/// Where the node's CNI configuration and plugins are, in its mount namespace.
+const CNI_CONF_DIR: &str = "/etc/cni/net.d";
+const CNI_BIN_DIR: &str = "/opt/cni/bin";
+
 /// containerd's socket inside the node's mount namespace.
 const CONTAINERD_SOCKET: &str = "/run/containerd/containerd.sock";
 
@@ -53,7 +57,8 @@ const START_LIMIT: Duration = Duration::from_secs(60);
 /// ctr) and `k8s/images.sh` the images its pods run: built once if missing.
 pub struct NodeBinaries {
     pub bin: PathBuf,
-    /// OCI archives named as upstream names them (pause, agnhost).
+    /// OCI archives, imported before the kubelet starts: the upstream images under their
+    /// upstream names (pause, agnhost, …), and whatever a caller adds (nodus's).
     pub images: Vec<PathBuf>,
 }
 
@@ -97,8 +102,9 @@ pub struct KubeletNodeConfig<'a> {
     /// The node's own directory: containerd's root, the configurations and the logs.
     pub dir: &'a Path,
     pub credentials: &'a KubeletCredentials,
-    /// Where the CNI configuration is (nodus writes its conflist there) and the plugins
-    /// (`nodus install-cni` copies them there).
+    /// The node's CNI configuration directory (nodus writes its conflist there) and plugin
+    /// directory (`nodus install-cni` copies them there), which the node sees at the usual
+    /// `/etc/cni/net.d` and `/opt/cni/bin`.
     pub cni_conf_dir: &'a Path,
     pub cni_bin_dir: &'a Path,
     /// The address pods ask for DNS (the `kube-dns` Service's).
@@ -132,7 +138,7 @@ impl KubeletNode {
             config.name,
             crate::netns::unique_name("k").trim_start_matches('k')
         );
-        let holder = hold_mount_namespace(config.netns, config.dir)?;
+        let holder = hold_mount_namespace(config)?;
         let mut node = KubeletNode {
             name: config.name.to_string(),
             dir: config.dir.to_path_buf(),
@@ -366,14 +372,27 @@ fn kill_in_mount_namespace(holder: u32) {
     }
 }
 
-/// A process in `netns` and a new mount namespace with the node's private tmpfs and
-/// kernel-setting files mounted, sleeping until killed. Returns once the mounts are made.
-fn hold_mount_namespace(netns: &str, dir: &Path) -> anyhow::Result<Child> {
-    let tunables = dir.join("sysctl");
+/// A process in the node's network namespace and a new mount namespace with the node's
+/// private tmpfs, CNI directories and kernel-setting files mounted, sleeping until killed.
+/// Returns once the mounts are made.
+fn hold_mount_namespace(config: &KubeletNodeConfig<'_>) -> anyhow::Result<Child> {
+    let tunables = config.dir.join("sysctl");
     std::fs::create_dir_all(&tunables)?;
     let mut script = String::from("set -e\n");
     for target in ["/run", "/var/lib", "/var/log"] {
         script.push_str(&format!("mount -t tmpfs -o mode=0755 tmpfs {target}\n"));
+    }
+    // The DaemonSet's host paths and containerd's defaults. Their mount points are made on
+    // this machine if it lacks them (empty directories); only the node sees what is in them.
+    for (dir, target) in [
+        (config.cni_conf_dir, CNI_CONF_DIR),
+        (config.cni_bin_dir, CNI_BIN_DIR),
+    ] {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        script.push_str(&format!(
+            "mkdir -p {target}\nmount --bind {} {target}\n",
+            dir.display()
+        ));
     }
     for (key, value) in KERNEL_TUNABLES {
         let file = tunables.join(key.replace('/', "."));
@@ -385,7 +404,7 @@ fn hold_mount_namespace(netns: &str, dir: &Path) -> anyhow::Result<Child> {
     }
     script.push_str("echo ready\nexec sleep infinity\n");
     let mut holder = Command::new("nsenter")
-        .arg(format!("--net=/var/run/netns/{netns}"))
+        .arg(format!("--net=/var/run/netns/{}", config.netns))
         .args(["--", "unshare", "--mount", "--propagation", "private", "--"])
         .args(["sh", "-c", &script])
         .stdin(Stdio::null())
@@ -409,7 +428,7 @@ fn hold_mount_namespace(netns: &str, dir: &Path) -> anyhow::Result<Child> {
 
 /// containerd's configuration: its root in the node's directory, its socket and state in
 /// the node's `/run`, the CRI plugin with runc under cgroupfs, the pinned pause image and
-/// the node's CNI directories.
+/// the CNI directories at their usual paths.
 fn write_containerd_config(config: &KubeletNodeConfig<'_>) -> anyhow::Result<PathBuf> {
     let path = config.dir.join("containerd.toml");
     let root = config.dir.join("containerd");
@@ -438,14 +457,12 @@ state = "/run/containerd"
         BinaryName = "/usr/sbin/runc"
         SystemdCgroup = false
   [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["{bin}"]
-    conf_dir = "{conf}"
+    bin_dirs = ["{CNI_BIN_DIR}"]
+    conf_dir = "{CNI_CONF_DIR}"
     max_conf_num = 1
 "#,
         root = root.display(),
         pause = PAUSE_IMAGE,
-        bin = config.cni_bin_dir.display(),
-        conf = config.cni_conf_dir.display(),
     );
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)

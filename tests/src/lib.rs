@@ -10,6 +10,7 @@ pub mod dig;
 pub mod fixtures;
 pub mod kubelet;
 pub mod netns;
+pub mod nodus_image;
 pub mod probe;
 pub mod runtime;
 pub mod sandbox;
