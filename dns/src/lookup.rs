@@ -399,8 +399,10 @@ pub fn common<'a>(view: &'a View, target: &Target<'a>, qtype: RecordType) -> Opt
             port,
         } => match find_service(view, namespace, service) {
             None => Some(Common::NxDomain),
-            Some((_, found)) if !has_port(view, found, port) => Some(Common::NxDomain),
+            // A headless service's port names are its endpoints' (its slices'), which a
+            // selectorless service's slices may name differently: the full resolver.
             Some((_, found)) if found.headless => None,
+            Some((_, found)) if !has_port(view, found, port) => Some(Common::NxDomain),
             Some((_, found)) => Some(match qtype {
                 RecordType::SRV => service_srv(view, found, namespace, service, port),
                 _ => Common::NoData,
@@ -891,6 +893,16 @@ impl Resolver<'_> {
         let backends = published(view, &svc, service);
         if backends.is_empty() {
             // Spec rule 10 holds below the service name too.
+            return self.nxdomain();
+        }
+        // The name exists when an endpoint has the port (spec rule 12, as CoreDNS reads
+        // it: the endpoints' ports, not the Service's).
+        let has_port = backends.iter().any(|b| {
+            b.ports
+                .iter()
+                .any(|(name, protocol, _)| port.matches(name, *protocol))
+        });
+        if !has_port {
             return self.nxdomain();
         }
         if qtype == RecordType::SRV {

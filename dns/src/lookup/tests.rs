@@ -414,6 +414,32 @@ fn headless_srv_of_generated_hostnames_uses_the_dashed_address() {
     );
 }
 
+/// A selectorless headless service whose two slices name different ports (the upstream
+/// e2e spec "DNS should provide DNS for a service with multiple EndpointSlices and no
+/// Endpoints"): each port's SRV names its own slice's endpoints, whatever the Service's
+/// ports say, as CoreDNS answers.
+#[test]
+fn headless_srv_names_the_ports_its_slices_name() {
+    let cluster = Cluster::new();
+    for (port, number, endpoint) in [("http", 80, "10-244-5-1"), ("https", 443, "10-244-5-2")] {
+        let name = format!("_{port}._tcp.split.default.svc.cluster.local");
+        let answer = cluster.ask(&name, RecordType::SRV);
+        assert_eq!(answer.rcode, ResponseCode::NoError, "{name}");
+        assert_eq!(
+            lines(&answer.answers),
+            [format!(
+                "{name}. 5 IN SRV 0 100 {number} {endpoint}.split.default.svc.cluster.local."
+            )]
+        );
+        cluster.assert_nodata(&name, RecordType::A);
+    }
+    cluster.assert_nxdomain("_ftp._tcp.split.default.svc.cluster.local", RecordType::SRV);
+    cluster.assert_nxdomain(
+        "_https._udp.split.default.svc.cluster.local",
+        RecordType::SRV,
+    );
+}
+
 // PTR (spec rules 6, 7 and 13).
 
 #[test]
