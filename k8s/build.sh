@@ -14,6 +14,8 @@
 #   k8s/build.sh cni             the reference CNI plugins (host-local, portmap, loopback) and
 #                                cnitool from k8s/cni/go.mod, into a directory of their own
 #                                (cni-<plugins version>-<digest>/bin), printed instead
+#   k8s/build.sh coredns         CoreDNS from k8s/coredns/go.mod (the cluster DNS of the
+#                                migration test), likewise into coredns-<version>-<digest>/bin
 #
 # NODUS_K8S_CACHE (default /var/cache/nodus-k8s) holds one directory per version and
 # go.sum digest: kubernetes-v1.37.2-<digest>/bin. Go's own module and build caches are
@@ -30,6 +32,7 @@ all=("${control_plane[@]}" kubelet kube-proxy agnhost regression-issue-74839 e2e
 case "${1:-}" in
     "") wanted=("${control_plane[@]}") ;;
     cni) wanted=("${cni[@]}") ;;
+    coredns) wanted=(coredns) ;;
     all) wanted=("${all[@]}") ;;
     *) wanted=("$@") ;;
 esac
@@ -48,6 +51,10 @@ if [[ ${1:-} == cni ]]; then
     cni_digest=$(sha256sum <"$here/cni/go.sum" | cut -c1-12)
     bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/cni-$plugins_version-$cni_digest/bin
     version=$plugins_version
+elif [[ ${1:-} == coredns ]]; then
+    version=$(module_version github.com/coredns/coredns "$here/coredns/go.mod")
+    coredns_digest=$(sha256sum <"$here/coredns/go.sum" | cut -c1-12)
+    bin=${NODUS_K8S_CACHE:-/var/cache/nodus-k8s}/coredns-$version-$coredns_digest/bin
 fi
 mkdir -p "$bin"
 # One build at a time (tests and the sandbox may ask at once); the second finds the cache.
@@ -78,6 +85,8 @@ build() { # name
                 loopback) package=github.com/containernetworking/plugins/plugins/main/loopback ;;
             esac
             (cd "$here/cni" && go build -trimpath -ldflags "-s -w" -o "$out" "$package") ;;
+        coredns)
+            (cd "$here/coredns" && go build -trimpath -ldflags "-s -w" -o "$out" github.com/coredns/coredns) ;;
         containerd | containerd-shim-runc-v2 | ctr)
             (cd "$here/containerd" &&
                 go build -trimpath -ldflags "-s -w" -o "$out" "github.com/containerd/containerd/v2/cmd/$name") ;;
@@ -102,6 +111,7 @@ for name in "${wanted[@]}"; do
         etcd) of=$etcd_version ;;
         containerd | containerd-shim-runc-v2 | ctr) of=$containerd_version ;;
         cnitool) of=$(module_version github.com/containernetworking/cni "$here/cni/go.mod") ;;
+        coredns) of=$version ;;
         *) of=$version ;;
     esac
     echo "k8s/build.sh: building $name ($of)" >&2

@@ -5,9 +5,10 @@
 #
 #   pause.tar     registry.k8s.io/pause: Kubernetes's pause.c (from the module k8s/go.mod
 #                 pins), linked statically
-#   debian.tar    registry.k8s.io/e2e-test-images/ agnhost, glibc-dns-testing, busybox and
-#                 nginx: one minimal Debian 12 (debootstrap) with the agnhost binary
-#                 k8s/build.sh built and the tools the e2e suites run in these images
+#   debian-<digest>.tar  registry.k8s.io/e2e-test-images/ agnhost, glibc-dns-testing,
+#                 busybox and nginx, registry.k8s.io/kube-proxy and coredns/coredns: one
+#                 minimal Debian 12 (debootstrap) with the agnhost, kube-proxy and CoreDNS
+#                 binaries k8s/build.sh built and the tools the e2e suites run in these images
 #   regression-issue-74839.tar   that e2e image's program, built from the module
 #
 # The tags are those of the e2e framework's image manifest for this Kubernetes version
@@ -50,21 +51,30 @@ if [[ ! -s $out/pause.tar ]]; then
     rm -rf "$rootfs"
 fi
 
-# Made by an earlier version of this script, with agnhost alone; debian.tar replaces it.
-rm -f "$out/agnhost.tar"
-if [[ ! -s $out/debian.tar ]]; then
-    # One minimal Debian 12 (debootstrap) serves four upstream images, each with the
+# The Debian archive is named by this script's digest: a change here makes it again, and
+# the archives of earlier versions go (agnhost.tar was the first).
+debian=$out/debian-$(sha256sum "$0" | cut -c1-12).tar
+for old in "$out"/agnhost.tar "$out"/debian*.tar; do
+    [[ -e $old && $old != "$debian" ]] && rm -f "$old"
+done
+if [[ ! -s $debian ]]; then
+    # One minimal Debian 12 (debootstrap) serves five upstream images, each with the
     # tools the e2e suites run in it:
-    #   agnhost            curl, nc, socat, dig, ip, ping, and porter's TLS key pair and the
-    #                      user and group the image defines, as upstream's Dockerfile adds
-    #                      them (upstream: Alpine)
+    #   agnhost            curl, nc, socat, dig, ip, ping, /coredns (the DNS specs' own
+    #                      servers), porter's TLS key pair and the user and group the image
+    #                      defines, as upstream's Dockerfile adds them (upstream: Alpine)
     #   glibc-dns-testing  dig and glibc's resolver (upstream: Debian 12 with dnsutils)
     #   busybox            sh, sleep, nc (upstream: busybox; the specs run only those)
     #   nginx              nginx serving on port 80 (upstream: nginx on Alpine)
+    #   kube-proxy         /usr/local/bin/kube-proxy of this Kubernetes version, and the
+    #                      nft its nftables mode runs (upstream: distroless with iptables
+    #                      and nft), for the migration test's kubeadm-shaped cluster
+    #   coredns/coredns    /coredns, CoreDNS built from its module (k8s/coredns/go.mod): the
+    #                      same test's cluster DNS (upstream: distroless)
     command -v debootstrap >/dev/null || { echo "images.sh: debootstrap is not installed" >&2; exit 1; }
     rootfs=$(mktemp -d "$out/.rootfs.XXXXXX")
     if ! debootstrap --variant=minbase \
-        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates,socat,nginx-light \
+        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates,socat,nginx-light,nftables \
         bookworm "$rootfs" http://deb.debian.org/debian >"$out/.debootstrap.log" 2>&1; then
         tail -n 20 "$out/.debootstrap.log" >&2
         exit 1
@@ -79,11 +89,17 @@ if [[ ! -s $out/debian.tar ]]; then
         groupadd -g 50000 group-defined-in-image
         usermod -a -G group-defined-in-image user-defined-in-image'
     ln -s agnhost "$rootfs/agnhost-2"
-    "$here/oci-archive.sh" "$rootfs" "$out/debian.tar" \
+    install -D "$("$here/build.sh" kube-proxy)/kube-proxy" "$rootfs/usr/local/bin/kube-proxy"
+    coredns_bin=$("$here/build.sh" coredns)
+    cp "$coredns_bin/coredns" "$rootfs/coredns"
+    coredns_version=$("$coredns_bin/coredns" -version | sed -n 's/^CoreDNS-//p')
+    "$here/oci-archive.sh" "$rootfs" "$debian" \
         "$e2e/agnhost:$agnhost_tag" '"Entrypoint":["/agnhost"],"Cmd":["pause"]' \
         "$e2e/glibc-dns-testing:$glibc_dns_tag" '"Cmd":["/bin/bash"]' \
         "$e2e/busybox:$busybox_tag" '"Cmd":["sh"]' \
-        "$e2e/nginx:$nginx_tag" '"Entrypoint":["nginx","-g","daemon off;"],"StopSignal":"SIGQUIT"'
+        "$e2e/nginx:$nginx_tag" '"Entrypoint":["nginx","-g","daemon off;"],"StopSignal":"SIGQUIT"' \
+        "registry.k8s.io/kube-proxy:$version" '"Entrypoint":["/usr/local/bin/kube-proxy"]' \
+        "registry.k8s.io/coredns/coredns:v$coredns_version" '"Entrypoint":["/coredns"]'
     rm -rf "$rootfs"
 fi
 

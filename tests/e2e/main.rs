@@ -13,6 +13,7 @@ mod deploy;
 mod dns;
 mod faults;
 mod mesh;
+mod migration;
 mod operate;
 mod policy;
 mod proxy;

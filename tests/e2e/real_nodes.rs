@@ -12,6 +12,7 @@
 
 use crate::support::wait_within;
 use nodus_testbed::control_plane::{ControlPlane, ControlPlaneConfig, EgressProxy, Relay};
+use nodus_testbed::interrupt;
 use nodus_testbed::kubelet::{KubeletNode, KubeletNodeConfig, NodeBinaries};
 use nodus_testbed::netns::{self, Node, Underlay};
 use nodus_testbed::nodus_image::{self, NODUS_IMAGE_NAME, NODUS_IMAGE_TAG};
@@ -21,18 +22,17 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-const API_PORT: u16 = 6443;
-const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+pub(crate) const CLUSTER_DNS: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 /// How long a node may take to register and turn Ready, and a pod to run: the first start
 /// of containerd and the kubelet on a loaded 2-core machine.
 const NODE_LIMIT: Duration = Duration::from_secs(180);
 
 /// One real node: its namespace, and containerd with the kubelet, which run nodus's
 /// DaemonSet pod and the test's pods.
-struct RealNode {
+pub(crate) struct RealNode {
     /// Dropped first: the kubelet and the pods, then the namespace.
     kubelet: Option<KubeletNode>,
-    node: Node,
+    pub(crate) node: Node,
 }
 
 impl Drop for RealNode {
@@ -41,57 +41,72 @@ impl Drop for RealNode {
     }
 }
 
-/// The replacement overlay (`deploy/overlays/replace`) as a user installs it: copied, its
-/// two values and its pod ranges changed where its comments say CHANGE, and the image set
-/// (`kustomize edit set image`) to the one each node imported. Returns the copy's directory.
-fn write_overlay(dir: &Path, api: &str) -> PathBuf {
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/overlays/replace");
+/// One of nodus's overlays (`deploy/overlays/<name>`) as a user installs it: copied, the
+/// values its comments say CHANGE changed (the API server's address and the cluster DNS IP
+/// where it has them, the pod ranges), and the image set (`kustomize edit set image`) to the
+/// one each node imported. Returns the copy's directory.
+pub(crate) fn write_overlay(dir: &Path, name: &str, api: &str) -> PathBuf {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/overlays")
+        .join(name);
     let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base");
-    let overlay = dir.join("overlay");
+    let overlay = dir.join(format!("overlay-{name}"));
     std::fs::create_dir_all(&overlay).expect("overlay dir");
-    let read = |file: &str| std::fs::read_to_string(source.join(file)).expect("overlay file");
-    let edit = |text: String, from: &str, to: &str| {
-        assert!(text.contains(from), "the overlay has {from:?}");
-        text.replace(from, to)
-    };
-    let mut kustomization = read("kustomization.yaml");
-    // Kustomize takes no absolute path: the base, relative to the copy.
-    let base = base.canonicalize().expect("deploy/base");
-    let up = "../".repeat(overlay.components().count() - 1);
-    kustomization = edit(
-        kustomization,
-        "  - ../../base\n",
-        &format!(
-            "  - {up}{}\n",
-            base.display().to_string().trim_start_matches('/')
-        ),
-    );
-    kustomization = edit(
-        kustomization,
-        "api_server=https://control-plane.invalid:6443",
-        &format!("api_server={api}"),
-    );
-    kustomization = edit(
-        kustomization,
-        "dns_cluster_ip=10.96.0.10",
-        &format!("dns_cluster_ip={CLUSTER_DNS}"),
-    );
-    kustomization.push_str(&format!(
-        "images:\n  - name: nodus\n    newName: {NODUS_IMAGE_NAME}\n    newTag: {NODUS_IMAGE_TAG}\n"
-    ));
-    let cidrs = nodus_testbed::control_plane::CLUSTER_CIDRS.replace(',', "\", \"");
-    let config = edit(
-        read("nodus.yaml"),
-        "cluster_cidrs: [\"10.244.0.0/16\"]",
-        &format!("cluster_cidrs: [\"{cidrs}\"]"),
-    );
-    std::fs::write(overlay.join("kustomization.yaml"), kustomization).expect("kustomization");
-    std::fs::write(overlay.join("nodus.yaml"), config).expect("nodus.yaml");
-    std::fs::write(overlay.join("kube-dns.yaml"), read("kube-dns.yaml")).expect("kube-dns");
+    for entry in std::fs::read_dir(&source).expect("the overlay") {
+        let path = entry.expect("an overlay file").path();
+        let mut text = std::fs::read_to_string(&path).expect("overlay file");
+        let mut edit = |from: &str, to: &str| text = text.replace(from, to);
+        // Kustomize takes no absolute path: the base, relative to the copy.
+        let base = base.canonicalize().expect("deploy/base");
+        let up = "../".repeat(overlay.components().count() - 1);
+        edit(
+            "  - ../../base\n",
+            &format!(
+                "  - {up}{}\n",
+                base.display().to_string().trim_start_matches('/')
+            ),
+        );
+        edit(
+            "api_server=https://control-plane.invalid:6443",
+            &format!("api_server={api}"),
+        );
+        edit(
+            "dns_cluster_ip=10.96.0.10",
+            &format!("dns_cluster_ip={CLUSTER_DNS}"),
+        );
+        let cidrs = nodus_testbed::control_plane::CLUSTER_CIDRS.replace(',', "\", \"");
+        edit(
+            "cluster_cidrs: [\"10.244.0.0/16\"]",
+            &format!("cluster_cidrs: [\"{cidrs}\"]"),
+        );
+        if path.file_name().is_some_and(|f| f == "kustomization.yaml") {
+            text.push_str(&format!(
+                "images:\n  - name: nodus\n    newName: {NODUS_IMAGE_NAME}\n    newTag: {NODUS_IMAGE_TAG}\n"
+            ));
+        }
+        std::fs::write(overlay.join(path.file_name().expect("a file name")), text)
+            .expect("overlay file");
+    }
     overlay
 }
 
-fn pod(name: &str, node: &str, labels: serde_json::Value, args: &[&str]) -> serde_json::Value {
+/// The network a cluster's nodes start with.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StartingNetwork {
+    /// nodus alone, from the replacement overlay (`deploy/overlays/replace`).
+    Nodus,
+    /// As a kubeadm cluster that adopted nodus's pod network first: kubeadm's kube-proxy
+    /// (nftables mode) and CoreDNS (`migration/kubeadm-addons.yaml`), and nodus from the
+    /// mesh-only overlay as the CNI.
+    KubeProxyAndCoreDns,
+}
+
+pub(crate) fn pod(
+    name: &str,
+    node: &str,
+    labels: serde_json::Value,
+    args: &[&str],
+) -> serde_json::Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "labels": labels},
@@ -109,7 +124,12 @@ fn pod(name: &str, node: &str, labels: serde_json::Value, args: &[&str]) -> serd
 }
 
 /// `jsonpath` of an object, once it is not empty.
-fn wait_field(plane: &ControlPlane, args: &[&str], jsonpath: &str, what: &str) -> String {
+pub(crate) fn wait_field(
+    plane: &ControlPlane,
+    args: &[&str],
+    jsonpath: &str,
+    what: &str,
+) -> String {
     let mut full: Vec<&str> = args.to_vec();
     let output = format!("jsonpath={jsonpath}");
     full.extend(["-o", &output]);
@@ -125,18 +145,26 @@ fn wait_field(plane: &ControlPlane, args: &[&str], jsonpath: &str, what: &str) -
 /// A cluster of real nodes: the control plane, the underlay, and the nodes. Dropped in
 /// this order: the nodes (their pods, nodus, their namespaces), then the relay, the control
 /// plane, the egress proxy and the underlay.
-struct KubeletCluster {
-    nodes: Vec<RealNode>,
+pub(crate) struct KubeletCluster {
+    pub(crate) nodes: Vec<RealNode>,
     _relay: Relay,
-    plane: ControlPlane,
+    pub(crate) plane: ControlPlane,
     _egress: EgressProxy,
     underlay: Underlay,
-    dir: PathBuf,
+    pub(crate) dir: PathBuf,
+    /// The API server's address on the underlay, as the nodes reach it.
+    pub(crate) api: String,
 }
 
 impl KubeletCluster {
-    /// `count` nodes (`node-1`, …) on the underlay 10.`subnet`.0.0/24, each Ready.
-    fn start(tag: &str, subnet: u8, count: u8) -> KubeletCluster {
+    /// `count` nodes (`node-1`, …) on the underlay 10.`subnet`.0.0/24, each Ready, with
+    /// `network`'s DaemonSets rolled out.
+    pub(crate) fn start(
+        tag: &str,
+        subnet: u8,
+        count: u8,
+        network: StartingNetwork,
+    ) -> KubeletCluster {
         netns::require_root();
         let mut binaries =
             NodeBinaries::get().expect("kubelet, containerd and the images are built");
@@ -159,19 +187,30 @@ impl KubeletCluster {
         .expect("the control plane starts");
         let relay = Relay::in_namespace(
             &underlay.ns,
-            SocketAddr::from((underlay.v4(1), API_PORT)),
+            // The API server's own port, which the `kubernetes` Service's endpoint names with
+            // the advertised address: pods reach the API server through it too.
+            SocketAddr::from((underlay.v4(1), plane.api_addr().port())),
             plane.api_addr(),
         )
         .expect("relay");
-        let api = format!("https://{}:{API_PORT}", underlay.v4(1));
+        let api = format!("https://{}:{}", underlay.v4(1), plane.api_addr().port());
         // nodus as its DaemonSet from the image each node imports before its kubelet starts.
         binaries
             .images
             .push(nodus_image::make_archive(&dir).expect("the nodus image"));
-        let overlay = write_overlay(&dir, &api);
+        let overlay = match network {
+            StartingNetwork::Nodus => "replace",
+            StartingNetwork::KubeProxyAndCoreDns => {
+                plane
+                    .apply_yaml(&kubeadm_addons(&plane, &api))
+                    .expect("kube-proxy and CoreDNS apply");
+                "mesh-only"
+            }
+        };
+        let overlay = write_overlay(&dir, overlay, &api);
         plane
             .kubectl(&["apply", "-k", &overlay.to_string_lossy()])
-            .expect("the replacement overlay applies");
+            .expect("nodus's overlay applies");
         let nodes = (1..=count)
             .map(|i| start_node(&plane, &underlay, &dir, &binaries, &api, i))
             .collect();
@@ -182,20 +221,11 @@ impl KubeletCluster {
             _egress: egress,
             underlay,
             dir,
+            api,
         };
-        let rollout = cluster.plane.kubectl(&[
-            "rollout",
-            "status",
-            "daemonset/nodus",
-            "-n",
-            "kube-system",
-            &format!("--timeout={}s", NODE_LIMIT.as_secs()),
-        ]);
-        if let Err(error) = rollout {
-            panic!(
-                "nodus's DaemonSet rolls out: {error:#}\n{}",
-                cluster.nodus_logs()
-            );
+        cluster.rolled_out("daemonset/nodus");
+        if network == StartingNetwork::KubeProxyAndCoreDns {
+            cluster.rolled_out("daemonset/kube-proxy");
         }
         for node in &cluster.nodes {
             let name = &node.node.name;
@@ -226,32 +256,101 @@ impl KubeletCluster {
                 .ip(&["route", "add", &cidr, "via", &node.node.v4.to_string()])
                 .expect("a route to the node's pods");
         }
+        if network == StartingNetwork::KubeProxyAndCoreDns {
+            // On the pod network, which the Nodes' readiness waited for.
+            cluster.rolled_out("deployment/coredns");
+        }
         cluster
+    }
+
+    /// Waits until `workload` (in kube-system) has rolled out.
+    pub(crate) fn rolled_out(&self, workload: &str) {
+        let rollout = self.plane.kubectl(&[
+            "rollout",
+            "status",
+            workload,
+            "-n",
+            "kube-system",
+            &format!("--timeout={}s", NODE_LIMIT.as_secs()),
+        ]);
+        if let Err(error) = rollout {
+            panic!("{workload} rolls out: {error:#}\n{}", self.network_logs());
+        }
     }
 }
 
+/// `migration/kubeadm-addons.yaml` with this cluster's values.
+fn kubeadm_addons(plane: &ControlPlane, api: &str) -> String {
+    let version: serde_json::Value = serde_json::from_str(
+        &plane
+            .kubectl(&["version", "-o", "json"])
+            .expect("the server's version"),
+    )
+    .expect("kubectl version's JSON");
+    let version = version["serverVersion"]["gitVersion"]
+        .as_str()
+        .expect("the server's gitVersion");
+    let coredns_mod = Path::new(env!("CARGO_MANIFEST_DIR")).join("k8s/coredns/go.mod");
+    let coredns = std::fs::read_to_string(&coredns_mod)
+        .expect("k8s/coredns/go.mod")
+        .lines()
+        .find_map(|line| {
+            line.trim()
+                .strip_prefix("github.com/coredns/coredns ")
+                .map(|rest| {
+                    rest.split_whitespace()
+                        .next()
+                        .unwrap_or_default()
+                        .to_string()
+                })
+        })
+        .expect("CoreDNS's version in k8s/coredns/go.mod");
+    include_str!("migration/kubeadm-addons.yaml")
+        .replace("@API_SERVER@", api)
+        .replace(
+            "@CLUSTER_CIDRS@",
+            nodus_testbed::control_plane::CLUSTER_CIDRS,
+        )
+        .replace("@DNS_IP@", &CLUSTER_DNS.to_string())
+        .replace(
+            "@KUBE_PROXY_IMAGE@",
+            &format!("registry.k8s.io/kube-proxy:{version}"),
+        )
+        .replace(
+            "@COREDNS_IMAGE@",
+            &format!("registry.k8s.io/coredns/coredns:{coredns}"),
+        )
+}
+
 impl KubeletCluster {
-    /// The last lines of every nodus pod's log, for a failure's message.
-    fn nodus_logs(&self) -> String {
-        self.plane
-            .kubectl(&[
-                "logs",
-                "-n",
-                "kube-system",
-                "-l",
-                "app.kubernetes.io/name=nodus",
-                "--all-containers",
-                "--prefix",
-                "--tail=40",
-            ])
-            .unwrap_or_else(|error| format!("no nodus logs: {error:#}"))
+    /// The last lines of the logs of the network's pods (nodus's, and kube-proxy's and
+    /// CoreDNS's where they run), for a failure's message.
+    fn network_logs(&self) -> String {
+        ["app.kubernetes.io/name=nodus", "k8s-app"]
+            .iter()
+            .map(|selector| {
+                self.plane
+                    .kubectl(&[
+                        "logs",
+                        "-n",
+                        "kube-system",
+                        "-l",
+                        selector,
+                        "--all-containers",
+                        "--prefix",
+                        "--tail=30",
+                    ])
+                    .unwrap_or_else(|error| format!("no logs of {selector}: {error:#}"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 }
 
 impl Drop for KubeletCluster {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            eprintln!("{}", self.nodus_logs());
+            eprintln!("{}", self.network_logs());
         }
         self.nodes.clear();
         if std::thread::panicking() {
@@ -309,7 +408,7 @@ fn start_node(
 
 #[test]
 fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
-    let cluster = KubeletCluster::start("real-nodes", 78, 2);
+    let cluster = KubeletCluster::start("real-nodes", 78, 2, StartingNetwork::Nodus);
     let plane = &cluster.plane;
 
     // Two servers, one on each node, behind a Service; a client on node-1.
@@ -414,29 +513,28 @@ fn run_upstream(
 ) -> std::process::ExitStatus {
     std::fs::create_dir_all(report).expect("report dir");
     let bin = nodus_testbed::control_plane::binaries().expect("the Kubernetes binaries");
-    std::process::Command::new(bin.join("e2e.test"))
-        .args([
-            "--provider=skeleton",
-            "--num-nodes=2",
-            "--disable-log-dump=true",
-            "--ginkgo.timeout=6h",
-            "--ginkgo.no-color",
-            "--ginkgo.v",
-        ])
-        .arg(format!(
-            "--kubeconfig={}",
-            cluster.plane.admin_kubeconfig.display()
-        ))
-        .arg(format!("--kubectl-path={}", bin.join("kubectl").display()))
-        .arg(format!("--report-dir={}", report.display()))
-        .arg(format!("--ginkgo.focus={focus}"))
-        .arg(format!("--ginkgo.skip={skip}"))
-        .env("KUBERNETES_CONFORMANCE_TEST", "y")
-        .current_dir(report)
-        .stdout(std::fs::File::create(report.join("e2e.log")).expect("log"))
-        .stderr(Stdio::inherit())
-        .status()
-        .expect("e2e.test runs")
+    let mut e2e = std::process::Command::new(bin.join("e2e.test"));
+    e2e.args([
+        "--provider=skeleton",
+        "--num-nodes=2",
+        "--disable-log-dump=true",
+        "--ginkgo.timeout=6h",
+        "--ginkgo.no-color",
+        "--ginkgo.v",
+    ])
+    .arg(format!(
+        "--kubeconfig={}",
+        cluster.plane.admin_kubeconfig.display()
+    ))
+    .arg(format!("--kubectl-path={}", bin.join("kubectl").display()))
+    .arg(format!("--report-dir={}", report.display()))
+    .arg(format!("--ginkgo.focus={focus}"))
+    .arg(format!("--ginkgo.skip={skip}"))
+    .env("KUBERNETES_CONFORMANCE_TEST", "y")
+    .current_dir(report)
+    .stdout(std::fs::File::create(report.join("e2e.log")).expect("log"))
+    .stderr(Stdio::inherit());
+    interrupt::run(&mut e2e).expect("e2e.test runs")
 }
 
 /// The upstream e2e suites against a cluster of two real nodes with nodus as its only
@@ -457,7 +555,9 @@ fn upstream_e2e_suite() {
         focus if focus.is_empty() => SMOKE_FOCUS.to_string(),
         focus => focus,
     };
-    let cluster = KubeletCluster::start("upstream", 79, 2);
+    // A Ctrl-C stops e2e.test (which removes its namespaces), then the cluster is removed.
+    interrupt::catch().expect("signal handlers");
+    let cluster = KubeletCluster::start("upstream", 79, 2, StartingNetwork::Nodus);
     let status = run_upstream(&cluster, &focus, &var("NODUS_E2E_SKIP"), &report);
     assert!(
         status.success(),
