@@ -8,8 +8,10 @@
 #
 #   k8s/conformance.sh SUITE [REPORT_DIR]     (as root; REPORT_DIR: /tmp/nodus-e2e-SUITE)
 #
-# SUITE: conformance ([sig-network] ... [Conformance]), services, dns, networking, netpol
-# (NetworkPolicy), or smoke (the five Conformance specs `cargo test` runs too).
+# SUITE: conformance ([sig-network] ... [Conformance]), services, dns, networking, other
+# (the rest of [sig-network]: Conntrack, EndpointSlice, Proxy, HostPort, Traffic
+# Distribution, ...), netpol (NetworkPolicy), or smoke (the five Conformance specs
+# `cargo test` runs too).
 #
 # Skipped everywhere, each for a reason of this machine or of nodus:
 #   SCTP                      this kernel has no SCTP
@@ -21,7 +23,7 @@
 #   Feature:                  optional features (NetworkPolicy has its own suite: netpol)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-suite=${1:?"usage: k8s/conformance.sh conformance|services|dns|networking|netpol|smoke [REPORT_DIR]"}
+suite=${1:?"usage: k8s/conformance.sh conformance|services|dns|networking|other|netpol|smoke [REPORT_DIR]"}
 report=${2:-/tmp/nodus-e2e-$suite}
 skip='SCTP|LoadBalancer|ExternalIP|\[Serial\]|\[Disruptive\]|\[Flaky\]|IPerf2|Networking-Performance|PerformanceDNS|DualStack|IPv6|KubeProxy|kube-proxy|\[Feature:'
 case $suite in
@@ -29,6 +31,9 @@ case $suite in
     services) focus='\[sig-network\] Services' ;;
     dns) focus='\[sig-network\] DNS' ;;
     networking) focus='\[sig-network\] Networking' ;;
+    other)
+        focus='\[sig-network\]'
+        skip+='|\[sig-network\] (Services|DNS|Networking|Netpol)' ;;
     netpol)
         focus='\[sig-network\] Netpol'
         skip='SCTP|\[Serial\]|\[Disruptive\]|\[Flaky\]' ;;

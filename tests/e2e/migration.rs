@@ -4,9 +4,8 @@
 //! mesh-only overlay as its pod network, moves to the replacement overlay. Traffic to a
 //! Service by its name is checked from a pod on each node after every step.
 
-use crate::real_nodes::{KubeletCluster, StartingNetwork, pod, wait_field, write_overlay};
+use crate::real_nodes::{KubeletCluster, StartingNetwork, start_web_and_clients, write_overlay};
 use crate::support::wait_within;
-use serde_json::json;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -17,34 +16,7 @@ const STEP_LIMIT: Duration = Duration::from_secs(90);
 fn kube_proxy_and_coredns_give_way_to_nodus_as_the_install_guide_says() {
     let cluster = KubeletCluster::start("migration", 77, 2, StartingNetwork::KubeProxyAndCoreDns);
     let plane = &cluster.plane;
-    let web = json!({"app": "web"});
-    plane
-        .apply(&[
-            pod(
-                "web-1",
-                "node-1",
-                web.clone(),
-                &["netexec", "--http-port=8080"],
-            ),
-            pod("web-2", "node-2", web, &["netexec", "--http-port=8080"]),
-            pod("client-1", "node-1", json!({"app": "client"}), &["pause"]),
-            pod("client-2", "node-2", json!({"app": "client"}), &["pause"]),
-            json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "web", "namespace": "default"},
-                "spec": {"selector": {"app": "web"},
-                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-            }),
-        ])
-        .expect("the pods and the Service apply");
-    for name in ["web-1", "web-2", "client-1", "client-2"] {
-        wait_field(
-            plane,
-            &["get", "pod", name],
-            "{.status.containerStatuses[0].ready}",
-            &format!("{name} running"),
-        );
-    }
+    start_web_and_clients(plane, &[("client-1", "node-1"), ("client-2", "node-2")]);
     // The Service by its name from both nodes, both endpoints answering: DNS, then the
     // service proxy, then the pod network.
     let serves = |step: &str| {
@@ -66,6 +38,12 @@ fn kube_proxy_and_coredns_give_way_to_nodus_as_the_install_guide_says() {
                 },
             );
         }
+    };
+    // The names (`pod/…`) of the kube-system pods that `filters` select.
+    let system_pods = |filters: &[&str]| {
+        let mut args = vec!["get", "pods", "-n", "kube-system", "-o", "name"];
+        args.extend(filters);
+        plane.kubectl(&args).ok()
     };
     // The nftables tables in a node's network namespace.
     let tables = |node: usize| -> String {
@@ -98,19 +76,10 @@ fn kube_proxy_and_coredns_give_way_to_nodus_as_the_install_guide_says() {
         .kubectl(&["-n", "kube-system", "delete", "configmap", "kube-proxy"])
         .expect("kube-proxy's ConfigMap is deleted");
     wait_within("kube-proxy's pods gone", STEP_LIMIT, || {
-        let pods = plane
-            .kubectl(&[
-                "get",
-                "pods",
-                "-n",
-                "kube-system",
-                "-l",
-                "k8s-app=kube-proxy",
-                "-o",
-                "name",
-            ])
-            .ok()?;
-        pods.trim().is_empty().then_some(())
+        system_pods(&["-l", "k8s-app=kube-proxy"])?
+            .trim()
+            .is_empty()
+            .then_some(())
     });
     serves("kube-proxy's DaemonSet deleted, its rules left");
 
@@ -153,20 +122,14 @@ fn kube_proxy_and_coredns_give_way_to_nodus_as_the_install_guide_says() {
     // Step 4: kube-proxy's rules removed by each node's nodus pod; nodus's own stay.
     for (i, node) in cluster.nodes.iter().enumerate() {
         let name = &node.node.name;
-        let nodus_pod = plane
-            .kubectl(&[
-                "get",
-                "pods",
-                "-n",
-                "kube-system",
-                "-l",
-                "app.kubernetes.io/name=nodus",
-                "--field-selector",
-                &format!("spec.nodeName={name}"),
-                "-o",
-                "jsonpath={.items[0].metadata.name}",
-            ])
-            .expect("nodus's pod on the node");
+        let node_field = format!("spec.nodeName={name}");
+        let nodus_pod = system_pods(&[
+            "-l",
+            "app.kubernetes.io/name=nodus",
+            "--field-selector",
+            &node_field,
+        ])
+        .expect("nodus's pod on the node");
         let cleaned = plane
             .kubectl(&[
                 "-n",
@@ -203,20 +166,12 @@ fn kube_proxy_and_coredns_give_way_to_nodus_as_the_install_guide_says() {
             "--replicas=0",
         ])
         .expect("CoreDNS scales to none");
+    // nodus's pods carry the label too.
     wait_within("CoreDNS's pods gone", STEP_LIMIT, || {
-        let pods = plane
-            .kubectl(&[
-                "get",
-                "pods",
-                "-n",
-                "kube-system",
-                "-l",
-                "k8s-app=kube-dns",
-                "-o",
-                "name",
-            ])
-            .ok()?;
-        pods.lines().all(|p| p.contains("nodus")).then_some(())
+        system_pods(&["-l", "k8s-app=kube-dns"])?
+            .lines()
+            .all(|p| p.contains("nodus"))
+            .then_some(())
     });
     serves("CoreDNS scaled to none");
     plane

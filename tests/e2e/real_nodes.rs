@@ -123,13 +123,45 @@ pub(crate) fn pod(
     })
 }
 
+/// Two `netexec` servers, `web-1` on node-1 and `web-2` on node-2, behind the Service
+/// `web` (port 80, which answers `/hostname` with the pod's name), and a `pause` pod for
+/// each `(name, node)` of `clients`. Returns once every one of them is ready.
+pub(crate) fn start_web_and_clients(plane: &ControlPlane, clients: &[(&str, &str)]) {
+    let web = json!({"app": "web"});
+    let mut objects = vec![
+        pod(
+            "web-1",
+            "node-1",
+            web.clone(),
+            &["netexec", "--http-port=8080"],
+        ),
+        pod("web-2", "node-2", web, &["netexec", "--http-port=8080"]),
+        json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"selector": {"app": "web"},
+                     "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
+        }),
+    ];
+    for (name, node) in clients {
+        objects.push(pod(name, node, json!({"app": "client"}), &["pause"]));
+    }
+    plane
+        .apply(&objects)
+        .expect("the pods and the Service apply");
+    let names = clients.iter().map(|(name, _)| *name);
+    for name in ["web-1", "web-2"].into_iter().chain(names) {
+        wait_field(
+            plane,
+            &["get", "pod", name],
+            "{.status.containerStatuses[0].ready}",
+            &format!("{name} running"),
+        );
+    }
+}
+
 /// `jsonpath` of an object, once it is not empty.
-pub(crate) fn wait_field(
-    plane: &ControlPlane,
-    args: &[&str],
-    jsonpath: &str,
-    what: &str,
-) -> String {
+fn wait_field(plane: &ControlPlane, args: &[&str], jsonpath: &str, what: &str) -> String {
     let mut full: Vec<&str> = args.to_vec();
     let output = format!("jsonpath={jsonpath}");
     full.extend(["-o", &output]);
@@ -412,37 +444,13 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
     let plane = &cluster.plane;
 
     // Two servers, one on each node, behind a Service; a client on node-1.
-    let web = json!({"app": "web"});
-    plane
-        .apply(&[
-            pod(
-                "web-1",
-                "node-1",
-                web.clone(),
-                &["netexec", "--http-port=8080"],
-            ),
-            pod("web-2", "node-2", web, &["netexec", "--http-port=8080"]),
-            pod("client", "node-1", json!({"app": "client"}), &["pause"]),
-            json!({
-                "apiVersion": "v1", "kind": "Service",
-                "metadata": {"name": "web", "namespace": "default"},
-                "spec": {"selector": {"app": "web"},
-                         "ports": [{"name": "http", "port": 80, "targetPort": 8080}]},
-            }),
-        ])
-        .expect("the pods and the Service apply");
+    start_web_and_clients(plane, &[("client", "node-1")]);
     let mut ips = Vec::new();
     for (name, node) in [
         ("web-1", "node-1"),
         ("web-2", "node-2"),
         ("client", "node-1"),
     ] {
-        wait_field(
-            plane,
-            &["get", "pod", name],
-            "{.status.containerStatuses[0].ready}",
-            &format!("{name} running"),
-        );
         let ip = wait_field(plane, &["get", "pod", name], "{.status.podIP}", "pod IP");
         let cidr = wait_field(plane, &["get", "node", node], "{.spec.podCIDR}", "podCIDR");
         let ip: Ipv4Addr = ip.parse().expect("an IPv4 pod address");
