@@ -500,16 +500,37 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
 
     // The upstream suite's own judgement, on the same cluster: its smoke specs.
     let report = cluster.dir.join("e2e");
-    let status = run_upstream(&cluster, SMOKE_FOCUS, "", &report);
+    let status = run_upstream(&cluster, &smoke_focus(), "", &report);
     let log = std::fs::read_to_string(report.join("e2e.log")).unwrap_or_default();
     let ran = log.lines().rev().find(|l| l.contains("Ran ")).unwrap_or("");
     assert!(status.success(), "e2e.test {status}: {ran}\n{log}");
-    assert!(ran.contains("Ran 5 of"), "{ran}");
+    assert!(
+        ran.contains(&format!("Ran {} of", SMOKE_SPECS.len())),
+        "{ran}"
+    );
 }
 
-/// A handful of the upstream `[sig-network]` Conformance specs, which need nothing this
-/// machine lacks: run by the suite after its own checks, and by `k8s/conformance.sh smoke`.
-const SMOKE_FOCUS: &str = r"\[sig-network\] (Services should serve a basic endpoint from pods|Services should serve multiport endpoints from pods|Services should find a service from listing all namespaces|Networking Granular Checks: Pods should function for intra-pod communication: http|Networking Granular Checks: Pods should function for node-pod communication: udp).*\[Conformance\]";
+/// Ten upstream `[sig-network]` specs that need nothing this machine lacks, one or more
+/// for each of nodus's jobs (the service proxy, DNS, the pod network, NetworkPolicy) and
+/// for the API server's paths to pods: run by the suite after its own checks, and by
+/// `k8s/conformance.sh smoke`.
+const SMOKE_SPECS: [&str; 10] = [
+    r"Services should serve a basic endpoint from pods \[Conformance\]",
+    r"Services should serve multiport endpoints from pods \[Conformance\]",
+    r"Services should find a service from listing all namespaces \[Conformance\]",
+    r"Services should be able to change the type from ExternalName to ClusterIP \[Conformance\]",
+    r"Networking Granular Checks: Pods should function for intra-pod communication: http",
+    r"Networking Granular Checks: Pods should function for node-pod communication: udp",
+    r"DNS should provide DNS for the cluster \[Conformance\]",
+    r"DNS should provide DNS for pods for Subdomain \[Conformance\]",
+    r"Proxy version v1 A set of valid responses are returned for both pod and service Proxy \[Conformance\]",
+    r"Netpol NetworkPolicy between server and client should enforce policy to allow ingress traffic from pods in all namespaces",
+];
+
+/// [`SMOKE_SPECS`] as ginkgo's focus.
+fn smoke_focus() -> String {
+    format!(r"\[sig-network\] ({})", SMOKE_SPECS.join("|"))
+}
 
 /// Runs `e2e.test` (built from the same Kubernetes module) against `cluster` with ginkgo's
 /// `focus` and `skip`, its JUnit report written to `report`.
@@ -560,7 +581,7 @@ fn upstream_e2e_suite() {
         "NODUS_E2E_REPORT_DIR names the report's directory"
     );
     let focus = match var("NODUS_E2E_FOCUS") {
-        focus if focus.is_empty() => SMOKE_FOCUS.to_string(),
+        focus if focus.is_empty() => smoke_focus(),
         focus => focus,
     };
     // A Ctrl-C stops e2e.test (which removes its namespaces), then the cluster is removed.

@@ -47,8 +47,9 @@ pub fn make_archive(dir: &Path) -> anyhow::Result<PathBuf> {
 }
 
 /// The image's binary: `NODUS_IMAGE_BINARY` when it names one (CI builds it before the
-/// tests), else built here once, exactly as CI and the Containerfile build it: static glibc,
-/// release, without the test bed. The image has no libc, so the test build cannot serve.
+/// tests), else built here (in `target/image`) as CI and the Containerfile build it:
+/// static glibc, release, without the test bed. The image has no libc, so the test build
+/// cannot serve.
 pub fn static_binary() -> anyhow::Result<PathBuf> {
     static BUILT: Mutex<Option<PathBuf>> = Mutex::new(None);
     let mut built = BUILT.lock().unwrap_or_else(PoisonError::into_inner);
@@ -58,21 +59,26 @@ pub fn static_binary() -> anyhow::Result<PathBuf> {
     let binary = match std::env::var_os("NODUS_IMAGE_BINARY") {
         Some(binary) => PathBuf::from(binary),
         None => {
+            // A target directory of its own: a build from inside `cargo test` sees another
+            // environment than one from a shell and would rebuild the other's every time.
             let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map_or_else(|| workspace.join("target"), PathBuf::from)
+                .join("image");
             let status = Command::new(env!("CARGO"))
                 .current_dir(&workspace)
                 .env("RUSTFLAGS", "-C target-feature=+crt-static")
                 .args(["build", "--release", "--locked", "--quiet"])
                 .args(["--target", "x86_64-unknown-linux-gnu", "--bin", "nodus"])
                 .args(["--no-default-features", "--features", "jemalloc"])
+                .arg("--target-dir")
+                .arg(&target)
                 .status()
                 .context("running cargo for the image's binary")?;
             if !status.success() {
                 bail!("building the image's static binary: cargo {status}");
             }
-            std::env::var_os("CARGO_TARGET_DIR")
-                .map_or_else(|| workspace.join("target"), PathBuf::from)
-                .join("x86_64-unknown-linux-gnu/release/nodus")
+            target.join("x86_64-unknown-linux-gnu/release/nodus")
         }
     };
     if !binary.is_file() {
