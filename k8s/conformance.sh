@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Runs the upstream Kubernetes e2e suites against a real cluster on this machine: the
-# control plane, two nodes with containerd and a kubelet each, and nodus as the nodes' only
-# network component (service proxy, DNS, WireGuard mesh and CNI, NetworkPolicy), installed
-# from deploy/overlays/replace: its DaemonSet runs an image of the static binary (built if
-# NODUS_IMAGE_BINARY names none) that each node imported. Everything is built from the
-# modules k8s/go.mod pins (k8s/build.sh, k8s/images.sh) and torn down at the end. Prints passed, failed and skipped, and the wall time; the JUnit report stays.
+# control plane, two nodes (three, a zone each, for `other`) with containerd and a kubelet
+# each, and nodus as the nodes' only network component (service proxy, DNS, WireGuard mesh
+# and CNI, NetworkPolicy), installed from deploy/overlays/replace: its DaemonSet runs an
+# image of the static binary (built if NODUS_IMAGE_BINARY names none) that each node
+# imported. Everything is built from the modules k8s/go.mod pins (k8s/build.sh,
+# k8s/images.sh) and torn down at the end, also after a Ctrl-C. Prints passed, failed and
+# skipped, and the wall time; the JUnit report stays.
 #
 #   k8s/conformance.sh SUITE [REPORT_DIR]     (as root; REPORT_DIR: /tmp/nodus-e2e-SUITE)
 #
@@ -33,7 +35,8 @@ case $suite in
     networking) focus='\[sig-network\] Networking' ;;
     other)
         focus='\[sig-network\]'
-        skip+='|\[sig-network\] (Services|DNS|Networking|Netpol)' ;;
+        skip+='|\[sig-network\] (Services|DNS|Networking|Netpol)'
+        nodes=3 ;; # a zone each: the traffic distribution specs want three
     netpol)
         focus='\[sig-network\] Netpol'
         skip='SCTP|\[Serial\]|\[Disruptive\]|\[Flaky\]' ;;
@@ -48,7 +51,7 @@ mkdir -p "$report"
 start=$SECONDS
 status=0
 (cd "$here/.." && NODUS_K8S_BIN=$bin NODUS_E2E_FOCUS=$focus NODUS_E2E_SKIP=$skip \
-    NODUS_E2E_REPORT_DIR=$report \
+    NODUS_E2E_NODES=${nodes:-2} NODUS_E2E_REPORT_DIR=$report \
     cargo test --test e2e real_nodes::upstream_e2e_suite -- --ignored --nocapture) \
     >"$report/run.log" 2>&1 || status=$?
 wall=$((SECONDS - start))

@@ -60,7 +60,7 @@ done
 if [[ ! -s $debian ]]; then
     # One minimal Debian 12 (debootstrap) serves five upstream images, each with the
     # tools the e2e suites run in it:
-    #   agnhost            curl, nc, socat, dig, ip, ping, /coredns (the DNS specs' own
+    #   agnhost            curl, wget, nc, socat, dig, ip, ping, /coredns (the DNS specs' own
     #                      servers), porter's TLS key pair and the user and group the image
     #                      defines, as upstream's Dockerfile adds them (upstream: Alpine)
     #   glibc-dns-testing  dig and glibc's resolver (upstream: Debian 12 with dnsutils)
@@ -74,7 +74,7 @@ if [[ ! -s $debian ]]; then
     command -v debootstrap >/dev/null || { echo "images.sh: debootstrap is not installed" >&2; exit 1; }
     rootfs=$(mktemp -d "$out/.rootfs.XXXXXX")
     if ! debootstrap --variant=minbase \
-        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates,socat,nginx-light,nftables \
+        --include=curl,netcat-openbsd,bind9-dnsutils,iproute2,iputils-ping,ca-certificates,socat,wget,nginx-light,nftables \
         bookworm "$rootfs" http://deb.debian.org/debian >"$out/.debootstrap.log" 2>&1; then
         tail -n 20 "$out/.debootstrap.log" >&2
         exit 1

@@ -393,8 +393,8 @@ impl Drop for KubeletCluster {
     }
 }
 
-/// Node `node-<i>` at the underlay's `.1<i>`, with its kubelet: nodus's DaemonSet then
-/// runs on it.
+/// Node `node-<i>` at the underlay's `.1<i>` in zone `zone-<i>`, with its kubelet: nodus's
+/// DaemonSet then runs on it.
 fn start_node(
     plane: &ControlPlane,
     underlay: &Underlay,
@@ -428,6 +428,8 @@ fn start_node(
             cni_conf_dir: &node_dir.join("net.d"),
             cni_bin_dir: &node_dir.join("cni-bin"),
             cluster_dns: IpAddr::V4(CLUSTER_DNS),
+            // A zone of its own: the topology and traffic distribution specs need them.
+            zone: &format!("zone-{i}"),
         },
         binaries,
     )
@@ -545,7 +547,6 @@ fn run_upstream(
     let mut e2e = std::process::Command::new(bin.join("e2e.test"));
     e2e.args([
         "--provider=skeleton",
-        "--num-nodes=2",
         "--disable-log-dump=true",
         "--ginkgo.timeout=6h",
         "--ginkgo.no-color",
@@ -555,6 +556,7 @@ fn run_upstream(
         "--kubeconfig={}",
         cluster.plane.admin_kubeconfig.display()
     ))
+    .arg(format!("--num-nodes={}", cluster.nodes.len()))
     .arg(format!("--kubectl-path={}", bin.join("kubectl").display()))
     .arg(format!("--report-dir={}", report.display()))
     .arg(format!("--ginkgo.focus={focus}"))
@@ -566,9 +568,9 @@ fn run_upstream(
     interrupt::run(&mut e2e).expect("e2e.test runs")
 }
 
-/// The upstream e2e suites against a cluster of two real nodes with nodus as its only
-/// network component, for `k8s/conformance.sh`, which names the specs
-/// (`NODUS_E2E_FOCUS`, `NODUS_E2E_SKIP`: ginkgo's regular expressions; no focus: the
+/// The upstream e2e suites against a cluster of real nodes (two, or `NODUS_E2E_NODES`)
+/// with nodus as its only network component, for `k8s/conformance.sh`, which names the
+/// specs (`NODUS_E2E_FOCUS`, `NODUS_E2E_SKIP`: ginkgo's regular expressions; no focus: the
 /// smoke specs) and the report's directory (`NODUS_E2E_REPORT_DIR`). Hours long, so not in
 /// the suite.
 #[test]
@@ -586,7 +588,12 @@ fn upstream_e2e_suite() {
     };
     // A Ctrl-C stops e2e.test (which removes its namespaces), then the cluster is removed.
     interrupt::catch().expect("signal handlers");
-    let cluster = KubeletCluster::start("upstream", 79, 2, StartingNetwork::Nodus);
+    // Three nodes (three zones) for the traffic distribution specs.
+    let nodes = match var("NODUS_E2E_NODES") {
+        count if count.is_empty() => 2,
+        count => count.parse().expect("NODUS_E2E_NODES is a number of nodes"),
+    };
+    let cluster = KubeletCluster::start("upstream", 79, nodes, StartingNetwork::Nodus);
     let status = run_upstream(&cluster, &focus, &var("NODUS_E2E_SKIP"), &report);
     assert!(
         status.success(),

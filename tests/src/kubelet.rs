@@ -109,6 +109,9 @@ pub struct KubeletNodeConfig<'a> {
     pub cni_bin_dir: &'a Path,
     /// The address pods ask for DNS (the `kube-dns` Service's).
     pub cluster_dns: IpAddr,
+    /// The node's topology zone (`topology.kubernetes.io/zone`), which the kubelet labels
+    /// its Node with.
+    pub zone: &'a str,
 }
 
 /// containerd and a kubelet running for one node.
@@ -179,6 +182,10 @@ impl KubeletNode {
             ))
             .arg(format!("--hostname-override={}", config.name))
             .arg(format!("--node-ip={}", config.ip))
+            .arg(format!(
+                "--node-labels=topology.kubernetes.io/zone={}",
+                config.zone
+            ))
             .arg("--v=1")
             .env("PATH", &path);
         node.spawn("kubelet", kubelet)?;
