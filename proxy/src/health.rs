@@ -26,7 +26,7 @@ pub fn health_check_port(view: &View, namespace: &str, name: &str) -> Option<u16
     (service.type_ == ServiceType::LoadBalancer
         && service.external_policy == TrafficPolicy::Local
         && service.health_check_node_port != 0
-        && !service.owned_by_another_proxy()
+        && !service.not_proxied()
         && !service.headless)
         .then_some(service.health_check_node_port)
 }

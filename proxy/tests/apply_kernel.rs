@@ -727,40 +727,48 @@ fn the_host_reaches_a_local_policy_external_ip_served_by_other_nodes() {
 }
 
 /// A Service labelled `service.kubernetes.io/service-proxy-name` belongs to another
-/// proxy even when the label's value is empty (upstream selects on the key alone): its
-/// ClusterIP is not DNATed, while an unlabelled twin is.
+/// proxy even when the label's value is empty (upstream selects on the key alone), and one
+/// labelled `service.kubernetes.io/headless` is left to no proxy (kube-proxy's informers
+/// select both out; the upstream e2e spec "Services should implement
+/// service.kubernetes.io/headless" checks the second): its ClusterIP is not DNATed, while
+/// an unlabelled twin is.
 #[test]
-fn a_service_for_another_proxy_is_left_alone_even_with_an_empty_label() {
+fn a_service_for_another_proxy_or_labelled_headless_is_left_alone() {
     netns::require_root();
-    let (node, client) = node_and_client();
-    echo(endpoint_listener(&node));
-    let _decoy = node
-        .enter(|| TcpListener::bind("10.96.0.60:80").expect("decoy listener"))
-        .expect("entering the node");
-    let labelled = Update::Service(
-        serde_json::from_value(json!({
-            "metadata": {"name": "elsewhere", "namespace": "default",
-                         "labels": {"service.kubernetes.io/service-proxy-name": ""}},
-            "spec": http(json!({"clusterIP": "10.96.0.60"})),
-        }))
-        .expect("test service"),
-    );
-    let mut view = node_view(&TWO_ENDPOINTS);
-    let applied = view.apply([
-        labelled,
-        slice("elsewhere", "IPv4", &[("10.0.0.1", NODE)], 8080),
-        service("here", http(json!({"clusterIP": "10.96.0.61"})), json!({})),
-        slice("here", "IPv4", &[("10.0.0.1", NODE)], 8080),
-    ]);
-    assert!(applied.invalid.is_empty());
-    let mut proxy = open_proxy(&node);
-    proxy.full_sync(&view).expect("full sync");
-    let mut here = connect(&client, "10.96.0.61:80").expect("the unlabelled twin");
-    assert_eq!(round_trip(&mut here, b"here").expect("echo"), *b"here");
-    // Not DNATed: the connection lands on the decoy, which never answers.
-    let mut elsewhere = connect(&client, "10.96.0.60:80").expect("the decoy accepts");
-    assert!(round_trip(&mut elsewhere, b"gone").is_err());
-    assert!(!list_table(&node).contains("10.96.0.60"));
+    for label in [
+        "service.kubernetes.io/service-proxy-name",
+        "service.kubernetes.io/headless",
+    ] {
+        let (node, client) = node_and_client();
+        echo(endpoint_listener(&node));
+        let _decoy = node
+            .enter(|| TcpListener::bind("10.96.0.60:80").expect("decoy listener"))
+            .expect("entering the node");
+        let labelled = Update::Service(
+            serde_json::from_value(json!({
+                "metadata": {"name": "elsewhere", "namespace": "default",
+                             "labels": {label: ""}},
+                "spec": http(json!({"clusterIP": "10.96.0.60"})),
+            }))
+            .expect("test service"),
+        );
+        let mut view = node_view(&TWO_ENDPOINTS);
+        let applied = view.apply([
+            labelled,
+            slice("elsewhere", "IPv4", &[("10.0.0.1", NODE)], 8080),
+            service("here", http(json!({"clusterIP": "10.96.0.61"})), json!({})),
+            slice("here", "IPv4", &[("10.0.0.1", NODE)], 8080),
+        ]);
+        assert!(applied.invalid.is_empty());
+        let mut proxy = open_proxy(&node);
+        proxy.full_sync(&view).expect("full sync");
+        let mut here = connect(&client, "10.96.0.61:80").expect("the unlabelled twin");
+        assert_eq!(round_trip(&mut here, b"here").expect("echo"), *b"here");
+        // Not DNATed: the connection lands on the decoy, which never answers.
+        let mut elsewhere = connect(&client, "10.96.0.60:80").expect("the decoy accepts");
+        assert!(round_trip(&mut elsewhere, b"gone").is_err(), "{label}");
+        assert!(!list_table(&node).contains("10.96.0.60"), "{label}");
+    }
 }
 
 /// An IP reused by a new, ready pod on another node while the old pod, on this node, is

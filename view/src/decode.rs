@@ -283,6 +283,7 @@ fn check_service<'w>(
         external_name,
         // Interned with the other strings, once the service is valid.
         proxy_name: None,
+        headless_label: wire.metadata.labels.headless,
         created: 0,
     };
     if !extra.external_ips.is_empty() || !extra.load_balancer_ingress.is_empty() {

@@ -237,6 +237,9 @@ pub struct ServiceExtra {
     /// The `service.kubernetes.io/service-proxy-name` label, when present: another proxy
     /// owns the service, even when the value is empty (upstream selects on the key alone).
     pub proxy_name: Option<Sym>,
+    /// The `service.kubernetes.io/headless` label: no proxy programs the service, whatever
+    /// its cluster IP (kube-proxy's informers select such services out). DNS still serves it.
+    pub headless_label: bool,
     /// `creationTimestamp` in seconds, kept only by services that claim external
     /// addresses (0 for the others): of two that claim one address and port, the older
     /// owns it.
@@ -313,9 +316,12 @@ impl Service {
         self.extra.as_ref().and_then(|extra| extra.proxy_name)
     }
 
-    /// Another proxy owns the service: this one programs nothing for it (A.2).
-    pub fn owned_by_another_proxy(&self) -> bool {
-        self.proxy_name().is_some()
+    /// This proxy programs nothing for the service (A.2): another proxy owns it
+    /// (`service-proxy-name`), or it carries the `service.kubernetes.io/headless` label.
+    pub fn not_proxied(&self) -> bool {
+        self.extra
+            .as_ref()
+            .is_some_and(|extra| extra.proxy_name.is_some() || extra.headless_label)
     }
 
     pub(crate) fn release(&self, strings: &mut Interner) {

@@ -30,7 +30,7 @@ const AFFINITY_SET_SIZE: u32 = 65535;
 
 /// Whether the proxy programs anything for `service` (A.1, A.2).
 fn is_proxied(service: &Service) -> bool {
-    !service.owned_by_another_proxy()
+    !service.not_proxied()
         && !service.headless
         && service.type_ != ServiceType::ExternalName
         && !service.cluster_ips.is_empty()

@@ -201,19 +201,28 @@ fn two_endpoints() -> [Ep<'static>; 2] {
 }
 
 #[test]
-fn a1_services_of_another_proxy_are_skipped() {
-    let mut labelled = service("web", json!({}), json!({}));
-    if let Update::Service(svc) = &mut labelled {
-        svc.metadata.labels.service_proxy_name = Some("other".into());
+fn a1_services_of_another_proxy_or_labelled_headless_are_skipped() {
+    let label_proxy_name = |labels: &mut nodus_view::wire::Labels| {
+        labels.service_proxy_name = Some("other".into());
+    };
+    let label_headless = |labels: &mut nodus_view::wire::Labels| labels.headless = true;
+    for label in [
+        &label_proxy_name as &dyn Fn(&mut nodus_view::wire::Labels),
+        &label_headless,
+    ] {
+        let mut labelled = service("web", json!({}), json!({}));
+        if let Update::Service(svc) = &mut labelled {
+            label(&mut svc.metadata.labels);
+        }
+        let view = view([this_node(), labelled, http_slice("web", &two_endpoints())]);
+        assert!(plan(&view, "web").is_empty());
+        assert_eq!(
+            Planner::new(&view, &ProxySettings::default())
+                .services(&mut EndpointKeys::new())
+                .count(),
+            0
+        );
     }
-    let view = view([this_node(), labelled, http_slice("web", &two_endpoints())]);
-    assert!(plan(&view, "web").is_empty());
-    assert_eq!(
-        Planner::new(&view, &ProxySettings::default())
-            .services(&mut EndpointKeys::new())
-            .count(),
-        0
-    );
 }
 
 #[test]

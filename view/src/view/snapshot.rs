@@ -32,8 +32,10 @@ use crate::model::{
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Version 3 adds the Node's readiness (a flag bit); version 2 the ServiceCIDRs.
-const MAGIC: &[u8; 8] = b"nodusvw\x03";
+/// Version 4 adds a Service's `headless` label (a flag bit); version 3 the Node's
+/// readiness (a flag bit); version 2 the ServiceCIDRs.
+const MAGIC: &[u8; 8] = b"nodusvw\x04";
+const MAGIC_V3: &[u8; 8] = b"nodusvw\x03";
 const MAGIC_V2: &[u8; 8] = b"nodusvw\x02";
 const MAGIC_V1: &[u8; 8] = b"nodusvw\x01";
 /// What slice names hash to differs between builds of the standard library; a snapshot
@@ -186,7 +188,7 @@ impl View {
             .filter(|&n| n >= MAGIC.len() + 8)
             .ok_or(SnapshotError::Magic)?;
         let has_service_cidrs = match &bytes[..MAGIC.len()] {
-            magic if magic == MAGIC || magic == MAGIC_V2 => true,
+            magic if magic == MAGIC || magic == MAGIC_V3 || magic == MAGIC_V2 => true,
             magic if magic == MAGIC_V1 => false,
             _ => return Err(SnapshotError::Magic),
         };
@@ -365,7 +367,7 @@ impl Writer<'_> {
             }
             self.cidrs(&extra.load_balancer_source_ranges);
             self.optional_text(extra.external_name.as_deref());
-            self.flag(extra.proxy_name.is_some());
+            self.u8(u8::from(extra.proxy_name.is_some()) | u8::from(extra.headless_label) << 1);
             if let Some(name) = extra.proxy_name {
                 self.sym(name);
             }
@@ -641,31 +643,10 @@ impl<'a> Reader<'a> {
         let publish_not_ready_addresses = self.flag()?;
         let affinity_timeout = self.bounded("an affinity timeout")?;
         let health_check_node_port = self.bounded("a health-check node port")?;
-        let extra = if !self.flag()? {
-            None
+        let extra = if self.flag()? {
+            Some(Box::new(self.service_extra(strings)?))
         } else {
-            Some(Box::new(ServiceExtra {
-                external_ips: self.ips()?,
-                load_balancer_ingress: {
-                    let count = self.count(6)?;
-                    (0..count)
-                        .map(|_| {
-                            Ok(LoadBalancerIngress {
-                                ip: self.ip()?,
-                                proxy_mode: self.flag()?,
-                            })
-                        })
-                        .collect::<Read<_>>()?
-                },
-                load_balancer_source_ranges: self.cidrs()?,
-                external_name: self.optional_text()?,
-                proxy_name: if self.flag()? {
-                    Some(self.sym(strings)?)
-                } else {
-                    None
-                },
-                created: self.i64()?,
-            }))
+            None
         };
         Ok(Service {
             type_,
@@ -758,6 +739,40 @@ impl<'a> Reader<'a> {
         })
     }
 
+    fn service_extra(&mut self, strings: &mut Interner) -> Read<ServiceExtra> {
+        let external_ips = self.ips()?;
+        let count = self.count(6)?;
+        let load_balancer_ingress = (0..count)
+            .map(|_| {
+                Ok(LoadBalancerIngress {
+                    ip: self.ip()?,
+                    proxy_mode: self.flag()?,
+                })
+            })
+            .collect::<Read<_>>()?;
+        let load_balancer_source_ranges = self.cidrs()?;
+        let external_name = self.optional_text()?;
+        // Before version 4 a flag (0 or 1): whether it has a proxy name.
+        let labels = self.u8()?;
+        if labels > 3 {
+            return Err(self.damaged("service label flags above 3"));
+        }
+        let proxy_name = if labels & 1 != 0 {
+            Some(self.sym(strings)?)
+        } else {
+            None
+        };
+        Ok(ServiceExtra {
+            external_ips,
+            load_balancer_ingress,
+            load_balancer_source_ranges,
+            external_name,
+            proxy_name,
+            headless_label: labels & 2 != 0,
+            created: self.i64()?,
+        })
+    }
+
     fn node(&mut self, strings: &mut Interner) -> Read<Node> {
         let count = self.count(6)?;
         let addresses = (0..count)
@@ -831,6 +846,9 @@ mod tests {
              "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.9", "ipMode": "Proxy"}]}}},
             {"kind": "Service", "metadata": {"name": "out", "namespace": "shop"},
              "spec": {"type": "ExternalName", "externalName": "example.org"}},
+            {"kind": "Service", "metadata": {"name": "no-proxy", "namespace": "shop",
+                "labels": {"service.kubernetes.io/headless": ""}},
+             "spec": {"clusterIP": "10.96.0.11", "ports": [{"port": 80}]}},
             {"kind": "EndpointSlice", "metadata": {"name": "web-v4", "namespace": "shop",
                 "labels": {"kubernetes.io/service-name": "web",
                            "service.kubernetes.io/headless": ""}},
@@ -948,6 +966,14 @@ mod tests {
                 .is_some_and(|n| n.ready && !n.leaving)
         );
         assert_eq!(restored.service_cidrs().len(), 3);
+        let not_proxied = |v: &View, name: &str| {
+            v.service("shop", name)
+                .and_then(|s| s.service)
+                .is_some_and(Service::not_proxied)
+        };
+        assert!(not_proxied(&restored, "no-proxy"), "the headless label");
+        assert!(not_proxied(&restored, "web"), "the proxy name");
+        assert!(!not_proxied(&restored, "out"));
     }
 
     #[test]
