@@ -40,6 +40,7 @@ pub fn local_ready_endpoints(view: &View, namespace: &str, name: &str) -> usize 
     let local: HashSet<IpAddr> = service
         .slices
         .iter()
+        .filter(|slice| !slice.headless)
         .flat_map(|slice| slice.endpoints())
         .filter(|e| !node.name.is_empty() && e.node == node.name && e.is_ready())
         .map(|e| e.addr)

@@ -70,7 +70,12 @@ pub fn candidates<'a>(
     node: &NodeContext,
 ) -> Vec<Candidate<'a>> {
     let mut out = Vec::new();
-    for slice in slices.iter().filter(|s| s.family() == family) {
+    // A slice labelled `service.kubernetes.io/headless` is no proxy's, whatever its
+    // service (kube-proxy's informers select it out); DNS still answers with it.
+    for slice in slices
+        .iter()
+        .filter(|s| s.family() == family && !s.headless)
+    {
         let Some(slice_port) = slice
             .ports
             .iter()

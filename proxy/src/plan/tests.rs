@@ -276,6 +276,30 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
     );
 }
 
+/// A slice labelled `service.kubernetes.io/headless` is no proxy's, though its service
+/// has a cluster IP: with only that slice the service has no endpoints and rejects (the
+/// upstream e2e spec "Services should implement service.kubernetes.io/headless" labels
+/// the slice of a running service and waits for it to go down).
+#[test]
+fn a1_a_slice_labelled_headless_gives_no_endpoints() {
+    let mut labelled = http_slice("web", &two_endpoints());
+    if let Update::EndpointSlice(slice) = &mut labelled {
+        slice.metadata.labels.headless = true;
+    }
+    let view = view([this_node(), service("web", json!({}), json!({})), labelled]);
+    let plan = plan(&view, "web");
+    assert_eq!(
+        v4(
+            &plan,
+            SharedKind::NoEndpointServices,
+            "10.96.0.10 . tcp . 80"
+        )
+        .as_deref(),
+        Some("goto reject-chain")
+    );
+    assert!(plan.chains.is_empty());
+}
+
 #[test]
 fn c23_no_endpoints_rejects() {
     let view = view([this_node(), service("web", json!({}), json!({}))]);
