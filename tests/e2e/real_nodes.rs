@@ -49,36 +49,42 @@ pub(crate) fn write_overlay(dir: &Path, name: &str, api: &str) -> PathBuf {
     let source = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("deploy/overlays")
         .join(name);
-    let base = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base");
     let overlay = dir.join(format!("overlay-{name}"));
     std::fs::create_dir_all(&overlay).expect("overlay dir");
-    for entry in std::fs::read_dir(&source).expect("the overlay") {
-        let path = entry.expect("an overlay file").path();
-        let mut text = std::fs::read_to_string(&path).expect("overlay file");
-        let mut edit = |from: &str, to: &str| text = text.replace(from, to);
-        // Kustomize takes no absolute path: the base, relative to the copy.
-        let base = base.canonicalize().expect("deploy/base");
-        let up = "../".repeat(overlay.components().count() - 1);
-        edit(
-            "  - ../../base\n",
-            &format!(
+    // Kustomize takes no absolute path: the base, relative to the copy.
+    let base = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy/base")
+        .canonicalize()
+        .expect("deploy/base");
+    let up = "../".repeat(overlay.components().count() - 1);
+    let cidrs = nodus_testbed::control_plane::CLUSTER_CIDRS.replace(',', "\", \"");
+    let edits = [
+        (
+            "  - ../../base\n".to_string(),
+            format!(
                 "  - {up}{}\n",
                 base.display().to_string().trim_start_matches('/')
             ),
-        );
-        edit(
-            "api_server=https://control-plane.invalid:6443",
-            &format!("api_server={api}"),
-        );
-        edit(
-            "dns_cluster_ip=10.96.0.10",
-            &format!("dns_cluster_ip={CLUSTER_DNS}"),
-        );
-        let cidrs = nodus_testbed::control_plane::CLUSTER_CIDRS.replace(',', "\", \"");
-        edit(
-            "cluster_cidrs: [\"10.244.0.0/16\"]",
-            &format!("cluster_cidrs: [\"{cidrs}\"]"),
-        );
+        ),
+        (
+            "api_server=https://control-plane.invalid:6443".to_string(),
+            format!("api_server={api}"),
+        ),
+        (
+            "dns_cluster_ip=10.96.0.10".to_string(),
+            format!("dns_cluster_ip={CLUSTER_DNS}"),
+        ),
+        (
+            "cluster_cidrs: [\"10.244.0.0/16\"]".to_string(),
+            format!("cluster_cidrs: [\"{cidrs}\"]"),
+        ),
+    ];
+    for entry in std::fs::read_dir(&source).expect("the overlay") {
+        let path = entry.expect("an overlay file").path();
+        let mut text = std::fs::read_to_string(&path).expect("overlay file");
+        for (from, to) in &edits {
+            text = text.replace(from, to);
+        }
         if path.file_name().is_some_and(|f| f == "kustomization.yaml") {
             text.push_str(&format!(
                 "images:\n  - name: nodus\n    newName: {NODUS_IMAGE_NAME}\n    newTag: {NODUS_IMAGE_TAG}\n"

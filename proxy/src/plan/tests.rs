@@ -287,33 +287,27 @@ fn a1_a_slice_labelled_headless_gives_no_endpoints() {
         slice.metadata.labels.headless = true;
     }
     let view = view([this_node(), service("web", json!({}), json!({})), labelled]);
-    let plan = plan(&view, "web");
-    assert_eq!(
-        v4(
-            &plan,
-            SharedKind::NoEndpointServices,
-            "10.96.0.10 . tcp . 80"
-        )
-        .as_deref(),
-        Some("goto reject-chain")
-    );
-    assert!(plan.chains.is_empty());
+    assert_rejects(&plan(&view, "web"));
 }
 
 #[test]
 fn c23_no_endpoints_rejects() {
     let view = view([this_node(), service("web", json!({}), json!({}))]);
-    let plan = plan(&view, "web");
+    assert_rejects(&plan(&view, "web"));
+}
+
+/// C.23: `web`'s plan sends its port to the reject chain, with no endpoint chain.
+fn assert_rejects(plan: &ServicePlan) {
     assert_eq!(
         v4(
-            &plan,
+            plan,
             SharedKind::NoEndpointServices,
             "10.96.0.10 . tcp . 80"
         )
         .as_deref(),
         Some("goto reject-chain")
     );
-    assert!(v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80").is_none());
+    assert!(v4(plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80").is_none());
     assert!(plan.chains.is_empty());
 }
 
