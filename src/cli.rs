@@ -212,4 +212,25 @@ pub struct ViewArgs {
     /// Keep running and print one JSON line per changed service or node.
     #[arg(long)]
     pub watch: bool,
+    /// Where `--watch` follows the view from: the running agent's subscription socket
+    /// (`agent`), a watch of the API server of its own (`api`), or the agent when one
+    /// answers at the socket, else the API server (`auto`).
+    #[arg(long, value_enum, default_value_t, requires = "watch")]
+    pub source: ViewSource,
+    /// The agent's subscription socket [default: the configuration's `subscribe.socket`,
+    /// else `view-<node>.sock` in the state directory].
+    #[arg(long, value_name = "PATH", requires = "watch")]
+    pub socket: Option<PathBuf>,
+    /// The agent's state directory, where its socket is by default [default: the
+    /// configuration's `state_dir`].
+    #[arg(long, env = "NODUS_STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq)]
+pub enum ViewSource {
+    #[default]
+    Auto,
+    Agent,
+    Api,
 }

@@ -56,6 +56,8 @@ pub struct Config {
     pub dns: nodus_dns::config::Config,
     pub mesh: nodus_mesh::config::Config,
     pub policy: PolicyConfig,
+    /// The node view served to other programs on this node.
+    pub subscribe: crate::agent::subscribe::Config,
 }
 
 /// NetworkPolicy enforcement for this node's pods, in the proxy's table. Off by default;
@@ -105,6 +107,7 @@ impl Default for Config {
             dns: Default::default(),
             mesh: Default::default(),
             policy: PolicyConfig::default(),
+            subscribe: Default::default(),
         }
     }
 }
@@ -194,6 +197,7 @@ impl Config {
         self.proxy.validate()?;
         self.dns.validate(&cluster)?;
         self.mesh.validate(&cluster)?;
+        self.subscribe.validate()?;
         // What joins two sections.
         anyhow::ensure!(
             !self.policy.enabled || self.proxy.enabled,

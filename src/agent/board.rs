@@ -42,6 +42,8 @@ pub struct Board {
     pub setup: OnceLock<Setup>,
     pub view: Tracker,
     pub on_change: Tracker,
+    /// The subscription socket's errors (it could not be made).
+    pub subscribe: Tracker,
     /// Where DNS answers, once it does.
     pub dns_addrs: OnceLock<Vec<SocketAddr>>,
     /// Subsystems that failed to start.
@@ -135,6 +137,7 @@ impl Default for Board {
             setup: OnceLock::new(),
             view: Tracker::default(),
             on_change: Tracker::default(),
+            subscribe: Tracker::default(),
             dns_addrs: OnceLock::new(),
             starts: Arc::default(),
             device_ends_with_process: AtomicBool::new(false),

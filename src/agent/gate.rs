@@ -12,8 +12,6 @@
 use anyhow::Context;
 use futures::Stream;
 use nodus_cni::gate::{GateReply, GateRequest, LINE_MAX, WAIT};
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -44,24 +42,6 @@ impl Claim {
     pub fn abandoned(&self) -> bool {
         self.reply.is_closed()
     }
-}
-
-/// Listens at `path` (replacing a socket a previous run left), root's alone.
-pub fn listen(path: &Path) -> anyhow::Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    match std::fs::remove_file(path) {
-        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
-            return Err(error).with_context(|| format!("removing the old {}", path.display()));
-        }
-        _ => {}
-    }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("listening at {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("making {} root's alone", path.display()))?;
-    Ok(listener)
 }
 
 /// The claims of every connection `listener` accepts.

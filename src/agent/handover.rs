@@ -23,7 +23,6 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, UdpSocket};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::Path;
 use std::time::Duration;
@@ -126,12 +125,7 @@ pub fn take_over(path: &Path) -> anyhow::Result<Option<Sockets>> {
 /// Listens at `path` for a successor (the running process's side): whatever was there (a
 /// socket of the process before, which handed over to this one) is replaced.
 pub fn listen(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)
-        .with_context(|| format!("listening on {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("setting the mode of {}", path.display()))?;
-    Ok(listener)
+    crate::agent::unix_socket::listen(path, 0o600)
 }
 
 /// A successor that asked for the sockets.

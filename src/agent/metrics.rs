@@ -3,6 +3,7 @@
 
 use crate::agent::board::Board;
 use crate::agent::process::ProcessState;
+use crate::agent::subscribe::Hub;
 use nodus_dns::metrics::DnsMetrics;
 use nodus_mesh::metrics::MeshMetrics;
 use nodus_prom::{
@@ -43,6 +44,8 @@ pub struct Metrics {
     pub status: Board,
     /// Set once the mesh runs.
     pub mesh: Latest<MeshMetrics>,
+    /// The view's subscribers, when the socket or `--on-change` is on.
+    pub subscribe: Latest<Hub>,
     /// The run loop's last pass, for `/livez`.
     pub run_loop: Heartbeat,
     /// Answers of `/healthz` and `/livez`: 200, then 503.
@@ -73,6 +76,7 @@ impl Default for Metrics {
             dns: Latest::default(),
             status: Default::default(),
             mesh: Latest::default(),
+            subscribe: Latest::default(),
             run_loop: Heartbeat::default(),
             healthz: Default::default(),
             livez: Default::default(),
@@ -219,6 +223,9 @@ impl Exported for Exposition {
         }
         if let Some(mesh) = metrics.mesh.get() {
             mesh.export(families)?;
+        }
+        if let Some(hub) = metrics.subscribe.get() {
+            hub.export(families)?;
         }
         Ok(())
     }

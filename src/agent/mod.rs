@@ -21,7 +21,9 @@ pub mod retry;
 pub mod signals;
 pub mod state;
 pub mod status;
+pub mod subscribe;
 pub mod subsystems;
+pub mod unix_socket;
 pub mod watch;
 
 use crate::cli::RunArgs;
@@ -181,7 +183,7 @@ fn with_ticks_and_claims(
         tokio::time::sleep(CHECK_PERIOD).await;
         Some((WatchItem::Tick, ()))
     });
-    let claims = config.policy.gate().and_then(|path| match gate::listen(path) {
+    let claims = config.policy.gate().and_then(|path| match unix_socket::listen(path, 0o600) {
         Ok(listener) => Some(gate::claims(listener).map(WatchItem::Sandbox)),
         Err(error) => {
             let error = format!("{error:#}");

@@ -2,104 +2,59 @@
 //!
 //! After every batch that changes something, PROGRAM runs with the changed services and
 //! nodes on stdin, one JSON line each in `nodus view --watch`'s format (everything after the
-//! initial sync, or after this node's own labels change). The feed only merges names into a
-//! pending set and never waits: one task runs the program, and batches that arrive while
-//! it runs are coalesced into its next run. A run that fails or overruns its timeout is
-//! logged and its changes go with the next run, after a backoff.
+//! initial sync, or after this node's own labels change). It is one subscriber of the view
+//! ([`crate::agent::subscribe`]): batches that arrive while the program runs are caught up
+//! with its next run, each name once. A run that fails or overruns its timeout is logged
+//! and its changes go with the next run, after a backoff; one that falls behind what the
+//! journal keeps is handed everything.
 
 use crate::agent::metrics::Metrics;
-use nodus_view::output::{everything, write_change_lines};
-use nodus_view::{Applied, ChangeSet, Subsystem, View, ViewReader};
+use crate::agent::subscribe::journal::Work;
+use crate::agent::subscribe::walk::Walk;
+use crate::agent::subscribe::{Attached, Hub};
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::sync::Notify;
 
 /// The longest wait before a failed run is retried.
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 
-#[derive(Default)]
-struct Pending {
-    /// Everything, rather than `changes`.
-    all: bool,
-    changes: ChangeSet,
+/// Starts the task that runs `program` after every batch `hub` numbers; it ends when the
+/// returned handle is dropped.
+pub fn start(
+    program: PathBuf,
+    timeout: Duration,
+    hub: &Arc<Hub>,
+    metrics: Arc<Metrics>,
+) -> OnChange {
+    let runner = Runner {
+        attached: hub.attach("--on-change".into()),
+        hub: hub.clone(),
+        program,
+        timeout,
+        metrics,
+    };
+    OnChange(tokio::spawn(runner.run()))
 }
 
-impl Pending {
-    fn merge(&mut self, all: bool, changes: &ChangeSet) {
-        self.all |= all || changes.this_node;
-        self.changes
-            .services
-            .extend(changes.services.iter().cloned());
-        self.changes.nodes.extend(changes.nodes.iter().cloned());
+/// The running `--on-change` task.
+pub struct OnChange(tokio::task::JoinHandle<()>);
+
+impl Drop for OnChange {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-
-    fn is_empty(&self) -> bool {
-        !self.all && self.changes.is_empty()
-    }
-}
-
-/// The feed's side: queue what a batch changed.
-pub struct OnChange {
-    pending: Arc<Mutex<Pending>>,
-    wake: Arc<Notify>,
-}
-
-impl OnChange {
-    /// Starts the task that runs `program`, reading changed objects from `view`.
-    pub fn start(
-        program: PathBuf,
-        timeout: Duration,
-        view: ViewReader,
-        metrics: Arc<Metrics>,
-    ) -> OnChange {
-        let pending = Arc::new(Mutex::new(Pending::default()));
-        let wake = Arc::new(Notify::new());
-        let runner = Runner {
-            program,
-            timeout,
-            view,
-            metrics,
-            pending: pending.clone(),
-            wake: wake.clone(),
-        };
-        tokio::spawn(runner.run());
-        OnChange { pending, wake }
-    }
-}
-
-impl Subsystem for OnChange {
-    fn name(&self) -> &'static str {
-        "on-change"
-    }
-
-    /// Queues the batch's changes (everything after the initial sync). Never waits for a
-    /// run. A view restored from disk is not handed to the program: it waits for the lists.
-    fn after_batch(&mut self, _view: &View, applied: &Applied) {
-        if applied.stale || (!applied.initial_sync && applied.changes.is_empty()) {
-            return;
-        }
-        lock(&self.pending).merge(applied.initial_sync, &applied.changes);
-        self.wake.notify_one();
-    }
-}
-
-fn lock(pending: &Mutex<Pending>) -> std::sync::MutexGuard<'_, Pending> {
-    // Only names: a panic while holding it cannot leave them inconsistent.
-    pending
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 struct Runner {
+    hub: Arc<Hub>,
+    attached: Attached,
     program: PathBuf,
     timeout: Duration,
-    view: ViewReader,
     metrics: Arc<Metrics>,
-    pending: Arc<Mutex<Pending>>,
-    wake: Arc<Notify>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -119,49 +74,53 @@ enum RunError {
 impl Runner {
     async fn run(self) {
         let mut backoff = Duration::ZERO;
+        let mut batches = self.hub.batches();
+        let mut sent = None;
         loop {
-            self.wake.notified().await;
-            loop {
-                let batch = std::mem::take(&mut *lock(&self.pending));
-                if batch.is_empty() {
-                    break;
+            let Some((input, seq)) = self.input(sent) else {
+                if batches.changed().await.is_err() {
+                    return;
                 }
-                let input = match self.input(&batch) {
-                    Ok(input) => input,
-                    Err(error) => {
-                        tracing::error!(%error, "rendering the changes for --on-change");
-                        break;
-                    }
-                };
-                let start = Instant::now();
-                match self.run_once(&input).await {
-                    Ok(status) => {
-                        backoff = Duration::ZERO;
-                        self.metrics.status.on_change.synced(start.elapsed());
-                        tracing::info!(program = %self.program.display(), %status, took = ?start.elapsed(), bytes = input.len(), "--on-change program ran");
-                    }
-                    Err(error) => {
-                        self.metrics.status.on_change.failed(&error);
-                        backoff = (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
-                        tracing::warn!(program = %self.program.display(), %error, retry_in = ?backoff, "--on-change program failed; its changes go with the next run");
-                        lock(&self.pending).merge(batch.all, &batch.changes);
-                        tokio::time::sleep(backoff).await;
-                    }
+                continue;
+            };
+            let start = Instant::now();
+            match self.run_once(&input).await {
+                Ok(status) => {
+                    backoff = Duration::ZERO;
+                    sent = Some(seq);
+                    self.attached.entry.sent.store(seq, Relaxed);
+                    self.metrics.status.on_change.synced(start.elapsed());
+                    tracing::info!(program = %self.program.display(), %status, took = ?start.elapsed(), bytes = input.len(), "--on-change program ran");
+                }
+                Err(error) => {
+                    self.metrics.status.on_change.failed(&error);
+                    backoff = (backoff * 2).clamp(Duration::from_secs(1), MAX_BACKOFF);
+                    tracing::warn!(program = %self.program.display(), %error, retry_in = ?backoff, "--on-change program failed; its changes go with the next run");
+                    tokio::time::sleep(backoff).await;
                 }
             }
         }
     }
 
-    /// The JSON lines for `batch`, read from the view as it is now.
-    fn input(&self, batch: &Pending) -> std::io::Result<Vec<u8>> {
-        let view = self.view.read();
+    /// The JSON lines of what changed after batch `sent`, read from the view as it is now,
+    /// and the batch they bring the program up to; `None` when nothing did.
+    fn input(&self, sent: Option<u64>) -> Option<(Vec<u8>, u64)> {
+        let work = match self.hub.work(sent) {
+            // Behind what the journal keeps: everything, as after the initial sync.
+            Work::Behind => self.hub.work(None),
+            work => work,
+        };
+        let view = self.hub.view().read();
+        let mut walk = Walk::start(work, &view)?;
+        // Its stdin is the object lines alone: `nodus view --watch`'s format.
         let mut out = Vec::new();
-        if batch.all {
-            write_change_lines(&view, &everything(&view), &mut out)?
-        } else {
-            write_change_lines(&view, &batch.changes, &mut out)?
-        }
-        Ok(out)
+        let (lines, _) = walk.render(&view, &mut out, usize::MAX);
+        self.attached.entry.lines.fetch_add(lines, Relaxed);
+        self.attached
+            .entry
+            .bytes
+            .fetch_add(out.len() as u64, Relaxed);
+        Some((out, walk.seq()))
     }
 
     async fn run_once(&self, input: &[u8]) -> Result<ExitStatus, RunError> {

@@ -6,12 +6,14 @@
 use crate::agent::board::Board;
 use crate::agent::metrics::Metrics;
 use crate::agent::process::ProcessState;
+use crate::agent::subscribe::Hub;
 use nodus_mesh::metrics::{MeshStatus, PeerStatus};
 use nodus_prom::Track;
 use nodus_proxy::apply::RefusedPod;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub fn unix_ms(at: SystemTime) -> u64 {
@@ -175,6 +177,9 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
         on_change.detail = Some(program.clone());
         subsystems.push(on_change);
     }
+    if let Some(hub) = metrics.subscribe.get() {
+        subsystems.push(subscribers(&hub, board));
+    }
     Status {
         version: env!("CARGO_PKG_VERSION").into(),
         node: setup.map(|s| s.node.clone()).unwrap_or_default(),
@@ -183,6 +188,36 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
         subsystems,
         mesh_peers,
     }
+}
+
+/// The view's subscribers: how many, and each one's lag in batches.
+fn subscribers(hub: &Hub, board: &Board) -> SubsystemStatus {
+    const LISTED: usize = 8;
+    let listed = hub.subscribers();
+    let stats = &hub.stats;
+    let mut line = report("subscribe", board.subscribe.snapshot());
+    line.synced = listed.iter().all(|s| s.lag == 0);
+    line.objects = BTreeMap::from([
+        ("subscriber".to_string(), listed.len() as u64),
+        ("cut off".to_string(), stats.cut_off.load(Relaxed)),
+        ("refused".to_string(), stats.refused.load(Relaxed)),
+    ]);
+    let each: Vec<String> = listed
+        .iter()
+        .take(LISTED)
+        .map(|s| {
+            format!(
+                "{} (since {} ms): {} batches behind, {} lines, {} bytes",
+                s.who,
+                unix_ms(s.connected),
+                s.lag,
+                s.lines,
+                s.bytes
+            )
+        })
+        .collect();
+    line.detail = (!each.is_empty()).then(|| each.join("; "));
+    line
 }
 
 /// Pods failing closed, as the proxy's detail: at most a few, with the kernel's reason.

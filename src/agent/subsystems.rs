@@ -7,8 +7,9 @@
 use crate::agent::board::Setup;
 use crate::agent::http;
 use crate::agent::metrics::{Latest, Metrics};
-use crate::agent::on_change::OnChange;
+use crate::agent::on_change::{self, OnChange};
 use crate::agent::retry;
+use crate::agent::subscribe::{Hub, Publisher};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use anyhow::Context as _;
@@ -28,6 +29,8 @@ pub struct Subsystems {
     list: Vec<Box<dyn Subsystem>>,
     /// DNS's sockets, for a successor, once DNS runs.
     pub dns_handover: Arc<Latest<Handover>>,
+    /// The `--on-change` program's task, a subscriber of the view.
+    _on_change: Option<OnChange>,
 }
 
 /// What every start reads; the supervised starts hold it, since they may run again.
@@ -87,15 +90,7 @@ impl Subsystems {
             let start = move || std::future::ready(start_proxy(&context));
             list.push(retry::start_supervised("proxy", starts.clone(), start).await);
         }
-        if let Some(program) = args.on_change.clone() {
-            let timeout = Duration::from_secs(args.on_change_timeout);
-            list.push(Box::new(OnChange::start(
-                program,
-                timeout,
-                view,
-                metrics.clone(),
-            )));
-        }
+        let on_change = subscribers(config, args, view, metrics, &mut list);
         let _ = metrics.status.setup.set(Setup {
             node: args.cluster.node_name.clone(),
             proxy: config.proxy.enabled,
@@ -106,7 +101,11 @@ impl Subsystems {
         });
         let names: Vec<&str> = list.iter().map(|s| s.name()).collect();
         tracing::info!(subsystems = ?names, "subsystems started");
-        Subsystems { list, dns_handover }
+        Subsystems {
+            list,
+            dns_handover,
+            _on_change: on_change,
+        }
     }
 
     /// Hands each subsystem the view and what the batch did.
@@ -126,6 +125,40 @@ impl Subsystems {
             .iter()
             .any(|s| s.name() == "proxy" && s.is_ready())
     }
+}
+
+/// The subscribers' publisher (a subsystem, with the socket when configured) and the
+/// `--on-change` program, when either is on.
+fn subscribers(
+    config: &Config,
+    args: &RunArgs,
+    view: ViewReader,
+    metrics: &Arc<Metrics>,
+    list: &mut Vec<Box<dyn Subsystem>>,
+) -> Option<OnChange> {
+    let state_dir = args.state_dir.as_deref().or(config.state_dir.as_deref());
+    let socket = (config.subscribe.enabled)
+        .then(|| {
+            config
+                .subscribe
+                .socket_path(state_dir, &args.cluster.node_name)
+        })
+        .flatten();
+    if socket.is_none() && args.on_change.is_none() {
+        return None;
+    }
+    let hub = Hub::new(view);
+    let (publisher, error) = Publisher::start(&config.subscribe, socket.as_deref(), hub.clone());
+    if let Some(error) = error {
+        let error = format!("no subscription socket: {error:#}");
+        tracing::error!(%error, "subscribers cannot connect; the rest runs");
+        metrics.status.subscribe.error(error);
+    }
+    list.push(Box::new(publisher));
+    metrics.subscribe.set(hub.clone());
+    let program = args.on_change.clone()?;
+    let timeout = Duration::from_secs(args.on_change_timeout);
+    Some(on_change::start(program, timeout, &hub, metrics.clone()))
 }
 
 /// DNS, serving until dropped; its sockets can be handed over from now on.

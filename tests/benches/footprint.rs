@@ -29,9 +29,13 @@
 //! ServiceAccount. The churn phase then changes 1,000 Pods' readiness, and the `410`
 //! phase restarts the API server after a compaction. (`--policy` is not combined with it.)
 //!
+//! With `--subscribers N`, N programs follow the agent's view through its subscription
+//! socket from the cold start on (each reads every line, reconnects and resumes as a
+//! backend would), so that the rows show what they cost the agent.
+//!
 //! `cargo bench --bench footprint -- [--shape 1000x10x100[:PORTS[:READY%]]]…
-//! [--policy 10000x200x100] [--real-api] [--nodus PATH]` (`10000x10x100:2:100`: two ports
-//! per Service, every endpoint ready).
+//! [--policy 10000x200x100] [--real-api] [--subscribers N] [--nodus PATH]`
+//! (`10000x10x100:2:100`: two ports per Service, every endpoint ready).
 
 #![allow(
     clippy::too_many_lines,
@@ -60,6 +64,7 @@ struct Options {
     shapes: Vec<Shape>,
     policy: Option<PolicyShape>,
     real_api: bool,
+    subscribers: usize,
     nodus: PathBuf,
 }
 
@@ -68,6 +73,7 @@ fn options() -> anyhow::Result<Options> {
         shapes: Vec::new(),
         policy: None,
         real_api: false,
+        subscribers: 0,
         nodus: PathBuf::from(env!("CARGO_BIN_EXE_nodus")),
     };
     let mut args = std::env::args().skip(1);
@@ -78,6 +84,7 @@ fn options() -> anyhow::Result<Options> {
             "--nodus" => opts.nodus = value()?.into(),
             "--policy" => opts.policy = Some(PolicyShape::parse(&value()?)?),
             "--real-api" => opts.real_api = true,
+            "--subscribers" => opts.subscribers = value()?.parse()?,
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
@@ -337,6 +344,11 @@ fn run_shape(
         agent: None,
     };
     let mut phases = Vec::new();
+    let socket = api
+        .dir()
+        .join("state")
+        .join(format!("view-{}.sock", scale::node_name(0)));
+    let subscribers = Subscribers::start(&socket, opts.subscribers);
     // The cold start's peak is the process's own: nothing to reset.
     let ready = node.start()?;
     std::thread::sleep(SETTLE);
@@ -426,7 +438,94 @@ fn run_shape(
     let ready = node.start()?;
     std::thread::sleep(SETTLE);
     phases.push(node.measure("restart, table adopted", ready, FullSyncs::default())?);
+    let lines = subscribers.stop();
+    if opts.subscribers > 0 {
+        println!("{} subscribers read {lines:?} lines", opts.subscribers);
+    }
     Ok(phases)
+}
+
+/// Programs following the agent's view through its socket, as backends do: each reads
+/// every line and, when the connection ends (the restart), reconnects and resumes.
+struct Subscribers {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<u64>>,
+}
+
+impl Subscribers {
+    fn start(socket: &Path, count: usize) -> Subscribers {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let threads = (0..count)
+            .map(|_| {
+                let (socket, stop) = (socket.to_path_buf(), stop.clone());
+                std::thread::spawn(move || follow(&socket, &stop))
+            })
+            .collect();
+        Subscribers { stop, threads }
+    }
+
+    /// Stops them; the lines each one read.
+    fn stop(self) -> Vec<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.threads
+            .into_iter()
+            .map(|thread| thread.join().unwrap_or(0))
+            .collect()
+    }
+}
+
+/// One subscriber until `stop`: the lines it read.
+fn follow(socket: &Path, stop: &std::sync::atomic::AtomicBool) -> u64 {
+    use std::io::{BufRead, Write};
+    let mut since: Option<(String, u64)> = None;
+    let mut lines = 0;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let Ok(mut stream) = std::os::unix::net::UnixStream::connect(socket) else {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let hello = match &since {
+            Some((epoch, seq)) => serde_json::json!({"since": {"epoch": epoch, "seq": seq}}),
+            None => serde_json::json!({}),
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+        if writeln!(stream, "{hello}").is_err() {
+            continue;
+        }
+        let mut reader = std::io::BufReader::new(stream);
+        let mut line = String::new();
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match reader.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) if line.ends_with('\n') => {
+                    lines += 1;
+                    if let Ok(value) = serde_json::from_str::<Value>(&line) {
+                        match value["kind"].as_str() {
+                            Some("Snapshot") => {
+                                since = Some((value["epoch"].as_str().unwrap_or("").into(), 0));
+                            }
+                            Some("Synced") => {
+                                if let Some((_, seq)) = &mut since {
+                                    *seq = value["seq"].as_u64().unwrap_or(0);
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    line.clear();
+                }
+                // A timeout, or a line not finished yet: read on.
+                Ok(_) => {}
+                Err(error)
+                    if matches!(
+                        error.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => break,
+            }
+        }
+    }
+    lines
 }
 
 /// A frontend pod of another node becomes a backend, and back; then a policy is added.

@@ -20,6 +20,7 @@ mod proxy;
 mod proxy_packets;
 mod real_nodes;
 mod sandbox;
+mod subscribe;
 mod support;
 mod upgrade;
 mod view;

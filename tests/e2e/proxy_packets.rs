@@ -153,8 +153,14 @@ fn cluster() -> String {
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
 
+/// Routes `destination` from namespace `ns` through `gateway`.
+pub(crate) fn route_via(ns: &str, destination: &str, gateway: &str) {
+    let route = ["-n", ns, "route", "add", destination, "via", gateway];
+    netns::run("ip", &route).unwrap_or_else(|e| panic!("a route to {destination}: {e}"));
+}
+
 /// `curl` from namespace `ns`: the answering pod's name, or curl's exit code.
-fn curl(ns: &str, url: &str, extra: &[&str]) -> Result<String, i32> {
+pub(crate) fn curl(ns: &str, url: &str, extra: &[&str]) -> Result<String, i32> {
     let output = std::process::Command::new("ip")
         .args(["netns", "exec", ns, "curl", "-s", "-m", "2"])
         .args(extra)
@@ -261,19 +267,7 @@ fn services_deliver_real_connections_where_kube_proxy_would() {
     );
 
     // F.42: source ranges on the LB IP: 172.30.0.1 is allowed, 172.30.0.2 is not.
-    netns::run(
-        "ip",
-        &[
-            "-n",
-            &underlay,
-            "route",
-            "add",
-            "192.0.2.50/32",
-            "via",
-            node_a,
-        ],
-    )
-    .expect("route to the LB IP");
+    route_via(&underlay, "192.0.2.50/32", node_a);
     netns::run(
         "ip",
         &[

@@ -29,6 +29,6 @@ pub use intern::{Interner, Sym};
 pub use shared::{ViewReader, ViewWriter};
 pub use subsystem::{Applied, Subsystem};
 pub use view::{
-    ApplyReport, ChangeSet, Counts, Kind, LocalPodView, ServiceName, ServiceView, SnapshotError,
-    Update, View,
+    ApplyReport, ChangeSet, Counts, Kind, LocalPodView, ServiceName, ServiceRef, ServiceView,
+    SnapshotError, Update, View,
 };

@@ -225,10 +225,13 @@ pub fn resolve_node(strings: &Interner, name: &str, node: &Node) -> ResolvedNode
     }
 }
 
-/// One line of `nodus view --watch` (and of `--on-change`'s stdin): a service or node
-/// by name, with its resolved form, or `"object": null` once it is gone.
+/// One line of `nodus view --watch` (and of `--on-change`'s stdin, and of the agent's
+/// subscription socket): a service or node by name, with its resolved form, or
+/// `"object": null` once it is gone. `seq` is the number of the batch of changes the line
+/// is at least as new as.
 #[derive(Debug, Serialize)]
 pub struct ChangeLine<'a> {
+    pub seq: u64,
     pub kind: &'static str,
     #[serde(skip_serializing_if = "str::is_empty")]
     pub namespace: &'a str,
@@ -243,42 +246,79 @@ pub enum ChangedObject {
     Node(ResolvedNode),
 }
 
-/// Writes what `changes` names as JSON lines (services first), each resolved as `view`
-/// has it now: `nodus view --watch`'s format, which `--on-change` programs read too.
-pub fn write_change_lines(
-    view: &View,
-    changes: &ChangeSet,
-    out: &mut impl std::io::Write,
-) -> std::io::Result<()> {
-    for line in change_lines(view, changes) {
-        serde_json::to_writer(&mut *out, &line)?;
-        out.write_all(b"\n")?;
+impl ChangeLine<'_> {
+    /// Appends the line, ended by a newline.
+    pub fn write(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        serde_json::to_writer(&mut *out, self)?;
+        out.write_all(b"\n")
     }
-    out.flush()
 }
 
-fn change_lines<'a>(
-    view: &'a View,
-    changes: &'a ChangeSet,
-) -> impl Iterator<Item = ChangeLine<'a>> + 'a {
-    let node = view.node_context();
-    let services = changes.services.iter().map(move |name| ChangeLine {
+/// The line of a service the view holds (`view`), resolved for the node in `node`.
+pub fn service_line<'a>(
+    strings: &Interner,
+    node: &NodeContext,
+    view: &ServiceView<'a>,
+    seq: u64,
+) -> ChangeLine<'a> {
+    ChangeLine {
+        seq,
         kind: "Service",
-        namespace: &name.namespace,
-        name: &name.name,
+        namespace: view.namespace,
+        name: view.name,
+        object: Some(ChangedObject::Service(resolve_service(strings, node, view))),
+    }
+}
+
+/// The line of the service `namespace/name`: resolved, or `null` when the view has none.
+pub fn named_service_line<'a>(
+    view: &View,
+    node: &NodeContext,
+    namespace: &'a str,
+    name: &'a str,
+    seq: u64,
+) -> ChangeLine<'a> {
+    ChangeLine {
+        seq,
+        kind: "Service",
+        namespace,
+        name,
         object: view
-            .service(&name.namespace, &name.name)
-            .map(|s| ChangedObject::Service(resolve_service(view.strings(), &node, &s))),
-    });
-    let nodes = changes.nodes.iter().map(move |name| ChangeLine {
+            .service(namespace, name)
+            .map(|s| ChangedObject::Service(resolve_service(view.strings(), node, &s))),
+    }
+}
+
+/// The line of the node `name`: resolved, or `null` when the view has none.
+pub fn node_line<'a>(view: &View, name: &'a str, seq: u64) -> ChangeLine<'a> {
+    ChangeLine {
+        seq,
         kind: "Node",
         namespace: "",
         name,
         object: view
             .node(name)
             .map(|n| ChangedObject::Node(resolve_node(view.strings(), name, n))),
-    });
-    services.chain(nodes)
+    }
+}
+
+/// Writes what `changes` names as JSON lines (services first), each resolved as `view`
+/// has it now and numbered `seq`: `nodus view --watch`'s format, which `--on-change`
+/// programs and the agent's subscribers read too.
+pub fn write_change_lines(
+    view: &View,
+    changes: &ChangeSet,
+    seq: u64,
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    let node = view.node_context();
+    for name in &changes.services {
+        named_service_line(view, &node, &name.namespace, &name.name, seq).write(out)?;
+    }
+    for name in &changes.nodes {
+        node_line(view, name, seq).write(out)?;
+    }
+    out.flush()
 }
 
 /// A change set naming every service and node of the view: what a consumer that just

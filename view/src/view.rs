@@ -153,7 +153,11 @@ pub struct ApplyReport {
     pub pods: bool,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+/// A service of the view, named by its interned strings ([`View::service_refs`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceRef(ServiceKey);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct ServiceKey {
     namespace: Sym,
     name: Sym,
@@ -314,6 +318,33 @@ impl View {
         self.services
             .get_key_value(&key)
             .map(|(key, entry)| self.service_view(key, entry))
+    }
+
+    /// Every service, by reference: what a walk over the view keeps between read locks
+    /// (8 bytes a service, against a name's two strings).
+    pub fn service_refs(&self) -> Vec<ServiceRef> {
+        self.services.keys().map(|key| ServiceRef(*key)).collect()
+    }
+
+    /// The service `at` refers to, if the view still holds it. After a later batch a
+    /// reference can name another service (the interner reuses a freed string's slot);
+    /// that service is then as current as any.
+    pub fn service_at(&self, at: ServiceRef) -> Option<ServiceView<'_>> {
+        self.services
+            .get_key_value(&at.0)
+            .map(|(key, entry)| self.service_view(key, entry))
+    }
+
+    /// Every node, by its interned name: see [`View::service_refs`].
+    pub fn node_refs(&self) -> Vec<Sym> {
+        self.nodes.keys().copied().collect()
+    }
+
+    /// The node named by `name`, if the view still holds it.
+    pub fn node_at(&self, name: Sym) -> Option<(&str, &Node)> {
+        self.nodes
+            .get(&name)
+            .map(|node| (self.strings.resolve(name), node))
     }
 
     fn service_view<'a>(&'a self, key: &ServiceKey, entry: &'a ServiceEntry) -> ServiceView<'a> {
