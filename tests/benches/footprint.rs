@@ -434,10 +434,18 @@ fn run_shape(
         phases.extend(policy_phases(&mut node, policy, &shape)?);
     }
 
+    let cut_off = |node: &Node<'_>| node.metric("nodus_subscribers_cut_off_total");
+    let before_restart = cut_off(&node);
     node.stop();
     let ready = node.start()?;
     std::thread::sleep(SETTLE);
     phases.push(node.measure("restart, table adopted", ready, FullSyncs::default())?);
+    if opts.subscribers > 0 {
+        println!(
+            "subscribers cut off: {before_restart} before the restart, {} after",
+            cut_off(&node)
+        );
+    }
     let lines = subscribers.stop();
     if opts.subscribers > 0 {
         println!("{} subscribers read {lines:?} lines", opts.subscribers);

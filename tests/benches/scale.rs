@@ -7,7 +7,8 @@
 //! agent runs in a network namespace of its own with the service proxy on, so the churn
 //! is programmed into the kernel too; then, one at a time, EndpointSlice changes and new
 //! services are timed from the API write until the agent reports the nf_tables commit
-//! (its transaction counter, or its count of programmed services, moves), and an
+//! (its transaction counter, or its count of programmed services, moves), beside what the
+//! agent's `kubeproxy_network_programming_duration_seconds` observed of them, and an
 //! annotation on the agent's own Node is counted in full syncs. It prints
 //! figures; it asserts nothing.
 //!
@@ -75,9 +76,8 @@ struct Row {
     churn_wall: Duration,
     churn_apply: f64,
     churned: ProcMemory,
-    /// With the proxy: API write → kernel, p50 and p99, for endpoint changes and new
-    /// services.
-    proxy: Option<[(Duration, Duration); 2]>,
+    /// With the proxy: one change at a time, API to kernel.
+    proxy: Option<ProxyLatencies>,
     /// With the proxy: an annotation on the agent's own Node (as nodus's WireGuard key
     /// is), then the full syncs it caused and the memory after it, peak included.
     annotated: Option<(f64, ProcMemory)>,
@@ -179,7 +179,7 @@ fn proxy_latencies(
     cluster: &BenchCluster,
     agent: &Agent,
     shape: &Shape,
-) -> anyhow::Result<[(Duration, Duration); 2]> {
+) -> anyhow::Result<ProxyLatencies> {
     const CHANGES: usize = 200;
     const NEW_SERVICES: usize = 50;
     let committed = |series: &str, before: f64, start: Instant| -> anyhow::Result<Duration> {
@@ -191,16 +191,20 @@ fn proxy_latencies(
         Ok(start.elapsed())
     };
     let transactions = "nodus_proxy_transactions_total";
+    let programming = Programming::read(agent)?;
     let mut changes = Vec::with_capacity(CHANGES);
     for k in 0..CHANGES {
         let before = agent.metric(transactions)?;
         let start = Instant::now();
-        // A generation no churn used: new pod addresses, so the plan changes.
-        cluster
-            .store
-            .apply_value(scale::slice(k % shape.services, shape, 1000 + k))?;
+        // A generation no churn used: new pod addresses, so the plan changes. Its trigger
+        // time is now, as the EndpointSlice controller writes it for a pod's change.
+        let mut slice = scale::slice(k % shape.services, shape, 1000 + k);
+        slice["metadata"]["annotations"]["endpoints.kubernetes.io/last-change-trigger-time"] =
+            k8s_openapi::jiff::Timestamp::now().to_string().into();
+        cluster.store.apply_value(slice)?;
         changes.push(committed(transactions, before, start)?);
     }
+    let programming = Programming::read(agent)?.since(&programming);
     let programmed = "nodus_proxy_services_programmed";
     let mut new_services = Vec::with_capacity(NEW_SERVICES);
     for k in 0..NEW_SERVICES {
@@ -213,7 +217,50 @@ fn proxy_latencies(
         cluster.store.apply_value(scale::service(i, shape))?;
         new_services.push(committed(programmed, before, start)?);
     }
-    Ok([percentiles(changes), percentiles(new_services)])
+    Ok(ProxyLatencies {
+        change: percentiles(changes),
+        new_service: percentiles(new_services),
+        programming,
+    })
+}
+
+/// What the agent's own `kubeproxy_network_programming_duration_seconds` observed: from
+/// each EndpointSlice's trigger time to its rules in the kernel.
+#[derive(Clone, Copy)]
+struct Programming {
+    count: f64,
+    sum: f64,
+    /// Observations in its first bucket (250 ms, kube-proxy's buckets).
+    first_bucket: f64,
+}
+
+impl Programming {
+    const FAMILY: &str = "kubeproxy_network_programming_duration_seconds";
+
+    fn read(agent: &Agent) -> anyhow::Result<Programming> {
+        let series = |suffix: &str| agent.metric(&format!("{}{suffix}", Self::FAMILY));
+        Ok(Programming {
+            count: series("_count")?,
+            sum: series("_sum")?,
+            first_bucket: series("_bucket{le=\"0.25\"}")?,
+        })
+    }
+
+    fn since(self, before: &Programming) -> Programming {
+        Programming {
+            count: self.count - before.count,
+            sum: self.sum - before.sum,
+            first_bucket: self.first_bucket - before.first_bucket,
+        }
+    }
+}
+
+/// The proxy's latencies: API write → kernel, p50 and p99, for endpoint changes and new
+/// services, and what the agent's metric saw of the endpoint changes.
+struct ProxyLatencies {
+    change: (Duration, Duration),
+    new_service: (Duration, Duration),
+    programming: Programming,
 }
 
 fn percentiles(mut samples: Vec<Duration>) -> (Duration, Duration) {
@@ -263,7 +310,12 @@ fn main() -> anyhow::Result<()> {
             mib(row.churned.anon_kib),
             mib(row.churned.peak_rss_kib),
         );
-        if let Some([change, new_service]) = row.proxy {
+        if let Some(ProxyLatencies {
+            change,
+            new_service,
+            programming,
+        }) = &row.proxy
+        {
             let ms = |d: Duration| d.as_secs_f64() * 1000.0;
             println!(
                 "{:<14} API → kernel: endpoint change p50/p99 {:.1} / {:.1} ms, \
@@ -273,6 +325,14 @@ fn main() -> anyhow::Result<()> {
                 ms(change.1),
                 ms(new_service.0),
                 ms(new_service.1)
+            );
+            println!(
+                "{:<14} kubeproxy_network_programming_duration_seconds over the endpoint \
+                 changes: {} observed, mean {:.1} ms, {} within its first bucket (250 ms)",
+                "",
+                programming.count,
+                programming.sum / programming.count.max(1.0) * 1000.0,
+                programming.first_bucket
             );
         }
         if let Some((full_syncs, memory)) = &row.annotated {
