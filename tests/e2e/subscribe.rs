@@ -196,6 +196,15 @@ fn the_all_ip_backend_and_view_watch_subscribe_beside_the_proxy() {
         subscribe_status(&node_a).filter(|line| line["objects"]["subscriber"] == 2)
     });
     assert_eq!(subscribers["objects"]["cut off"], 0, "{subscribers}");
+    let metrics = Command::new("ip")
+        .args(["netns", "exec", &node_a, "curl", "-s", "-m", "2"])
+        .arg("http://127.0.0.1:10256/metrics")
+        .output()
+        .expect("curl runs");
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    for series in ["nodus_subscribers 2", "nodus_subscribers_cut_off_total 0"] {
+        assert!(metrics.lines().any(|l| l == series), "{series} in:\n{metrics}");
+    }
 
     // Handed back to nodus: the backend's rules go, nodus's proxy takes the external IP
     // on the service's own port.

@@ -99,7 +99,6 @@ impl Journal {
     /// and returns its number. A batch that changed nothing a subscriber sees is not
     /// numbered.
     pub fn record(&mut self, changes: &ChangeSet, everything: bool, now: Instant) -> u64 {
-        let everything = everything || changes.this_node;
         if !everything && changes.services.is_empty() && changes.nodes.is_empty() {
             return self.last;
         }

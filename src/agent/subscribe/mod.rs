@@ -281,6 +281,10 @@ impl Exported for Hub {
 pub struct Publisher {
     hub: Arc<Hub>,
     server: Option<tokio::task::JoinHandle<()>>,
+    /// This node's zone as the lines were last resolved with: the one fact of this node
+    /// that every service's line depends on (its topology hints). A change of anything
+    /// else of this node (the mesh's own key annotation, say) is its own line's alone.
+    zone: Option<String>,
 }
 
 impl Publisher {
@@ -297,7 +301,8 @@ impl Publisher {
             Some(Err(error)) => (None, Some(error)),
             None => (None, None),
         };
-        (Publisher { hub, server }, error)
+        let zone = None;
+        (Publisher { hub, server, zone }, error)
     }
 }
 
@@ -316,18 +321,72 @@ impl Subsystem for Publisher {
 
     /// Numbers the batch. A view restored from disk is not served: subscribers wait for
     /// the lists, as `--on-change` always did.
-    fn after_batch(&mut self, _view: &View, applied: &Applied) {
+    fn after_batch(&mut self, view: &View, applied: &Applied) {
         if applied.stale {
             return;
+        }
+        let mut everything = applied.initial_sync;
+        if applied.initial_sync || applied.changes.this_node {
+            let zone = view.strings().resolve(view.node_context().zone);
+            everything |= self.zone.as_deref() != Some(zone);
+            self.zone = Some(zone.to_string());
         }
         let seq = self
             .hub
             .journal()
-            .record(&applied.changes, applied.initial_sync, Instant::now());
+            .record(&applied.changes, everything, Instant::now());
         self.hub.latest.send_if_modified(|latest| {
             let changed = *latest != seq;
             *latest = seq;
             changed
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodus_testbed::fixtures;
+    use nodus_view::{Update, ViewWriter};
+    use serde_json::json;
+
+    /// This node, with its zone and one annotation.
+    fn this_node(zone: &str, annotation: &str) -> Update {
+        let mut node = fixtures::node("node-1", json!([]), json!(["10.244.1.0/24"]));
+        node["metadata"]["labels"] = json!({"topology.kubernetes.io/zone": zone});
+        node["metadata"]["annotations"] = json!({"nodus.dev/wireguard-public-key": annotation});
+        Update::Node(serde_json::from_value(node).expect("a Node"))
+    }
+
+    #[test]
+    fn only_a_zone_change_of_this_node_resends_everything() {
+        let writer = ViewWriter::new(View::new("node-1"));
+        let hub = Hub::new(writer.reader());
+        let _reader = hub.attach("test".into());
+        let (mut publisher, _) = Publisher::start(&Config::default(), None, hub.clone());
+        let mut batch = |update: Update, initial_sync: bool| {
+            let changes = writer.write().apply(vec![update]).changes;
+            let applied = Applied {
+                changes,
+                initial_sync,
+                ..Applied::default()
+            };
+            publisher.after_batch(&writer.read(), &applied);
+        };
+        batch(this_node("zone-a", "1"), true);
+        assert_eq!(hub.work(None), Work::Snapshot { seq: 1 });
+        // The mesh annotating its own Node: that Node's line alone.
+        batch(this_node("zone-a", "2"), false);
+        assert_eq!(
+            hub.work(Some(1)),
+            Work::Changes {
+                seq: 2,
+                services: vec![],
+                nodes: vec!["node-1".into()]
+            }
+        );
+        // Its zone: every service's topology may differ.
+        batch(this_node("zone-b", "2"), false);
+        assert_eq!(hub.work(Some(2)), Work::Snapshot { seq: 3 });
     }
 }
