@@ -203,7 +203,10 @@ fn the_all_ip_backend_and_view_watch_subscribe_beside_the_proxy() {
         .expect("curl runs");
     let metrics = String::from_utf8_lossy(&metrics.stdout);
     for series in ["nodus_subscribers 2", "nodus_subscribers_cut_off_total 0"] {
-        assert!(metrics.lines().any(|l| l == series), "{series} in:\n{metrics}");
+        assert!(
+            metrics.lines().any(|l| l == series),
+            "{series} in:\n{metrics}"
+        );
     }
 
     // Handed back to nodus: the backend's rules go, nodus's proxy takes the external IP
