@@ -126,7 +126,7 @@ fn subscribe_status(ns: &str) -> Option<Value> {
 
 #[test]
 fn the_all_ip_backend_and_view_watch_subscribe_beside_the_proxy() {
-    let sandbox = Sandbox::start_with("subscribe", Some(&cluster()), &["--real-api".as_ref()]);
+    let mut sandbox = Sandbox::start_with("subscribe", Some(&cluster()), &["--real-api".as_ref()]);
     let node_a = sandbox.ns("nodes", "node-a");
     let underlay = sandbox.namespaces["underlay"]
         .as_str()
@@ -209,8 +209,25 @@ fn the_all_ip_backend_and_view_watch_subscribe_beside_the_proxy() {
         );
     }
 
-    // Handed back to nodus: the backend's rules go, nodus's proxy takes the external IP
-    // on the service's own port.
+    // The agent restarts, as a rollout restarts it: the backend's rules carry traffic
+    // meanwhile, and both subscribers reconnect to the new process (which sends them a
+    // snapshot: `view --watch` prints the handed service again).
+    eprintln!("{}", sandbox.restart_agent("node-a", Path::new(NODUS)));
+    assert_eq!(
+        curl(&underlay, &format!("http://{EXTERNAL}:8080/"), &[]).as_deref(),
+        Ok("a-1")
+    );
+    wait_for("view --watch after the restart", || {
+        let line: Value =
+            serde_json::from_str(&watch_lines.recv_timeout(Duration::from_secs(30)).ok()?).ok()?;
+        (line["name"] == "handed").then_some(line)
+    });
+    wait_for("both subscribers on the new agent", || {
+        subscribe_status(&node_a).filter(|line| line["objects"]["subscriber"] == 2)
+    });
+
+    // Handed back to nodus: the backend (following the new agent) removes its rules, and
+    // nodus's proxy takes the external IP on the service's own port.
     let mut unlabelled = service(
         "handed",
         json!({"clusterIP": "10.96.2.1", "externalIPs": [EXTERNAL]}),
