@@ -193,7 +193,7 @@ pub fn status(metrics: &Metrics, process: &ProcessState) -> Status {
 /// The view's subscribers: how many, and each one's lag in batches.
 fn subscribers(hub: &Hub, board: &Board) -> SubsystemStatus {
     const LISTED: usize = 8;
-    let listed = hub.subscribers();
+    let (_, listed) = hub.subscribers();
     let stats = &hub.stats;
     let mut line = report("subscribe", board.subscribe.snapshot());
     line.synced = listed.iter().all(|s| s.lag == 0);

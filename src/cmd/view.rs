@@ -78,7 +78,10 @@ async fn follow_api(args: &ViewArgs) -> anyhow::Result<()> {
         match printed {
             Ok(()) => ControlFlow::Continue(()),
             Err(error) => {
-                result = quiet_on_closed_pipe(error);
+                // A closed pipe (`nodus view --watch | head`) ends the stream quietly.
+                if !is_closed_pipe(&error) {
+                    result = Err(error.into());
+                }
                 ControlFlow::Break(())
             }
         }
@@ -87,13 +90,9 @@ async fn follow_api(args: &ViewArgs) -> anyhow::Result<()> {
     result
 }
 
-/// A closed pipe (`nodus view --watch | head`) ends the stream quietly.
-fn quiet_on_closed_pipe(error: std::io::Error) -> anyhow::Result<()> {
-    if error.kind() == std::io::ErrorKind::BrokenPipe {
-        Ok(())
-    } else {
-        Err(error.into())
-    }
+/// The reader of stdout went (`nodus view --watch | head`): the stream ends quietly.
+fn is_closed_pipe(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::BrokenPipe
 }
 
 /// A service or node by kind and name.
@@ -182,7 +181,7 @@ async fn follow_agent(socket: &Path, first: UnixStream) -> anyhow::Result<()> {
         };
         match ended {
             Ok(()) => tracing::warn!("the agent closed the subscription; reconnecting"),
-            Err(error) if is_closed_pipe(&error) => return Ok(()),
+            Err(error) if error.downcast_ref().is_some_and(is_closed_pipe) => return Ok(()),
             Err(error) => {
                 tracing::warn!(error = %format!("{error:#}"), retry_in = ?backoff, "following the agent")
             }
@@ -190,12 +189,6 @@ async fn follow_agent(socket: &Path, first: UnixStream) -> anyhow::Result<()> {
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
-}
-
-fn is_closed_pipe(error: &anyhow::Error) -> bool {
-    error
-        .downcast_ref::<std::io::Error>()
-        .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// One connection: the hello, then every line until the agent closes it.

@@ -19,8 +19,8 @@ pub const RESUME_WINDOW: Duration = Duration::from_secs(60);
 /// What one numbered batch changed.
 #[derive(Debug)]
 enum Changed {
-    /// Everything may differ (the initial lists, this node's labels, a batch too large
-    /// to keep by name): whoever was before it needs a snapshot.
+    /// Everything may differ (the initial lists, this node's zone, a batch too large to
+    /// keep by name): whoever was before it needs a snapshot.
     Everything,
     Names {
         services: Vec<ServiceName>,
@@ -55,8 +55,6 @@ pub enum Work {
 }
 
 pub struct Journal {
-    /// This process's journal: numbers from another process mean nothing here.
-    epoch: String,
     /// The last batch's number; 0 until the view is complete.
     last: u64,
     /// The batches up to `last`, oldest first, without gaps.
@@ -68,9 +66,8 @@ pub struct Journal {
 }
 
 impl Journal {
-    pub fn new(epoch: String) -> Journal {
+    pub fn new() -> Journal {
         Journal {
-            epoch,
             last: 0,
             kept: VecDeque::new(),
             names: 0,
@@ -127,11 +124,11 @@ impl Journal {
         self.last
     }
 
-    /// Where a subscriber that finished batch `seq` of journal `epoch` may resume: `seq`
+    /// Where a subscriber that finished batch `seq` of this journal may resume: `seq`
     /// when everything after it is kept, else nowhere (it needs a snapshot).
-    pub fn resume_at(&self, epoch: &str, seq: u64) -> Option<u64> {
+    pub fn resume_at(&self, seq: u64) -> Option<u64> {
         let kept_from = self.kept.front().map_or(self.last + 1, |(first, _)| *first);
-        (epoch == self.epoch && seq <= self.last && seq + 1 >= kept_from && seq > 0).then_some(seq)
+        (seq <= self.last && seq + 1 >= kept_from && seq > 0).then_some(seq)
     }
 
     /// What a subscriber that finished batch `sent` (`None`: nothing yet) needs next.
@@ -193,7 +190,7 @@ mod tests {
     #[test]
     fn a_subscriber_gets_a_snapshot_then_each_name_once() {
         let now = Instant::now();
-        let mut journal = Journal::new("e".into());
+        let mut journal = Journal::new();
         assert_eq!(
             journal.work(None),
             Work::UpToDate,
@@ -218,9 +215,8 @@ mod tests {
                 nodes: vec![],
             }
         );
-        assert_eq!(journal.resume_at("e", 2), Some(2));
-        assert_eq!(journal.resume_at("another process", 2), None);
-        assert_eq!(journal.resume_at("e", 4), None, "a number not given yet");
+        assert_eq!(journal.resume_at(2), Some(2));
+        assert_eq!(journal.resume_at(4), None, "a number not given yet");
         // The initial batch is kept as "everything": resuming before it is a snapshot.
         assert_eq!(journal.work(Some(0)), Work::Snapshot { seq: 3 });
         journal.record(&ChangeSet::default(), true, now);
@@ -230,7 +226,7 @@ mod tests {
     #[test]
     fn the_journal_is_bounded_and_kept_only_while_read() {
         let now = Instant::now();
-        let mut journal = Journal::new("e".into());
+        let mut journal = Journal::new();
         journal.attach();
         journal.record(&ChangeSet::default(), true, now);
         let names: Vec<String> = (0..KEPT_NAMES).map(|i| format!("s{i}")).collect();
@@ -254,9 +250,9 @@ mod tests {
         // The last subscriber leaves: kept for a while, then nothing is.
         journal.detach(now);
         journal.record(&changes(&["a"]), false, now + RESUME_WINDOW / 2);
-        assert!(journal.resume_at("e", seq + 1).is_some());
+        assert!(journal.resume_at(seq + 1).is_some());
         journal.record(&changes(&["b"]), false, now + RESUME_WINDOW);
         assert!(journal.kept.is_empty() && journal.names == 0);
-        assert_eq!(journal.resume_at("e", seq + 2), None);
+        assert_eq!(journal.resume_at(seq + 2), None);
     }
 }

@@ -101,7 +101,7 @@ impl Hub {
             .map_or(0, |d| d.as_nanos());
         let epoch = format!("{:x}-{:x}", std::process::id(), started);
         Arc::new(Hub {
-            journal: Mutex::new(Journal::new(epoch.clone())),
+            journal: Mutex::new(Journal::new()),
             epoch,
             latest: watch::Sender::new(0),
             view,
@@ -128,9 +128,19 @@ impl Hub {
         self.journal().work(sent)
     }
 
-    /// Where a subscriber may resume, see [`Journal::resume_at`].
+    /// Where a subscriber may resume, see [`Journal::resume_at`]: numbers from another
+    /// process (another epoch) mean nothing here.
     pub fn resume_at(&self, since: &protocol::Since) -> Option<u64> {
-        self.journal().resume_at(&since.epoch, since.seq)
+        if since.epoch != self.epoch {
+            return None;
+        }
+        self.journal().resume_at(since.seq)
+    }
+
+    /// The last batch's number, and the subscribers now with their lag behind it.
+    pub fn subscribers(&self) -> (u64, Vec<Listed>) {
+        let last = self.journal().last();
+        (last, self.stats.list(last))
     }
 
     /// Wakes on every numbered batch.
@@ -226,18 +236,9 @@ impl Stats {
     }
 }
 
-impl Hub {
-    /// The subscribers now, with their lag.
-    pub fn subscribers(&self) -> Vec<Listed> {
-        let last = self.journal().last();
-        self.stats.list(last)
-    }
-}
-
 impl Exported for Hub {
     fn export(&self, families: &mut Families<'_>) -> std::fmt::Result {
-        let last = self.journal().last();
-        let listed = self.stats.list(last);
+        let (last, listed) = self.subscribers();
         families.one(
             "nodus_subscription_batch",
             "The number of the last batch of changes given to subscribers.",
@@ -375,6 +376,12 @@ mod tests {
         };
         batch(this_node("zone-a", "1"), true);
         assert_eq!(hub.work(None), Work::Snapshot { seq: 1 });
+        let since = |epoch: &str| protocol::Since {
+            epoch: epoch.into(),
+            seq: 1,
+        };
+        assert_eq!(hub.resume_at(&since(hub.epoch())), Some(1));
+        assert_eq!(hub.resume_at(&since("another process")), None);
         // The mesh annotating its own Node: that Node's line alone.
         batch(this_node("zone-a", "2"), false);
         assert_eq!(

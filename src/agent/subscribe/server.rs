@@ -1,5 +1,5 @@
-//! The subscription socket (`subscribe.socket`, by default in the state directory): who may connect, and one task per
-//! subscriber that sends it its work.
+//! The subscription socket (`subscribe.socket`, by default in the state directory): who
+//! may connect, and one task per subscriber that sends it its work.
 //!
 //! The socket is root's (mode 0600), or root's and one group's (0660) with
 //! `subscribe.group`; without a group a connection from another user is refused as well,
