@@ -375,4 +375,28 @@ fn protocol(socket: &Path, sandbox: &Sandbox) {
     // The others were served all along, and still are.
     sandbox_apply(sandbox, &slice("proxied", &[B1]));
     assert!(names(&reader.until_synced()).contains(&"Service proxied".to_string()));
+
+    // One client cannot take every place: past `max_subscribers` (8, with all-ip,
+    // `view --watch` and `reader` among them) a connection is told so and closed, and
+    // those already in keep being served.
+    let mut taken: Vec<Subscriber> = Vec::new();
+    let refused = loop {
+        assert!(taken.len() < 8, "no refusal after {} more", taken.len());
+        let mut extra = Subscriber::connect(socket, "{}\n");
+        let first = extra.next();
+        if first["kind"] == "Error" {
+            break first;
+        }
+        assert_eq!(first["kind"], "Snapshot", "{first}");
+        taken.push(extra);
+    };
+    assert_eq!(taken.len(), 5, "three were in before");
+    assert!(
+        refused["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("too many subscribers")),
+        "{refused}"
+    );
+    sandbox_apply(sandbox, &slice("proxied", &[A1, B1]));
+    assert!(names(&reader.until_synced()).contains(&"Service proxied".to_string()));
 }
