@@ -4,10 +4,13 @@
 //! allocates, charged to the memory cgroup of the process that programs it); and, at 1,000
 //! services, `nft -f` of the same ruleset as `nodus proxy render` prints it, which is what
 //! kube-proxy and knls pay. Latencies here are view update → plan → netlink commit, in
-//! process; the API round trip comes on top (see the scale bench).
+//! process; the API round trip comes on top (see the scale bench). A counting allocator
+//! gives the applier's heap: what it keeps at rest, and the most it held above the view
+//! during the cold sync and during the restart's adoption.
 //! It prints figures and asserts nothing.
 //!
-//! `cargo bench --bench proxy -- [--services 1000,10000] [--changes 200]`
+//! `cargo bench --bench proxy -- [--services 1000,10000] [--shape SxExN[:P[:R]]]…
+//! [--changes 200]`
 
 #![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
 
@@ -15,10 +18,14 @@ use anyhow::{Context, bail};
 use nodus_proxy::apply::Proxy;
 use nodus_proxy::plan::{EndpointKeys, Planner, ProxySettings, render};
 use nodus_testbed::bench::KernelMemory;
+use nodus_testbed::heap::{self, Counting};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
 use std::time::{Duration, Instant};
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
 
 fn update(object: serde_json::Value) -> anyhow::Result<Update> {
     Ok(match object["kind"].as_str() {
@@ -28,13 +35,19 @@ fn update(object: serde_json::Value) -> anyhow::Result<Update> {
     })
 }
 
+/// The view of `shape`, applied a page of 100 objects at a time as the watcher does, so
+/// that the decoded cluster is never alive at once beside it.
 fn view_of(shape: &Shape) -> anyhow::Result<View> {
     let mut view = View::new(&scale::node_name(0));
-    let updates: Vec<Update> = scale::cluster(shape)
-        .map(update)
-        .collect::<Result<_, _>>()?;
-    let report = view.apply(updates);
-    anyhow::ensure!(report.invalid.is_empty(), "{:?}", report.invalid);
+    let mut page = Vec::with_capacity(100);
+    let mut objects = scale::cluster(shape).peekable();
+    while let Some(object) = objects.next() {
+        page.push(update(object)?);
+        if page.len() == 100 || objects.peek().is_none() {
+            let report = view.apply(page.drain(..));
+            anyhow::ensure!(report.invalid.is_empty(), "{:?}", report.invalid);
+        }
+    }
     Ok(view)
 }
 
@@ -46,22 +59,33 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
 struct Row {
-    services: usize,
+    shape: Shape,
     cold: Duration,
     restart: Duration,
     kernel_mib: f64,
     /// The applier's records after the cold sync: what it keeps per service.
     record_kib: f64,
+    /// The applier's heap after the cold sync, and the most it held above the view during
+    /// the cold sync and the restart.
+    heap_rest: usize,
+    heap_cold: usize,
+    heap_restart: usize,
     change: (Duration, Duration),
     new_service: (Duration, Duration),
     nft_file: Option<Duration>,
 }
 
-fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow::Result<Row> {
-    let shape = Shape::new(services, 10, 100);
+fn run(shape: Shape, changes: usize, kernel_memory: &KernelMemory) -> anyhow::Result<Row> {
+    let services = shape.services;
     let mut view = view_of(&shape)?;
     let ns = Netns::new("pbench")?;
+    let view_heap = heap::live();
+    heap::reset_peak();
     let (mut proxy, cold, kernel_mib) =
         ns.enter(|| -> anyhow::Result<(Proxy, Duration, f64)> {
             // The thread ends when the closure returns, which takes it out of the cgroup.
@@ -73,8 +97,10 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
             let cold = start.elapsed();
             anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
             let bytes = kernel_memory.bytes()?.saturating_sub(before);
-            Ok((proxy, cold, bytes as f64 / (1024.0 * 1024.0)))
+            Ok((proxy, cold, mib(usize::try_from(bytes)?)))
         })??;
+    let heap_cold = heap::peak().saturating_sub(view_heap);
+    let heap_rest = heap::live().saturating_sub(view_heap);
     let record_kib = proxy.record_bytes() as f64 / 1024.0;
 
     let mut timed = |updates: Vec<Update>, view: &mut View| -> anyhow::Result<Duration> {
@@ -103,6 +129,8 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
 
     // A restart: a new applier adopts the table (it reads back the key blocks and
     // elements in place and sends only what differs).
+    let view_heap = heap::live();
+    heap::reset_peak();
     let restart = ns.enter(|| -> anyhow::Result<Duration> {
         let mut proxy = Proxy::new(ProxySettings::default())?;
         let start = Instant::now();
@@ -110,6 +138,7 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
         anyhow::ensure!(report.refused.is_empty(), "refused: {:?}", report.refused);
         Ok(start.elapsed())
     })??;
+    let heap_restart = heap::peak().saturating_sub(view_heap);
 
     // What the `nft` binary costs for the same ruleset, where that stays affordable.
     let nft_file = if services <= 1000 {
@@ -131,7 +160,10 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
         None
     };
     Ok(Row {
-        services,
+        shape,
+        heap_rest,
+        heap_cold,
+        heap_restart,
         cold,
         restart,
         kernel_mib,
@@ -146,42 +178,48 @@ fn run(services: usize, changes: usize, kernel_memory: &KernelMemory) -> anyhow:
 }
 
 fn main() -> anyhow::Result<()> {
-    let mut sizes = vec![1000, 10_000];
+    let mut shapes: Vec<Shape> = Vec::new();
     let mut changes = 200;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--services" => {
-                sizes = args
-                    .next()
-                    .context("--services needs a list")?
-                    .split(',')
-                    .map(str::parse)
-                    .collect::<Result<_, _>>()?;
+                for services in args.next().context("--services needs a list")?.split(',') {
+                    shapes.push(Shape::new(services.parse()?, 10, 100));
+                }
             }
+            "--shape" => shapes.push(Shape::parse(
+                &args.next().context("--shape needs SxExN[:P[:R]]")?,
+            )?),
             "--changes" => changes = args.next().context("--changes needs a value")?.parse()?,
             "--bench" => {}
             other => bail!("unknown argument {other:?}"),
         }
     }
+    if shapes.is_empty() {
+        shapes = vec![Shape::new(1000, 10, 100), Shape::new(10_000, 10, 100)];
+    }
     let kernel_memory = KernelMemory::new("proxy-bench");
-    println!(
-        "proxy bench: services × 10 endpoints, in a fresh network namespace; {changes} changes"
-    );
+    println!("proxy bench: in a fresh network namespace; {changes} changes");
     println!("kernel MiB: {}", kernel_memory.method());
     println!(
-        "{:>9} | {:>10} | {:>10} | {:>9} | {:>11} | {:>21} | {:>21} | {:>14}",
-        "services",
+        "{:<36} | {:>8} | {:>10} | {:>6} | {:>7} | {:>26} | {:>21} | {:>21} | {:>14}",
+        "shape S×E×N",
         "cold ms",
         "restart ms",
-        "kernel MiB",
-        "records KiB",
+        "kernel",
+        "records",
+        "heap rest / cold / restart",
         "endpoint change p50/p99",
         "new service p50/p99",
         "nft -f ms (×)"
     );
-    for services in sizes {
-        let row = run(services, changes, &kernel_memory)?;
+    println!(
+        "{:<36} | {:>8} | {:>10} | {:>6} | {:>7} | {:>26} | {:>21} | {:>21} | {:>14}",
+        "", "", "", "MiB", "KiB", "MiB, peaks above the view", "ms", "ms", ""
+    );
+    for shape in shapes {
+        let row = run(shape, changes, &kernel_memory)?;
         let nft = row.nft_file.map_or("-".to_string(), |d| {
             format!(
                 "{:.0} ({:.1}×)",
@@ -190,12 +228,15 @@ fn main() -> anyhow::Result<()> {
             )
         });
         println!(
-            "{:>9} | {:>10.1} | {:>10.1} | {:>9.1} | {:>11.0} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
-            row.services,
+            "{:<36} | {:>8.1} | {:>10.1} | {:>6.1} | {:>7.0} | {:>8.1} / {:>6.1} / {:>6.1} | {:>10.2} / {:>8.2} | {:>10.2} / {:>8.2} | {:>14}",
+            row.shape.to_string(),
             ms(row.cold),
             ms(row.restart),
             row.kernel_mib,
             row.record_kib,
+            mib(row.heap_rest),
+            mib(row.heap_cold),
+            mib(row.heap_restart),
             ms(row.change.0),
             ms(row.change.1),
             ms(row.new_service.0),

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod control_plane;
 pub mod dig;
 pub mod fixtures;
+pub mod heap;
 pub mod interrupt;
 pub mod kubelet;
 pub mod netns;

@@ -5,37 +5,10 @@
 //! prints the bytes the view keeps live. Fails if the 10,000 × 10 × 100 view exceeds its
 //! 8 MiB budget: that is a size, not a timing, so it is checked wherever this runs.
 
-#![allow(unsafe_code)] // syscalls and process signals, each block with its SAFETY comment
-
+use nodus_testbed::heap::{self, Counting};
 use nodus_testbed::scale::{self, Shape};
 use nodus_view::{Update, View, wire};
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::time::Instant;
-
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to the system allocator unchanged; only sizes are counted.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LIVE.fetch_add(layout.size(), Relaxed);
-        // SAFETY: the caller's contract for `alloc`, passed on unchanged.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size(), Relaxed);
-        // SAFETY: `ptr` came from `System` through `alloc` or `realloc` with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LIVE.fetch_add(new_size, Relaxed);
-        LIVE.fetch_sub(layout.size(), Relaxed);
-        // SAFETY: as for `dealloc`; the caller's contract for `new_size` passed on.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
@@ -71,22 +44,22 @@ fn apply_in_pages(view: &mut View, objects: impl Iterator<Item = serde_json::Val
 /// The view's heap after the initial lists, after `churn` slice updates, and what this
 /// node's 110 pods add to it.
 fn measure(shape: Shape, churn: usize) -> (usize, usize, usize) {
-    let before = LIVE.load(Relaxed);
+    let before = heap::live();
     // Every Node is in the view, as when the mesh is on: the larger case.
     let mut view = View::new(&scale::node_name(0));
     apply_in_pages(&mut view, scale::cluster(&shape));
-    let synced = LIVE.load(Relaxed) - before;
+    let synced = heap::live() - before;
     apply_in_pages(
         &mut view,
         (0..churn).map(|k| scale::slice(k % shape.services, &shape, k / shape.services + 1)),
     );
-    let churned = LIVE.load(Relaxed) - before;
+    let churned = heap::live() - before;
     // This node's pods, for DNS autopath, over the view of the cluster.
     let pods =
         (0..scale::PODS_PER_NODE).map(|k| scale::pod(0, k, &scale::namespace(k % shape.services)));
-    let without = LIVE.load(Relaxed);
+    let without = heap::live();
     apply_in_pages(&mut view, pods);
-    let pods = LIVE.load(Relaxed) - without;
+    let pods = heap::live() - without;
     let counts = view.counts();
     assert_eq!(counts.pods, scale::PODS_PER_NODE);
     assert_eq!(counts.services, shape.services);
@@ -106,11 +79,11 @@ fn snapshot(shape: Shape) {
     let started = Instant::now();
     let bytes = view.save().expect("the view fits a snapshot");
     let saved = started.elapsed();
-    let before = LIVE.load(Relaxed);
+    let before = heap::live();
     let started = Instant::now();
     let restored = View::restore(&scale::node_name(0), &bytes).expect("restore");
     let took = started.elapsed();
-    let heap = LIVE.load(Relaxed) - before;
+    let heap = heap::live() - before;
     assert_eq!(restored.counts(), view.counts());
     println!(
         "{:<14} {:>10.2} MiB {:>9.1} ms {:>10.1} ms {:>10.2} MiB",

@@ -46,34 +46,133 @@ use crate::plan::{
     Skeleton, TABLE,
 };
 
-/// One key of a shared map during a full sync.
+/// The shared maps' elements during a full sync, by [`slot_id`] of set and key: those a
+/// previous run left, with a hash of their data (a verdict names a chain; kept whole,
+/// 20,000 of them were a few MiB of the sync's peak), and how many services of this sync
+/// claim each key (one, or several for a shared element). The key itself is read again
+/// from the table for the few leftovers to delete, rather than kept for every element.
 #[derive(Debug, Default)]
-struct Slot {
-    /// What the table held before this sync, if anything: its data, hashed (a verdict
-    /// names a chain; kept whole, 20,000 of them were a few MiB of the sync's peak).
-    existing: Option<u64>,
-    /// Services of this sync that want it: one, or several for a shared element.
-    claims: u32,
+struct Slots {
+    /// Sorted by id: 16 bytes an element, its claims counted beside.
+    existing: Vec<(u64, u64)>,
+    existing_claims: Vec<u32>,
+    /// Claims on keys the table did not hold.
+    new_claims: HashMap<u64, u32>,
 }
 
-impl Slot {
-    fn claimed(&self) -> bool {
-        self.claims > 0
+impl Slots {
+    fn of(mut existing: Vec<(u64, u64)>) -> Slots {
+        existing.sort_unstable();
+        existing.shrink_to_fit();
+        Slots {
+            existing_claims: vec![0; existing.len()],
+            existing,
+            new_claims: HashMap::new(),
+        }
+    }
+
+    fn position(&self, id: u64) -> Option<usize> {
+        self.existing
+            .binary_search_by_key(&id, |(slot, _)| *slot)
+            .ok()
+    }
+
+    /// A hash of the data of the table's element `id`, if it held one.
+    fn existing_data(&self, id: u64) -> Option<u64> {
+        self.position(id).map(|at| self.existing[at].1)
+    }
+
+    fn claims_mut(&mut self, id: u64) -> &mut u32 {
+        match self.position(id) {
+            Some(at) => &mut self.existing_claims[at],
+            None => self.new_claims.entry(id).or_default(),
+        }
+    }
+
+    fn claim(&mut self, id: u64) {
+        *self.claims_mut(id) += 1;
+    }
+
+    fn unclaim(&mut self, id: u64) {
+        let claims = self.claims_mut(id);
+        *claims = claims.saturating_sub(1);
+    }
+
+    /// Whether a service of this sync wants the element `id`.
+    fn claimed(&self, id: u64) -> bool {
+        match self.position(id) {
+            Some(at) => self.existing_claims[at] > 0,
+            None => self.new_claims.get(&id).is_some_and(|claims| *claims > 0),
+        }
+    }
+
+    /// Whether the table held the element `id` and nobody claimed it: a leftover.
+    fn is_leftover(&self, id: u64) -> bool {
+        self.position(id)
+            .is_some_and(|at| self.existing_claims[at] == 0)
+    }
+
+    fn has_leftovers(&self) -> bool {
+        self.existing_claims.contains(&0)
     }
 }
 
-/// The endpoint map elements a previous run left: key and a hash of the verdict, sorted
-/// by key, and which of them this sync claimed. 17 bytes an element, against a `Slot`'s
-/// hundred: at 100,000 endpoints this is the sync's largest structure.
+/// The endpoint map elements a previous run left, and which of them this sync claimed.
+/// Keys come in runs (a chain's block), so they are kept as runs, each element as a hash
+/// of its verdict: 9 bytes an element, and at 100,000 endpoints or more this is still the
+/// sync's largest structure.
 #[derive(Debug, Default)]
 struct EndpointElements {
-    entries: Vec<(u32, u64)>,
+    /// Per run of consecutive keys, in key order: its first key, and the index in `data`
+    /// of its first element.
+    runs: Vec<(u32, u32)>,
+    /// Per element, in key order: a hash of its data.
+    data: Vec<u64>,
     claimed: Vec<bool>,
 }
 
 impl EndpointElements {
+    /// The elements of one map, as listed (key, data hash), in any order.
+    fn of(mut listed: Vec<(u32, u64)>) -> EndpointElements {
+        listed.sort_unstable();
+        listed.dedup_by_key(|(key, _)| *key);
+        let mut runs: Vec<(u32, u32)> = Vec::new();
+        let mut previous: Option<u32> = None;
+        for (index, (key, _)) in listed.iter().enumerate() {
+            if previous.and_then(|p| p.checked_add(1)) != Some(*key) {
+                runs.push((*key, u32::try_from(index).unwrap_or(u32::MAX)));
+            }
+            previous = Some(*key);
+        }
+        runs.shrink_to_fit();
+        // Not `collect()` from `listed`: that would keep its allocation, twice the size.
+        let mut data = Vec::with_capacity(listed.len());
+        data.extend(listed.iter().map(|(_, data)| *data));
+        EndpointElements {
+            runs,
+            claimed: vec![false; listed.len()],
+            data,
+        }
+    }
+
+    /// Where `key`'s element is, if the table held one.
     fn position(&self, key: u32) -> Option<usize> {
-        self.entries.binary_search_by_key(&key, |(k, _)| *k).ok()
+        let run = self
+            .runs
+            .partition_point(|(first, _)| *first <= key)
+            .checked_sub(1)?;
+        let (first, start) = self.runs[run];
+        let end = self.runs.get(run + 1).map_or(self.data.len(), |(_, next)| *next as usize);
+        let at = start as usize + (key - first) as usize;
+        (at < end).then_some(at)
+    }
+
+    /// Every key, in order.
+    fn keys(&self) -> impl Iterator<Item = u32> + '_ {
+        self.runs.iter().enumerate().flat_map(|(run, (first, start))| {
+            let end = self.runs.get(run + 1).map_or(self.data.len(), |(_, next)| *next as usize);
+            (0..end - *start as usize).map(move |offset| first + offset as u32)
+        })
     }
 }
 
@@ -106,6 +205,7 @@ impl ListedChains {
 
     fn sort(&mut self) {
         self.0.sort_unstable_by_key(|chain| chain.name);
+        self.0.shrink_to_fit();
     }
 
     fn in_place(&self, chain: &ChainPlan) -> bool {
@@ -138,9 +238,8 @@ pub(super) struct FullSync<'a, 'v> {
     table: Table,
     /// The table was created by this sync: nothing to adopt or clean up.
     fresh: bool,
-    /// By [`slot_id`] of set and key: the key itself is read again from the table for the
-    /// few leftovers to delete, rather than kept for every element.
-    slots: HashMap<u64, Slot>,
+    /// What the shared maps held before this sync, and the claims on their keys.
+    slots: Slots,
     /// What a previous run left in the endpoint maps: reused where the plan wants the same
     /// key with the same verdict, avoided by new blocks, and deleted where unclaimed.
     endpoint_elements: HashMap<SharedSet, EndpointElements>,
@@ -171,7 +270,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             report,
             table: Table::inet(TABLE),
             fresh: false,
-            slots: HashMap::new(),
+            slots: Slots::default(),
             endpoint_elements: HashMap::new(),
             chains: ListedChains::default(),
             wanted: HashSet::new(),
@@ -196,13 +295,13 @@ impl<'a, 'v> FullSync<'a, 'v> {
         self.proxy.no_local.clear();
         self.proxy.shared.clear();
         let planner = self.planner;
+        // An adoption sends few messages for many services, and each member holds its plan
+        // until the commit: the services are bounded too, more tightly when adopting, whose
+        // snapshot is alive meanwhile and whose commits are cheap (they write no rule).
+        let max_members = self.batch_messages / if self.fresh { 4 } else { 16 };
         for plan in planner.services(&mut keys) {
             self.add(plan)?;
-            // An adoption sends few messages for many services, and each member holds
-            // its plan until the commit: the services are bounded too.
-            if self.batch.len() >= self.batch_messages
-                || self.members.len() >= self.batch_messages / 4
-            {
+            if self.batch.len() >= self.batch_messages || self.members.len() >= max_members {
                 self.flush()?;
             }
         }
@@ -263,7 +362,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .iter()
             .filter_map(|name| SharedSet::endpoints_from_name(name))
         {
-            let mut entries: Vec<(u32, u64)> = Vec::new();
+            let mut listed: Vec<(u32, u64)> = Vec::new();
             self.proxy
                 .socket
                 .each_element(&self.table, &map.name(), |element| {
@@ -271,15 +370,13 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         .as_ref()
                         .map(|t| &t.0[..])
                     {
-                        entries.push((*key, listed_data_hash(&element.data)));
+                        listed.push((*key, listed_data_hash(&element.data)));
                     }
                 })
                 .map_err(Error::netlink("listing the endpoint maps"))?;
-            entries.sort_unstable();
-            keys.reserve(map, entries.iter().map(|(key, _)| *key).collect());
-            let claimed = vec![false; entries.len()];
-            self.endpoint_elements
-                .insert(map, EndpointElements { entries, claimed });
+            let elements = EndpointElements::of(listed);
+            keys.reserve(map, elements.keys());
+            self.endpoint_elements.insert(map, elements);
         }
         let chains = &mut self.chains;
         self.proxy
@@ -294,17 +391,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
             })
             .map_err(Error::netlink("listing the rules"))?;
         chains.sort();
-        let mut slots = std::mem::take(&mut self.slots);
+        let mut existing = Vec::new();
         self.each_shared_element(|set, element| {
-            slots.insert(
+            existing.push((
                 slot_id(set, &element.key),
-                Slot {
-                    existing: Some(listed_data_hash(&element.data)),
-                    claims: 0,
-                },
-            );
+                listed_data_hash(&element.data),
+            ));
         })?;
-        self.slots = slots;
+        self.slots = Slots::of(existing);
         Ok(())
     }
 
@@ -324,9 +418,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .collect();
         // A shared element (a hairpin pair) may be wanted by several services.
         if let Some(index) = keys.iter().find_map(|(index, key)| {
-            (!plan.elements[*index].set.kind.is_shared()
-                && self.slots.get(key).is_some_and(Slot::claimed))
-            .then_some(*index)
+            (!plan.elements[*index].set.kind.is_shared() && self.slots.claimed(*key)).then_some(*index)
         }) {
             let element = &plan.elements[index];
             let reason = format!(
@@ -360,7 +452,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             match existing {
                 Some((at, listed)) => {
                     listed.claimed[at] = true;
-                    if listed.entries[at].1 != planned_data_hash(&element.element.data) {
+                    if listed.data[at] != planned_data_hash(&element.element.data) {
                         stale.push(index);
                         missing.push(index);
                     }
@@ -369,9 +461,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
             }
         }
         for (index, key) in keys {
-            let slot = self.slots.entry(key).or_default();
-            slot.claims += 1;
-            match slot.existing {
+            self.slots.claim(key);
+            match self.slots.existing_data(key) {
                 Some(data) if data == planned_data_hash(&plan.elements[index].element.data) => {}
                 Some(_) => {
                     stale.push(index);
@@ -431,10 +522,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         "service refused by the kernel"
                     );
                     for element in &member.plan.elements {
-                        if element.set.kind != SharedKind::Endpoints
-                            && let Some(slot) = self.slots.get_mut(&planned_slot_id(element))
-                        {
-                            slot.claims = slot.claims.saturating_sub(1);
+                        if element.set.kind != SharedKind::Endpoints {
+                            self.slots.unclaim(planned_slot_id(element));
                         }
                         // Its endpoint elements in place go with its old chains.
                         if let ([Value::Integer32(key)], Some(listed)) = (
@@ -505,15 +594,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
         // The unclaimed elements' keys, read back from the table.
         let slots = std::mem::take(&mut self.slots);
         let mut elements: Vec<ElementPlan> = Vec::new();
-        if slots
-            .values()
-            .any(|slot| !slot.claimed() && slot.existing.is_some())
-        {
+        if slots.has_leftovers() {
             self.each_shared_element(|set, element| {
-                let unclaimed = slots
-                    .get(&slot_id(set, &element.key))
-                    .is_some_and(|slot| !slot.claimed() && slot.existing.is_some());
-                if let Some(key) = tuple_from_bytes(set, &element.key).filter(|_| unclaimed) {
+                let leftover = slots.is_leftover(slot_id(set, &element.key));
+                if let Some(key) = tuple_from_bytes(set, &element.key).filter(|_| leftover) {
                     elements.push(ElementPlan {
                         set,
                         element: Element::new(key),
@@ -526,14 +610,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .into_iter()
             .flat_map(|(map, listed)| {
                 listed
-                    .entries
-                    .into_iter()
-                    .zip(listed.claimed)
-                    .filter(|(_, claimed)| !claimed)
-                    .map(move |((key, _), _)| ElementPlan {
+                    .keys()
+                    .zip(&listed.claimed)
+                    .filter(|(_, claimed)| !**claimed)
+                    .map(|(key, _)| ElementPlan {
                         set: map,
                         element: Element::new(Value::Integer32(key)),
                     })
+                    .collect::<Vec<_>>()
             })
             .collect();
         let wanted = &self.wanted;
@@ -679,4 +763,29 @@ fn planned_data_hash(data: &Option<ElementData>) -> u64 {
 /// A key of a shared map from the kernel's bytes, to delete it.
 fn tuple_from_bytes(set: SharedSet, bytes: &[u8]) -> Option<Tuple> {
     Tuple::from_bytes(&set.definition().key, bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::EndpointElements;
+
+    #[test]
+    fn endpoint_elements_are_found_by_key_in_their_runs() {
+        // Two blocks, 4…6 and 16…17, and a lone key at the top of the key space, listed
+        // out of order as a hash map's dump is.
+        let listed = vec![(17, 7), (4, 1), (u32::MAX, 9), (6, 3), (16, 6), (5, 2)];
+        let elements = EndpointElements::of(listed);
+        assert_eq!(elements.runs, [(4, 0), (16, 3), (u32::MAX, 5)]);
+        let found = |key| elements.position(key).map(|at| elements.data[at]);
+        assert_eq!(
+            [4, 5, 6, 16, 17, u32::MAX].map(found),
+            [1, 2, 3, 6, 7, 9].map(Some)
+        );
+        assert_eq!([0, 3, 7, 15, 18, u32::MAX - 1].map(found), [None; 6]);
+        assert_eq!(
+            elements.keys().collect::<Vec<_>>(),
+            [4, 5, 6, 16, 17, u32::MAX]
+        );
+        assert_eq!(EndpointElements::of(Vec::new()).position(0), None);
+    }
 }
