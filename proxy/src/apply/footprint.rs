@@ -9,8 +9,10 @@
 //! `role-HASH-` head when the hash can be recomputed, and front-coded against the
 //! previous name in sorted order, so the ten endpoint chains of a port cost a few bytes
 //! each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). Contents are kept as 32-bit
-//! digests: a chain's rules, a set's elements, a shared-map element's data. What still
-//! matches is left alone; a chain that changed is rewritten, a set refilled, an element
+//! digests: a chain's rules, a set's elements, a shared-map element's data, and for the
+//! endpoint maps' runs of keys one digest per chunk of 16 elements, so that the record
+//! grows with services and ports, not with endpoints. What still matches is left alone; a
+//! chain that changed is rewritten, a set refilled, an element (or an endpoint chunk)
 //! deleted by key and re-added.
 
 use std::collections::HashMap;
@@ -29,6 +31,10 @@ use crate::plan::{
 const ROLES: [&str; 6] = [
     "service", "local", "external", "firewall", "endpoint", "affinity",
 ];
+
+/// Endpoint elements per digest in a run: a change rewrites the chunk that holds it, at
+/// most this many elements, and a service of ten endpoints keeps one digest a port.
+const RUN_CHUNK: usize = 16;
 
 /// Tag bits of a name entry.
 const TAG_SET: u8 = 0x01;
@@ -92,35 +98,36 @@ impl Footprint {
             previous = text;
         }
         // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
-        // a run is stored as its set, first key and count, then one digest per element.
-        let mut runs: Vec<(SharedSet, u32, Vec<u32>)> = Vec::new();
+        // a run is stored as its set, first key and count, then one digest per chunk of
+        // [`RUN_CHUNK`] elements.
+        let mut runs: Vec<(SharedSet, u32, Vec<&Option<ElementData>>)> = Vec::new();
         let mut others: Vec<&ElementPlan> = Vec::new();
         for element in &plan.elements {
             let Some(key) = run_key(element) else {
                 others.push(element);
                 continue;
             };
-            let contents = data_digest(&element.element.data);
+            let data = &element.element.data;
             match runs.last_mut() {
-                Some((set, first, digests))
+                Some((set, first, datas))
                     if *set == element.set
-                        && u32::try_from(digests.len())
+                        && u32::try_from(datas.len())
                             .ok()
                             .and_then(|n| first.checked_add(n))
                             == Some(key) =>
                 {
-                    digests.push(contents);
+                    datas.push(data);
                 }
-                _ => runs.push((element.set, key, vec![contents])),
+                _ => runs.push((element.set, key, vec![data])),
             }
         }
         write_count(&mut bytes, runs.len());
-        for (set, first, digests) in &runs {
+        for (set, first, datas) in &runs {
             write_set(&mut bytes, *set);
             bytes.extend_from_slice(&first.to_ne_bytes());
-            write_count(&mut bytes, digests.len());
-            for contents in digests {
-                bytes.extend_from_slice(&contents.to_ne_bytes());
+            write_count(&mut bytes, datas.len());
+            for chunk in datas.chunks(RUN_CHUNK) {
+                bytes.extend_from_slice(&digest(&chunk).to_ne_bytes());
             }
         }
         write_count(&mut bytes, others.len());
@@ -228,6 +235,44 @@ impl Footprint {
             .iter()
             .map(|e| ((e.set, &e.element.key, &e.element.key_end), &e.element))
             .collect();
+        let runs = reader.count()?;
+        for _ in 0..runs {
+            let set = reader.set()?;
+            let first = reader.u32()?;
+            let count = reader.u32()?;
+            // The chunks' keys, each chunk left alone when the new plan has the same data
+            // at all of its keys, and replaced whole otherwise.
+            let mut start = 0;
+            while start < count {
+                let end = count.min(start + RUN_CHUNK as u32);
+                let keys: Vec<Tuple> = (start..end)
+                    .map(|i| Some(Tuple(vec![Value::Integer32(first.checked_add(i)?)])))
+                    .collect::<Option<_>>()?;
+                let stored = reader.u32()?;
+                let now: Option<Vec<&Element>> = keys
+                    .iter()
+                    .map(|key| planned.get(&(set, key, &None)).copied())
+                    .collect();
+                let same = now.filter(|elements| {
+                    let datas: Vec<&Option<ElementData>> =
+                        elements.iter().map(|element| &element.data).collect();
+                    digest(&datas.as_slice()) == stored
+                });
+                match same {
+                    Some(elements) => plan.elements.extend(elements.into_iter().map(|element| {
+                        ElementPlan {
+                            set,
+                            element: element.clone(),
+                        }
+                    })),
+                    None => plan.elements.extend(keys.into_iter().map(|key| ElementPlan {
+                        set,
+                        element: Element::new(key),
+                    })),
+                }
+                start = end;
+            }
+        }
         let mut previous_element = |set: SharedSet, key: Tuple, key_end: Option<Tuple>, digest| {
             let same = planned
                 .get(&(set, &key, &key_end))
@@ -241,16 +286,6 @@ impl Footprint {
             };
             plan.elements.push(ElementPlan { set, element });
         };
-        let runs = reader.count()?;
-        for _ in 0..runs {
-            let set = reader.set()?;
-            let first = reader.u32()?;
-            let count = reader.u32()?;
-            for key in (0..count).map(|i| first.checked_add(i)) {
-                let digest = reader.u32()?;
-                previous_element(set, Tuple(vec![Value::Integer32(key?)]), None, digest);
-            }
-        }
         let elements = reader.count()?;
         for _ in 0..elements {
             let set = reader.set()?;

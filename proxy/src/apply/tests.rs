@@ -91,7 +91,7 @@ fn dispatched(endpoints: u8, offset: u32) -> ServicePlan {
     plan.blocks.push(KeyBlock {
         map,
         offset,
-        class: 4,
+        class: 5,
         chain: 0xfeed,
     });
     for i in 0..endpoints {
@@ -108,16 +108,17 @@ fn dispatched(endpoints: u8, offset: u32) -> ServicePlan {
 
 #[test]
 fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
-    let old = dispatched(10, 32);
+    let old = dispatched(20, 32);
     let footprint = Footprint::of(&old, 0xabcd_ef01_2345_6789);
     assert_eq!(footprint.digest(), 0xabcd_ef01_2345_6789);
     assert_eq!(footprint.chains(), old.chains.len());
     assert_eq!(footprint.blocks(), old.blocks);
-    // Ten endpoint elements as one run: a digest each, not a set, key and digest each.
+    // Twenty endpoint elements as one run: a digest for each chunk of sixteen, not a
+    // set, key and digest each.
     let without = Footprint::of(&dispatched(0, 32), 1).len();
     assert!(
-        footprint.len() - without <= 10 * 4 + 16,
-        "{} bytes for ten endpoints",
+        footprint.len() - without <= 2 * 4 + 10,
+        "{} bytes for twenty endpoints",
         footprint.len() - without
     );
     let same = footprint.previous_plan(&old).expect("readable");
@@ -126,25 +127,39 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     elements.sort_by_key(|e| format!("{e:?}"));
     expected.sort_by_key(|e| format!("{e:?}"));
     assert_eq!(elements, expected);
-    // One endpoint moved: only its element is rebuilt key-only (deleted and re-added).
-    let mut moved = old.clone();
-    let endpoint = moved
-        .elements
-        .iter_mut()
-        .find(|e| e.element.key == Tuple(vec![Value::Integer32(35)]))
-        .expect("key 35");
-    endpoint.element = Element::new(Value::Integer32(35)).with_value(Tuple(vec![
-        Value::Ipv4([10, 244, 9, 9].into()),
-        Value::InetService(8080),
-    ]));
-    let previous = footprint.previous_plan(&moved).expect("readable");
-    let differing: Vec<&ElementPlan> = previous
+    // One endpoint moved: only the elements of its chunk are rebuilt key-only (deleted
+    // and re-added), sixteen for key 35 (keys 32 to 47), four for key 50 (48 to 51).
+    for (key, chunk) in [(35, 32..48), (50, 48..52)] {
+        let mut moved = old.clone();
+        let endpoint = moved
+            .elements
+            .iter_mut()
+            .find(|e| e.element.key == Tuple(vec![Value::Integer32(key)]))
+            .expect("the key");
+        endpoint.element = Element::new(Value::Integer32(key)).with_value(Tuple(vec![
+            Value::Ipv4([10, 244, 9, 9].into()),
+            Value::InetService(8080),
+        ]));
+        let previous = footprint.previous_plan(&moved).expect("readable");
+        let differing: Vec<&Element> = previous
+            .elements
+            .iter()
+            .filter(|e| !moved.elements.contains(e))
+            .map(|e| &e.element)
+            .collect();
+        let rebuilt: Vec<Element> = chunk.map(|k| Element::new(Value::Integer32(k))).collect();
+        assert_eq!(differing, rebuilt.iter().collect::<Vec<_>>());
+    }
+    // Fewer endpoints: the chunk whose keys the new plan lacks is rebuilt whole; the
+    // first chunk and the two elements outside the run are left alone.
+    let shrunk = dispatched(18, 32);
+    let previous = footprint.previous_plan(&shrunk).expect("readable");
+    let kept = previous
         .elements
         .iter()
-        .filter(|e| !moved.elements.contains(e))
-        .collect();
-    assert_eq!(differing.len(), 1);
-    assert_eq!(differing[0].element, Element::new(Value::Integer32(35)));
+        .filter(|e| shrunk.elements.contains(e))
+        .count();
+    assert_eq!(kept, 16 + 2);
 }
 
 #[test]
