@@ -10,7 +10,7 @@
 //! previous name in sorted order, so the ten endpoint chains of a port cost a few bytes
 //! each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). Contents are kept as 32-bit
 //! digests: a chain's rules, a set's elements, a shared-map element's data, and for the
-//! endpoint maps' runs of keys one digest per chunk of 16 elements, so that the record
+//! endpoint maps' runs of keys one digest per chunk of 4 elements, so that the record
 //! grows with services and ports, not with endpoints. What still matches is left alone; a
 //! chain that changed is rewritten, a set refilled, an element (or an endpoint chunk)
 //! deleted by key and re-added.
@@ -33,8 +33,10 @@ const ROLES: [&str; 6] = [
 ];
 
 /// Endpoint elements per digest in a run: a change rewrites the chunk that holds it, at
-/// most this many elements, and a service of ten endpoints keeps one digest a port.
-const RUN_CHUNK: usize = 16;
+/// most this many elements (each element added costs a validation against every rule
+/// bound to its map, so 16 made a two-port churn three times slower), and a service of
+/// ten endpoints keeps three digests a port where it kept ten.
+const RUN_CHUNK: usize = 4;
 
 /// Tag bits of a name entry.
 const TAG_SET: u8 = 0x01;
@@ -230,49 +232,12 @@ impl Footprint {
             previous = text;
         }
         // By set and key: a service may have thousands of endpoint elements.
-        let planned: HashMap<(SharedSet, &Tuple, &Option<Tuple>), &Element> = new
+        let planned: Planned<'_> = new
             .elements
             .iter()
             .map(|e| ((e.set, &e.element.key, &e.element.key_end), &e.element))
             .collect();
-        let runs = reader.count()?;
-        for _ in 0..runs {
-            let set = reader.set()?;
-            let first = reader.u32()?;
-            let count = reader.u32()?;
-            // The chunks' keys, each chunk left alone when the new plan has the same data
-            // at all of its keys, and replaced whole otherwise.
-            let mut start = 0;
-            while start < count {
-                let end = count.min(start + RUN_CHUNK as u32);
-                let keys: Vec<Tuple> = (start..end)
-                    .map(|i| Some(Tuple(vec![Value::Integer32(first.checked_add(i)?)])))
-                    .collect::<Option<_>>()?;
-                let stored = reader.u32()?;
-                let now: Option<Vec<&Element>> = keys
-                    .iter()
-                    .map(|key| planned.get(&(set, key, &None)).copied())
-                    .collect();
-                let same = now.filter(|elements| {
-                    let datas: Vec<&Option<ElementData>> =
-                        elements.iter().map(|element| &element.data).collect();
-                    digest(&datas.as_slice()) == stored
-                });
-                match same {
-                    Some(elements) => plan.elements.extend(elements.into_iter().map(|element| {
-                        ElementPlan {
-                            set,
-                            element: element.clone(),
-                        }
-                    })),
-                    None => plan.elements.extend(keys.into_iter().map(|key| ElementPlan {
-                        set,
-                        element: Element::new(key),
-                    })),
-                }
-                start = end;
-            }
-        }
+        previous_runs(&mut reader, &planned, &mut plan.elements)?;
         let mut previous_element = |set: SharedSet, key: Tuple, key_end: Option<Tuple>, digest| {
             let same = planned
                 .get(&(set, &key, &key_end))
@@ -299,6 +264,56 @@ impl Footprint {
         }
         Some(plan)
     }
+}
+
+/// Planned elements by set, key and key end.
+type Planned<'a> = HashMap<(SharedSet, &'a Tuple, &'a Option<Tuple>), &'a Element>;
+
+/// Reads a footprint's endpoint runs into `elements`: the chunks' keys, each chunk left
+/// alone when `planned` has the same data at all of its keys, and replaced whole
+/// otherwise. `None` when the record is corrupt.
+fn previous_runs(
+    reader: &mut Reader<'_>,
+    planned: &Planned<'_>,
+    elements: &mut Vec<ElementPlan>,
+) -> Option<()> {
+    let runs = reader.count()?;
+    for _ in 0..runs {
+        let set = reader.set()?;
+        let first = reader.u32()?;
+        let count = reader.u32()?;
+        // The chunks' keys, each chunk left alone when the new plan has the same data
+        // at all of its keys, and replaced whole otherwise.
+        let mut start = 0;
+        while start < count {
+            let end = count.min(start.saturating_add(RUN_CHUNK as u32));
+            let keys: Vec<Tuple> = (start..end)
+                .map(|i| Some(Tuple(vec![Value::Integer32(first.checked_add(i)?)])))
+                .collect::<Option<_>>()?;
+            let stored = reader.u32()?;
+            let now: Option<Vec<&Element>> = keys
+                .iter()
+                .map(|key| planned.get(&(set, key, &None)).copied())
+                .collect();
+            let unchanged = now.filter(|now| {
+                let datas: Vec<&Option<ElementData>> =
+                    now.iter().map(|element| &element.data).collect();
+                digest(&datas.as_slice()) == stored
+            });
+            match unchanged {
+                Some(now) => elements.extend(now.into_iter().map(|element| ElementPlan {
+                    set,
+                    element: element.clone(),
+                })),
+                None => elements.extend(keys.into_iter().map(|key| ElementPlan {
+                    set,
+                    element: Element::new(key),
+                })),
+            }
+            start = end;
+        }
+    }
+    Some(())
 }
 
 /// The key of an element stored in a run: a single 32-bit integer (an endpoint map's key).

@@ -113,11 +113,11 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     assert_eq!(footprint.digest(), 0xabcd_ef01_2345_6789);
     assert_eq!(footprint.chains(), old.chains.len());
     assert_eq!(footprint.blocks(), old.blocks);
-    // Twenty endpoint elements as one run: a digest for each chunk of sixteen, not a
-    // set, key and digest each.
+    // Twenty endpoint elements as one run: a digest for each chunk of four, not a set,
+    // key and digest each.
     let without = Footprint::of(&dispatched(0, 32), 1).len();
     assert!(
-        footprint.len() - without <= 2 * 4 + 10,
+        footprint.len() - without <= 5 * 4 + 10,
         "{} bytes for twenty endpoints",
         footprint.len() - without
     );
@@ -128,8 +128,8 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     expected.sort_by_key(|e| format!("{e:?}"));
     assert_eq!(elements, expected);
     // One endpoint moved: only the elements of its chunk are rebuilt key-only (deleted
-    // and re-added), sixteen for key 35 (keys 32 to 47), four for key 50 (48 to 51).
-    for (key, chunk) in [(35, 32..48), (50, 48..52)] {
+    // and re-added): keys 32 to 35 for key 35, 48 to 51 for key 50.
+    for (key, chunk) in [(35, 32..36), (50, 48..52)] {
         let mut moved = old.clone();
         let endpoint = moved
             .elements
@@ -150,8 +150,8 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
         let rebuilt: Vec<Element> = chunk.map(|k| Element::new(Value::Integer32(k))).collect();
         assert_eq!(differing, rebuilt.iter().collect::<Vec<_>>());
     }
-    // Fewer endpoints: the chunk whose keys the new plan lacks is rebuilt whole; the
-    // first chunk and the two elements outside the run are left alone.
+    // Fewer endpoints: the chunk whose keys the new plan lacks is rebuilt whole; the four
+    // chunks before it and the two elements outside the run are left alone.
     let shrunk = dispatched(18, 32);
     let previous = footprint.previous_plan(&shrunk).expect("readable");
     let kept = previous

@@ -370,10 +370,7 @@ mod tests {
         let mut ranges: Vec<(u32, u32)> = keys.iter().map(|&key| (key, key)).collect();
         // An adopted block over 8…11, and one inside another.
         ranges.extend([(8, 11), (4, 4)]);
-        assert_eq!(
-            merged(ranges),
-            [(3, 5), (7, 11), (u32::MAX - 1, u32::MAX)]
-        );
+        assert_eq!(merged(ranges), [(3, 5), (7, 11), (u32::MAX - 1, u32::MAX)]);
         let mut space = KeySpace {
             reserved: vec![(0, 5), (8, 11)],
             ..KeySpace::default()
