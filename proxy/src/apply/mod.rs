@@ -302,11 +302,12 @@ impl Proxy {
         let planner = Planner::new(view, &self.config);
         // Every UDP service address, those of services gone since too: after a restart
         // this deletes what the previous process left pinned to old endpoints.
-        let mut udp = UdpCheck::default();
+        let mut udp = UdpCheck::full();
         udp.had(self.udp_addresses_recorded(planner.facts()));
         let outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
         if outcome.is_ok() {
-            report.conntrack_deletions += udp.stale_flows().delete(&mut self.socket);
+            let stale = udp.stale_flows();
+            report.conntrack_deletions += stale.delete(&mut self.socket, &planner);
         }
         let skeleton = outcome?;
         if planner.facts().network_policy {
@@ -386,7 +387,7 @@ impl Proxy {
             self.record(key, record);
         }
         if !udp.is_empty() {
-            report.conntrack_deletions += udp.delete(&mut self.socket);
+            report.conntrack_deletions += udp.delete(&mut self.socket, &planner);
         }
         self.shared.merge(claims);
         if planner.facts().network_policy

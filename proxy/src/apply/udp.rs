@@ -7,20 +7,25 @@
 //! had are read back from its footprint ([`addresses_of`]), the endpoints that serve an
 //! address now come from this sync's plans.
 //!
-//! A full sync checks every UDP address of the node, so what it gathers is kept as
-//! 64-bit hashes in sorted vectors: 8 bytes per address and per (address, serving
-//! endpoint) pair, where the addresses and endpoint lists themselves took about 60 (at
-//! 10,000 UDP services with 10 endpoints, 1 MiB instead of 6 at the sync's peak). Two
-//! pairs with one hash would keep a stale entry until it times out, no worse.
+//! What a sync gathers is kept as 64-bit hashes in sorted vectors. A partial sync keeps
+//! its few services' (address, serving endpoint) pairs. A full sync checks every UDP
+//! address of the node, so it keeps 16 bytes per address (its hash and the key of the
+//! service that claims it), and plans the endpoints again only for the addresses the
+//! conntrack table holds entries for: at 10,000 UDP services with 10 endpoints, 0.2 MiB
+//! where the pairs were 1 MiB and the addresses and endpoint lists themselves 6. Two
+//! pairs or addresses with one hash would keep a stale entry until it times out, no
+//! worse.
 
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 
 use nodus_view::model::Family;
 use tracing::warn;
 
+use super::service_key;
 use crate::nft::{Socket, UdpEntry, Value};
-use crate::plan::{NodeFacts, ServicePlan, SharedKind, UdpFlows};
+use crate::plan::{NodeFacts, Planner, ServicePlan, SharedKind, UdpFlows};
 
 /// Stale entries collected from one dump before they are deleted: a bound on the memory
 /// a cleanup takes whatever the size of the conntrack table. A dump that fills it is
@@ -36,11 +41,28 @@ pub(super) struct UdpCheck {
 }
 
 impl UdpCheck {
+    /// A full sync's check: the serving endpoints are planned again when needed.
+    pub(super) fn full() -> UdpCheck {
+        UdpCheck {
+            flows: StaleFlows {
+                serving: Serving::Owners(Vec::new()),
+                ..StaleFlows::default()
+            },
+        }
+    }
+
     /// The flows `plan` programs: their addresses are checked, their endpoints serve.
     pub(super) fn planned(&mut self, plan: &ServicePlan) {
         for flows in &plan.udp_flows {
             self.had(flows.service_addresses.iter().copied());
-            self.serves(flows);
+            match &mut self.flows.serving {
+                Serving::Pairs(_) => self.serves(flows),
+                Serving::Owners(owners) => {
+                    let owner = service_key(&plan.namespace, &plan.name);
+                    let claims = flows.service_addresses.iter();
+                    owners.extend(claims.map(|address| (address_hash(*address), owner)));
+                }
+            }
         }
     }
 
@@ -54,22 +76,48 @@ impl UdpCheck {
 
     /// The endpoints of `flows` serve its addresses, which are not checked for that.
     fn serves(&mut self, flows: &UdpFlows) {
-        for address in &flows.service_addresses {
-            let pairs = flows
-                .serving
-                .iter()
-                .map(|endpoint| pair_hash(*address, *endpoint));
-            self.flows.serving.extend(pairs);
+        if let Serving::Pairs(pairs) = &mut self.flows.serving {
+            for address in &flows.service_addresses {
+                let serving = flows.serving.iter();
+                pairs.extend(serving.map(|endpoint| pair_hash(*address, *endpoint)));
+            }
         }
     }
 
     pub(super) fn stale_flows(mut self) -> StaleFlows {
-        for hashes in [&mut self.flows.touched, &mut self.flows.serving] {
-            hashes.sort_unstable();
-            hashes.dedup();
-            hashes.shrink_to_fit();
+        sort_hashes(&mut self.flows.touched);
+        match &mut self.flows.serving {
+            Serving::Pairs(pairs) => sort_hashes(pairs),
+            Serving::Owners(owners) => {
+                owners.sort_unstable();
+                owners.dedup();
+                owners.shrink_to_fit();
+            }
         }
         self.flows
+    }
+}
+
+fn sort_hashes(hashes: &mut Vec<u64>) {
+    hashes.sort_unstable();
+    hashes.dedup();
+    hashes.shrink_to_fit();
+}
+
+/// Which endpoints serve the addresses a sync checks.
+#[derive(Debug)]
+enum Serving {
+    /// (address, endpoint) pairs of the services that claim an address now, sorted: an
+    /// address two services share keeps the endpoints of both.
+    Pairs(Vec<u64>),
+    /// (address, service key) of every claim, sorted: the services whose endpoints are
+    /// planned again for an address with conntrack entries.
+    Owners(Vec<(u64, u64)>),
+}
+
+impl Default for Serving {
+    fn default() -> Serving {
+        Serving::Pairs(Vec::new())
     }
 }
 
@@ -79,27 +127,39 @@ impl UdpCheck {
 pub(super) struct StaleFlows {
     /// The addresses checked, sorted.
     touched: Vec<u64>,
-    /// (address, endpoint) pairs of the services that claim an address now, sorted: an
-    /// address two services share keeps the endpoints of both.
-    serving: Vec<u64>,
+    serving: Serving,
     /// By family (`Family as usize`): whether any address checked is of that family.
     families: [bool; 2],
 }
+
+/// For a full sync: the endpoints that serve each address the conntrack table held
+/// entries for when it was first dumped.
+type Resolved = HashMap<(IpAddr, u16), Vec<(IpAddr, u16)>>;
 
 impl StaleFlows {
     pub(super) fn is_empty(&self) -> bool {
         self.touched.is_empty()
     }
 
-    pub(super) fn is_stale(&self, entry: &UdpEntry) -> bool {
+    fn is_touched(&self, address: (IpAddr, u16)) -> bool {
+        self.touched.binary_search(&address_hash(address)).is_ok()
+    }
+
+    /// Whether `entry` is stale; for a full sync, by `resolved`, where an address that
+    /// had no entry at the first dump counts as served (its flows began after the sync).
+    fn is_stale(&self, entry: &UdpEntry, resolved: &Resolved) -> bool {
         let destination = entry.original.destination;
-        self.touched
-            .binary_search(&address_hash(destination))
-            .is_ok()
-            && self
-                .serving
+        if !self.is_touched(destination) {
+            return false;
+        }
+        match &self.serving {
+            Serving::Pairs(pairs) => pairs
                 .binary_search(&pair_hash(destination, entry.reply_source))
-                .is_err()
+                .is_err(),
+            Serving::Owners(_) => resolved
+                .get(&destination)
+                .is_some_and(|serving| !serving.contains(&entry.reply_source)),
+        }
     }
 
     fn families(&self) -> impl Iterator<Item = Family> + '_ {
@@ -108,15 +168,61 @@ impl StaleFlows {
             .filter(|family| self.families[*family as usize])
     }
 
+    /// For a full sync: dumps the table once for the checked addresses that have
+    /// entries, and plans the endpoints of the services that claim them, in one pass
+    /// over the view.
+    fn resolve(&self, socket: &mut Socket, planner: &Planner<'_>) -> Resolved {
+        let Serving::Owners(owners) = &self.serving else {
+            return Resolved::new();
+        };
+        let mut resolved = Resolved::new();
+        for family in self.families() {
+            let dumped = socket.udp_conntrack_entries(family, |entry| {
+                let destination = entry.original.destination;
+                if resolved.len() < DELETE_CHUNK && self.is_touched(destination) {
+                    resolved.entry(destination).or_default();
+                }
+            });
+            if let Err(error) = dumped {
+                warn!(%error, "UDP conntrack cleanup failed");
+            }
+        }
+        if resolved.is_empty() {
+            return resolved;
+        }
+        let claimants = |address: &(IpAddr, u16)| {
+            let hash = address_hash(*address);
+            let first = owners.partition_point(|(claimed, _)| *claimed < hash);
+            owners[first..]
+                .iter()
+                .take_while(move |(claimed, _)| *claimed == hash)
+                .map(|(_, owner)| *owner)
+        };
+        let mut wanted: Vec<u64> = resolved.keys().flat_map(claimants).collect();
+        sort_hashes(&mut wanted);
+        let flows = planner.udp_flows(|namespace, name| {
+            wanted.binary_search(&service_key(namespace, name)).is_ok()
+        });
+        for flows in flows {
+            for address in &flows.service_addresses {
+                if let Some(serving) = resolved.get_mut(address) {
+                    serving.extend(&flows.serving);
+                }
+            }
+        }
+        resolved
+    }
+
     /// Deletes the stale entries from the kernel: how many were deleted. A failure is
     /// logged and costs only the cleanup: the rules are in place, and entries time out.
-    pub(super) fn delete(&self, socket: &mut Socket) -> usize {
+    pub(super) fn delete(&self, socket: &mut Socket, planner: &Planner<'_>) -> usize {
+        let resolved = self.resolve(socket, planner);
         let mut deleted = 0;
         for family in self.families() {
             for _ in 0..MAX_DUMPS {
                 let mut stale = Vec::new();
                 let dumped = socket.udp_conntrack_entries(family, |entry| {
-                    if stale.len() < DELETE_CHUNK && self.is_stale(&entry) {
+                    if stale.len() < DELETE_CHUNK && self.is_stale(&entry, &resolved) {
                         stale.push(entry);
                     }
                 });
@@ -234,28 +340,57 @@ mod tests {
             .map(|f| f.service_addresses.clone())
             .concat();
         let check = stale_flows_of(touched, [&after]);
-        assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:5353")));
-        assert!(check.is_stale(&entry("10.0.0.1:30053", "10.244.1.5:5353")));
-        assert!(!check.is_stale(&entry("10.96.0.10:53", "10.244.1.6:5353")));
+        assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:5353"), &Resolved::new()));
+        assert!(check.is_stale(
+            &entry("10.0.0.1:30053", "10.244.1.5:5353"),
+            &Resolved::new()
+        ));
+        assert!(!check.is_stale(&entry("10.96.0.10:53", "10.244.1.6:5353"), &Resolved::new()));
         // Another port of the same address, and addresses the sync did not touch.
-        assert!(!check.is_stale(&entry("10.96.0.10:54", "10.244.1.5:5353")));
-        assert!(!check.is_stale(&entry("10.96.0.11:53", "10.244.1.5:5353")));
+        assert!(!check.is_stale(&entry("10.96.0.10:54", "10.244.1.5:5353"), &Resolved::new()));
+        assert!(!check.is_stale(&entry("10.96.0.11:53", "10.244.1.5:5353"), &Resolved::new()));
         // A flow that began before the service had endpoints is answered by nobody's.
-        assert!(check.is_stale(&entry("10.96.0.10:53", "10.96.0.10:53")));
+        assert!(check.is_stale(&entry("10.96.0.10:53", "10.96.0.10:53"), &Resolved::new()));
+    }
+
+    #[test]
+    fn a_full_sync_keeps_owners_and_judges_by_the_endpoints_planned_again() {
+        let mut plan = ServicePlan::empty("kube-system", "kube-dns");
+        plan.udp_flows
+            .push(flows(&["10.96.0.10:53"], &["10.244.1.6:53"]));
+        let mut check = UdpCheck::full();
+        check.planned(&plan);
+        let check = check.stale_flows();
+        let Serving::Owners(owners) = &check.serving else {
+            panic!("a full sync keeps owners: {:?}", check.serving);
+        };
+        assert_eq!(
+            owners[..],
+            [(
+                address_hash(at("10.96.0.10:53")),
+                service_key("kube-system", "kube-dns")
+            )]
+        );
+        // What the first dump found and the plans gave.
+        let resolved = Resolved::from([(at("10.96.0.10:53"), vec![at("10.244.1.6:53")])]);
+        assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:53"), &resolved));
+        assert!(!check.is_stale(&entry("10.96.0.10:53", "10.244.1.6:53"), &resolved));
+        // An address without entries at the first dump: flows that began after the sync.
+        assert!(!check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:53"), &Resolved::new()));
     }
 
     #[test]
     fn a_deleted_service_leaves_no_flow_and_a_shared_address_keeps_both_services_endpoints() {
         let gone = flows(&["10.96.0.10:53"], &["10.244.1.5:5353"]);
         let check = stale_flows_of(gone.service_addresses.clone(), []);
-        assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:5353")));
+        assert!(check.is_stale(&entry("10.96.0.10:53", "10.244.1.5:5353"), &Resolved::new()));
 
         let changed = flows(&["192.0.2.1:53"], &["10.244.1.5:5353"]);
         let other = flows(&["192.0.2.1:53", "10.96.0.12:53"], &["10.244.2.9:53"]);
         let check = stale_flows_of(changed.service_addresses.clone(), [&changed, &other]);
-        assert!(!check.is_stale(&entry("192.0.2.1:53", "10.244.2.9:53")));
-        assert!(!check.is_stale(&entry("192.0.2.1:53", "10.244.1.5:5353")));
-        assert!(!check.is_stale(&entry("10.96.0.12:53", "10.244.1.5:5353")));
+        assert!(!check.is_stale(&entry("192.0.2.1:53", "10.244.2.9:53"), &Resolved::new()));
+        assert!(!check.is_stale(&entry("192.0.2.1:53", "10.244.1.5:5353"), &Resolved::new()));
+        assert!(!check.is_stale(&entry("10.96.0.12:53", "10.244.1.5:5353"), &Resolved::new()));
         assert_eq!(check.families().collect::<Vec<_>>(), [Family::V4]);
         assert_eq!(stale_flows_of(Vec::new(), [&other]).families().count(), 0);
         assert!(stale_flows_of(Vec::new(), [&other]).is_empty());

@@ -124,6 +124,21 @@ impl<'v> Planner<'v> {
             .filter(|plan| !plan.is_empty())
     }
 
+    /// The UDP flows of the services `wanted` names (namespace, name), planned again with
+    /// keys of their own (the flows do not depend on them): what a full sync's conntrack
+    /// cleanup asks for the few addresses the kernel holds entries for.
+    pub fn udp_flows(&self, wanted: impl Fn(&str, &str) -> bool) -> Vec<UdpFlows> {
+        let mut keys = EndpointKeys::new();
+        self.view
+            .services()
+            .filter(|service| self.plans_services() && wanted(service.namespace, service.name))
+            .flat_map(|service| {
+                service::plan_service(self.view, &service, &self.facts, &mut keys.lease(&[]))
+                    .udp_flows
+            })
+            .collect()
+    }
+
     /// Every address of this node's Node object, primary ones first: what [`Ruleset`]
     /// delivers here.
     /// Where `packet` goes through this node's whole planned ruleset: every service planned,
