@@ -19,7 +19,6 @@ mod udp;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -34,6 +33,7 @@ use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
     ProxySettings, ServicePlan, Skeleton, TABLE,
 };
+use footprint::service_key;
 use udp::{StaleFlows, UdpCheck};
 
 /// Messages per transaction of a full sync of `services` services: a tenth of them,
@@ -698,15 +698,6 @@ fn warn_contested(plan: &ServicePlan) {
             "external address and port claimed by an older service too; left to it"
         );
     }
-}
-
-/// The record key of a service: a 64-bit hash of its name. Collisions among a cluster's
-/// services are vanishingly unlikely (about 10⁻¹¹ for 10,000 services).
-fn service_key(namespace: &str, name: &str) -> u64 {
-    let mut hasher = std::hash::DefaultHasher::new();
-    namespace.hash(&mut hasher);
-    name.hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

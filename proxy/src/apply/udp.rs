@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use nodus_view::model::Family;
 use tracing::warn;
 
-use super::service_key;
+use super::footprint::service_key;
 use crate::nft::{Socket, UdpEntry, Value};
 use crate::plan::{NodeFacts, Planner, ServicePlan, SharedKind, UdpFlows};
 
