@@ -21,33 +21,16 @@ use nodus_testbed::bench::KernelMemory;
 use nodus_testbed::heap::{self, Counting};
 use nodus_testbed::netns::Netns;
 use nodus_testbed::scale::{self, Shape};
-use nodus_view::{Update, View, wire};
+use nodus_view::{Update, View};
 use std::time::{Duration, Instant};
 
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-fn update(object: serde_json::Value) -> anyhow::Result<Update> {
-    Ok(match object["kind"].as_str() {
-        Some("Service") => Update::Service(serde_json::from_value::<Box<wire::Service>>(object)?),
-        Some("EndpointSlice") => Update::EndpointSlice(serde_json::from_value(object)?),
-        _ => Update::Node(serde_json::from_value(object)?),
-    })
-}
-
-/// The view of `shape`, applied a page of 100 objects at a time as the watcher does, so
-/// that the decoded cluster is never alive at once beside it.
+/// The view of `shape`, applied a page at a time as the watcher does.
 fn view_of(shape: &Shape) -> anyhow::Result<View> {
     let mut view = View::new(&scale::node_name(0));
-    let mut page = Vec::with_capacity(100);
-    let mut objects = scale::cluster(shape).peekable();
-    while let Some(object) = objects.next() {
-        page.push(update(object)?);
-        if page.len() == 100 || objects.peek().is_none() {
-            let report = view.apply(page.drain(..));
-            anyhow::ensure!(report.invalid.is_empty(), "{:?}", report.invalid);
-        }
-    }
+    scale::apply_in_pages(&mut view, scale::cluster(shape))?;
     Ok(view)
 }
 
@@ -112,14 +95,14 @@ fn run(shape: Shape, changes: usize, kernel_memory: &KernelMemory) -> anyhow::Re
     let mut change_times = Vec::with_capacity(changes);
     for k in 0..changes {
         let slice = scale::slice(k % services, &shape, k / services + 1);
-        change_times.push(timed(vec![update(slice)?], &mut view)?);
+        change_times.push(timed(vec![scale::update(slice)?], &mut view)?);
     }
     let mut add_times = Vec::new();
     for k in 0..changes.min(100) {
         let i = services + k;
         let objects = vec![
-            update(scale::service(i, &shape))?,
-            update(scale::slice(i, &shape, 0))?,
+            scale::update(scale::service(i, &shape))?,
+            scale::update(scale::slice(i, &shape, 0))?,
         ];
         add_times.push(timed(objects, &mut view)?);
     }

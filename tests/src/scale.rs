@@ -4,6 +4,7 @@
 //! managedFields on Services, targetRefs, zones and conditions on every endpoint. nodus
 //! must skip the parts it does not use while parsing, so they belong in the workload.
 
+use nodus_view::{Update, View, wire};
 use serde_json::{Value, json};
 use std::net::Ipv4Addr;
 
@@ -320,6 +321,33 @@ pub fn pod(node: usize, k: usize, namespace: &str) -> Value {
 }
 
 /// Every object of a cluster of `shape`, nodes first.
+/// A generated object decoded as the watcher decodes it, through the view's lean wire
+/// structs.
+pub fn update(object: Value) -> anyhow::Result<Update> {
+    Ok(match object["kind"].as_str() {
+        Some("Service") => Update::Service(serde_json::from_value::<Box<wire::Service>>(object)?),
+        Some("EndpointSlice") => Update::EndpointSlice(serde_json::from_value(object)?),
+        Some("Pod") => Update::Pod(serde_json::from_value(object)?),
+        _ => Update::Node(serde_json::from_value(object)?),
+    })
+}
+
+/// Applies `objects` to `view` a page of 100 at a time (the watcher's page size), so that
+/// no more than one page of decoded objects is alive beside the view. An object the view
+/// refuses is an error.
+pub fn apply_in_pages(view: &mut View, objects: impl Iterator<Item = Value>) -> anyhow::Result<()> {
+    let mut page = Vec::with_capacity(100);
+    let mut objects = objects.peekable();
+    while let Some(object) = objects.next() {
+        page.push(update(object)?);
+        if page.len() == 100 || objects.peek().is_none() {
+            let report = view.apply(page.drain(..));
+            anyhow::ensure!(report.invalid.is_empty(), "{:?}", report.invalid);
+        }
+    }
+    Ok(())
+}
+
 pub fn cluster(shape: &Shape) -> impl Iterator<Item = Value> + '_ {
     (0..shape.nodes)
         .map(node)

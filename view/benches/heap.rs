@@ -7,7 +7,7 @@
 
 use nodus_testbed::heap::{self, Counting};
 use nodus_testbed::scale::{self, Shape};
-use nodus_view::{Update, View, wire};
+use nodus_view::View;
 use std::time::Instant;
 
 #[global_allocator]
@@ -15,30 +15,10 @@ static ALLOCATOR: Counting = Counting;
 
 const BUDGET_BYTES: usize = 8 << 20;
 
-fn update(object: serde_json::Value) -> Update {
-    match object["kind"].as_str() {
-        Some("Service") => {
-            Update::Service(serde_json::from_value::<Box<wire::Service>>(object).expect("service"))
-        }
-        Some("EndpointSlice") => Update::EndpointSlice(
-            serde_json::from_value::<Box<wire::EndpointSlice>>(object).expect("slice"),
-        ),
-        Some("Pod") => Update::Pod(serde_json::from_value::<Box<wire::Pod>>(object).expect("pod")),
-        _ => Update::Node(serde_json::from_value::<Box<wire::Node>>(object).expect("node")),
-    }
-}
-
-/// Applies `objects` in batches of 100 (the watcher's page size), so that no more than one
-/// page of wire objects is alive besides the view.
+/// Applies `objects` a page at a time (the watcher's page size), so that no more than one
+/// page of wire objects is alive beside the view.
 fn apply_in_pages(view: &mut View, objects: impl Iterator<Item = serde_json::Value>) {
-    let mut page = Vec::with_capacity(100);
-    for object in objects {
-        page.push(update(object));
-        if page.len() == 100 {
-            view.apply(page.drain(..));
-        }
-    }
-    view.apply(page);
+    scale::apply_in_pages(view, objects).expect("the generated objects are valid");
 }
 
 /// The view's heap after the initial lists, after `churn` slice updates, and what this

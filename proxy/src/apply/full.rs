@@ -163,12 +163,15 @@ impl EndpointElements {
             .partition_point(|(first, _)| *first <= key)
             .checked_sub(1)?;
         let (first, start) = self.runs[run];
-        let end = self
-            .runs
-            .get(run + 1)
-            .map_or(self.data.len(), |(_, next)| *next as usize);
         let at = start as usize + (key - first) as usize;
-        (at < end).then_some(at)
+        (at < self.run_end(run)).then_some(at)
+    }
+
+    /// The index in `data` past the last element of run `run`.
+    fn run_end(&self, run: usize) -> usize {
+        self.runs
+            .get(run + 1)
+            .map_or(self.data.len(), |(_, next)| *next as usize)
     }
 
     /// Every key, in order.
@@ -177,11 +180,7 @@ impl EndpointElements {
             .iter()
             .enumerate()
             .flat_map(|(run, (first, start))| {
-                let end = self
-                    .runs
-                    .get(run + 1)
-                    .map_or(self.data.len(), |(_, next)| *next as usize);
-                (0..end - *start as usize).map(move |offset| first + offset as u32)
+                (0..self.run_end(run) - *start as usize).map(move |offset| first + offset as u32)
             })
     }
 }
@@ -618,20 +617,21 @@ impl<'a, 'v> FullSync<'a, 'v> {
             })?;
         }
         drop(slots);
-        let endpoint_keys: Vec<ElementPlan> = std::mem::take(&mut self.endpoint_elements)
-            .into_iter()
+        let endpoint_elements = std::mem::take(&mut self.endpoint_elements);
+        let endpoint_keys: Vec<ElementPlan> = endpoint_elements
+            .iter()
             .flat_map(|(map, listed)| {
                 listed
                     .keys()
                     .zip(&listed.claimed)
                     .filter(|(_, claimed)| !**claimed)
                     .map(|(key, _)| ElementPlan {
-                        set: map,
+                        set: *map,
                         element: Element::new(Value::Integer32(key)),
                     })
-                    .collect::<Vec<_>>()
             })
             .collect();
+        drop(endpoint_elements);
         let wanted = &self.wanted;
         let chains = self
             .proxy

@@ -85,23 +85,20 @@ impl UdpCheck {
     }
 
     pub(super) fn stale_flows(mut self) -> StaleFlows {
-        sort_hashes(&mut self.flows.touched);
+        sort_dedup(&mut self.flows.touched);
         match &mut self.flows.serving {
-            Serving::Pairs(pairs) => sort_hashes(pairs),
-            Serving::Owners(owners) => {
-                owners.sort_unstable();
-                owners.dedup();
-                owners.shrink_to_fit();
-            }
+            Serving::Pairs(pairs) => sort_dedup(pairs),
+            Serving::Owners(owners) => sort_dedup(owners),
         }
         self.flows
     }
 }
 
-fn sort_hashes(hashes: &mut Vec<u64>) {
-    hashes.sort_unstable();
-    hashes.dedup();
-    hashes.shrink_to_fit();
+/// `items` sorted for binary searches, each once, in no more memory than they need.
+fn sort_dedup<T: Ord>(items: &mut Vec<T>) {
+    items.sort_unstable();
+    items.dedup();
+    items.shrink_to_fit();
 }
 
 /// Which endpoints serve the addresses a sync checks.
@@ -199,7 +196,7 @@ impl StaleFlows {
                 .map(|(_, owner)| *owner)
         };
         let mut wanted: Vec<u64> = resolved.keys().flat_map(claimants).collect();
-        sort_hashes(&mut wanted);
+        sort_dedup(&mut wanted);
         let flows = planner.udp_flows(|namespace, name| {
             wanted.binary_search(&service_key(namespace, name)).is_ok()
         });
