@@ -123,13 +123,17 @@ fn kube_proxy_and_coredns_give_way_to_nodus_as_the_install_guide_says() {
     for (i, node) in cluster.nodes.iter().enumerate() {
         let name = &node.node.name;
         let node_field = format!("spec.nodeName={name}");
-        let nodus_pod = system_pods(&[
-            "-l",
-            "app.kubernetes.io/name=nodus",
-            "--field-selector",
-            &node_field,
-        ])
-        .expect("nodus's pod on the node");
+        // One pod: the rollout's old pod may still be listed, terminating, after it
+        // handed its sockets over.
+        let nodus_pod = wait_within(&format!("one nodus pod on {name}"), STEP_LIMIT, || {
+            let pods = system_pods(&[
+                "-l",
+                "app.kubernetes.io/name=nodus",
+                "--field-selector",
+                &node_field,
+            ])?;
+            (pods.trim().lines().count() == 1).then_some(pods)
+        });
         let cleaned = plane
             .kubectl(&[
                 "-n",
