@@ -831,7 +831,9 @@ fn a_rogue_node_claiming_others_ranges_changes_no_route_and_traffic_flows() {
                 .then_some(())
         },
     );
-    assert_eq!(nodes[0].metric("nodus_mesh_peers"), Some(1.0));
+    // The refusal is logged when the plan is made, before the device is synced and the
+    // gauge set: wait for the gauge rather than read it once.
+    nodes[0].wait_metric("nodus_mesh_peers", 1.0);
     for ip in [
         IpAddr::V4(pods[2].v4.expect("v4")),
         IpAddr::V6(pods[2].v6.expect("v6")),
