@@ -262,6 +262,10 @@ struct Perf {
     /// CPU time (user and system) the server spent per answered query, in microseconds:
     /// unlike QPS, it does not depend on how much of the machine the server got.
     cpu_us: f64,
+    /// The part of `cpu_us` spent in the server's own code; the rest is the kernel's
+    /// (receiving, routing and sending the datagrams, and on loopback delivering each
+    /// reply into the client's socket).
+    user_us: f64,
 }
 
 impl Perf {
@@ -271,13 +275,20 @@ impl Perf {
     }
 }
 
+/// CPU seconds, in user space and in the kernel.
+#[derive(Clone, Copy)]
+struct Cpu {
+    user: f64,
+    system: f64,
+}
+
 /// CPU seconds `pid` and its descendants (NSD answers from forked server processes) have
 /// used.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
+fn cpu_seconds(pid: u32) -> anyhow::Result<Cpu> {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    // (pid, parent, user + system ticks) of every process.
-    let mut processes: Vec<(u32, u32, u64)> = Vec::new();
+    // (pid, parent, user ticks, system ticks) of every process.
+    let mut processes: Vec<(u32, u32, u64, u64)> = Vec::new();
     for entry in std::fs::read_dir("/proc")? {
         let Ok(stat) = std::fs::read_to_string(entry?.path().join("stat")) else {
             continue;
@@ -292,23 +303,27 @@ fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
             number(head.split_whitespace().next()),
             number(fields.get(1).copied()),
         ) {
-            let used = number(fields.get(11).copied()).unwrap_or(0)
-                + number(fields.get(12).copied()).unwrap_or(0);
-            processes.push((this as u32, parent as u32, used));
+            let user = number(fields.get(11).copied()).unwrap_or(0);
+            let system = number(fields.get(12).copied()).unwrap_or(0);
+            processes.push((this as u32, parent as u32, user, system));
         }
     }
     let mut tree = vec![pid];
-    let mut total = 0;
+    let (mut user, mut system) = (0, 0);
     while let Some(next) = tree.pop() {
-        for (this, parent, used) in &processes {
+        for (this, parent, in_user, in_system) in &processes {
             if *this == next {
-                total += used;
+                user += in_user;
+                system += in_system;
             } else if *parent == next {
                 tree.push(*this);
             }
         }
     }
-    Ok(total as f64 / ticks)
+    Ok(Cpu {
+        user: user as f64 / ticks,
+        system: system as f64 / ticks,
+    })
 }
 
 /// One dnsperf run against the server on `port`, whose process is `pid`.
@@ -342,12 +357,15 @@ fn dnsperf(port: u16, pid: u32, queries: &Path, seconds: u32) -> anyhow::Result<
             .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
             .with_context(|| format!("no {key:?} in dnsperf output:\n{text}"))
     };
-    let cpu = cpu_seconds(pid)? - cpu_before;
+    let cpu_after = cpu_seconds(pid)?;
+    let per_query = 1e6 / number("Queries completed:")?.max(1.0);
+    let user = cpu_after.user - cpu_before.user;
     Ok(Perf {
         qps: number("Queries per second:")?,
         latency_ms: number("Average Latency (s):")? * 1000.0,
         lost: field("Queries lost:").unwrap_or_default(),
-        cpu_us: cpu * 1e6 / number("Queries completed:")?.max(1.0),
+        cpu_us: (user + cpu_after.system - cpu_before.system) * per_query,
+        user_us: user * per_query,
     })
 }
 
@@ -427,6 +445,8 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
         "µs/q",
         "1T/Knot"
     );
+    // Per query set asked of all three: the CPU per query of nodus 1T, NSD and Knot.
+    let mut per_core = Vec::new();
     for (label, file, ask_nsd) in &files {
         let mut ours: Vec<Vec<Perf>> = agents.iter().map(|_| Vec::new()).collect();
         let mut theirs = Vec::new();
@@ -443,10 +463,10 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
         let theirs = (!theirs.is_empty()).then(|| median(theirs));
         let knot = (!knots.is_empty()).then(|| median(knots));
         let mut line = format!("{label:<36}");
-        let mut first_qps = None;
+        let mut first = None;
         for runs in ours {
             let ours = median(runs);
-            first_qps.get_or_insert(ours.qps);
+            first.get_or_insert((ours.qps, ours.cpu_us, ours.user_us));
             let ratio = theirs
                 .as_ref()
                 .map_or_else(|| "—".to_string(), |t| format!("{:.2}×", ours.qps / t.qps));
@@ -472,7 +492,7 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
             }
             None => line.push_str(" | (not asked)"),
         }
-        if let (Some(knot), Some(ours)) = (&knot, first_qps) {
+        if let (Some(knot), Some((ours, ..))) = (&knot, first) {
             let _ = write!(
                 line,
                 " | {:>9.0} {:>6.2} {:>5.1} {:>6.2}×",
@@ -483,7 +503,18 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
             );
         }
         println!("{line}");
+        if let (Some(nsd), Some(knot), Some((_, cpu, user))) = (&theirs, &knot, first) {
+            per_core.push((
+                *label,
+                [
+                    (cpu, user),
+                    (nsd.cpu_us, nsd.user_us),
+                    (knot.cpu_us, knot.user_us),
+                ],
+            ));
+        }
     }
+    print_per_core(&per_core);
     drop((nsd, knot));
     for ((threads, _, agent), before) in agents.iter().zip(before) {
         let after = proc_memory(agent.pid())?;
@@ -496,6 +527,35 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The CPU per query of nodus 1T, NSD and Knot split into user space and kernel, and
+/// what one core answers: NSD's and Knot's CPU per query over nodus's ("per core"), and
+/// the same over nodus's kernel share alone ("floor": what nodus would reach if its own
+/// code cost nothing, the kernel's receive and send paths being the same for all three).
+fn print_per_core(rows: &[(&str, [(f64, f64); 3])]) {
+    println!(
+        "CPU per query in µs, user + kernel; per core: NSD's and Knot's CPU per query over \
+         nodus 1T's; floor: the same over nodus 1T's kernel share alone"
+    );
+    println!(
+        "{:<36} | {:>11} | {:>11} | {:>11} | {:>15} | {:>15}",
+        "query set", "nodus 1T", "NSD", "Knot", "per core N / K", "floor N / K"
+    );
+    for (label, [ours, nsd, knot]) in rows {
+        let split = |(cpu, user): (f64, f64)| format!("{user:.1} + {:.1}", cpu - user);
+        let kernel = (ours.0 - ours.1).max(f64::EPSILON);
+        println!(
+            "{label:<36} | {:>11} | {:>11} | {:>11} | {:>6.2}× / {:.2}× | {:>6.2}× / {:.2}×",
+            split(*ours),
+            split(*nsd),
+            split(*knot),
+            nsd.0 / ours.0,
+            knot.0 / ours.0,
+            nsd.0 / kernel,
+            knot.0 / kernel,
+        );
+    }
 }
 
 /// The first argument that makes this binary the autopath bench's client.
