@@ -259,13 +259,11 @@ struct Perf {
     qps: f64,
     latency_ms: f64,
     lost: String,
-    /// CPU time (user and system) the server spent per answered query, in microseconds:
-    /// unlike QPS, it does not depend on how much of the machine the server got.
-    cpu_us: f64,
-    /// The part of `cpu_us` spent in the server's own code; the rest is the kernel's
-    /// (receiving, routing and sending the datagrams, and on loopback delivering each
-    /// reply into the client's socket).
-    user_us: f64,
+    /// CPU time the server spent per answered query, in microseconds: unlike QPS, it does
+    /// not depend on how much of the machine the server got. `user` is its own code,
+    /// `system` the kernel's (receiving, routing and sending the datagrams, and on
+    /// loopback delivering each reply into the client's socket).
+    cpu_us: Cpu,
 }
 
 impl Perf {
@@ -275,11 +273,17 @@ impl Perf {
     }
 }
 
-/// CPU seconds, in user space and in the kernel.
+/// CPU time in user space and in the kernel.
 #[derive(Clone, Copy)]
 struct Cpu {
     user: f64,
     system: f64,
+}
+
+impl Cpu {
+    fn total(self) -> f64 {
+        self.user + self.system
+    }
 }
 
 /// CPU seconds `pid` and its descendants (NSD answers from forked server processes) have
@@ -359,13 +363,14 @@ fn dnsperf(port: u16, pid: u32, queries: &Path, seconds: u32) -> anyhow::Result<
     };
     let cpu_after = cpu_seconds(pid)?;
     let per_query = 1e6 / number("Queries completed:")?.max(1.0);
-    let user = cpu_after.user - cpu_before.user;
     Ok(Perf {
         qps: number("Queries per second:")?,
         latency_ms: number("Average Latency (s):")? * 1000.0,
         lost: field("Queries lost:").unwrap_or_default(),
-        cpu_us: (user + cpu_after.system - cpu_before.system) * per_query,
-        user_us: user * per_query,
+        cpu_us: Cpu {
+            user: (cpu_after.user - cpu_before.user) * per_query,
+            system: (cpu_after.system - cpu_before.system) * per_query,
+        },
     })
 }
 
@@ -466,14 +471,17 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
         let mut first = None;
         for runs in ours {
             let ours = median(runs);
-            first.get_or_insert((ours.qps, ours.cpu_us, ours.user_us));
+            first.get_or_insert((ours.qps, ours.cpu_us));
             let ratio = theirs
                 .as_ref()
                 .map_or_else(|| "—".to_string(), |t| format!("{:.2}×", ours.qps / t.qps));
             let _ = write!(
                 line,
                 " | {:>9.0} {:>6.2} {:>6} {:>5.1}",
-                ours.qps, ours.latency_ms, ratio, ours.cpu_us
+                ours.qps,
+                ours.latency_ms,
+                ratio,
+                ours.cpu_us.total()
             );
             if let Some(lost) = ours.lost_count() {
                 let _ = write!(line, " ({lost} lost)");
@@ -484,7 +492,9 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
                 let _ = write!(
                     line,
                     " | {:>9.0} {:>6.2} {:>5.1}",
-                    theirs.qps, theirs.latency_ms, theirs.cpu_us
+                    theirs.qps,
+                    theirs.latency_ms,
+                    theirs.cpu_us.total()
                 );
                 if let Some(lost) = theirs.lost_count() {
                     let _ = write!(line, " ({lost} lost)");
@@ -498,20 +508,13 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
                 " | {:>9.0} {:>6.2} {:>5.1} {:>6.2}×",
                 knot.qps,
                 knot.latency_ms,
-                knot.cpu_us,
+                knot.cpu_us.total(),
                 ours / knot.qps
             );
         }
         println!("{line}");
-        if let (Some(nsd), Some(knot), Some((_, cpu, user))) = (&theirs, &knot, first) {
-            per_core.push((
-                *label,
-                [
-                    (cpu, user),
-                    (nsd.cpu_us, nsd.user_us),
-                    (knot.cpu_us, knot.user_us),
-                ],
-            ));
+        if let (Some(nsd), Some(knot), Some((_, cpu))) = (&theirs, &knot, first) {
+            per_core.push((*label, [cpu, nsd.cpu_us, knot.cpu_us]));
         }
     }
     print_per_core(&per_core);
@@ -533,7 +536,7 @@ fn dnsperf_bench(opts: &Options, cluster: &BenchCluster) -> anyhow::Result<()> {
 /// what one core answers: NSD's and Knot's CPU per query over nodus's ("per core"), and
 /// the same over nodus's kernel share alone ("floor": what nodus would reach if its own
 /// code cost nothing, the kernel's receive and send paths being the same for all three).
-fn print_per_core(rows: &[(&str, [(f64, f64); 3])]) {
+fn print_per_core(rows: &[(&str, [Cpu; 3])]) {
     println!(
         "CPU per query in µs, user + kernel; per core: NSD's and Knot's CPU per query over \
          nodus 1T's; floor: the same over nodus 1T's kernel share alone"
@@ -543,17 +546,17 @@ fn print_per_core(rows: &[(&str, [(f64, f64); 3])]) {
         "query set", "nodus 1T", "NSD", "Knot", "per core N / K", "floor N / K"
     );
     for (label, [ours, nsd, knot]) in rows {
-        let split = |(cpu, user): (f64, f64)| format!("{user:.1} + {:.1}", cpu - user);
-        let kernel = (ours.0 - ours.1).max(f64::EPSILON);
+        let split = |cpu: &Cpu| format!("{:.1} + {:.1}", cpu.user, cpu.system);
+        let kernel = ours.system.max(f64::EPSILON);
         println!(
             "{label:<36} | {:>11} | {:>11} | {:>11} | {:>6.2}× / {:.2}× | {:>6.2}× / {:.2}×",
-            split(*ours),
-            split(*nsd),
-            split(*knot),
-            nsd.0 / ours.0,
-            knot.0 / ours.0,
-            nsd.0 / kernel,
-            knot.0 / kernel,
+            split(ours),
+            split(nsd),
+            split(knot),
+            nsd.total() / ours.total(),
+            knot.total() / ours.total(),
+            nsd.total() / kernel,
+            knot.total() / kernel,
         );
     }
 }
