@@ -375,7 +375,7 @@ fn data_digest(data: &Option<ElementData>) -> u32 {
     hasher.finish() as u32
 }
 
-/// A shared set in one byte (its kind and family), and its shard in a second for
+/// A shared set in one byte (its kind and family), and its shard in two more for
 /// endpoint maps.
 fn write_set(bytes: &mut Vec<u8>, set: SharedSet) {
     let kind = match set.kind {
@@ -388,7 +388,7 @@ fn write_set(bytes: &mut Vec<u8>, set: SharedSet) {
     let family = usize::from(set.family == Family::V6);
     bytes.push(u8::try_from(kind * 2 + family).unwrap_or_default());
     if set.kind == SharedKind::Endpoints {
-        bytes.push(set.shard);
+        bytes.extend_from_slice(&set.shard.to_ne_bytes());
     }
 }
 
@@ -477,9 +477,10 @@ impl<'a> Reader<'a> {
         };
         match SharedKind::ALL.get(index / 2) {
             Some(kind) => Some(SharedSet::new(*kind, family)),
-            None if index / 2 == SharedKind::ALL.len() => {
-                Some(SharedSet::endpoints(family, self.byte()?))
-            }
+            None if index / 2 == SharedKind::ALL.len() => Some(SharedSet::endpoints(
+                family,
+                u16::from_ne_bytes([self.byte()?, self.byte()?]),
+            )),
             None => None,
         }
     }

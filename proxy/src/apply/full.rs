@@ -16,7 +16,9 @@
 //!    already present with the same data; one with other data is deleted and re-added
 //!    within the same transaction. So an adoption after a restart sends nothing that is in
 //!    place, and its commits, which write no rule, spare the kernel a validation of the
-//!    whole table each.
+//!    whole table each. A table just created gets each service's chains and endpoints
+//!    first, and its elements in the skeleton's shared sets, which make it reachable, in
+//!    a few commits at the end ([`FullSync::enter_services`]).
 //! 3. What the previous run left and nobody claimed is removed: map elements first, then
 //!    chains are flushed, then chains and sets deleted, each step in its own bounded
 //!    transactions, so no map or rule ever points at a missing chain.
@@ -319,7 +321,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
             }
         }
         self.flush()?;
-        if !self.fresh {
+        if self.fresh {
+            self.enter_services()?;
+        } else {
             self.remove_leftovers()
                 .map_err(|error| Error::Leftovers(Box::new(error)))?;
         }
@@ -557,6 +561,52 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(())
     }
 
+    /// The second half of a cold start: the programmed services' elements in the
+    /// skeleton's shared sets, which lead traffic into their chains. Until now no path
+    /// from a base chain reached those chains, so each commit that wrote rules made the
+    /// kernel validate little more than the skeleton (`nft_table_validate` walks every
+    /// path from the base chains); entering them last, in a few large commits, validates
+    /// the whole table a few times rather than once per commit, and every service becomes
+    /// reachable with its endpoints already in place. The services are planned again for
+    /// these elements, with scratch key blocks (entries do not depend on them), rather
+    /// than their elements kept from the first half.
+    fn enter_services(&mut self) -> Result<(), Error> {
+        // What only the removal of leftovers needs, and a fresh table has none.
+        self.slots = Slots::default();
+        self.wanted = HashSet::new();
+        let planner = self.planner;
+        let mut scratch = EndpointKeys::new();
+        let mut batch = PlanBatch::new();
+        for plan in planner.services(&mut scratch) {
+            if !self
+                .proxy
+                .applied
+                .contains_key(&service_key(&plan.namespace, &plan.name))
+            {
+                continue;
+            }
+            batch.enter_service(&plan);
+            if batch.element_count() >= self.batch_messages * 4 {
+                self.commit_entries(std::mem::take(&mut batch))?;
+            }
+        }
+        self.commit_entries(batch)
+    }
+
+    /// A refusal here is not retried service by service: the full sync adopts the table
+    /// instead ([`Error::Unentered`]).
+    fn commit_entries(&mut self, batch: PlanBatch) -> Result<(), Error> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.proxy
+            .commit(&batch.into_batch(), self.report)
+            .map_err(|error| match error {
+                refusal @ nft::Error::Refused { .. } => Error::Unentered(refusal),
+                other => Error::netlink("entering the services")(other),
+            })
+    }
+
     fn record(&mut self, plan: &ServicePlan) {
         self.proxy.shared.claim(plan, 1);
         self.udp.planned(plan);
@@ -688,7 +738,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
 
 fn program(batch: &mut PlanBatch, member: &Member, fresh: bool) {
     if fresh {
-        batch.add_service(&member.plan);
+        batch.add_service_unentered(&member.plan);
     } else {
         let pick = |indexes: &[usize]| -> Vec<&ElementPlan> {
             indexes.iter().map(|&i| &member.plan.elements[i]).collect()

@@ -70,6 +70,11 @@ pub enum Error {
     /// elements no plan claims) could not all be removed; the next full sync tries again.
     #[error("removing leftovers of a previous run: {0}")]
     Leftovers(#[source] Box<Error>),
+    /// The kernel refused the last transactions of a cold start, which make its services
+    /// reachable; [`Proxy::full_sync`] then adopts what the first ones programmed, service
+    /// by service, so that only a service at fault is refused.
+    #[error("making the programmed services reachable: {0}")]
+    Unentered(#[source] nft::Error),
 }
 
 impl Error {
@@ -304,7 +309,14 @@ impl Proxy {
         // this deletes what the previous process left pinned to old endpoints.
         let mut udp = UdpCheck::full();
         udp.had(self.udp_addresses_recorded(planner.facts()));
-        let outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
+        let mut outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
+        if let Err(Error::Unentered(refusal)) = &outcome {
+            warn!(error = %refusal, "the cold start's entries were refused; adopting its table service by service");
+            report.added = 0;
+            udp = UdpCheck::full();
+            udp.had(self.udp_addresses_recorded(planner.facts()));
+            outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
+        }
         if outcome.is_ok() {
             let stale = udp.stale_flows();
             report.conntrack_deletions += stale.delete(&mut self.socket, &planner);

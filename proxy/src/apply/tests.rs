@@ -117,7 +117,7 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     // key and digest each.
     let without = Footprint::of(&dispatched(0, 32), 1).len();
     assert!(
-        footprint.len() - without <= 5 * 4 + 10,
+        footprint.len() - without <= 5 * 4 + 11,
         "{} bytes for twenty endpoints",
         footprint.len() - without
     );

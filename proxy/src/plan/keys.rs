@@ -249,13 +249,14 @@ fn fnv1a(chain: &str) -> u32 {
     })
 }
 
-fn shard_of_hash(hash: u32) -> u8 {
-    (hash % u32::from(SHARDS)) as u8
+fn shard_of_hash(hash: u32) -> u16 {
+    // Below SHARDS, so it fits.
+    (hash % u32::from(SHARDS)) as u16
 }
 
 /// The shard of a chain's endpoint map.
 #[cfg(test)]
-pub(crate) fn shard_of(chain: &str) -> u8 {
+pub(crate) fn shard_of(chain: &str) -> u16 {
     shard_of_hash(fnv1a(chain))
 }
 
@@ -382,7 +383,7 @@ mod tests {
 
     #[test]
     fn chains_spread_over_the_shards() {
-        let used: std::collections::HashSet<u8> = (0..1000)
+        let used: std::collections::HashSet<u16> = (0..5000)
             .map(|i| shard_of(&format!("service-{i}")))
             .collect();
         assert!(used.len() > usize::from(SHARDS) * 9 / 10, "{}", used.len());

@@ -133,7 +133,7 @@ impl SharedKind {
 }
 
 /// Endpoint maps per IP family (why several: `keys.rs`).
-pub const SHARDS: u8 = 128;
+pub const SHARDS: u16 = 512;
 
 /// A block of keys one chain took in one endpoint map (allocated in `keys.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -151,7 +151,7 @@ pub struct KeyBlock {
 pub struct SharedSet {
     pub kind: SharedKind,
     pub family: Family,
-    pub shard: u8,
+    pub shard: u16,
 }
 
 impl SharedSet {
@@ -163,7 +163,12 @@ impl SharedSet {
         }
     }
 
-    pub fn endpoints(family: Family, shard: u8) -> SharedSet {
+    /// Whether this is one of the endpoint maps rather than a set of the skeleton.
+    pub fn is_endpoint_map(self) -> bool {
+        self.kind == SharedKind::Endpoints
+    }
+
+    pub fn endpoints(family: Family, shard: u16) -> SharedSet {
         SharedSet {
             kind: SharedKind::Endpoints,
             family,
@@ -183,7 +188,7 @@ impl SharedSet {
     /// The endpoint map a table's set name denotes, if it is one.
     pub fn endpoints_from_name(name: &str) -> Option<SharedSet> {
         let (_, shard) = name.rsplit_once('-')?;
-        let shard = u8::from_str_radix(shard, 16).ok()?;
+        let shard = u16::from_str_radix(shard, 16).ok()?;
         Family::ALL
             .into_iter()
             .map(|family| SharedSet::endpoints(family, shard))

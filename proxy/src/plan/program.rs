@@ -28,6 +28,9 @@ pub struct PlanBatch {
     created_sets: HashMap<String, SetRef>,
     /// Adds of elements that [`SharedKind::changes_hands`], sent last.
     deferred: Vec<ElementPlan>,
+    /// While set, adds of elements in the skeleton's shared sets are left out
+    /// ([`PlanBatch::add_service_unentered`]).
+    withhold_entries: bool,
 }
 
 impl Default for PlanBatch {
@@ -42,6 +45,7 @@ impl PlanBatch {
             batch: Batch::new(Table::inet(TABLE)),
             created_sets: HashMap::new(),
             deferred: Vec::new(),
+            withhold_entries: false,
         }
     }
 
@@ -52,6 +56,11 @@ impl PlanBatch {
 
     pub fn is_empty(&self) -> bool {
         self.batch.is_empty() && self.deferred.is_empty()
+    }
+
+    /// Set elements added or deleted so far.
+    pub fn element_count(&self) -> usize {
+        self.batch.element_count() + self.deferred.len()
     }
 
     pub fn into_batch(mut self) -> Batch {
@@ -179,6 +188,27 @@ impl PlanBatch {
     /// Programs a service that is not in the table yet.
     pub fn add_service(&mut self, plan: &ServicePlan) {
         self.update_service(&ServicePlan::empty(&plan.namespace, &plan.name), plan);
+    }
+
+    /// Programs a service that is not in the table yet, all but its elements in the
+    /// skeleton's shared sets: its own sets, chains, rules and endpoint map elements, which
+    /// no path from a base chain reaches until [`PlanBatch::enter_service`] adds the rest
+    /// (its dispatch entries, ClusterIPs, no-endpoint verdicts and hairpin pairs).
+    pub fn add_service_unentered(&mut self, plan: &ServicePlan) {
+        self.withhold_entries = true;
+        self.add_service(plan);
+        self.withhold_entries = false;
+    }
+
+    /// The second half of [`PlanBatch::add_service_unentered`]: `plan`'s elements in the
+    /// skeleton's shared sets, whose verdicts name the chains added then.
+    /// Nothing is deleted in such a batch, so no add waits for the end of it.
+    pub fn enter_service(&mut self, plan: &ServicePlan) {
+        let entries = plan.elements.iter().filter(|e| !e.set.is_endpoint_map());
+        for (set, elements) in by_set(entries) {
+            let reference = self.set_ref(&set.name());
+            self.batch.add_elements(&reference, &elements);
+        }
     }
 
     /// Removes everything `old` programmed.
@@ -363,8 +393,10 @@ impl PlanBatch {
     }
 
     fn add_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
-        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
-            elements.partition(|element| element.set.kind.changes_hands());
+        let withhold = self.withhold_entries;
+        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) = elements
+            .filter(|element| !withhold || element.set.is_endpoint_map())
+            .partition(|element| element.set.kind.changes_hands());
         self.deferred.extend(deferred.into_iter().cloned());
         for (set, elements) in by_set(now.into_iter()) {
             let reference = self.set_ref(&set.name());

@@ -984,6 +984,61 @@ fn updates_touch_only_what_changed() {
     assert!(text.contains("delete element from service-ips-v4: 10.96.0.10 . tcp . 80"));
 }
 
+/// A cold start's two halves: the first leaves the service unreachable (no element of
+/// the skeleton's shared sets, only its chains, rules and endpoints), the second adds
+/// exactly those elements, and together they are what one `add_service` sends.
+#[test]
+fn an_unentered_service_is_entered_by_the_rest_of_its_elements() {
+    let view = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let mut whole = PlanBatch::new();
+    whole.add_service(&plan);
+    let mut unentered = PlanBatch::new();
+    unentered.add_service_unentered(&plan);
+    let mut entries = PlanBatch::new();
+    entries.enter_service(&plan);
+    let (whole, unentered, entries) = (
+        whole.into_batch().to_string(),
+        unentered.into_batch().to_string(),
+        entries.into_batch().to_string(),
+    );
+    let map = plan.blocks[0].map.name();
+    for line in unentered
+        .lines()
+        .filter(|line| line.starts_with("add element"))
+    {
+        assert!(
+            line.starts_with(&format!("add element to {map}:")),
+            "{line}"
+        );
+    }
+    assert!(unentered.contains("add rule"), "{unentered}");
+    assert!(!unentered.contains("service-ips-v4"), "{unentered}");
+    assert!(
+        entries
+            .lines()
+            .all(|line| line.starts_with("add element to ")),
+        "{entries}"
+    );
+    assert!(
+        entries.contains("add element to service-ips-v4: 10.96.0.10 . tcp . 80 : goto service-"),
+        "{entries}"
+    );
+    assert!(
+        entries.contains("add element to cluster-ips-v4: 10.96.0.10"),
+        "{entries}"
+    );
+    let mut halves: Vec<&str> = unentered.lines().chain(entries.lines()).collect();
+    let mut lines: Vec<&str> = whole.lines().collect();
+    halves.sort_unstable();
+    lines.sort_unstable();
+    assert_eq!(halves, lines);
+}
+
 #[test]
 fn cold_start_packs_services_into_bounded_batches() {
     let mut updates = vec![this_node()];
