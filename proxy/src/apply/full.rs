@@ -269,6 +269,8 @@ pub(super) struct FullSync<'a, 'v> {
     batch_messages: usize,
     /// The UDP flows of the services programmed, for the conntrack cleanup after.
     udp: &'a mut UdpCheck,
+    /// Endpoint maps the table holds: committed by this sync, or listed by its snapshot.
+    maps_in_table: HashSet<SharedSet>,
 }
 
 impl<'a, 'v> FullSync<'a, 'v> {
@@ -292,6 +294,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             batch: PlanBatch::new(),
             members: Vec::new(),
             batch_messages: full_sync_batch_messages(planner.service_count()),
+            maps_in_table: HashSet::new(),
         }
     }
 
@@ -394,7 +397,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
             let elements = EndpointElements::of(listed);
             keys.reserve(map, elements.keys());
             self.endpoint_elements.insert(map, elements);
+            self.maps_in_table.insert(map);
         }
+        self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
         let chains = &mut self.chains;
         self.proxy
             .socket
@@ -508,13 +513,18 @@ impl<'a, 'v> FullSync<'a, 'v> {
     /// Commits the transaction being built; when the kernel refuses it, retries each of
     /// its services alone and reports those refused again.
     fn flush(&mut self) -> Result<(), Error> {
-        let batch = std::mem::take(&mut self.batch).into_batch();
+        let next = PlanBatch::assuming_maps(&self.maps_in_table);
+        let batch = std::mem::replace(&mut self.batch, next);
+        let declared: Vec<SharedSet> = batch.declared_maps().collect();
+        let batch = batch.into_batch();
         let members = std::mem::take(&mut self.members);
         if batch.is_empty() {
             return Ok(());
         }
         match self.proxy.commit(&batch, self.report) {
             Ok(()) => {
+                self.maps_in_table.extend(declared);
+                self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
                 for member in &members {
                     self.record(&member.plan);
                 }

@@ -31,6 +31,8 @@ pub struct PlanBatch {
     /// While set, adds of elements in the skeleton's shared sets are left out
     /// ([`PlanBatch::add_service_unentered`]).
     withhold_entries: bool,
+    /// Endpoint maps an earlier transaction of the same sync created: not declared again.
+    maps_in_table: HashSet<SharedSet>,
 }
 
 impl Default for PlanBatch {
@@ -46,7 +48,25 @@ impl PlanBatch {
             created_sets: HashMap::new(),
             deferred: Vec::new(),
             withhold_entries: false,
+            maps_in_table: HashSet::new(),
         }
+    }
+
+    /// A batch that takes `maps` for existing endpoint maps, as an earlier committed
+    /// transaction of the same sync left them, and does not declare them again: each
+    /// `add map`, even of an existing one, walks the table's list of sets in the kernel.
+    pub fn assuming_maps(maps: &HashSet<SharedSet>) -> PlanBatch {
+        PlanBatch {
+            maps_in_table: maps.clone(),
+            ..PlanBatch::new()
+        }
+    }
+
+    /// The endpoint maps this batch declares.
+    pub fn declared_maps(&self) -> impl Iterator<Item = SharedSet> + '_ {
+        self.created_sets
+            .keys()
+            .filter_map(|name| SharedSet::endpoints_from_name(name))
     }
 
     /// Messages so far (a deferred element counts as one).
@@ -358,7 +378,7 @@ impl PlanBatch {
     /// share them; a full sync removes those left unused.
     fn ensure_endpoint_maps(&mut self, maps: impl IntoIterator<Item = SharedSet>) {
         for map in maps {
-            if !self.created_sets.contains_key(&map.name()) {
+            if !self.maps_in_table.contains(&map) && !self.created_sets.contains_key(&map.name()) {
                 self.add_set(&map.definition());
             }
         }

@@ -1039,6 +1039,38 @@ fn an_unentered_service_is_entered_by_the_rest_of_its_elements() {
     assert_eq!(halves, lines);
 }
 
+/// A batch that knows an endpoint map is in the table (an earlier transaction of the sync
+/// created it) does not declare it again, and refers to it by name.
+#[test]
+fn a_map_known_to_exist_is_not_declared_again() {
+    let view = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let plan = plan(&view, "web");
+    let map = plan.blocks[0].map;
+    let mut first = PlanBatch::new();
+    first.add_service(&plan);
+    assert_eq!(first.declared_maps().collect::<Vec<_>>(), [map]);
+    assert!(
+        first
+            .into_batch()
+            .to_string()
+            .contains(&format!("add map {}", map.name()))
+    );
+
+    let mut known = PlanBatch::assuming_maps(&std::iter::once(map).collect());
+    known.add_service(&plan);
+    assert_eq!(known.declared_maps().count(), 0);
+    let text = known.into_batch().to_string();
+    assert!(!text.contains("add map"), "{text}");
+    assert!(
+        text.contains(&format!("elements to {} ", map.name())),
+        "{text}"
+    );
+}
+
 #[test]
 fn cold_start_packs_services_into_bounded_batches() {
     let mut updates = vec![this_node()];
