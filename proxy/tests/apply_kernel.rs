@@ -11,6 +11,7 @@ use nodus_proxy::apply::{Proxy, SyncKind, cleanup};
 use nodus_proxy::nft::Socket;
 use nodus_proxy::plan::{EndpointKeys, Planner, ProxySettings, TableScope};
 use nodus_testbed::netns::{self, Netns};
+use nodus_testbed::scale::{self, Shape};
 
 mod common;
 use common::*;
@@ -240,6 +241,28 @@ fn a_restart_adopts_the_table_and_an_outside_flush_is_repaired() {
     assert_eq!(round_trip(&mut fresh, b"new!").expect("echo"), *b"new!");
     // Not asserted: in this test an outside `nft flush table` resets the established
     // connection itself, before any repair; adoption is what must keep it (above).
+}
+
+/// A restart that finds every service in place sends nothing for them, and has programmed
+/// them all the same: its records are what the next partial sync compares with. (Its
+/// transactions are empty: no chain, element or map declaration to send.)
+#[test]
+fn an_adoption_with_everything_in_place_records_every_service() {
+    netns::require_root();
+    let ns = Netns::new("apip").expect("namespace");
+    // Generated services, without sets of their own (no affinity) for an adoption to
+    // refill: nothing of theirs is sent again.
+    let mut view = View::new(&scale::node_name(0));
+    scale::apply_in_pages(&mut view, scale::cluster(&Shape::new(40, 3, 3))).expect("view");
+    let mut first = open_proxy(&ns);
+    let cold = first.full_sync(&view).expect("first run");
+    assert!(cold.added > 1, "{cold:?}");
+    drop(first);
+    let mut second = open_proxy(&ns);
+    let report = second.full_sync(&view).expect("adoption");
+    assert_eq!(report.added, cold.added, "{report:?}");
+    assert_eq!(report.elements, 0, "{report:?}");
+    assert_eq!(second.programmed_services(), cold.added);
 }
 
 #[test]

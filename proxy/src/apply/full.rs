@@ -518,7 +518,12 @@ impl<'a, 'v> FullSync<'a, 'v> {
         let declared: Vec<SharedSet> = batch.declared_maps().collect();
         let batch = batch.into_batch();
         let members = std::mem::take(&mut self.members);
+        // Services an adoption found wholly in place send nothing, and are programmed all
+        // the same.
         if batch.is_empty() {
+            for member in &members {
+                self.record(&member.plan);
+            }
             return Ok(());
         }
         match self.proxy.commit(&batch, self.report) {
