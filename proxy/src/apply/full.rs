@@ -510,11 +510,18 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(())
     }
 
-    /// Commits the transaction being built; when the kernel refuses it, retries each of
-    /// its services alone and reports those refused again.
+    /// Commits the transaction being built, and starts the next with the endpoint maps the
+    /// table now holds.
     fn flush(&mut self) -> Result<(), Error> {
-        let next = PlanBatch::assuming_maps(&self.maps_in_table);
-        let batch = std::mem::replace(&mut self.batch, next);
+        let batch = std::mem::take(&mut self.batch);
+        let committed = self.commit_members(batch);
+        self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
+        committed
+    }
+
+    /// Commits `batch` for the members; when the kernel refuses it, retries each of its
+    /// services alone and reports those refused again.
+    fn commit_members(&mut self, batch: PlanBatch) -> Result<(), Error> {
         let declared: Vec<SharedSet> = batch.declared_maps().collect();
         let batch = batch.into_batch();
         let members = std::mem::take(&mut self.members);
@@ -529,7 +536,6 @@ impl<'a, 'v> FullSync<'a, 'v> {
         match self.proxy.commit(&batch, self.report) {
             Ok(()) => {
                 self.maps_in_table.extend(declared);
-                self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
                 for member in &members {
                     self.record(&member.plan);
                 }

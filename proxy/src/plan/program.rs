@@ -85,10 +85,7 @@ impl PlanBatch {
 
     pub fn into_batch(mut self) -> Batch {
         let deferred = std::mem::take(&mut self.deferred);
-        for (set, elements) in by_set(deferred.iter()) {
-            let reference = self.set_ref(&set.name());
-            self.batch.add_elements(&reference, &elements);
-        }
+        self.add_elements_now(deferred.iter());
         self.batch
     }
 
@@ -224,11 +221,7 @@ impl PlanBatch {
     /// skeleton's shared sets, whose verdicts name the chains added then.
     /// Nothing is deleted in such a batch, so no add waits for the end of it.
     pub fn enter_service(&mut self, plan: &ServicePlan) {
-        let entries = plan.elements.iter().filter(|e| !e.set.is_endpoint_map());
-        for (set, elements) in by_set(entries) {
-            let reference = self.set_ref(&set.name());
-            self.batch.add_elements(&reference, &elements);
-        }
+        self.add_elements_now(plan.elements.iter().filter(|e| !e.set.is_endpoint_map()));
     }
 
     /// Removes everything `old` programmed.
@@ -418,7 +411,12 @@ impl PlanBatch {
             .filter(|element| !withhold || element.set.is_endpoint_map())
             .partition(|element| element.set.kind.changes_hands());
         self.deferred.extend(deferred.into_iter().cloned());
-        for (set, elements) in by_set(now.into_iter()) {
+        self.add_elements_now(now.into_iter());
+    }
+
+    /// Adds `elements` where they stand in the batch, one message per set.
+    fn add_elements_now<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
+        for (set, elements) in by_set(elements) {
             let reference = self.set_ref(&set.name());
             self.batch.add_elements(&reference, &elements);
         }
