@@ -312,7 +312,9 @@ impl Proxy {
         let mut outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
         if let Err(Error::Unentered(refusal)) = &outcome {
             warn!(error = %refusal, "the cold start's entries were refused; adopting its table service by service");
+            // The second run counts and refuses every service again.
             report.added = 0;
+            report.refused.clear();
             udp = UdpCheck::full();
             udp.had(self.udp_addresses_recorded(planner.facts()));
             outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
