@@ -1,24 +1,29 @@
 //! The compact record of what one service put in the table: the digest of its plan, its
 //! key blocks, the names of its chains and sets and the keys of its shared-map elements,
-//! packed into one small byte string (the applier keeps one per service, so every field
-//! held outside it would cost a word or more in 10,000 map entries).
+//! packed into one small byte string, and [`Footprints`], which keeps every service's
+//! string in one arena (10,000 boxes would each cost their allocation's rounding, and the
+//! map a fat pointer per entry).
 //!
 //! An update needs to know what to flush, delete and replace, but holding every
 //! committed [`ServicePlan`] would hold the whole ruleset (rules, anonymous maps,
 //! element data). A footprint keeps only names and keys. Names are stored without their
 //! `role-HASH-` head when the hash can be recomputed, and front-coded against the
-//! previous name in sorted order, so the ten endpoint chains of a port cost a few bytes
-//! each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). Contents are kept as 32-bit
-//! digests: a chain's rules, a set's elements, a shared-map element's data, and for the
-//! endpoint maps' runs of keys one digest per chunk of 4 elements, so that the record
-//! grows with services and ports, not with endpoints. What still matches is left alone; a
-//! chain that changed is rewritten, a set refilled, an element (or an endpoint chunk)
-//! deleted by key and re-added.
+//! previous name in sorted order, the first against the service's own `namespace/name/`
+//! (which every name of its ports starts with, and which the reader knows), so the ten
+//! endpoint chains of a port cost a few bytes each (`…__10.244.1.5/8080` after
+//! `…__10.244.1.4/8080`). Contents are kept as 32-bit digests: a chain's rules, a set's
+//! elements, a shared-map element's data, and for the endpoint maps' runs of keys one
+//! digest per chunk of 4 elements, so that the record grows with services and ports, not
+//! with endpoints. A run names the key block it fills rather than repeating its map and
+//! first key, counts and keys are varints, and an element without data stores no digest.
+//! What still matches is left alone; a chain that changed is rewritten, a set refilled,
+//! an element (or an endpoint chunk) deleted by key and re-added.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::{Ipv4Addr, Ipv6Addr};
 
+use integer_encoding::VarInt;
 use nodus_view::model::Family;
 
 use crate::nft::{Chain, DataType, Element, ElementData, Set, Tuple, Value, Verdict};
@@ -52,26 +57,31 @@ const TAG_SET: u8 = 0x01;
 /// Role index + 1 in the upper bits; 0 means the name is stored whole.
 const TAG_ROLE_SHIFT: u32 = 1;
 
-/// What one service last put in the table, in a few dozen bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Footprint(pub(super) Box<[u8]>);
+/// Flags in the set byte of an element outside the runs (the set itself takes the low
+/// four bits): it has data, whose digest follows; it has a key end, which follows its key.
+const ELEMENT_HAS_DATA: u8 = 0x40;
+const ELEMENT_HAS_KEY_END: u8 = 0x80;
+const ELEMENT_FLAGS: u8 = ELEMENT_HAS_DATA | ELEMENT_HAS_KEY_END;
 
-/// Where the header's fields sit: the plan's digest, then its chain count, then its key
-/// blocks (a count and the blocks), then the names and elements.
+/// What one service last put in the table, in a few dozen bytes: the bytes
+/// [`Footprint::encode`] made, as [`Footprints`] keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Footprint<'a>(pub(super) &'a [u8]);
+
+/// The plan's digest comes first, then its chain count, its key blocks, the names and the
+/// elements.
 const DIGEST: std::ops::Range<usize> = 0..8;
-const CHAINS: std::ops::Range<usize> = 8..12;
-const BLOCKS: usize = 12;
 
-impl Footprint {
+impl<'a> Footprint<'a> {
     /// The record of `plan`, whose [`ServicePlan::digest`] is `digest`.
-    pub fn of(plan: &ServicePlan, plan_digest: u64) -> Footprint {
+    pub fn encode(plan: &ServicePlan, plan_digest: u64) -> Box<[u8]> {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&plan_digest.to_ne_bytes());
         write_count(&mut bytes, plan.chains.len());
         write_count(&mut bytes, plan.blocks.len());
         for block in &plan.blocks {
-            write_set(&mut bytes, block.map);
-            bytes.extend_from_slice(&block.offset.to_ne_bytes());
+            write_set(&mut bytes, block.map, 0);
+            write_varint(&mut bytes, block.offset);
             bytes.push(block.class);
             bytes.extend_from_slice(&block.chain.to_ne_bytes());
         }
@@ -95,7 +105,8 @@ impl Footprint {
             .collect();
         names.sort_by(|a, b| a.3.cmp(b.3));
         write_count(&mut bytes, names.len());
-        let mut previous = "";
+        let prefix = service_prefix(plan);
+        let mut previous = prefix.as_str();
         for (is_set, digest, role, text) in names {
             let shared = common_prefix(previous, text);
             let suffix = &text[shared..];
@@ -109,8 +120,8 @@ impl Footprint {
             previous = text;
         }
         // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
-        // a run is stored as its set, first key and count, then one digest per chunk of
-        // [`RUN_CHUNK`] elements.
+        // a run is stored as the block it fills (or its set and first key), its count,
+        // then one digest per chunk of [`RUN_CHUNK`] elements.
         let mut runs: Vec<(SharedSet, u32, Vec<&Option<ElementData>>)> = Vec::new();
         let mut others: Vec<&ElementPlan> = Vec::new();
         for element in &plan.elements {
@@ -134,8 +145,19 @@ impl Footprint {
         }
         write_count(&mut bytes, runs.len());
         for (set, first, datas) in &runs {
-            write_set(&mut bytes, *set);
-            bytes.extend_from_slice(&first.to_ne_bytes());
+            let block = plan
+                .blocks
+                .iter()
+                .position(|block| block.map == *set && block.offset == *first)
+                .and_then(|index| u8::try_from(index + 1).ok());
+            match block {
+                Some(number) => bytes.push(number),
+                None => {
+                    bytes.push(0);
+                    write_set(&mut bytes, *set, 0);
+                    write_varint(&mut bytes, *first);
+                }
+            }
             write_count(&mut bytes, datas.len());
             for chunk in datas.chunks(RUN_CHUNK) {
                 bytes.extend_from_slice(&digest(&chunk).to_ne_bytes());
@@ -143,21 +165,12 @@ impl Footprint {
         }
         write_count(&mut bytes, others.len());
         for element in others {
-            write_set(&mut bytes, element.set);
-            bytes.extend_from_slice(&data_digest(&element.element.data).to_ne_bytes());
-            write_tuple(&mut bytes, &element.element.key);
-            match &element.element.key_end {
-                Some(end) => {
-                    bytes.push(1);
-                    write_tuple(&mut bytes, end);
-                }
-                None => bytes.push(0),
-            }
+            write_element(&mut bytes, element);
         }
-        Footprint(bytes.into_boxed_slice())
+        bytes.into_boxed_slice()
     }
 
-    /// Heap bytes held.
+    /// Bytes held.
     pub fn len(&self) -> usize {
         self.0.len()
     }
@@ -175,28 +188,36 @@ impl Footprint {
 
     /// Its chains in the table.
     pub fn chains(&self) -> usize {
-        let mut reader = Reader(self.0.get(CHAINS).unwrap_or_default());
-        reader.count().unwrap_or_default()
+        self.after_digest().count().unwrap_or_default()
     }
 
     /// The key blocks its endpoints took, for the next plan to reuse (none when corrupt).
     pub fn blocks(&self) -> Vec<KeyBlock> {
-        let mut reader = Reader(self.0.get(BLOCKS..).unwrap_or_default());
-        reader.blocks().unwrap_or_default()
+        let mut reader = self.after_digest();
+        reader
+            .count()
+            .and_then(|_| reader.blocks())
+            .unwrap_or_default()
+    }
+
+    /// The reader past the digest, at the chain count.
+    fn after_digest(&self) -> Reader<'a> {
+        Reader(self.0.get(DIGEST.end..).unwrap_or_default())
     }
 
     /// The previous plan as far as [`crate::plan::PlanBatch::update_service`] needs it to
-    /// turn it into `new`: chains and sets by name, with rules that match no real chain
-    /// so that every surviving chain is flushed and rewritten, and elements equal to
-    /// `new`'s where key and data digest agree (left alone), key-only otherwise (deleted
-    /// and re-added). `None` when the record is corrupt, which cannot happen for a
-    /// footprint made by [`Footprint::of`].
+    /// turn it into `new` (the same service's plan now): chains and sets by name, with
+    /// rules that match no real chain so that every surviving chain is flushed and
+    /// rewritten, and elements equal to `new`'s where key and data digest agree (left
+    /// alone), key-only otherwise (deleted and re-added). `None` when the record is
+    /// corrupt, which cannot happen for a footprint made by [`Footprint::encode`].
     pub fn previous_plan(&self, new: &ServicePlan) -> Option<ServicePlan> {
         let mut plan = ServicePlan::empty(&new.namespace, &new.name);
-        let mut reader = Reader(self.0.get(BLOCKS..)?);
-        reader.blocks()?;
+        let mut reader = self.after_digest();
+        reader.count()?;
+        let blocks = reader.blocks()?;
         let names = reader.count()?;
-        let mut previous = String::new();
+        let mut previous = service_prefix(new);
         for _ in 0..names {
             let tag = reader.byte()?;
             let shared = usize::from(reader.byte()?);
@@ -209,7 +230,7 @@ impl Footprint {
                 Some(index) => join_name(ROLES.get(index)?, &text),
                 None => text.clone(),
             };
-            let contents = u32::from_ne_bytes(reader.take(4)?.try_into().ok()?);
+            let contents = reader.u32()?;
             // Old contents are known only by digest: the same name with the same digest
             // is taken as unchanged (left alone), anything else as changed (a set is
             // flushed and refilled, a chain flushed and rewritten).
@@ -246,32 +267,168 @@ impl Footprint {
             .iter()
             .map(|e| ((e.set, &e.element.key, &e.element.key_end), &e.element))
             .collect();
-        previous_runs(&mut reader, &planned, &mut plan.elements)?;
-        let mut previous_element = |set: SharedSet, key: Tuple, key_end: Option<Tuple>, digest| {
+        previous_runs(&mut reader, &blocks, &planned, &mut plan.elements)?;
+        for element in reader.elements()? {
             let same = planned
-                .get(&(set, &key, &key_end))
-                .filter(|element| data_digest(&element.data) == digest);
-            let element = match same {
-                Some(element) => (*element).clone(),
-                None => Element {
-                    key_end,
-                    ..Element::new(key)
+                .get(&(element.set, &element.key, &element.key_end))
+                .filter(|planned| data_digest(&planned.data) == element.data_digest);
+            plan.elements.push(ElementPlan {
+                set: element.set,
+                element: match same {
+                    Some(planned) => (*planned).clone(),
+                    None => Element {
+                        key_end: element.key_end,
+                        ..Element::new(element.key)
+                    },
                 },
-            };
-            plan.elements.push(ElementPlan { set, element });
-        };
-        let elements = reader.count()?;
-        for _ in 0..elements {
-            let set = reader.set()?;
-            let digest = reader.u32()?;
-            let key = reader.tuple()?;
-            let key_end = match reader.byte()? {
-                0 => None,
-                _ => Some(reader.tuple()?),
-            };
-            previous_element(set, key, key_end, digest);
+            });
         }
         Some(plan)
+    }
+
+    /// The shared elements it holds outside the endpoint maps, key-only: what the UDP
+    /// check reads the service's addresses from when the service itself is not known.
+    /// `None` when the record is corrupt.
+    pub fn shared_elements(&self) -> Option<Vec<ElementPlan>> {
+        let mut reader = self.after_digest();
+        reader.count()?;
+        reader.blocks()?;
+        for _ in 0..reader.count()? {
+            reader.take(2)?;
+            let suffix_len = usize::from(reader.byte()?);
+            reader.take(suffix_len + 4)?;
+        }
+        for _ in 0..reader.count()? {
+            if reader.byte()? == 0 {
+                reader.set()?;
+                reader.varint()?;
+            }
+            let count = reader.count()?;
+            reader.take(count.div_ceil(RUN_CHUNK) * 4)?;
+        }
+        let elements = reader.elements()?;
+        Some(
+            elements
+                .into_iter()
+                .map(|element| ElementPlan {
+                    set: element.set,
+                    element: Element {
+                        key_end: element.key_end,
+                        ..Element::new(element.key)
+                    },
+                })
+                .collect(),
+        )
+    }
+}
+
+/// What every name of a service's ports starts with: the first name is coded against it.
+fn service_prefix(plan: &ServicePlan) -> String {
+    format!("{}/{}/", plan.namespace, plan.name)
+}
+
+/// Every service's footprint, by [`service_key`], in one arena. A footprint replaced or
+/// removed leaves its bytes behind until they are a quarter of those still used; the
+/// arena is then packed in place (what it costs: a sorted list of the spans, 8 bytes a
+/// service, for the moment it takes).
+#[derive(Debug, Default)]
+pub struct Footprints {
+    spans: HashMap<u64, Span>,
+    arena: Vec<u8>,
+    /// Bytes of `arena` that no span covers any more.
+    garbage: usize,
+}
+
+/// Where one footprint sits in the arena.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    start: u32,
+    len: u32,
+}
+
+/// Garbage below this is never packed away: a few changed services are not worth a pass.
+const PACK_ABOVE: usize = 64 << 10;
+
+/// The arena's size is kept to 32-bit offsets: 4 GiB of footprints, tens of millions of
+/// services, far beyond what the view can hold.
+#[derive(Debug, thiserror::Error)]
+#[error("the proxy's records hold 4 GiB; this service's was not kept")]
+pub struct RecordsFull;
+
+impl Footprints {
+    pub fn get(&self, key: u64) -> Option<Footprint<'_>> {
+        self.spans.get(&key).map(|span| self.at(*span))
+    }
+
+    pub fn contains(&self, key: u64) -> bool {
+        self.spans.contains_key(&key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = Footprint<'_>> {
+        self.spans.values().map(|span| self.at(*span))
+    }
+
+    /// Heap bytes held: the map's table and the arena's used part (the tail the vector
+    /// reserved beyond it is never written, so never resident).
+    pub fn heap_bytes(&self) -> usize {
+        self.spans.capacity() * (size_of::<(u64, Span)>() + 1) + self.arena.len()
+    }
+
+    /// Keeps `footprint` (made by [`Footprint::encode`]) for the service `key`, in place of
+    /// the one it had.
+    pub fn insert(&mut self, key: u64, footprint: &[u8]) -> Result<(), RecordsFull> {
+        self.remove(key);
+        let start = u32::try_from(self.arena.len()).map_err(|_| RecordsFull)?;
+        let len = u32::try_from(footprint.len()).map_err(|_| RecordsFull)?;
+        start.checked_add(len).ok_or(RecordsFull)?;
+        self.arena.extend_from_slice(footprint);
+        self.spans.insert(key, Span { start, len });
+        Ok(())
+    }
+
+    pub fn remove(&mut self, key: u64) {
+        if let Some(span) = self.spans.remove(&key) {
+            self.garbage += span.len as usize;
+            let used = self.arena.len() - self.garbage;
+            if self.garbage > PACK_ABOVE && self.garbage * 4 > used {
+                self.pack();
+            }
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.spans.clear();
+        self.arena.clear();
+        self.garbage = 0;
+    }
+
+    fn at(&self, span: Span) -> Footprint<'_> {
+        let start = span.start as usize;
+        Footprint(
+            self.arena
+                .get(start..start + span.len as usize)
+                .unwrap_or_default(),
+        )
+    }
+
+    /// Moves every footprint down over the garbage, in arena order.
+    fn pack(&mut self) {
+        let mut spans: Vec<&mut Span> = self.spans.values_mut().collect();
+        spans.sort_unstable_by_key(|span| span.start);
+        let mut end = 0;
+        for span in spans {
+            let start = span.start as usize;
+            self.arena
+                .copy_within(start..start + span.len as usize, end as usize);
+            span.start = end;
+            end += span.len;
+        }
+        self.arena.truncate(end as usize);
+        self.garbage = 0;
     }
 }
 
@@ -283,14 +440,17 @@ type Planned<'a> = HashMap<(SharedSet, &'a Tuple, &'a Option<Tuple>), &'a Elemen
 /// otherwise. `None` when the record is corrupt.
 fn previous_runs(
     reader: &mut Reader<'_>,
+    blocks: &[KeyBlock],
     planned: &Planned<'_>,
     elements: &mut Vec<ElementPlan>,
 ) -> Option<()> {
     let runs = reader.count()?;
     for _ in 0..runs {
-        let set = reader.set()?;
-        let first = reader.u32()?;
-        let count = reader.u32()?;
+        let (set, first) = match usize::from(reader.byte()?).checked_sub(1) {
+            Some(index) => blocks.get(index).map(|block| (block.map, block.offset))?,
+            None => (reader.set()?, reader.varint()?),
+        };
+        let count = u32::try_from(reader.count()?).ok()?;
         // The chunks' keys, each chunk left alone when the new plan has the same data
         // at all of its keys, and replaced whole otherwise.
         let mut start = 0;
@@ -375,9 +535,9 @@ fn data_digest(data: &Option<ElementData>) -> u32 {
     hasher.finish() as u32
 }
 
-/// A shared set in one byte (its kind and family), and its shard in two more for
-/// endpoint maps.
-fn write_set(bytes: &mut Vec<u8>, set: SharedSet) {
+/// A shared set in one byte (its kind and family, with `flags` in the bits above), and its
+/// shard in two more for endpoint maps.
+fn write_set(bytes: &mut Vec<u8>, set: SharedSet, flags: u8) {
     let kind = match set.kind {
         SharedKind::Endpoints => SharedKind::ALL.len(),
         kind => SharedKind::ALL
@@ -386,15 +546,44 @@ fn write_set(bytes: &mut Vec<u8>, set: SharedSet) {
             .unwrap_or_default(),
     };
     let family = usize::from(set.family == Family::V6);
-    bytes.push(u8::try_from(kind * 2 + family).unwrap_or_default());
+    bytes.push(u8::try_from(kind * 2 + family).unwrap_or_default() | flags);
     if set.kind == SharedKind::Endpoints {
         bytes.extend_from_slice(&set.shard.to_ne_bytes());
     }
 }
 
+/// An element outside the runs: its set and flags, its data's digest if it has data, its
+/// key and key end.
+fn write_element(bytes: &mut Vec<u8>, element: &ElementPlan) {
+    let Element {
+        key, key_end, data, ..
+    } = &element.element;
+    let mut flags = 0;
+    if data.is_some() {
+        flags |= ELEMENT_HAS_DATA;
+    }
+    if key_end.is_some() {
+        flags |= ELEMENT_HAS_KEY_END;
+    }
+    write_set(bytes, element.set, flags);
+    if data.is_some() {
+        bytes.extend_from_slice(&data_digest(data).to_ne_bytes());
+    }
+    write_tuple(bytes, key);
+    if let Some(end) = key_end {
+        write_tuple(bytes, end);
+    }
+}
+
+fn write_varint(bytes: &mut Vec<u8>, value: u32) {
+    let mut buffer = [0; 5];
+    let len = value.encode_var(&mut buffer);
+    bytes.extend_from_slice(&buffer[..len]);
+}
+
 fn write_count(bytes: &mut Vec<u8>, count: usize) {
     // A service's elements are bounded by its endpoints and ports, far below 2³².
-    bytes.extend_from_slice(&u32::try_from(count).unwrap_or(u32::MAX).to_ne_bytes());
+    write_varint(bytes, u32::try_from(count).unwrap_or(u32::MAX));
 }
 
 fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
@@ -426,6 +615,15 @@ fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
     }
 }
 
+/// A shared element as a footprint keeps it outside the runs.
+struct RecordedElement {
+    set: SharedSet,
+    key: Tuple,
+    key_end: Option<Tuple>,
+    /// [`data_digest`] of its data (of none, when it has none).
+    data_digest: u32,
+}
+
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
@@ -442,8 +640,14 @@ impl<'a> Reader<'a> {
         self.take(1).map(|bytes| bytes[0])
     }
 
+    fn varint(&mut self) -> Option<u32> {
+        let (value, len) = u32::decode_var(self.0)?;
+        self.take(len)?;
+        Some(value)
+    }
+
     fn count(&mut self) -> Option<usize> {
-        usize::try_from(self.u32()?).ok()
+        usize::try_from(self.varint()?).ok()
     }
 
     fn u32(&mut self) -> Option<u32> {
@@ -460,7 +664,7 @@ impl<'a> Reader<'a> {
         for _ in 0..count {
             blocks.push(KeyBlock {
                 map: self.set()?,
-                offset: self.u32()?,
+                offset: self.varint()?,
                 class: self.byte()?,
                 chain: self.u32()?,
             });
@@ -468,21 +672,56 @@ impl<'a> Reader<'a> {
         Some(blocks)
     }
 
+    /// The elements outside the runs, the last part of a footprint.
+    fn elements(&mut self) -> Option<Vec<RecordedElement>> {
+        let count = self.count()?;
+        let mut elements = Vec::with_capacity(count.min(self.0.len()));
+        for _ in 0..count {
+            let (set, flags) = self.flagged_set()?;
+            let data_digest = if flags & ELEMENT_HAS_DATA != 0 {
+                self.u32()?
+            } else {
+                data_digest(&None)
+            };
+            let key = self.tuple()?;
+            let key_end = if flags & ELEMENT_HAS_KEY_END != 0 {
+                Some(self.tuple()?)
+            } else {
+                None
+            };
+            elements.push(RecordedElement {
+                set,
+                key,
+                key_end,
+                data_digest,
+            });
+        }
+        Some(elements)
+    }
+
     fn set(&mut self) -> Option<SharedSet> {
-        let index = usize::from(self.byte()?);
+        match self.flagged_set()? {
+            (set, 0) => Some(set),
+            _ => None,
+        }
+    }
+
+    fn flagged_set(&mut self) -> Option<(SharedSet, u8)> {
+        let byte = self.byte()?;
+        let index = usize::from(byte & !ELEMENT_FLAGS);
         let family = if index % 2 == 0 {
             Family::V4
         } else {
             Family::V6
         };
-        match SharedKind::ALL.get(index / 2) {
-            Some(kind) => Some(SharedSet::new(*kind, family)),
-            None if index / 2 == SharedKind::ALL.len() => Some(SharedSet::endpoints(
-                family,
-                u16::from_ne_bytes([self.byte()?, self.byte()?]),
-            )),
-            None => None,
-        }
+        let set = match SharedKind::ALL.get(index / 2) {
+            Some(kind) => SharedSet::new(*kind, family),
+            None if index / 2 == SharedKind::ALL.len() => {
+                SharedSet::endpoints(family, u16::from_ne_bytes([self.byte()?, self.byte()?]))
+            }
+            None => return None,
+        };
+        Some((set, byte & ELEMENT_FLAGS))
     }
 
     fn tuple(&mut self) -> Option<Tuple> {

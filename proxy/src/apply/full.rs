@@ -602,7 +602,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             if !self
                 .proxy
                 .applied
-                .contains_key(&service_key(&plan.namespace, &plan.name))
+                .contains(service_key(&plan.namespace, &plan.name))
             {
                 continue;
             }

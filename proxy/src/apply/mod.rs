@@ -26,6 +26,7 @@ use nodus_view::{ChangeSet, ServiceName, View};
 use tracing::{debug, error, info, warn};
 
 pub use footprint::Footprint;
+use footprint::Footprints;
 pub use policy::RefusedPod;
 
 use crate::nft::{self, Batch, Socket, Table};
@@ -179,7 +180,7 @@ pub struct Proxy {
     socket: Socket,
     /// What was last committed per service, by [`service_key`]: a hash, so that the map
     /// holds no strings.
-    applied: HashMap<u64, Footprint>,
+    applied: Footprints,
     /// The services of `applied` that have Local-policy ports without a local endpoint.
     no_local: HashMap<u64, NoLocalEndpoints>,
     /// Claims of the programmed services on shared elements.
@@ -207,7 +208,7 @@ impl Proxy {
         Ok(Proxy {
             config,
             socket: Socket::open().map_err(Error::Open)?,
-            applied: HashMap::new(),
+            applied: Footprints::default(),
             no_local: HashMap::new(),
             shared: SharedClaims::default(),
             keys: EndpointKeys::new(),
@@ -274,8 +275,7 @@ impl Proxy {
     /// Heap bytes of the per-service records (footprints and the map's table), an
     /// estimate for the memory budget (the proxy bench prints it).
     pub fn record_bytes(&self) -> usize {
-        let table = self.applied.capacity() * (size_of::<(u64, Footprint)>() + 1);
-        table + self.applied.values().map(Footprint::len).sum::<usize>()
+        self.applied.heap_bytes()
     }
 
     /// Keeps what was committed for the service `key` (`None`: it is gone).
@@ -285,7 +285,11 @@ impl Proxy {
                 footprint,
                 no_local,
             }) => {
-                self.applied.insert(key, footprint);
+                if let Err(error) = self.applied.insert(key, &footprint) {
+                    // Unrecorded, the service would be added again over itself.
+                    error!(%error, "a service's record was not kept; a full sync follows");
+                    self.needs_full_sync = true;
+                }
                 if no_local == NoLocalEndpoints::default() {
                     self.no_local.remove(&key)
                 } else {
@@ -293,7 +297,7 @@ impl Proxy {
                 };
             }
             None => {
-                self.applied.remove(&key);
+                self.applied.remove(key);
                 self.no_local.remove(&key);
             }
         }
@@ -430,13 +434,15 @@ impl Proxy {
         let mut claims = SharedClaims::default();
         for name in &changes.services {
             let key = service_key(&name.namespace, &name.name);
-            let previous = self.applied.get(&key);
+            let previous = self.applied.get(key);
             let plan = planner.service(
                 &name.namespace,
                 &name.name,
-                &mut self
-                    .keys
-                    .lease(&previous.map(Footprint::blocks).unwrap_or_default()),
+                &mut self.keys.lease(
+                    &previous
+                        .map(|footprint| footprint.blocks())
+                        .unwrap_or_default(),
+                ),
             );
             let digest = (!plan.is_empty()).then(|| plan.digest());
             match (previous, digest) {
@@ -457,7 +463,7 @@ impl Proxy {
                     let Some(mut old) = previous.previous_plan(&plan) else {
                         return Err(format!("the record of {name:?} is corrupt"));
                     };
-                    udp.had(udp::addresses_of(&old, planner.facts()));
+                    udp.had(udp::addresses_of(&old.elements, planner.facts()));
                     udp.planned(&plan);
                     claims.claim(&old, -1);
                     claims.claim(&plan, 1);
@@ -511,12 +517,11 @@ impl Proxy {
     /// The UDP service addresses of every service recorded, read back from the
     /// footprints (their NodePorts on the node addresses of `facts`).
     fn udp_addresses_recorded(&self, facts: &NodeFacts) -> Vec<(IpAddr, u16)> {
-        let nobody = ServicePlan::empty("", "");
         let facts = self.facts.as_ref().unwrap_or(facts);
         self.applied
-            .values()
-            .filter_map(|footprint| footprint.previous_plan(&nobody))
-            .flat_map(|plan| udp::addresses_of(&plan, facts))
+            .iter()
+            .filter_map(|footprint| footprint.shared_elements())
+            .flat_map(|elements| udp::addresses_of(&elements, facts))
             .collect()
     }
 
@@ -578,7 +583,11 @@ impl Proxy {
             return Ok(false);
         }
         let chains = self.expected.skeleton_chains
-            + self.applied.values().map(Footprint::chains).sum::<usize>();
+            + self
+                .applied
+                .iter()
+                .map(|footprint| footprint.chains())
+                .sum::<usize>();
         if self
             .socket
             .count_chains(&table)
@@ -676,14 +685,15 @@ struct Planned {
 
 /// What a committed plan leaves in the applier's records.
 struct Record {
-    footprint: Footprint,
+    /// Made by [`Footprint::encode`].
+    footprint: Box<[u8]>,
     no_local: NoLocalEndpoints,
 }
 
 impl Record {
     fn of(digest: u64, plan: &ServicePlan) -> Record {
         Record {
-            footprint: Footprint::of(plan, digest),
+            footprint: Footprint::encode(plan, digest),
             no_local: plan.no_local,
         }
     }

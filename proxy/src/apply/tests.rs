@@ -3,6 +3,7 @@
 use nodus_view::model::Family;
 
 use super::Footprint;
+use super::footprint::Footprints;
 use crate::nft::{Chain, DataType, Element, Set, Tuple, Value, Verdict};
 use crate::plan::{
     ChainPlan, ElementPlan, KeyBlock, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
@@ -45,7 +46,8 @@ fn plan(endpoints: u8, data_chain: &str) -> ServicePlan {
 #[test]
 fn footprint_restores_names_and_keys() {
     let old = plan(10, "service-a");
-    let footprint = Footprint::of(&old, old.digest());
+    let bytes = Footprint::encode(&old, old.digest());
+    let footprint = Footprint(&bytes);
     let previous = footprint
         .previous_plan(&ServicePlan::empty("default", "web"))
         .expect("readable");
@@ -65,7 +67,8 @@ fn footprint_restores_names_and_keys() {
 #[test]
 fn unchanged_elements_are_left_alone_and_changed_ones_replaced() {
     let old = plan(2, "service-a");
-    let footprint = Footprint::of(&old, old.digest());
+    let bytes = Footprint::encode(&old, old.digest());
+    let footprint = Footprint(&bytes);
     // Same data: the rebuilt element equals the new one, so no delete or add.
     let same = footprint.previous_plan(&old).expect("readable");
     assert_eq!(same.elements, old.elements);
@@ -109,15 +112,16 @@ fn dispatched(endpoints: u8, offset: u32) -> ServicePlan {
 #[test]
 fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     let old = dispatched(20, 32);
-    let footprint = Footprint::of(&old, 0xabcd_ef01_2345_6789);
+    let bytes = Footprint::encode(&old, 0xabcd_ef01_2345_6789);
+    let footprint = Footprint(&bytes);
     assert_eq!(footprint.digest(), 0xabcd_ef01_2345_6789);
     assert_eq!(footprint.chains(), old.chains.len());
     assert_eq!(footprint.blocks(), old.blocks);
     // Twenty endpoint elements as one run: a digest for each chunk of four, not a set,
-    // key and digest each.
-    let without = Footprint::of(&dispatched(0, 32), 1).len();
+    // key and digest each, and the run names the block it fills in one byte.
+    let without = Footprint::encode(&dispatched(0, 32), 1).len();
     assert!(
-        footprint.len() - without <= 5 * 4 + 11,
+        footprint.len() - without <= 5 * 4 + 2,
         "{} bytes for twenty endpoints",
         footprint.len() - without
     );
@@ -164,12 +168,92 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
 
 #[test]
 fn a_truncated_record_is_rejected() {
-    let footprint = Footprint::of(&dispatched(3, 8), 1);
-    let bytes = &footprint.0[..footprint.0.len() - 3];
-    let truncated = Footprint(bytes.to_vec().into_boxed_slice());
+    let bytes = Footprint::encode(&dispatched(3, 8), 1);
+    let truncated = Footprint(&bytes[..bytes.len() - 3]);
     assert!(
         truncated
             .previous_plan(&ServicePlan::empty("default", "web"))
             .is_none()
     );
+    assert!(truncated.shared_elements().is_none());
+}
+
+#[test]
+fn names_cost_what_follows_the_service_name() {
+    let footprint = |namespace: &str| {
+        let mut plan = ServicePlan::empty(namespace, "web");
+        let path = format!("{namespace}/web/ipv4/tcp/http");
+        plan.chains.push(ChainPlan {
+            chain: Chain::regular(crate::plan::join_name("service", &path)),
+            rules: vec![RulePlan::new([Stmt::Verdict(Verdict::Accept)])],
+        });
+        let bytes = Footprint::encode(&plan, 1);
+        let read = Footprint(&bytes).previous_plan(&plan).expect("readable");
+        assert_eq!(read.chains, plan.chains, "read back against its own name");
+        bytes.len()
+    };
+    assert_eq!(footprint("a"), footprint(&"long-namespace-".repeat(4)));
+}
+
+#[test]
+fn the_shared_elements_are_read_without_the_service() {
+    let old = dispatched(6, 8);
+    let bytes = Footprint::encode(&old, 1);
+    let elements = Footprint(&bytes).shared_elements().expect("readable");
+    let keys: Vec<(SharedSet, &Tuple)> = elements.iter().map(|e| (e.set, &e.element.key)).collect();
+    // The two elements outside the endpoint run, by key.
+    let expected: Vec<(SharedSet, &Tuple)> = old
+        .elements
+        .iter()
+        .filter(|e| e.set.kind != SharedKind::Endpoints)
+        .map(|e| (e.set, &e.element.key))
+        .collect();
+    assert_eq!(keys, expected);
+    assert!(elements.iter().all(|e| e.element.data.is_none()));
+}
+
+#[test]
+fn the_records_keep_every_footprint_through_replacements_and_packing() {
+    let mut records = Footprints::default();
+    let footprint = |i: u32| {
+        Footprint::encode(
+            &dispatched(u8::try_from(i % 9).expect("small"), i * 16),
+            u64::from(i),
+        )
+    };
+    for i in 0..2000_u32 {
+        records.insert(u64::from(i), &footprint(i)).expect("room");
+    }
+    let full = records.heap_bytes();
+    // Replace every other one many times over: the garbage is packed away as it grows.
+    for round in 1..20 {
+        for i in (0..2000_u32).step_by(2) {
+            records
+                .insert(u64::from(i), &footprint(i + round))
+                .expect("room");
+        }
+    }
+    for i in (1..2000_u32).step_by(4) {
+        records.remove(u64::from(i));
+    }
+    assert_eq!(records.len(), 2000 - 500);
+    for i in 0..2000_u32 {
+        let now = records
+            .get(u64::from(i))
+            .map(|footprint| footprint.0.to_vec());
+        let expected = match i {
+            i if i % 2 == 0 => Some(footprint(i + 19).to_vec()),
+            i if i % 4 == 1 => None,
+            i => Some(footprint(i).to_vec()),
+        };
+        assert_eq!(now, expected, "service {i}");
+    }
+    assert!(
+        records.heap_bytes() < full * 3 / 2,
+        "{} bytes held, {full} before the churn",
+        records.heap_bytes()
+    );
+    records.clear();
+    assert_eq!(records.len(), 0);
+    assert!(records.get(0).is_none());
 }

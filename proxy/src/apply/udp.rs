@@ -25,7 +25,7 @@ use tracing::warn;
 
 use super::footprint::service_key;
 use crate::nft::{Socket, UdpEntry, Value};
-use crate::plan::{NodeFacts, Planner, ServicePlan, SharedKind, UdpFlows};
+use crate::plan::{ElementPlan, NodeFacts, Planner, ServicePlan, SharedKind, UdpFlows};
 
 /// Stale entries collected from one dump before they are deleted: a bound on the memory
 /// a cleanup takes whatever the size of the conntrack table. A dump that fills it is
@@ -255,14 +255,14 @@ fn pair_hash(address: (IpAddr, u16), endpoint: (IpAddr, u16)) -> u64 {
     hasher.finish()
 }
 
-/// The UDP service addresses `plan`'s elements lead clients in at: the ClusterIPs,
+/// The UDP service addresses a service's `elements` lead clients in at: the ClusterIPs,
 /// ExternalIPs and LB IPs of its service and no-endpoint map elements, and its NodePorts on
-/// the addresses `facts` gives them. For a plan read back from a footprint, whose elements
-/// keep their keys.
-pub(super) fn addresses_of(plan: &ServicePlan, facts: &NodeFacts) -> Vec<(IpAddr, u16)> {
+/// the addresses `facts` gives them. Keys are enough: elements read back from a footprint
+/// serve.
+pub(super) fn addresses_of(elements: &[ElementPlan], facts: &NodeFacts) -> Vec<(IpAddr, u16)> {
     let udp = |proto: &Value| *proto == Value::UDP;
     let mut addresses = Vec::new();
-    for element in &plan.elements {
+    for element in elements {
         match (element.set.kind, &element.element.key.0[..]) {
             (
                 SharedKind::ServiceIps | SharedKind::NoEndpointServices,
