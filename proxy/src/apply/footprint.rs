@@ -349,6 +349,9 @@ struct Span {
 /// Garbage below this is never packed away: a few changed services are not worth a pass.
 const PACK_ABOVE: usize = 64 << 10;
 
+/// The least the arena grows by at a time.
+const ARENA_STEP: usize = 4 << 10;
+
 /// The arena's size is kept to 32-bit offsets: 4 GiB of footprints, tens of millions of
 /// services, far beyond what the view can hold.
 #[derive(Debug, thiserror::Error)]
@@ -372,10 +375,9 @@ impl Footprints {
         self.spans.values().map(|span| self.at(*span))
     }
 
-    /// Heap bytes held: the map's table and the arena's used part (the tail the vector
-    /// reserved beyond it is never written, so never resident).
+    /// Heap bytes held: the map's table and the arena.
     pub fn heap_bytes(&self) -> usize {
-        self.spans.capacity() * (size_of::<(u64, Span)>() + 1) + self.arena.len()
+        self.spans.capacity() * (size_of::<(u64, Span)>() + 1) + self.arena.capacity()
     }
 
     /// Keeps `footprint` (made by [`Footprint::encode`]) for the service `key`, in place of
@@ -385,6 +387,12 @@ impl Footprints {
         let start = u32::try_from(self.arena.len()).map_err(|_| RecordsFull)?;
         let len = u32::try_from(footprint.len()).map_err(|_| RecordsFull)?;
         start.checked_add(len).ok_or(RecordsFull)?;
+        if self.arena.capacity() - self.arena.len() < footprint.len() {
+            // Grown by an eighth, not doubled: a doubled arena would hold up to twice the
+            // records, and the part written before a packing stays resident.
+            let step = (self.arena.len() / 8).max(ARENA_STEP);
+            self.arena.reserve_exact(step.max(footprint.len()));
+        }
         self.arena.extend_from_slice(footprint);
         self.spans.insert(key, Span { start, len });
         Ok(())
@@ -400,9 +408,11 @@ impl Footprints {
         }
     }
 
+    /// Forgets every footprint, and gives the arena back: the records about to be made
+    /// again may take less.
     pub fn clear(&mut self) {
         self.spans.clear();
-        self.arena.clear();
+        self.arena = Vec::new();
         self.garbage = 0;
     }
 
@@ -428,6 +438,10 @@ impl Footprints {
             end += span.len;
         }
         self.arena.truncate(end as usize);
+        // The packed tail was written: keep an eighth of it for the records that follow,
+        // and give the rest back.
+        self.arena
+            .shrink_to(self.arena.len() + self.arena.len() / 8);
         self.garbage = 0;
     }
 }

@@ -225,6 +225,13 @@ fn the_records_keep_every_footprint_through_replacements_and_packing() {
         records.insert(u64::from(i), &footprint(i)).expect("room");
     }
     let full = records.heap_bytes();
+    // The arena grows by an eighth, not by doubling; the table takes at most two buckets
+    // of 17 bytes a service.
+    let written: usize = (0..2000_u32).map(|i| footprint(i).len()).sum();
+    assert!(
+        full <= written * 9 / 8 + 4096 + 2000 * 2 * 17,
+        "{full} bytes held for {written} bytes of footprints"
+    );
     // Replace every other one many times over: the garbage is packed away as it grows.
     for round in 1..20 {
         for i in (0..2000_u32).step_by(2) {
