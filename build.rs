@@ -6,7 +6,10 @@
 //! list, in the order a profile first ran them, and how to make it again.
 
 fn main() {
-    let order = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("link/hot-functions.order");
+    // Read when the script runs, not when it is compiled: a script built in another
+    // checkout that shares the target directory would hand the linker that checkout's list.
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR").unwrap_or_default();
+    let order = std::path::Path::new(&manifest_dir).join("link/hot-functions.order");
     println!("cargo:rerun-if-changed={}", order.display());
     let release = std::env::var("PROFILE").is_ok_and(|profile| profile == "release");
     // rust-lld is the linker Rust uses for this target; other linkers lack the option.
