@@ -271,7 +271,7 @@ impl<'a> Footprint<'a> {
         for element in reader.elements()? {
             let same = planned
                 .get(&(element.set, &element.key, &element.key_end))
-                .filter(|planned| data_digest(&planned.data) == element.data_digest);
+                .filter(|planned| digest(&planned.data) == element.data_digest);
             plan.elements.push(ElementPlan {
                 set: element.set,
                 element: match same {
@@ -519,8 +519,9 @@ fn unknown_element() -> Element {
     Element::new(Value::Integer32(u32::MAX))
 }
 
-/// A digest of a chain's rules or a set's elements, like [`data_digest`] for one
-/// element's data.
+/// A digest of a chain's rules, a set's elements or one element's data; the process-local
+/// hasher is fine for an in-memory record. Truncated: a collision only leaves alone what
+/// changed in a way a 1 in 4 billion chance hides; the next full sync corrects it.
 fn digest(contents: &impl Hash) -> u32 {
     let mut hasher = DefaultHasher::new();
     contents.hash(&mut hasher);
@@ -538,15 +539,6 @@ fn common_prefix(a: &str, b: &str) -> usize {
         shared -= 1;
     }
     shared
-}
-
-/// A digest of element data; the process-local hasher is fine for an in-memory record.
-fn data_digest(data: &Option<ElementData>) -> u32 {
-    let mut hasher = DefaultHasher::new();
-    data.hash(&mut hasher);
-    // Truncated: a collision only skips re-adding an element whose data changed in a
-    // way a 1 in 4 billion chance hides; the next full sync corrects it.
-    hasher.finish() as u32
 }
 
 /// A shared set in one byte (its kind and family, with `flags` in the bits above), and its
@@ -581,7 +573,7 @@ fn write_element(bytes: &mut Vec<u8>, element: &ElementPlan) {
     }
     write_set(bytes, element.set, flags);
     if data.is_some() {
-        bytes.extend_from_slice(&data_digest(data).to_ne_bytes());
+        bytes.extend_from_slice(&digest(data).to_ne_bytes());
     }
     write_tuple(bytes, key);
     if let Some(end) = key_end {
@@ -634,7 +626,7 @@ struct RecordedElement {
     set: SharedSet,
     key: Tuple,
     key_end: Option<Tuple>,
-    /// [`data_digest`] of its data (of none, when it has none).
+    /// [`digest`] of its data (of none, when it has none).
     data_digest: u32,
 }
 
@@ -695,7 +687,7 @@ impl<'a> Reader<'a> {
             let data_digest = if flags & ELEMENT_HAS_DATA != 0 {
                 self.u32()?
             } else {
-                data_digest(&None)
+                digest(&None::<ElementData>)
             };
             let key = self.tuple()?;
             let key_end = if flags & ELEMENT_HAS_KEY_END != 0 {
