@@ -52,7 +52,7 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
         "numgen random mod 1 vmap",
         "ip saddr . ip daddr . ct original ip daddr @hairpin-v4",
         "flags dynamic,timeout",
-        "ip saddr != @pod-cidrs-v4 jump mark-for-masquerade",
+        "ip daddr @cluster-ips-v4 ip saddr != @pod-cidrs-v4 jump mark-for-masquerade",
         "fib saddr type local goto service-",
         "masquerade fully-random",
     ] {

@@ -856,6 +856,11 @@ pub fn mark_xor(bits: u32) -> Vec<Expr> {
     mark_update(u32::MAX, bits)
 }
 
+/// `meta mark set meta mark & ~bits`.
+pub fn mark_unset(bits: u32) -> Vec<Expr> {
+    mark_update(!bits, 0)
+}
+
 fn mark_update(mask: u32, xor: u32) -> Vec<Expr> {
     vec![
         Field::Mark.load(Register::FIRST),

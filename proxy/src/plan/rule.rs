@@ -100,6 +100,8 @@ pub enum Stmt {
     MarkOr(u32),
     /// `meta mark set meta mark ^ <bits>`
     MarkXor(u32),
+    /// `meta mark set meta mark & ~<bits>`: the bits cleared.
+    MarkUnset(u32),
     /// `masquerade fully-random`
     Masquerade,
     /// `dnat ip to 10.244.1.5:8080` (needs a preceding [`Stmt::L4Proto`]).
@@ -351,6 +353,7 @@ impl Stmt {
             }
             Stmt::MarkOr(bits) => out.extend(expr::mark_or(*bits)),
             Stmt::MarkXor(bits) => out.extend(expr::mark_xor(*bits)),
+            Stmt::MarkUnset(bits) => out.extend(expr::mark_unset(*bits)),
             Stmt::Masquerade => out.push(Expr::Masquerade {
                 flags: NatFlags::FULLY_RANDOM,
             }),
@@ -504,6 +507,7 @@ impl fmt::Display for Stmt {
             },
             Stmt::MarkOr(bits) => write!(f, "meta mark set meta mark | {bits:#010x}"),
             Stmt::MarkXor(bits) => write!(f, "meta mark set meta mark ^ {bits:#010x}"),
+            Stmt::MarkUnset(bits) => write!(f, "meta mark set meta mark & {:#010x}", !bits),
             Stmt::Masquerade => f.write_str("masquerade fully-random"),
             Stmt::Dnat { addr, port } => match addr {
                 IpAddr::V4(addr) => write!(f, "dnat ip to {addr}:{port}"),

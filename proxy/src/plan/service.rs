@@ -20,7 +20,7 @@ use super::objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, UdpFlows,
 };
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
-use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, pod_cidrs_set};
+use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, cluster_masquerade_rule, source_is_pod};
 use crate::nft::{Element, Set, SetFlags, Tuple, Value, Verdict};
 use nodus_view::ranges::merged_ranges;
 
@@ -68,7 +68,9 @@ pub fn plan_service(
             let endpoints = port_endpoints(service.slices, family, port, &facts.node);
             if let Some(listener) = facts.local_dns_port(service.namespace, service.name, port.port)
             {
-                plan_local_dns(&mut plan, identity, cluster_ip, port, family, listener);
+                plan_local_dns(
+                    &mut plan, facts, identity, cluster_ip, port, family, listener,
+                );
                 continue;
             }
             PortPlanner {
@@ -93,9 +95,12 @@ pub fn plan_service(
 
 /// The cluster DNS Service's port 53 when this node answers it (`serve_cluster_dns_ip`):
 /// its ClusterIP goes to the node's own listener, whatever its endpoints, so kubelet's
-/// `clusterDNS` reaches nodus without touching pods.
+/// `clusterDNS` reaches nodus without touching pods. The host's own questions are not
+/// masqueraded: the mark `services` gives them as ClusterIP traffic from outside the pods
+/// is taken off again, since the redirected packet never leaves the node.
 fn plan_local_dns(
     plan: &mut ServicePlan,
+    facts: &NodeFacts,
     identity: PortIdentity,
     cluster_ip: IpAddr,
     port: &ServicePort,
@@ -112,12 +117,12 @@ fn plan_local_dns(
         set: SharedSet::new(SharedKind::ClusterIps, family),
         element: Element::new(ip_value(cluster_ip)),
     });
+    let unmark = cluster_masquerade_rule(facts, family)
+        .map(|_| RulePlan::new([Stmt::MarkUnset(facts.masquerade_mark)]));
+    let redirect = RulePlan::new([Stmt::L4Proto(port.protocol), Stmt::Redirect(listener)]);
     plan.chains.push(ChainPlan::regular(
         chain,
-        vec![RulePlan::new([
-            Stmt::L4Proto(port.protocol),
-            Stmt::Redirect(listener),
-        ])],
+        unmark.into_iter().chain([redirect]).collect(),
     ));
 }
 
@@ -384,22 +389,15 @@ impl PortPlanner<'_, '_> {
         }
         let mut endpoint_targets: Vec<Target> = Vec::new();
         if let Some(chain) = cluster_chain {
-            let mut rules = self.cluster_masquerade_rules();
-            rules.extend(self.dispatch_rules(chain, &endpoints.cluster));
+            let rules = self.dispatch_rules(chain, &endpoints.cluster);
             self.chain(chain.clone(), rules);
             endpoint_targets.extend(&endpoints.cluster);
         }
         if let Some(chain) = local_chain {
-            // D.28, D.29 under `internalTrafficPolicy: Local`: ClusterIP traffic reaches
-            // this chain instead of `service-`, and is masqueraded as it would be there
-            // (upstream's internal traffic chain); the rule names the ClusterIP, so the
-            // external traffic that shares the chain under eTP=Local is not touched.
-            let mut rules = if routing.internal_local {
-                self.cluster_masquerade_rules()
-            } else {
-                Vec::new()
-            };
-            rules.extend(self.dispatch_rules(chain, &endpoints.local));
+            // Under `internalTrafficPolicy: Local` ClusterIP traffic reaches this chain
+            // instead of `service-`, already marked for masquerade when it comes from
+            // outside the pods (`skeleton::cluster_masquerade_rule`).
+            let rules = self.dispatch_rules(chain, &endpoints.local);
             self.chain(chain.clone(), rules);
             endpoint_targets.extend(&endpoints.local);
         }
@@ -518,44 +516,8 @@ impl PortPlanner<'_, '_> {
         rules
     }
 
-    /// `ip saddr @pod-cidrs-v4` or `iifname "veth*"` (or `!=`): the local-traffic
-    /// detector.
     fn source_is_pod(&self, negated: bool) -> Stmt {
-        match &self.facts.pod_interface {
-            Some(interface) => Stmt::Iifname {
-                name: interface.name.clone(),
-                prefix: interface.prefix,
-                negated,
-            },
-            None => Stmt::AddrInSet {
-                addr: Addr::Source,
-                family: self.family,
-                set: pod_cidrs_set(self.family),
-                negated,
-            },
-        }
-    }
-
-    /// D.28, D.29: ClusterIP traffic that does not come from a pod (or all of it, with
-    /// `masquerade_all`) is masqueraded, so replies return through this node.
-    fn cluster_masquerade_rules(&self) -> Vec<RulePlan> {
-        let mut rule = vec![
-            Stmt::AddrIs {
-                addr: Addr::Destination,
-                value: self.cluster_ip,
-            },
-            Stmt::L4Proto(self.port.protocol),
-            Stmt::Dport(self.port.port),
-        ];
-        if self.facts.masquerade_all {
-            rule.push(jump(MARK_FOR_MASQUERADE));
-        } else if self.facts.detects_local(self.family) {
-            rule.push(self.source_is_pod(true));
-            rule.push(jump(MARK_FOR_MASQUERADE));
-        } else {
-            return Vec::new();
-        }
-        vec![RulePlan(rule)]
+        source_is_pod(self.facts, self.family, negated)
     }
 
     /// C.21, G.48: a uniformly random endpoint. Without affinity the chain DNATs

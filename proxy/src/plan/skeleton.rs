@@ -33,6 +33,51 @@ pub fn pod_cidrs_set(family: Family) -> String {
     format!("pod-cidrs-{}", family_suffix(family))
 }
 
+/// `ip saddr @pod-cidrs-v4` or `iifname "veth*"` (or `!=`): the local-traffic detector.
+pub fn source_is_pod(facts: &NodeFacts, family: Family, negated: bool) -> Stmt {
+    match &facts.pod_interface {
+        Some(interface) => Stmt::Iifname {
+            name: interface.name.clone(),
+            prefix: interface.prefix,
+            negated,
+        },
+        None => Stmt::AddrInSet {
+            addr: Addr::Source,
+            family,
+            set: pod_cidrs_set(family),
+            negated,
+        },
+    }
+}
+
+/// D.28, D.29: ClusterIP traffic that does not come from a pod (or all of it, with
+/// `masquerade_all`) is marked for masquerade, so replies return through this node. One
+/// rule in `services`, ahead of the dispatch, instead of one in every service chain: at
+/// 10,000 services that is 10,000 rules fewer for a cold start to commit (each rule's
+/// expressions cost the kernel a walk of its expression types, and its lookup a walk of
+/// the table's sets). It names the ClusterIPs, so external traffic, which shares the
+/// `local-` chains under eTP=Local, is not touched; `None` without a detector.
+pub fn cluster_masquerade_rule(facts: &NodeFacts, family: Family) -> Option<RulePlan> {
+    let to_cluster_ip = Stmt::AddrInSet {
+        addr: Addr::Destination,
+        family,
+        set: SharedSet::new(SharedKind::ClusterIps, family).name(),
+        negated: false,
+    };
+    let from = if facts.masquerade_all {
+        None
+    } else if facts.detects_local(family) {
+        Some(source_is_pod(facts, family, true))
+    } else {
+        return None;
+    };
+    Some(RulePlan::new(
+        std::iter::once(to_cluster_ip)
+            .chain(from)
+            .chain([jump(MARK_FOR_MASQUERADE)]),
+    ))
+}
+
 /// `cluster-cidrs-v4`: destinations pod traffic may reach without egress masquerade.
 fn cluster_cidrs_set(family: Family) -> String {
     format!("cluster-cidrs-{}", family_suffix(family))
@@ -321,10 +366,10 @@ fn dispatch_chains(facts: &NodeFacts) -> Vec<ChainPlan> {
             Family::ALL
                 .into_iter()
                 .flat_map(|family| {
-                    [
+                    cluster_masquerade_rule(facts, family).into_iter().chain([
                         RulePlan::new([vmap(family, SharedKind::ServiceIps)]),
                         node_port_vmap(family, SharedKind::ServiceNodeports),
-                    ]
+                    ])
                 })
                 .collect(),
         ),

@@ -125,6 +125,14 @@ fn rules(plan: &ServicePlan, prefix: &str) -> Vec<String> {
     chains[0].rules.iter().map(ToString::to_string).collect()
 }
 
+/// The rules of the skeleton's chain `name`, as nft prints them.
+fn skeleton_rules(view: &View, config: &ProxySettings, name: &str) -> Vec<String> {
+    let skeleton = Planner::new(view, config).skeleton();
+    let chain = skeleton.chains.iter().find(|chain| chain.name() == name);
+    let chain = chain.unwrap_or_else(|| panic!("no chain {name} in {skeleton:#?}"));
+    chain.rules.iter().map(ToString::to_string).collect()
+}
+
 /// The endpoints the dispatch chain `chain` DNATs to, keyed from 0 within its block.
 fn endpoint_map(plan: &ServicePlan, chain: &str) -> Vec<String> {
     let rule = plan
@@ -393,15 +401,11 @@ fn b19_internal_local_without_local_endpoints_drops() {
         v4(&plan_local, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
         Some(format!("goto {local_chain}"))
     );
-    // Off-cluster sources are masqueraded, as in `service-` (upstream's internal chain).
+    // Off-cluster sources are marked for masquerade before the dispatch, as for
+    // `service-` (d28_d29_…), so the chain only dispatches.
     assert_eq!(
         rules(&plan_local, "local-"),
-        [
-            "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 ip saddr != @pod-cidrs-v4 \
-             jump mark-for-masquerade"
-                .to_string(),
-            dnat_from(&local_chain, Family::V4, 1)
-        ]
+        [dnat_from(&local_chain, Family::V4, 1)]
     );
     assert_eq!(
         endpoint_map(&plan_local, &local_chain),
@@ -478,23 +482,36 @@ fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
         ]
     };
     let detected = view(std::iter::once(this_node()).chain(updates()));
+    let default = ProxySettings::default();
+    // One rule for every ClusterIP, ahead of the dispatch; the service chains only
+    // dispatch. External addresses are not ClusterIPs, so eTP=Local traffic that shares
+    // a `local-` chain is not marked.
+    let masquerade = "ip daddr @cluster-ips-v4 ip saddr != @pod-cidrs-v4 jump mark-for-masquerade";
+    let services = skeleton_rules(&detected, &default, "services");
+    assert_eq!(services[0], masquerade, "{services:#?}");
     assert_eq!(
-        rules(&plan(&detected, "web"), "service-")[0],
-        "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 ip saddr != @pod-cidrs-v4 \
-         jump mark-for-masquerade"
+        services[1],
+        "ip daddr . meta l4proto . th dport vmap @service-ips-v4"
     );
+    let service_rules = rules(&plan(&detected, "web"), "service-");
+    assert_eq!(service_rules.len(), 1, "{service_rules:?}");
     let all = ProxySettings {
         masquerade_all: true,
         ..ProxySettings::default()
     };
     assert_eq!(
-        rules(&plan_with(&detected, &all, "web"), "service-")[0],
-        "ip daddr 10.96.0.10 meta l4proto tcp th dport 80 jump mark-for-masquerade"
+        skeleton_rules(&detected, &all, "services")[0],
+        "ip daddr @cluster-ips-v4 jump mark-for-masquerade"
     );
     // No pod CIDRs known: no detector, so no rule (and no short-circuit, F.45).
     let undetected = view(std::iter::once(node(NODE, json!([]), json!([]))).chain(updates()));
-    let service_rules = rules(&plan(&undetected, "web"), "service-");
-    assert_eq!(service_rules.len(), 1, "{service_rules:?}");
+    let services = skeleton_rules(&undetected, &default, "services");
+    assert!(
+        !services
+            .iter()
+            .any(|rule| rule.contains("mark-for-masquerade")),
+        "{services:#?}"
+    );
     // Configured cluster CIDRs replace the node's.
     let configured = ProxySettings {
         cluster_cidrs: vec!["10.244.0.0/16".parse().expect("cidr")],
@@ -796,10 +813,10 @@ fn g48_client_ip_affinity_sticks_per_endpoint() {
         assert_eq!(set.timeout, Some(std::time::Duration::from_secs(600)));
     }
     let service_rules = rules(&plan, "service-");
-    // Off-cluster masquerade, two affinity checks, then the random choice.
-    assert_eq!(service_rules.len(), 4, "{service_rules:?}");
-    assert!(service_rules[1].starts_with("ip saddr @affinity-"));
-    assert!(service_rules[1].contains(" goto endpoint-"));
+    // Two affinity checks, then the random choice.
+    assert_eq!(service_rules.len(), 3, "{service_rules:?}");
+    assert!(service_rules[0].starts_with("ip saddr @affinity-"));
+    assert!(service_rules[0].contains(" goto endpoint-"));
     let endpoint = plan
         .chains
         .iter()
@@ -1290,8 +1307,21 @@ fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>(),
-        ["meta l4proto udp redirect to :5353"]
+        [
+            "meta mark set meta mark & 0xffffbfff",
+            "meta l4proto udp redirect to :5353"
+        ]
     );
+    // The host's questions to the ClusterIP are marked as off-cluster ClusterIP traffic in
+    // `services`; the DNS chain takes the mark off, so they reach the listener unmasqueraded.
+    let host = Planner::new(&view, &config).trace(Packet {
+        entry: Entry::Host,
+        source: "192.168.0.10".parse().expect("node ip"),
+        destination: "10.96.0.10".parse().expect("cluster ip"),
+        protocol: nodus_view::model::Protocol::Udp,
+        port: 53,
+    });
+    assert_eq!(host.summary(), "192.168.0.10:5353", "{host}");
     assert_eq!(
         v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . udp . 53"),
         Some(format!("goto {}", dns_chain.name()))
@@ -1321,15 +1351,13 @@ mod flows;
 
 #[test]
 fn a_chain_is_in_place_only_with_its_rules_and_the_digest_of_this_plan() {
-    let web = plan(
-        &view([
-            this_node(),
-            service("web", json!({}), json!({})),
-            http_slice("web", &two_endpoints()),
-        ]),
-        "web",
-    );
-    let chain = web
+    let view = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let skeleton = Planner::new(&view, &ProxySettings::default()).skeleton();
+    let chain = skeleton
         .chains
         .iter()
         .find(|chain| chain.rules.len() > 1)

@@ -478,6 +478,11 @@ impl<'p> Ruleset<'p> {
                     effect = Some(format!("mark {:#010x}", walk.mark));
                     true
                 }
+                Stmt::MarkUnset(bits) => {
+                    walk.mark &= !bits;
+                    effect = Some(format!("mark {:#010x}", walk.mark));
+                    true
+                }
                 Stmt::Masquerade => {
                     walk.masqueraded = true;
                     return Outcome::Nat("masquerade: the source becomes this node's".into());

@@ -176,6 +176,8 @@ pub fn dispatch_targets(listing: &str) -> BTreeMap<String, BTreeSet<String>> {
                 (Some("offset"), Some(k)) => k.parse().expect("offset K"),
                 _ => 0,
             };
+            // The map's name ends the rule, unless the chain's comment follows it.
+            let map = map.split_whitespace().next().unwrap_or_default();
             rules.push((chain.clone(), map.to_string(), count, offset));
         }
     }
