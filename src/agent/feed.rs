@@ -107,8 +107,11 @@ impl Feed {
         }
         let took = start.elapsed();
         self.metrics.batch_applied(took);
-        // Counting walks the view (about 1 ms at 10,000 services), so only after a change.
-        if !report.changes.is_empty() || report.pods {
+        // Counting walks the view (about 1 ms at 10,000 services), so only after a change,
+        // and not after each page of the first lists, which would make them quadratic:
+        // once, when they are complete.
+        let listing = !was_complete && !self.waiting.is_empty();
+        if (!report.changes.is_empty() || report.pods) && !listing {
             self.metrics.set_counts(&view.counts());
         }
         drop(view);
