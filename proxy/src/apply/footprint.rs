@@ -219,10 +219,12 @@ impl<'a> Footprint<'a> {
         let names = reader.count()?;
         let mut previous = service_prefix(new);
         for _ in 0..names {
-            let tag = reader.byte()?;
-            let shared = usize::from(reader.byte()?);
-            let suffix_len = usize::from(reader.byte()?);
-            let suffix = std::str::from_utf8(reader.take(suffix_len)?).ok()?;
+            let RecordedName {
+                tag,
+                shared,
+                suffix,
+                contents,
+            } = reader.name()?;
             let mut text = previous.get(..shared)?.to_string();
             text.push_str(suffix);
             let role = usize::from(tag >> TAG_ROLE_SHIFT);
@@ -230,7 +232,6 @@ impl<'a> Footprint<'a> {
                 Some(index) => join_name(ROLES.get(index)?, &text),
                 None => text.clone(),
             };
-            let contents = reader.u32()?;
             // Old contents are known only by digest: the same name with the same digest
             // is taken as unchanged (left alone), anything else as changed (a set is
             // flushed and refilled, a chain flushed and rewritten).
@@ -292,19 +293,13 @@ impl<'a> Footprint<'a> {
     pub fn shared_elements(&self) -> Option<Vec<ElementPlan>> {
         let mut reader = self.after_digest();
         reader.count()?;
-        reader.blocks()?;
+        let blocks = reader.blocks()?;
         for _ in 0..reader.count()? {
-            reader.take(2)?;
-            let suffix_len = usize::from(reader.byte()?);
-            reader.take(suffix_len + 4)?;
+            reader.name()?;
         }
         for _ in 0..reader.count()? {
-            if reader.byte()? == 0 {
-                reader.set()?;
-                reader.varint()?;
-            }
-            let count = reader.count()?;
-            reader.take(count.div_ceil(RUN_CHUNK) * 4)?;
+            let run = reader.run(&blocks)?;
+            reader.take(run.count.div_ceil(RUN_CHUNK as u32) as usize * 4)?;
         }
         let elements = reader.elements()?;
         Some(
@@ -460,11 +455,7 @@ fn previous_runs(
 ) -> Option<()> {
     let runs = reader.count()?;
     for _ in 0..runs {
-        let (set, first) = match usize::from(reader.byte()?).checked_sub(1) {
-            Some(index) => blocks.get(index).map(|block| (block.map, block.offset))?,
-            None => (reader.set()?, reader.varint()?),
-        };
-        let count = u32::try_from(reader.count()?).ok()?;
+        let RecordedRun { set, first, count } = reader.run(blocks)?;
         // The chunks' keys, each chunk left alone when the new plan has the same data
         // at all of its keys, and replaced whole otherwise.
         let mut start = 0;
@@ -630,6 +621,25 @@ struct RecordedElement {
     data_digest: u32,
 }
 
+/// A chain's or set's entry in a footprint: its name coded against the one before.
+struct RecordedName<'a> {
+    /// Role and kind ([`TAG_ROLE_SHIFT`], [`TAG_SET`]).
+    tag: u8,
+    /// Bytes it shares with the name before it.
+    shared: usize,
+    suffix: &'a str,
+    /// [`digest`] of its rules or elements.
+    contents: u32,
+}
+
+/// A run of endpoint-map elements: `count` consecutive keys from `first`, whose data
+/// digests follow, a chunk of [`RUN_CHUNK`] each.
+struct RecordedRun {
+    set: SharedSet,
+    first: u32,
+    count: u32,
+}
+
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
@@ -662,6 +672,30 @@ impl<'a> Reader<'a> {
 
     fn u64(&mut self) -> Option<u64> {
         Some(u64::from_ne_bytes(self.take(8)?.try_into().ok()?))
+    }
+
+    fn name(&mut self) -> Option<RecordedName<'a>> {
+        let tag = self.byte()?;
+        let shared = usize::from(self.byte()?);
+        let suffix_len = usize::from(self.byte()?);
+        let suffix = std::str::from_utf8(self.take(suffix_len)?).ok()?;
+        Some(RecordedName {
+            tag,
+            shared,
+            suffix,
+            contents: self.u32()?,
+        })
+    }
+
+    /// A run's head: the block it fills (by its number among `blocks`, or spelled out as
+    /// set and first key) and its length.
+    fn run(&mut self, blocks: &[KeyBlock]) -> Option<RecordedRun> {
+        let (set, first) = match usize::from(self.byte()?).checked_sub(1) {
+            Some(index) => blocks.get(index).map(|block| (block.map, block.offset))?,
+            None => (self.set()?, self.varint()?),
+        };
+        let count = u32::try_from(self.count()?).ok()?;
+        Some(RecordedRun { set, first, count })
     }
 
     fn blocks(&mut self) -> Option<Vec<KeyBlock>> {
