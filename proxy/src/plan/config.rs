@@ -238,6 +238,12 @@ impl NodeFacts {
             } == *other
     }
 
+    /// Whether ClusterIP traffic of `family` is marked for masquerade, some of it (from
+    /// outside the pods) or all of it, by the rule `skeleton::cluster_masquerade_rule` makes.
+    pub fn marks_cluster_ip_traffic(&self, family: Family) -> bool {
+        self.masquerade_all || self.detects_local(family)
+    }
+
     /// Whether pod traffic of `family` can be told from other traffic.
     pub fn detects_local(&self, family: Family) -> bool {
         self.pod_interface.is_some() || self.has_pod_ranges(family)

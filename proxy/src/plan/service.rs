@@ -20,7 +20,7 @@ use super::objects::{
     ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, UdpFlows,
 };
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
-use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, cluster_masquerade_rule, source_is_pod};
+use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, source_is_pod};
 use crate::nft::{Element, Set, SetFlags, Tuple, Value, Verdict};
 use nodus_view::ranges::merged_ranges;
 
@@ -117,8 +117,9 @@ fn plan_local_dns(
         set: SharedSet::new(SharedKind::ClusterIps, family),
         element: Element::new(ip_value(cluster_ip)),
     });
-    let unmark = cluster_masquerade_rule(facts, family)
-        .map(|_| RulePlan::new([Stmt::MarkUnset(facts.masquerade_mark)]));
+    let unmark = facts
+        .marks_cluster_ip_traffic(family)
+        .then(|| RulePlan::new([Stmt::MarkUnset(facts.masquerade_mark)]));
     let redirect = RulePlan::new([Stmt::L4Proto(port.protocol), Stmt::Redirect(listener)]);
     plan.chains.push(ChainPlan::regular(
         chain,
@@ -495,7 +496,7 @@ impl PortPlanner<'_, '_> {
             // out to the load balancer and come back in.
             if self.facts.detects_local(self.family) {
                 rules.push(RulePlan::new([
-                    self.source_is_pod(false),
+                    source_is_pod(self.facts, self.family, false),
                     Stmt::Verdict(Verdict::goto(cluster_chain)),
                 ]));
             }
@@ -514,10 +515,6 @@ impl PortPlanner<'_, '_> {
             rules.push(RulePlan::new([Stmt::Verdict(Verdict::goto(policy_chain))]));
         }
         rules
-    }
-
-    fn source_is_pod(&self, negated: bool) -> Stmt {
-        source_is_pod(self.facts, self.family, negated)
     }
 
     /// C.21, G.48: a uniformly random endpoint. Without affinity the chain DNATs

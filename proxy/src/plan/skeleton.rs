@@ -64,13 +64,10 @@ pub fn cluster_masquerade_rule(facts: &NodeFacts, family: Family) -> Option<Rule
         set: SharedSet::new(SharedKind::ClusterIps, family).name(),
         negated: false,
     };
-    let from = if facts.masquerade_all {
-        None
-    } else if facts.detects_local(family) {
-        Some(source_is_pod(facts, family, true))
-    } else {
+    if !facts.marks_cluster_ip_traffic(family) {
         return None;
-    };
+    }
+    let from = (!facts.masquerade_all).then(|| source_is_pod(facts, family, true));
     Some(RulePlan::new(
         std::iter::once(to_cluster_ip)
             .chain(from)
