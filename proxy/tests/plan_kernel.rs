@@ -3,12 +3,15 @@
 //! real TCP connections through the programmed table.
 
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::Duration;
 
 use nodus_proxy::nft::{Batch, Socket};
-use nodus_proxy::plan::{EndpointKeys, PlanBatch, Planner, ProxySettings, cold_start, render};
+use nodus_proxy::plan::{
+    EndpointKeys, LocalDns, PlanBatch, Planner, ProxySettings, cold_start, render,
+};
 use nodus_testbed::netns::{self, Netns};
+use serde_json::json;
 
 mod common;
 use common::*;
@@ -220,4 +223,80 @@ fn connections_reach_endpoints_and_empty_services_are_refused() {
         );
     });
     drop(decoy);
+}
+
+/// `dns.serve_cluster_dns_ip`: the node's own question to the cluster DNS ClusterIP is
+/// redirected to its local listener with its source untouched. `services` marks ClusterIP
+/// traffic from outside the pods for masquerade; the DNS chain takes the mark off again,
+/// or `masquerade fully-random` in postrouting would give the question another source
+/// port on its way through `lo`.
+#[test]
+fn the_hosts_cluster_dns_question_reaches_the_local_listener_unmasqueraded() {
+    netns::require_root();
+    let (node, _client) = node_and_client();
+
+    let mut view = node_view(&[("10.0.0.1", NODE)]);
+    let dns = json!({"clusterIP": "10.96.0.20",
+                     "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]});
+    let report = view.apply([service("kube-dns", dns, json!({}))]);
+    assert!(report.invalid.is_empty(), "{:?}", report.invalid);
+    let settings = ProxySettings {
+        local_dns: Some(LocalDns {
+            namespace: "default".into(),
+            name: "kube-dns".into(),
+            port: 5354,
+        }),
+        ..ProxySettings::default()
+    };
+    let planner = Planner::new(&view, &settings);
+    commit(
+        &node,
+        cold_start(
+            &planner.skeleton(),
+            planner.services(&mut EndpointKeys::new()),
+            1000,
+        ),
+    );
+    let listing = list_table(&node);
+    assert!(
+        listing.contains(
+            "ip daddr @cluster-ips-v4 ip saddr != @pod-cidrs-v4 jump mark-for-masquerade"
+        ),
+        "the host's question is marked in `services`:\n{listing}"
+    );
+
+    let (peer, answer) = node
+        .enter(|| {
+            // A redirected local packet arrives at 127.0.0.1; the answer must leave from
+            // there for conntrack to undo the redirect (nodus's DNS answers from the
+            // address it was asked at).
+            let listener = UdpSocket::bind("127.0.0.1:5354").expect("local DNS listener");
+            listener
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            let client = UdpSocket::bind("10.0.0.1:0").expect("client socket");
+            client
+                .set_read_timeout(Some(Duration::from_secs(5)))
+                .expect("timeout");
+            client.connect("10.96.0.20:53").expect("connect");
+            client.send(b"question").expect("send");
+            let mut buffer = [0; 16];
+            let (length, peer) = listener.recv_from(&mut buffer).expect("the question");
+            assert_eq!(&buffer[..length], b"question");
+            listener.send_to(b"answer", peer).expect("reply");
+            // The connected client takes the reply only from 10.96.0.20:53: the
+            // redirect is undone on the way back.
+            let length = client.recv(&mut buffer).expect("the answer");
+            let source = client.local_addr().expect("client address");
+            (
+                (peer, source),
+                String::from_utf8_lossy(&buffer[..length]).into_owned(),
+            )
+        })
+        .expect("entering the node");
+    assert_eq!(
+        peer.0, peer.1,
+        "the listener sees the question's own source"
+    );
+    assert_eq!(answer, "answer");
 }
