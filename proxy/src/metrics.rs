@@ -49,6 +49,7 @@ pub struct ProxyMetrics {
     services: Gauge,
     transactions: Counter,
     conntrack_deletions: Counter,
+    conntrack_cleanup: Histogram<{ SYNC_BUCKETS.len() }>,
     failures: Counter,
     cleanup_failures: Counter,
     kube_proxy: KubeProxyMetrics,
@@ -115,6 +116,7 @@ impl Default for ProxyMetrics {
             services: Gauge::default(),
             transactions: Counter::default(),
             conntrack_deletions: Counter::default(),
+            conntrack_cleanup: Histogram::new(SYNC_BUCKETS),
             failures: Counter::default(),
             cleanup_failures: Counter::default(),
             kube_proxy: KubeProxyMetrics {
@@ -184,6 +186,9 @@ impl ProxyMetrics {
         self.transactions.inc_by(report.transactions as u64);
         self.conntrack_deletions
             .inc_by(report.conntrack_deletions as u64);
+        if let Some(cleanup) = report.conntrack_cleanup {
+            self.conntrack_cleanup.observe(cleanup);
+        }
         self.status.synced(report.duration);
         *self.owed() = None;
 
@@ -194,7 +199,10 @@ impl ProxyMetrics {
             SyncKind::Partial => kube.partial.observe(report.duration),
         }
         kube.last_sync.set(unix_seconds(now));
-        let now = unix_millis(now);
+        // The rules were in place before the conntrack cleanup that ends the sync.
+        let now = unix_millis(now).saturating_sub(report.conntrack_cleanup.map_or(0, |took| {
+            u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
+        }));
         kube.service_changes_pending.set(0);
         kube.endpoint_changes_pending.set(0);
         kube.no_local_internal.set(gauge(no_local.0));
@@ -306,6 +314,11 @@ impl Exported for ProxyMetrics {
             "nodus_proxy_conntrack_deletions",
             "UDP conntrack entries deleted because their endpoint no longer serves the address they were sent to.",
             &self.conntrack_deletions,
+        )?;
+        families.one(
+            "nodus_proxy_conntrack_cleanup_duration_seconds",
+            "Time of the UDP conntrack cleanup after a sync that changed a UDP service's endpoints: a dump of the whole conntrack table.",
+            &self.conntrack_cleanup,
         )?;
         families.one(
             "nodus_proxy_sync_failures",
@@ -463,9 +476,9 @@ mod tests {
             .into(),
             service_updates: 1,
             slice_updates: 2,
-            // 1.5 s before the sync, and one from before this process started.
+            // 1.001 s before the sync ends, and one from before this process started.
             trigger_times: vec![
-                metrics.kube_proxy.started as i64 + 500,
+                metrics.kube_proxy.started as i64 + 999,
                 metrics.kube_proxy.started as i64 - 60_000,
             ],
             ..ChangeSet::default()
@@ -495,6 +508,8 @@ mod tests {
 
         let mut report = SyncReport::new(SyncKind::Partial);
         report.duration = Duration::from_millis(3);
+        // The rules were in place 2 ms before the end: 0.999 s after the change.
+        report.conntrack_cleanup = Some(Duration::from_millis(2));
         let synced_at = started + Duration::from_secs(2);
         metrics.synced(&report, 10, (1, 2), &changes, synced_at);
         let text = nodus_prom::render(metrics.clone());
@@ -517,12 +532,17 @@ mod tests {
             ),
             ("kubeproxy_network_programming_duration_seconds_count", "1"),
             (
-                "kubeproxy_network_programming_duration_seconds_bucket{le=\"1.0\"}",
+                "kubeproxy_network_programming_duration_seconds_bucket{le=\"0.5\"}",
                 "0",
             ),
             (
-                "kubeproxy_network_programming_duration_seconds_bucket{le=\"2.0\"}",
+                "kubeproxy_network_programming_duration_seconds_bucket{le=\"1.0\"}",
                 "1",
+            ),
+            ("nodus_proxy_conntrack_cleanup_duration_seconds_count", "1"),
+            (
+                "nodus_proxy_conntrack_cleanup_duration_seconds_bucket{le=\"0.001\"}",
+                "0",
             ),
             (
                 "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}",

@@ -987,7 +987,19 @@ fn udp_flows_stay_on_serving_endpoints_and_a_restart_unpins_the_others() {
     ]))]);
     let report = proxy.sync(&view, &changed(&["dns"])).expect("sync");
     assert_eq!(report.conntrack_deletions, 0, "{report:?}");
+    // Timed apart from the rules, which were in place before it.
+    let cleanup = report
+        .conntrack_cleanup
+        .expect("a UDP change dumps the table");
+    assert!(cleanup <= report.duration, "{report:?}");
     assert_eq!(udp_ask(&client, 40000, "10.96.0.100:53"), "a", "kept");
+    // A change of TCP services only has no UDP flow to clean up.
+    view.apply([slice("web", "IPv4", &TWO_ENDPOINTS[..1], 8080)]);
+    let report = proxy.sync(&view, &changed(&["web"])).expect("sync");
+    assert!(
+        report.updated == 1 && report.conntrack_cleanup.is_none(),
+        "{report:?}"
+    );
     assert_eq!(udp_ask(&client, 40001, "10.96.0.100:53"), "b", "a new flow");
 
     // nodus restarts while `a` goes: the new process deletes the flow it cannot know of.
