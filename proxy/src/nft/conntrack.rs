@@ -49,6 +49,31 @@ impl UdpEntry {
         })
     }
 
+    /// The attributes of a dump request for UDP entries only. The kernel then skips the
+    /// other protocols' entries (`CTA_FILTER`, Linux 5.8) instead of encoding each one
+    /// for us to drop, and on a node the TCP entries (every connection, and for two
+    /// minutes after it closed) far outnumber the UDP ones.
+    pub(crate) fn dump_attrs() -> Vec<Attr> {
+        let protocol = Attr::bytes(sys::CTA_PROTO_NUM, vec![UDP]);
+        vec![
+            Attr::nested(
+                sys::CTA_TUPLE_ORIG,
+                vec![Attr::nested(sys::CTA_TUPLE_PROTO, vec![protocol])],
+            ),
+            // The flags are host-order u32s (`NLA_U32`), unlike nf_tables numbers.
+            Attr::nested(
+                sys::CTA_FILTER,
+                vec![
+                    Attr::bytes(
+                        sys::CTA_FILTER_ORIG_FLAGS,
+                        sys::CTA_FILTER_F_CTA_PROTO_NUM.to_ne_bytes(),
+                    ),
+                    Attr::bytes(sys::CTA_FILTER_REPLY_FLAGS, 0u32.to_ne_bytes()),
+                ],
+            ),
+        ]
+    }
+
     pub(crate) fn family_number(&self) -> u8 {
         match self.original.destination.0 {
             IpAddr::V4(_) => libc::AF_INET as u8,
@@ -197,6 +222,28 @@ mod tests {
             attr::find(&request, sys::CTA_ZONE),
             Some(&7u16.to_be_bytes()[..])
         );
+    }
+
+    #[test]
+    fn a_dump_asks_the_kernel_for_udp_entries_only() {
+        let request = attr::encode(&UdpEntry::dump_attrs());
+        let original = attr::find(&request, sys::CTA_TUPLE_ORIG).expect("the filter's tuple");
+        let proto = attr::find(original, sys::CTA_TUPLE_PROTO).expect("its protocol");
+        assert_eq!(attr::find(proto, sys::CTA_PROTO_NUM), Some(&[UDP][..]));
+        assert!(
+            attr::find(original, sys::CTA_TUPLE_IP).is_none(),
+            "any address"
+        );
+        let filter = attr::find(&request, sys::CTA_FILTER).expect("the filter");
+        let flags = |kind| {
+            let bytes = attr::find(filter, kind).expect("flags");
+            u32::from_ne_bytes(bytes.try_into().expect("a u32"))
+        };
+        assert_eq!(
+            flags(sys::CTA_FILTER_ORIG_FLAGS),
+            sys::CTA_FILTER_F_CTA_PROTO_NUM
+        );
+        assert_eq!(flags(sys::CTA_FILTER_REPLY_FLAGS), 0);
     }
 
     #[test]

@@ -506,6 +506,7 @@ impl Socket {
         mut each: impl FnMut(UdpEntry),
     ) -> Result<()> {
         let request = "dump the conntrack table";
+        let attrs = UdpEntry::dump_attrs();
         let message = Request {
             message_type: ctnetlink_type(sys::IPCTNL_MSG_CT_GET),
             family: match family {
@@ -514,7 +515,7 @@ impl Socket {
             },
             version: sys::NFNETLINK_V0,
             res_id: 0,
-            attrs: &[],
+            attrs: &attrs,
         };
         self.exchange(message, NLM_F_DUMP, request, |reply| {
             let body = reply.bytes.get(NFNETLINK_HEADERS..).unwrap_or_default();

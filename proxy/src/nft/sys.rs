@@ -30,11 +30,7 @@ pub const CTA_PROTO_SRC_PORT: u16 = 2;
 pub const CTA_PROTO_DST_PORT: u16 = 3;
 pub const CTA_FILTER_ORIG_FLAGS: u16 = 1;
 pub const CTA_FILTER_REPLY_FLAGS: u16 = 2;
-pub const CTA_FILTER_F_CTA_IP_SRC: u32 = 1 << 0;
-pub const CTA_FILTER_F_CTA_IP_DST: u32 = 1 << 1;
 pub const CTA_FILTER_F_CTA_PROTO_NUM: u32 = 1 << 3;
-pub const CTA_FILTER_F_CTA_PROTO_SRC_PORT: u32 = 1 << 4;
-pub const CTA_FILTER_F_CTA_PROTO_DST_PORT: u32 = 1 << 5;
 pub const NFNL_MSG_BATCH_BEGIN: u16 = 16;
 pub const NFNL_MSG_BATCH_END: u16 = 17;
 
