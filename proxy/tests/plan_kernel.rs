@@ -29,6 +29,18 @@ fn commit(ns: &Netns, batches: impl IntoIterator<Item = Batch>) {
     .expect("entering the namespace");
 }
 
+/// Commits everything `planner` plans, as one cold start.
+fn program(ns: &Netns, planner: &Planner<'_>) {
+    commit(
+        ns,
+        cold_start(
+            &planner.skeleton(),
+            planner.services(&mut EndpointKeys::new()),
+            1000,
+        ),
+    );
+}
+
 #[test]
 fn cold_start_in_small_batches_lists_the_planned_table() {
     netns::require_root();
@@ -119,14 +131,7 @@ fn rendered_text_loads_with_nft() {
 
     // The same plan through netlink lists the same table in another namespace.
     let programmed = Netns::new("prog").expect("namespace");
-    commit(
-        &programmed,
-        cold_start(
-            &planner.skeleton(),
-            planner.services(&mut EndpointKeys::new()),
-            1000,
-        ),
-    );
+    program(&programmed, &planner);
     assert_eq!(
         canonical(&list_table(&ns)),
         canonical(&list_table(&programmed))
@@ -179,14 +184,7 @@ fn connections_reach_endpoints_and_empty_services_are_refused() {
 
     let view = node_view(&[("10.0.0.1", NODE)]);
     let planner = Planner::new(&view, &ProxySettings::default());
-    commit(
-        &node,
-        cold_start(
-            &planner.skeleton(),
-            planner.services(&mut EndpointKeys::new()),
-            1000,
-        ),
-    );
+    program(&node, &planner);
 
     let (endpoint, decoy) = node
         .enter(|| {
@@ -249,14 +247,7 @@ fn the_hosts_cluster_dns_question_reaches_the_local_listener_unmasqueraded() {
         ..ProxySettings::default()
     };
     let planner = Planner::new(&view, &settings);
-    commit(
-        &node,
-        cold_start(
-            &planner.skeleton(),
-            planner.services(&mut EndpointKeys::new()),
-            1000,
-        ),
-    );
+    program(&node, &planner);
     let listing = list_table(&node);
     assert!(
         listing.contains(
