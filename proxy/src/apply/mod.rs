@@ -367,8 +367,7 @@ impl Proxy {
     ) {
         let start = Instant::now();
         report.conntrack_deletions += stale.delete(&mut self.socket, planner);
-        let took = start.elapsed();
-        report.conntrack_cleanup = Some(report.conntrack_cleanup.unwrap_or_default() + took);
+        report.conntrack_cleanup = Some(start.elapsed());
     }
 
     /// Applies the services of `changes`; falls back to a full sync when the node facts
