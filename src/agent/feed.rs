@@ -109,13 +109,15 @@ impl Feed {
         self.metrics.batch_applied(took);
         // Counting walks the view (about 1 ms at 10,000 services), so only after a change,
         // and not after each page of the first lists, which would make them quadratic:
-        // once, when they are complete.
-        let listing = !was_complete && !self.waiting.is_empty();
-        if (!report.changes.is_empty() || report.pods) && !listing {
+        // once, with the batch that completes them, whether or not that batch changed
+        // anything (it may hold only the last list's end).
+        let completes = !was_complete && self.waiting.is_empty();
+        let changed = !report.changes.is_empty() || report.pods;
+        if completes || (was_complete && changed) {
             self.metrics.set_counts(&view.counts());
         }
         drop(view);
-        if !was_complete && self.waiting.is_empty() {
+        if completes {
             self.view.mark_complete();
         }
         for invalid in &report.invalid {
@@ -222,4 +224,41 @@ pub async fn complete_view(cluster: &ClusterArgs) -> anyhow::Result<Feed> {
         "the watch streams ended before the initial lists"
     );
     Ok(feed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nodus_testbed::fixtures;
+
+    fn service(name: &str) -> WatchItem {
+        let service = fixtures::service("default", name, fixtures::cluster_ip("10.96.0.10"));
+        WatchItem::Update(Update::Service(
+            serde_json::from_value(service).expect("test service"),
+        ))
+    }
+
+    /// The counts wait for the first lists, then come with the batch that completes them
+    /// even when it holds nothing but the end of the last list.
+    #[test]
+    fn the_view_is_counted_once_its_lists_complete_then_after_each_change() {
+        let metrics = Arc::new(Metrics::default());
+        let mut feed = Feed::new(
+            View::new("node-1"),
+            metrics.clone(),
+            vec![Kind::Service, Kind::Node],
+        );
+        let services = || metrics.view_objects()[0];
+        feed.apply(vec![
+            WatchItem::Update(Update::RelistStarted(Kind::Service)),
+            service("web"),
+            WatchItem::Update(Update::RelistDone(Kind::Service)),
+        ]);
+        assert_eq!(services(), ("service", 0), "a list is still running");
+        let applied = feed.apply(vec![WatchItem::Update(Update::RelistDone(Kind::Node))]);
+        assert!(applied.initial_sync && applied.changes.is_empty());
+        assert_eq!(services(), ("service", 1));
+        feed.apply(vec![service("api")]);
+        assert_eq!(services(), ("service", 2));
+    }
 }
