@@ -1,23 +1,24 @@
-//! The compact record of what one service put in the table: the digest of its plan, its
-//! key blocks, the names of its chains and sets and the keys of its shared-map elements,
-//! packed into one small byte string, and [`Footprints`], which keeps every service's
-//! string in one arena (10,000 boxes would each cost their allocation's rounding, and the
-//! map a fat pointer per entry).
+//! The compact record of what one service put in the table: the digest of its plan, the
+//! names of its chains and sets, its key blocks and the keys of its shared-map elements,
+//! packed into one small byte string (which `records` keeps with every other service's).
 //!
 //! An update needs to know what to flush, delete and replace, but holding every
 //! committed [`ServicePlan`] would hold the whole ruleset (rules, anonymous maps,
 //! element data). A footprint keeps only names and keys. Names are stored without their
-//! `role-HASH-` head when the hash can be recomputed, and front-coded against the
-//! previous name in sorted order, the first against the service's own `namespace/name/`
-//! (which every name of its ports starts with, and which the reader knows), so the ten
-//! endpoint chains of a port cost a few bytes each (`…__10.244.1.5/8080` after
-//! `…__10.244.1.4/8080`). Contents are kept as 32-bit digests: a chain's rules, a set's
-//! elements, a shared-map element's data, and for the endpoint maps' runs of keys one
-//! digest per chunk of 4 elements, so that the record grows with services and ports, not
-//! with endpoints. A run names the key block it fills rather than repeating its map and
-//! first key, counts and keys are varints, and an element without data stores no digest.
-//! What still matches is left alone; a chain that changed is rewritten, a set refilled,
-//! an element (or an endpoint chunk) deleted by key and re-added.
+//! `role-HASH-` head when the hash can be recomputed, and without the
+//! `namespace/name/ipv4/tcp/` that starts the path of every name of a service port (the
+//! reader knows the service, and the family and protocol are a number in the tag); each
+//! is front-coded against the one before in sorted order, so the ten endpoint chains of a
+//! port cost a few bytes each (`…__10.244.1.5/8080` after `…__10.244.1.4/8080`). A key
+//! block names its chain, and a shared element its verdict's chain, by the place of the
+//! chain's name. Contents are kept as 32-bit digests: a chain's rules, a set's elements,
+//! other element data, and for the endpoint maps' runs of keys one digest per chunk of 4
+//! elements, so that the record grows with services and ports, not with endpoints. A run
+//! names the key block it fills rather than repeating its map and first key, counts and
+//! keys are varints, a key value equal to the one at its place in the key before (the
+//! service's cluster IP) is one byte, and an element without data stores no digest. What
+//! still matches is left alone; a chain that changed is rewritten, a set refilled, an
+//! element (or an endpoint chunk) deleted by key and re-added.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -29,7 +30,7 @@ use nodus_view::model::Family;
 use crate::nft::{Chain, DataType, Element, ElementData, Set, Tuple, Value, Verdict};
 use crate::plan::{
     ChainPlan, ElementPlan, KeyBlock, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
-    join_name, split_name,
+    fnv1a, join_name, split_name,
 };
 
 /// The key a service's footprint is kept under: a 64-bit hash of its name. Collisions among
@@ -46,31 +47,109 @@ const ROLES: [&str; 6] = [
     "service", "local", "external", "firewall", "endpoint", "affinity",
 ];
 
+/// What follows `namespace/name/` in the path of every name of a service port: its family
+/// and protocol, stored as their index in the tag.
+const HEADS: [&str; 6] = [
+    "ipv4/tcp/",
+    "ipv4/udp/",
+    "ipv4/sctp/",
+    "ipv6/tcp/",
+    "ipv6/udp/",
+    "ipv6/sctp/",
+];
+
 /// Endpoint elements per digest in a run: a change rewrites the chunk that holds it, at
 /// most this many elements (each element added costs a validation against every rule
 /// bound to its map, so 16 made a two-port churn three times slower), and a service of
 /// ten endpoints keeps three digests a port where it kept ten.
 const RUN_CHUNK: usize = 4;
 
-/// Tag bits of a name entry.
+/// Tag bits of a name entry: it names a set (else a chain); its role index + 1 in the
+/// three bits above (0: the name is stored whole); its head index + 1 in the three above
+/// those (0: the path is stored from the service's prefix on).
 const TAG_SET: u8 = 0x01;
-/// Role index + 1 in the upper bits; 0 means the name is stored whole.
 const TAG_ROLE_SHIFT: u32 = 1;
+const TAG_HEAD_SHIFT: u32 = 4;
+const TAG_FIELD: u8 = 0x07;
 
 /// Flags in the set byte of an element outside the runs (the set itself takes the low
-/// four bits): it has data, whose digest follows; it has a key end, which follows its key.
+/// four bits): it has data, whose digest follows, or, with the chain flag, the verdict
+/// to one of the footprint's chains, by its index; it has a key end, which follows its
+/// key.
+const ELEMENT_DATA_IS_CHAIN: u8 = 0x20;
 const ELEMENT_HAS_DATA: u8 = 0x40;
 const ELEMENT_HAS_KEY_END: u8 = 0x80;
-const ELEMENT_FLAGS: u8 = ELEMENT_HAS_DATA | ELEMENT_HAS_KEY_END;
+const ELEMENT_FLAGS: u8 = ELEMENT_DATA_IS_CHAIN | ELEMENT_HAS_DATA | ELEMENT_HAS_KEY_END;
+
+/// A key value that equals the one at its position in the key before it (the same
+/// cluster IP in each of a service's elements), in place of a value's type byte.
+const VALUE_AS_BEFORE: u8 = 6;
 
 /// What one service last put in the table, in a few dozen bytes: the bytes
-/// [`Footprint::encode`] made, as [`Footprints`] keeps them.
+/// [`Footprint::encode`] made, as the proxy's records keep them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Footprint<'a>(pub(super) &'a [u8]);
 
-/// The plan's digest comes first, then its chain count, its key blocks, the names and the
-/// elements.
+/// The plan's digest comes first, then its chain count, the names, its key blocks, and
+/// the elements.
 const DIGEST: std::ops::Range<usize> = 0..8;
+
+/// One chain's or set's entry, as [`Footprint::encode`] codes it.
+struct NameEntry<'p> {
+    full: &'p str,
+    is_set: bool,
+    /// [`digest`] of its rules or elements.
+    contents: u32,
+    /// What it is sorted by: its path, or its name when stored whole.
+    order: &'p str,
+    /// The tag's role and head fields, and what is stored of the name.
+    role: u8,
+    head: u8,
+    text: &'p str,
+}
+
+impl<'p> NameEntry<'p> {
+    fn new(full: &'p str, is_set: bool, contents: u32, prefix: &str) -> NameEntry<'p> {
+        let whole = NameEntry {
+            full,
+            is_set,
+            contents,
+            order: full,
+            role: 0,
+            head: 0,
+            text: full,
+        };
+        let Some((role, path)) = split_name(full) else {
+            return whole;
+        };
+        let Some(role) = ROLES.iter().position(|r| *r == role) else {
+            return whole;
+        };
+        let head = path.strip_prefix(prefix).and_then(|rest| {
+            HEADS
+                .iter()
+                .enumerate()
+                .find_map(|(index, head)| Some((index, rest.strip_prefix(head)?)))
+        });
+        let (head, text) = match head {
+            Some((index, text)) => (index + 1, text),
+            None => (0, path),
+        };
+        NameEntry {
+            order: path,
+            role: u8::try_from(role + 1).unwrap_or_default(),
+            head: u8::try_from(head).unwrap_or_default(),
+            text,
+            ..whole
+        }
+    }
+
+    fn tag(&self) -> u8 {
+        (u8::from(self.is_set) * TAG_SET)
+            | (self.role << TAG_ROLE_SHIFT)
+            | (self.head << TAG_HEAD_SHIFT)
+    }
+}
 
 impl<'a> Footprint<'a> {
     /// The record of `plan`, whose [`ServicePlan::digest`] is `digest`.
@@ -78,46 +157,52 @@ impl<'a> Footprint<'a> {
         let mut bytes = Vec::new();
         bytes.extend_from_slice(&plan_digest.to_ne_bytes());
         write_count(&mut bytes, plan.chains.len());
+        // Every entry carries a digest of its contents: a chain's rules, a set's elements.
+        let prefix = service_prefix(&plan.namespace, &plan.name);
+        let mut names: Vec<NameEntry<'_>> = plan
+            .chains
+            .iter()
+            .map(|chain| NameEntry::new(chain.name(), false, digest(&chain.rules), &prefix))
+            .chain(
+                plan.sets
+                    .iter()
+                    .map(|set| NameEntry::new(&set.set.name, true, digest(&set.elements), &prefix)),
+            )
+            .collect();
+        names.sort_by(|a, b| a.order.cmp(b.order));
+        write_count(&mut bytes, names.len());
+        let mut previous = prefix.as_str();
+        for entry in &names {
+            let shared = common_prefix(previous, entry.text);
+            let suffix = &entry.text[shared..];
+            bytes.push(entry.tag());
+            // Names hold at most 255 bytes (nf_tables), so one byte holds each length.
+            bytes.push(u8::try_from(shared).unwrap_or(u8::MAX));
+            bytes.push(u8::try_from(suffix.len()).unwrap_or(u8::MAX));
+            bytes.extend_from_slice(suffix.as_bytes());
+            bytes.extend_from_slice(&entry.contents.to_ne_bytes());
+            previous = entry.text;
+        }
+        // A chain is referred to by its place among the names: a block's chain (its name's
+        // hash), a shared element's verdict.
+        let chain_index = |wanted: &dyn Fn(&str) -> bool| {
+            names
+                .iter()
+                .position(|entry| !entry.is_set && wanted(entry.full))
+                .and_then(|index| u32::try_from(index).ok())
+        };
         write_count(&mut bytes, plan.blocks.len());
         for block in &plan.blocks {
             write_set(&mut bytes, block.map, 0);
             write_varint(&mut bytes, block.offset);
             bytes.push(block.class);
-            bytes.extend_from_slice(&block.chain.to_ne_bytes());
-        }
-        // Every entry carries a digest of its contents: a chain's rules, a set's elements.
-        let mut names: Vec<(bool, u32, Option<u8>, &str)> = plan
-            .chains
-            .iter()
-            .map(|chain| (false, digest(&chain.rules), chain.name()))
-            .chain(
-                plan.sets
-                    .iter()
-                    .map(|set| (true, digest(&set.elements), set.set.name.as_str())),
-            )
-            .map(|(is_set, digest, name)| match split_name(name) {
-                Some((role, path)) => match ROLES.iter().position(|r| *r == role) {
-                    Some(index) => (is_set, digest, u8::try_from(index).ok(), path),
-                    None => (is_set, digest, None, name),
-                },
-                None => (is_set, digest, None, name),
-            })
-            .collect();
-        names.sort_by(|a, b| a.3.cmp(b.3));
-        write_count(&mut bytes, names.len());
-        let prefix = service_prefix(plan);
-        let mut previous = prefix.as_str();
-        for (is_set, digest, role, text) in names {
-            let shared = common_prefix(previous, text);
-            let suffix = &text[shared..];
-            let role_bits = role.map_or(0, |index| (index + 1) << TAG_ROLE_SHIFT);
-            bytes.push((u8::from(is_set) * TAG_SET) | role_bits);
-            // Names hold at most 255 bytes (nf_tables), so one byte holds each length.
-            bytes.push(u8::try_from(shared).unwrap_or(u8::MAX));
-            bytes.push(u8::try_from(suffix.len()).unwrap_or(u8::MAX));
-            bytes.extend_from_slice(suffix.as_bytes());
-            bytes.extend_from_slice(&digest.to_ne_bytes());
-            previous = text;
+            match chain_index(&|name| fnv1a(name) == block.chain) {
+                Some(index) => write_varint(&mut bytes, index + 1),
+                None => {
+                    bytes.push(0);
+                    bytes.extend_from_slice(&block.chain.to_ne_bytes());
+                }
+            }
         }
         // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
         // a run is stored as the block it fills (or its set and first key), its count,
@@ -164,8 +249,16 @@ impl<'a> Footprint<'a> {
             }
         }
         write_count(&mut bytes, others.len());
+        let mut previous_key = None;
         for element in others {
-            write_element(&mut bytes, element);
+            let target = match &element.element.data {
+                Some(ElementData::Verdict(Verdict::Goto(chain) | Verdict::Jump(chain))) => {
+                    chain_index(&|name| name == chain)
+                }
+                _ => None,
+            };
+            write_element(&mut bytes, element, target, previous_key);
+            previous_key = Some(&element.element.key);
         }
         bytes.into_boxed_slice()
     }
@@ -191,13 +284,15 @@ impl<'a> Footprint<'a> {
         self.after_digest().count().unwrap_or_default()
     }
 
-    /// The key blocks its endpoints took, for the next plan to reuse (none when corrupt).
-    pub fn blocks(&self) -> Vec<KeyBlock> {
-        let mut reader = self.after_digest();
-        reader
-            .count()
-            .and_then(|_| reader.blocks())
-            .unwrap_or_default()
+    /// The key blocks its endpoints took, for the next plan of the service
+    /// `namespace/name` to reuse (none when corrupt).
+    pub fn blocks(&self, namespace: &str, name: &str) -> Vec<KeyBlock> {
+        let blocks = |mut reader: Reader<'_>| {
+            reader.count()?;
+            let names = reader.names(&service_prefix(namespace, name))?;
+            reader.blocks(&names)
+        };
+        blocks(self.after_digest()).unwrap_or_default()
     }
 
     /// The reader past the digest, at the chain count.
@@ -208,42 +303,33 @@ impl<'a> Footprint<'a> {
     /// The previous plan as far as [`crate::plan::PlanBatch::update_service`] needs it to
     /// turn it into `new` (the same service's plan now): chains and sets by name, with
     /// rules that match no real chain so that every surviving chain is flushed and
-    /// rewritten, and elements equal to `new`'s where key and data digest agree (left
-    /// alone), key-only otherwise (deleted and re-added). `None` when the record is
-    /// corrupt, which cannot happen for a footprint made by [`Footprint::encode`].
+    /// rewritten, and elements equal to `new`'s where key and data agree (left alone),
+    /// key-only otherwise (deleted and re-added). `None` when the record is corrupt, which
+    /// cannot happen for a footprint made by [`Footprint::encode`].
     pub fn previous_plan(&self, new: &ServicePlan) -> Option<ServicePlan> {
         let mut plan = ServicePlan::empty(&new.namespace, &new.name);
         let mut reader = self.after_digest();
         reader.count()?;
-        let blocks = reader.blocks()?;
-        let names = reader.count()?;
-        let mut previous = service_prefix(new);
-        for _ in 0..names {
-            let RecordedName {
-                tag,
-                shared,
-                suffix,
-                contents,
-            } = reader.name()?;
-            let mut text = previous.get(..shared)?.to_string();
-            text.push_str(suffix);
-            let role = usize::from(tag >> TAG_ROLE_SHIFT);
-            let name = match role.checked_sub(1) {
-                Some(index) => join_name(ROLES.get(index)?, &text),
-                None => text.clone(),
-            };
+        let names = reader.names(&service_prefix(&new.namespace, &new.name))?;
+        let blocks = reader.blocks(&names)?;
+        for RecordedName {
+            name,
+            is_set,
+            contents,
+        } in &names
+        {
             // Old contents are known only by digest: the same name with the same digest
             // is taken as unchanged (left alone), anything else as changed (a set is
             // flushed and refilled, a chain flushed and rewritten).
-            if tag & TAG_SET != 0 {
+            if *is_set {
                 let same = new
                     .sets
                     .iter()
-                    .find(|set| set.set.name == name && digest(&set.elements) == contents);
+                    .find(|set| set.set.name == *name && digest(&set.elements) == *contents);
                 plan.sets.push(match same {
                     Some(set) => set.clone(),
                     None => SetPlan {
-                        set: Set::new(name, DataType::Integer32),
+                        set: Set::new(name.clone(), DataType::Integer32),
                         elements: vec![unknown_element()],
                     },
                 });
@@ -251,16 +337,15 @@ impl<'a> Footprint<'a> {
                 let same = new
                     .chains
                     .iter()
-                    .find(|chain| chain.name() == name && digest(&chain.rules) == contents);
+                    .find(|chain| chain.name() == name && digest(&chain.rules) == *contents);
                 plan.chains.push(match same {
                     Some(chain) => chain.clone(),
                     None => ChainPlan {
-                        chain: Chain::regular(name),
+                        chain: Chain::regular(name.clone()),
                         rules: vec![unknown_rules()],
                     },
                 });
             }
-            previous = text;
         }
         // By set and key: a service may have thousands of endpoint elements.
         let planned: Planned<'_> = new
@@ -272,7 +357,7 @@ impl<'a> Footprint<'a> {
         for element in reader.elements()? {
             let same = planned
                 .get(&(element.set, &element.key, &element.key_end))
-                .filter(|planned| digest(&planned.data) == element.data_digest);
+                .filter(|planned| element.data.is(&planned.data, &names));
             plan.elements.push(ElementPlan {
                 set: element.set,
                 element: match same {
@@ -293,13 +378,13 @@ impl<'a> Footprint<'a> {
     pub fn shared_elements(&self) -> Option<Vec<ElementPlan>> {
         let mut reader = self.after_digest();
         reader.count()?;
-        let blocks = reader.blocks()?;
         for _ in 0..reader.count()? {
             reader.name()?;
         }
+        let blocks = reader.raw_blocks()?;
         for _ in 0..reader.count()? {
-            let run = reader.run(&blocks)?;
-            reader.take(run.count.div_ceil(RUN_CHUNK as u32) as usize * 4)?;
+            let count = reader.run_head(blocks.len())?;
+            reader.take(count.div_ceil(RUN_CHUNK as u32) as usize * 4)?;
         }
         let elements = reader.elements()?;
         Some(
@@ -318,127 +403,8 @@ impl<'a> Footprint<'a> {
 }
 
 /// What every name of a service's ports starts with: the first name is coded against it.
-fn service_prefix(plan: &ServicePlan) -> String {
-    format!("{}/{}/", plan.namespace, plan.name)
-}
-
-/// Every service's footprint, by [`service_key`], in one arena. A footprint replaced or
-/// removed leaves its bytes behind until they are a quarter of those still used; the
-/// arena is then packed in place (what it costs: a sorted list of the spans, 8 bytes a
-/// service, for the moment it takes).
-#[derive(Debug, Default)]
-pub struct Footprints {
-    spans: HashMap<u64, Span>,
-    arena: Vec<u8>,
-    /// Bytes of `arena` that no span covers any more.
-    garbage: usize,
-}
-
-/// Where one footprint sits in the arena.
-#[derive(Debug, Clone, Copy)]
-struct Span {
-    start: u32,
-    len: u32,
-}
-
-/// Garbage below this is never packed away: a few changed services are not worth a pass.
-const PACK_ABOVE: usize = 64 << 10;
-
-/// The least the arena grows by at a time.
-const ARENA_STEP: usize = 4 << 10;
-
-/// The arena's size is kept to 32-bit offsets: 4 GiB of footprints, tens of millions of
-/// services, far beyond what the view can hold.
-#[derive(Debug, thiserror::Error)]
-#[error("the proxy's records hold 4 GiB; this service's was not kept")]
-pub struct RecordsFull;
-
-impl Footprints {
-    pub fn get(&self, key: u64) -> Option<Footprint<'_>> {
-        self.spans.get(&key).map(|span| self.at(*span))
-    }
-
-    pub fn contains(&self, key: u64) -> bool {
-        self.spans.contains_key(&key)
-    }
-
-    pub fn len(&self) -> usize {
-        self.spans.len()
-    }
-
-    pub fn iter(&self) -> impl Iterator<Item = Footprint<'_>> {
-        self.spans.values().map(|span| self.at(*span))
-    }
-
-    /// Heap bytes held: the map's table and the arena.
-    pub fn heap_bytes(&self) -> usize {
-        self.spans.capacity() * (size_of::<(u64, Span)>() + 1) + self.arena.capacity()
-    }
-
-    /// Keeps `footprint` (made by [`Footprint::encode`]) for the service `key`, in place of
-    /// the one it had.
-    pub fn insert(&mut self, key: u64, footprint: &[u8]) -> Result<(), RecordsFull> {
-        self.remove(key);
-        let start = u32::try_from(self.arena.len()).map_err(|_| RecordsFull)?;
-        let len = u32::try_from(footprint.len()).map_err(|_| RecordsFull)?;
-        start.checked_add(len).ok_or(RecordsFull)?;
-        if self.arena.capacity() - self.arena.len() < footprint.len() {
-            // Grown by an eighth, not doubled: a doubled arena would hold up to twice the
-            // records, and the part written before a packing stays resident.
-            let step = (self.arena.len() / 8).max(ARENA_STEP);
-            self.arena.reserve_exact(step.max(footprint.len()));
-        }
-        self.arena.extend_from_slice(footprint);
-        self.spans.insert(key, Span { start, len });
-        Ok(())
-    }
-
-    pub fn remove(&mut self, key: u64) {
-        if let Some(span) = self.spans.remove(&key) {
-            self.garbage += span.len as usize;
-            let used = self.arena.len() - self.garbage;
-            if self.garbage > PACK_ABOVE && self.garbage * 4 > used {
-                self.pack();
-            }
-        }
-    }
-
-    /// Forgets every footprint, and gives the arena back: the records about to be made
-    /// again may take less.
-    pub fn clear(&mut self) {
-        self.spans.clear();
-        self.arena = Vec::new();
-        self.garbage = 0;
-    }
-
-    fn at(&self, span: Span) -> Footprint<'_> {
-        let start = span.start as usize;
-        Footprint(
-            self.arena
-                .get(start..start + span.len as usize)
-                .unwrap_or_default(),
-        )
-    }
-
-    /// Moves every footprint down over the garbage, in arena order.
-    fn pack(&mut self) {
-        let mut spans: Vec<&mut Span> = self.spans.values_mut().collect();
-        spans.sort_unstable_by_key(|span| span.start);
-        let mut end = 0;
-        for span in spans {
-            let start = span.start as usize;
-            self.arena
-                .copy_within(start..start + span.len as usize, end as usize);
-            span.start = end;
-            end += span.len;
-        }
-        self.arena.truncate(end as usize);
-        // The packed tail was written: keep an eighth of it for the records that follow,
-        // and give the rest back.
-        self.arena
-            .shrink_to(self.arena.len() + self.arena.len() / 8);
-        self.garbage = 0;
-    }
+fn service_prefix(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}/")
 }
 
 /// Planned elements by set, key and key end.
@@ -549,26 +515,40 @@ fn write_set(bytes: &mut Vec<u8>, set: SharedSet, flags: u8) {
     }
 }
 
-/// An element outside the runs: its set and flags, its data's digest if it has data, its
-/// key and key end.
-fn write_element(bytes: &mut Vec<u8>, element: &ElementPlan) {
+/// An element outside the runs: its set and flags; its data's digest if it has data, or
+/// the index of the chain its verdict names (`target`, when the footprint names it); its
+/// key, coded against the key before it, and its key end, coded against its key.
+fn write_element(
+    bytes: &mut Vec<u8>,
+    element: &ElementPlan,
+    target: Option<u32>,
+    previous_key: Option<&Tuple>,
+) {
     let Element {
         key, key_end, data, ..
     } = &element.element;
     let mut flags = 0;
     if data.is_some() {
         flags |= ELEMENT_HAS_DATA;
+        if target.is_some() {
+            flags |= ELEMENT_DATA_IS_CHAIN;
+        }
     }
     if key_end.is_some() {
         flags |= ELEMENT_HAS_KEY_END;
     }
     write_set(bytes, element.set, flags);
-    if data.is_some() {
-        bytes.extend_from_slice(&digest(data).to_ne_bytes());
+    match (data, target) {
+        (Some(ElementData::Verdict(verdict)), Some(index)) => {
+            let jump = u32::from(matches!(verdict, Verdict::Jump(_)));
+            write_varint(bytes, index.saturating_mul(2) | jump);
+        }
+        (Some(_), _) => bytes.extend_from_slice(&digest(data).to_ne_bytes()),
+        (None, _) => {}
     }
-    write_tuple(bytes, key);
+    write_tuple(bytes, key, previous_key);
     if let Some(end) = key_end {
-        write_tuple(bytes, end);
+        write_tuple(bytes, end, Some(key));
     }
 }
 
@@ -583,9 +563,15 @@ fn write_count(bytes: &mut Vec<u8>, count: usize) {
     write_varint(bytes, u32::try_from(count).unwrap_or(u32::MAX));
 }
 
-fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple) {
+/// A tuple's length, then each value by type and bytes, or as [`VALUE_AS_BEFORE`] when
+/// it equals the value at its position in `previous`.
+fn write_tuple(bytes: &mut Vec<u8>, tuple: &Tuple, previous: Option<&Tuple>) {
     bytes.push(u8::try_from(tuple.0.len()).unwrap_or(u8::MAX));
-    for value in &tuple.0 {
+    for (position, value) in tuple.0.iter().enumerate() {
+        if previous.and_then(|previous| previous.0.get(position)) == Some(value) {
+            bytes.push(VALUE_AS_BEFORE);
+            continue;
+        }
         match *value {
             Value::Ipv4(addr) => {
                 bytes.push(0);
@@ -617,19 +603,70 @@ struct RecordedElement {
     set: SharedSet,
     key: Tuple,
     key_end: Option<Tuple>,
-    /// [`digest`] of its data (of none, when it has none).
-    data_digest: u32,
+    data: RecordedData,
 }
 
-/// A chain's or set's entry in a footprint: its name coded against the one before.
-struct RecordedName<'a> {
-    /// Role and kind ([`TAG_ROLE_SHIFT`], [`TAG_SET`]).
-    tag: u8,
-    /// Bytes it shares with the name before it.
-    shared: usize,
-    suffix: &'a str,
+/// What a footprint knows of an element's data.
+enum RecordedData {
+    None,
+    /// [`digest`] of the data.
+    Digest(u32),
+    /// A verdict to the chain at this index among the footprint's names: a jump, or a goto.
+    Chain {
+        index: usize,
+        jump: bool,
+    },
+}
+
+impl RecordedData {
+    /// Whether `data` is what was recorded (by digest, where only that was kept), the
+    /// footprint's names being `names`.
+    fn is(&self, data: &Option<ElementData>, names: &[RecordedName]) -> bool {
+        match (self, data) {
+            (RecordedData::None, None) => true,
+            (RecordedData::Digest(recorded), Some(_)) => digest(data) == *recorded,
+            (
+                RecordedData::Chain { index, jump },
+                Some(ElementData::Verdict(Verdict::Goto(chain))),
+            ) => !jump && names.get(*index).is_some_and(|name| name.name == *chain),
+            (
+                RecordedData::Chain { index, jump },
+                Some(ElementData::Verdict(Verdict::Jump(chain))),
+            ) => *jump && names.get(*index).is_some_and(|name| name.name == *chain),
+            _ => false,
+        }
+    }
+}
+
+/// A chain's or set's entry in a footprint, read back whole.
+struct RecordedName {
+    name: String,
+    is_set: bool,
     /// [`digest`] of its rules or elements.
     contents: u32,
+}
+
+/// A name entry as stored: coded against the one before.
+struct NameBytes<'a> {
+    /// Role, head and kind ([`TAG_ROLE_SHIFT`], [`TAG_HEAD_SHIFT`], [`TAG_SET`]).
+    tag: u8,
+    /// Bytes it shares with the stored text before it.
+    shared: usize,
+    suffix: &'a str,
+    contents: u32,
+}
+
+/// A key block as stored: its chain by the index of its name, or by hash.
+struct BlockBytes {
+    map: SharedSet,
+    offset: u32,
+    class: u8,
+    chain: ChainRef,
+}
+
+enum ChainRef {
+    Name(usize),
+    Hash(u32),
 }
 
 /// A run of endpoint-map elements: `count` consecutive keys from `first`, whose data
@@ -674,17 +711,84 @@ impl<'a> Reader<'a> {
         Some(u64::from_ne_bytes(self.take(8)?.try_into().ok()?))
     }
 
-    fn name(&mut self) -> Option<RecordedName<'a>> {
+    fn name(&mut self) -> Option<NameBytes<'a>> {
         let tag = self.byte()?;
         let shared = usize::from(self.byte()?);
         let suffix_len = usize::from(self.byte()?);
         let suffix = std::str::from_utf8(self.take(suffix_len)?).ok()?;
-        Some(RecordedName {
+        Some(NameBytes {
             tag,
             shared,
             suffix,
             contents: self.u32()?,
         })
+    }
+
+    /// The names, whole, of a service whose names' paths start with `prefix`.
+    fn names(&mut self, prefix: &str) -> Option<Vec<RecordedName>> {
+        let count = self.count()?;
+        let mut names = Vec::with_capacity(count.min(self.0.len()));
+        let mut previous = prefix.to_string();
+        for _ in 0..count {
+            let NameBytes {
+                tag,
+                shared,
+                suffix,
+                contents,
+            } = self.name()?;
+            let mut text = previous.get(..shared)?.to_string();
+            text.push_str(suffix);
+            let path = match usize::from((tag >> TAG_HEAD_SHIFT) & TAG_FIELD).checked_sub(1) {
+                Some(head) => format!("{prefix}{}{text}", HEADS.get(head)?),
+                None => text.clone(),
+            };
+            let name = match usize::from((tag >> TAG_ROLE_SHIFT) & TAG_FIELD).checked_sub(1) {
+                Some(role) => join_name(ROLES.get(role)?, &path),
+                None => path,
+            };
+            names.push(RecordedName {
+                name,
+                is_set: tag & TAG_SET != 0,
+                contents,
+            });
+            previous = text;
+        }
+        Some(names)
+    }
+
+    fn raw_blocks(&mut self) -> Option<Vec<BlockBytes>> {
+        let count = self.count()?;
+        let mut blocks = Vec::with_capacity(count.min(self.0.len()));
+        for _ in 0..count {
+            blocks.push(BlockBytes {
+                map: self.set()?,
+                offset: self.varint()?,
+                class: self.byte()?,
+                chain: match self.count()?.checked_sub(1) {
+                    Some(index) => ChainRef::Name(index),
+                    None => ChainRef::Hash(self.u32()?),
+                },
+            });
+        }
+        Some(blocks)
+    }
+
+    /// The key blocks, their chains' hashes taken from `names`.
+    fn blocks(&mut self, names: &[RecordedName]) -> Option<Vec<KeyBlock>> {
+        self.raw_blocks()?
+            .into_iter()
+            .map(|block| {
+                Some(KeyBlock {
+                    map: block.map,
+                    offset: block.offset,
+                    class: block.class,
+                    chain: match block.chain {
+                        ChainRef::Name(index) => fnv1a(&names.get(index)?.name),
+                        ChainRef::Hash(hash) => hash,
+                    },
+                })
+            })
+            .collect()
     }
 
     /// A run's head: the block it fills (by its number among `blocks`, or spelled out as
@@ -698,34 +802,43 @@ impl<'a> Reader<'a> {
         Some(RecordedRun { set, first, count })
     }
 
-    fn blocks(&mut self) -> Option<Vec<KeyBlock>> {
-        let count = self.count()?;
-        let mut blocks = Vec::with_capacity(count.min(self.0.len()));
-        for _ in 0..count {
-            blocks.push(KeyBlock {
-                map: self.set()?,
-                offset: self.varint()?,
-                class: self.byte()?,
-                chain: self.u32()?,
-            });
+    /// A run's head, of a footprint with `blocks` key blocks: its length.
+    fn run_head(&mut self, blocks: usize) -> Option<u32> {
+        match usize::from(self.byte()?).checked_sub(1) {
+            Some(index) if index < blocks => {}
+            Some(_) => return None,
+            None => {
+                self.set()?;
+                self.varint()?;
+            }
         }
-        Some(blocks)
+        u32::try_from(self.count()?).ok()
     }
 
     /// The elements outside the runs, the last part of a footprint.
     fn elements(&mut self) -> Option<Vec<RecordedElement>> {
         let count = self.count()?;
-        let mut elements = Vec::with_capacity(count.min(self.0.len()));
+        let mut elements: Vec<RecordedElement> = Vec::with_capacity(count.min(self.0.len()));
         for _ in 0..count {
             let (set, flags) = self.flagged_set()?;
-            let data_digest = if flags & ELEMENT_HAS_DATA != 0 {
-                self.u32()?
-            } else {
-                digest(&None::<ElementData>)
+            let data = match (
+                flags & ELEMENT_HAS_DATA != 0,
+                flags & ELEMENT_DATA_IS_CHAIN != 0,
+            ) {
+                (false, false) => RecordedData::None,
+                (true, false) => RecordedData::Digest(self.u32()?),
+                (true, true) => {
+                    let reference = self.count()?;
+                    RecordedData::Chain {
+                        index: reference / 2,
+                        jump: reference % 2 == 1,
+                    }
+                }
+                (false, true) => return None,
             };
-            let key = self.tuple()?;
+            let key = self.tuple(elements.last().map(|previous| &previous.key))?;
             let key_end = if flags & ELEMENT_HAS_KEY_END != 0 {
-                Some(self.tuple()?)
+                Some(self.tuple(Some(&key))?)
             } else {
                 None
             };
@@ -733,7 +846,7 @@ impl<'a> Reader<'a> {
                 set,
                 key,
                 key_end,
-                data_digest,
+                data,
             });
         }
         Some(elements)
@@ -764,10 +877,11 @@ impl<'a> Reader<'a> {
         Some((set, byte & ELEMENT_FLAGS))
     }
 
-    fn tuple(&mut self) -> Option<Tuple> {
+    /// A tuple written by [`write_tuple`] against `previous`.
+    fn tuple(&mut self, previous: Option<&Tuple>) -> Option<Tuple> {
         let len = self.byte()?;
         let mut values = Vec::with_capacity(usize::from(len));
-        for _ in 0..len {
+        for position in 0..usize::from(len) {
             values.push(match self.byte()? {
                 0 => Value::Ipv4(Ipv4Addr::from(<[u8; 4]>::try_from(self.take(4)?).ok()?)),
                 1 => Value::Ipv6(Ipv6Addr::from(<[u8; 16]>::try_from(self.take(16)?).ok()?)),
@@ -775,6 +889,7 @@ impl<'a> Reader<'a> {
                 3 => Value::InetService(u16::from_be_bytes(self.take(2)?.try_into().ok()?)),
                 4 => Value::Mark(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
                 5 => Value::Integer32(u32::from_ne_bytes(self.take(4)?.try_into().ok()?)),
+                VALUE_AS_BEFORE => *previous?.0.get(position)?,
                 _ => return None,
             });
         }

@@ -14,6 +14,7 @@
 mod footprint;
 mod full;
 mod policy;
+mod records;
 mod sets;
 mod udp;
 
@@ -26,8 +27,8 @@ use nodus_view::{ChangeSet, ServiceName, View};
 use tracing::{debug, error, info, warn};
 
 pub use footprint::Footprint;
-use footprint::Footprints;
 pub use policy::RefusedPod;
+use records::Footprints;
 
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
@@ -460,7 +461,7 @@ impl Proxy {
                 &name.name,
                 &mut self.keys.lease(
                     &previous
-                        .map(|footprint| footprint.blocks())
+                        .map(|footprint| footprint.blocks(&name.namespace, &name.name))
                         .unwrap_or_default(),
                 ),
             );

@@ -3,7 +3,7 @@
 use nodus_view::model::Family;
 
 use super::Footprint;
-use super::footprint::Footprints;
+use super::records::Footprints;
 use crate::nft::{Chain, DataType, Element, Set, Tuple, Value, Verdict};
 use crate::plan::{
     ChainPlan, ElementPlan, KeyBlock, RulePlan, ServicePlan, SetPlan, SharedKind, SharedSet, Stmt,
@@ -116,7 +116,7 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     let footprint = Footprint(&bytes);
     assert_eq!(footprint.digest(), 0xabcd_ef01_2345_6789);
     assert_eq!(footprint.chains(), old.chains.len());
-    assert_eq!(footprint.blocks(), old.blocks);
+    assert_eq!(footprint.blocks("default", "web"), old.blocks);
     // Twenty endpoint elements as one run: a digest for each chunk of four, not a set,
     // key and digest each, and the run names the block it fills in one byte.
     let without = Footprint::encode(&dispatched(0, 32), 1).len();
@@ -225,11 +225,12 @@ fn the_records_keep_every_footprint_through_replacements_and_packing() {
         records.insert(u64::from(i), &footprint(i)).expect("room");
     }
     let full = records.heap_bytes();
-    // The arena grows by an eighth, not by doubling; the table takes at most two buckets
-    // of 17 bytes a service.
-    let written: usize = (0..2000_u32).map(|i| footprint(i).len()).sum();
+    // The arena grows by an eighth, not by doubling, and holds each footprint after its
+    // key and length (a varint of one or two bytes); the index takes at most two slots of
+    // 5 bytes a service.
+    let written: usize = (0..2000_u32).map(|i| footprint(i).len() + 8 + 2).sum();
     assert!(
-        full <= written * 9 / 8 + 4096 + 2000 * 2 * 17,
+        full <= written * 9 / 8 + 4096 + 2000 * 2 * 5 + 16,
         "{full} bytes held for {written} bytes of footprints"
     );
     // Replace every other one many times over: the garbage is packed away as it grows.
@@ -263,4 +264,103 @@ fn the_records_keep_every_footprint_through_replacements_and_packing() {
     records.clear();
     assert_eq!(records.len(), 0);
     assert!(records.get(0).is_none());
+}
+
+/// A service of two ports as the planner makes it: a dispatch chain per port with its key
+/// block, each port's service-IP element a goto to its chain, the cluster IP, and
+/// `endpoints` endpoint elements per port.
+fn two_ports(endpoints: u8) -> ServicePlan {
+    let mut plan = ServicePlan::empty("shop", "cart");
+    let ip = Value::Ipv4([10, 96, 0, 28].into());
+    plan.elements.push(ElementPlan {
+        set: SharedSet::new(SharedKind::ClusterIps, Family::V4),
+        element: Element::new(ip),
+    });
+    for (index, (protocol, port, label)) in
+        [(Value::TCP, 80, "tcp/http"), (Value::UDP, 53, "udp/dns")]
+            .into_iter()
+            .enumerate()
+    {
+        let chain = crate::plan::join_name("service", &format!("shop/cart/ipv4/{label}"));
+        plan.chains.push(ChainPlan {
+            chain: Chain::regular(chain.clone()),
+            rules: vec![RulePlan::new([Stmt::Verdict(Verdict::Accept)])],
+        });
+        let map = SharedSet::endpoints(Family::V4, 7 + u16::try_from(index).expect("small"));
+        plan.blocks.push(KeyBlock {
+            map,
+            offset: 16,
+            class: 4,
+            chain: crate::plan::fnv1a(&chain),
+        });
+        plan.elements.push(ElementPlan {
+            set: SharedSet::new(SharedKind::ServiceIps, Family::V4),
+            element: Element::new(Tuple(vec![ip, protocol, Value::InetService(port)]))
+                .with_verdict(Verdict::goto(chain)),
+        });
+        for i in 0..endpoints {
+            plan.elements.push(ElementPlan {
+                set: map,
+                element: Element::new(Value::Integer32(16 + u32::from(i))).with_value(Tuple(vec![
+                    Value::Ipv4([10, 244, 1, i].into()),
+                    Value::InetService(port),
+                ])),
+            });
+        }
+    }
+    plan
+}
+
+#[test]
+fn a_ports_names_blocks_and_verdicts_cost_a_few_bytes_and_read_back() {
+    let old = two_ports(10);
+    let bytes = Footprint::encode(&old, old.digest());
+    let footprint = Footprint(&bytes);
+    // Each port: its name after `ipv4/tcp/` (a number in the tag), its block's chain and
+    // its element's verdict by the name's index, the cluster IP written once.
+    assert!(bytes.len() < 100, "{} bytes", bytes.len());
+    assert_eq!(footprint.blocks("shop", "cart"), old.blocks);
+    let same = footprint.previous_plan(&old).expect("readable");
+    assert_eq!(same.chains, old.chains);
+    let sorted = |plan: &ServicePlan| {
+        let mut elements = plan.elements.clone();
+        elements.sort_by_key(|e| format!("{e:?}"));
+        elements
+    };
+    assert_eq!(sorted(&same), sorted(&old));
+    // A verdict to another chain, or a jump where it was a goto, is not the one recorded:
+    // the element is deleted and re-added.
+    let chains: Vec<String> = old.chains.iter().map(|c| c.name().to_string()).collect();
+    for verdict in [
+        Verdict::goto(chains[1].clone()),
+        Verdict::Jump(chains[0].clone()),
+    ] {
+        let mut new = old.clone();
+        let element = new
+            .elements
+            .iter_mut()
+            .find(|e| e.set.kind == SharedKind::ServiceIps)
+            .expect("a service IP");
+        element.element = element.element.clone().with_verdict(verdict);
+        let key = element.element.key.clone();
+        let previous = footprint.previous_plan(&new).expect("readable");
+        let rebuilt: Vec<&ElementPlan> = previous
+            .elements
+            .iter()
+            .filter(|e| !new.elements.contains(e))
+            .collect();
+        assert_eq!(rebuilt.len(), 1, "{rebuilt:?}");
+        assert_eq!(rebuilt[0].element.data, None);
+        assert_eq!(rebuilt[0].element.key, key);
+    }
+    // Read back without the service: the keys, cluster IP included in each.
+    let shared = footprint.shared_elements().expect("readable");
+    let keys: Vec<&Tuple> = shared.iter().map(|e| &e.element.key).collect();
+    let expected: Vec<&Tuple> = old
+        .elements
+        .iter()
+        .filter(|e| e.set.kind != SharedKind::Endpoints)
+        .map(|e| &e.element.key)
+        .collect();
+    assert_eq!(keys, expected);
 }

@@ -240,8 +240,8 @@ fn class_of(len: u32) -> u8 {
     u8::try_from(len.max(1).next_power_of_two().trailing_zeros()).unwrap_or(31)
 }
 
-/// FNV-1a of a chain's name: it never changes between builds.
-fn fnv1a(chain: &str) -> u32 {
+/// FNV-1a of a chain's name ([`KeyBlock::chain`]): it never changes between builds.
+pub(crate) fn fnv1a(chain: &str) -> u32 {
     const OFFSET_BASIS: u32 = 0x811c_9dc5;
     const PRIME: u32 = 0x0100_0193;
     chain.bytes().fold(OFFSET_BASIS, |hash, byte| {

@@ -33,6 +33,7 @@ pub use config::{
     DEFAULT_MASQUERADE_MARK, LocalDetector, LocalDns, NodeFacts, NodePortAddresses, PodInterface,
     ProxySettings, TableScope,
 };
+pub(crate) use keys::fnv1a;
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
