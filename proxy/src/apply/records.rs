@@ -7,13 +7,15 @@ use integer_encoding::VarInt;
 
 use super::footprint::Footprint;
 
-/// Every service's footprint, by [`super::footprint::service_key`], in one arena. Each record there is its
-/// key, its length as a varint and its bytes; the index holds where each record starts,
-/// found by the key it holds (the key is already a hash), so that a service costs the
-/// index 5 bytes a slot, not the 17 of a map from keys to spans. A footprint replaced or
-/// removed leaves its bytes behind until they are a quarter of those still used; the arena
-/// is then packed in place (what it costs: a sorted list of the starts, 8 bytes a service,
-/// for the moment it takes).
+/// Every service's footprint, by [`super::footprint::service_key`], in one arena. Each
+/// record there is its key, its length as a varint and its bytes; the index holds where
+/// each record starts, found by the key it holds (the key is already a hash), so that a
+/// service costs the index 5 bytes a slot, not the 17 of a map from keys to spans. A
+/// footprint replaced or removed leaves its bytes behind until they pass a sixteenth of
+/// those still used (and [`PACK_ABOVE`]); the arena is then packed in place. What that
+/// costs: a sorted list of the starts, 8 bytes a service, and 0.2–0.3 ms at 10,000
+/// services of two ports, once every six hundred changed services or so. What it saves: a quarter, the
+/// threshold before, let the arena of a two-port cluster grow by 275 KiB in a churn.
 #[derive(Debug, Default)]
 pub struct Footprints {
     index: HashTable<u32>,
@@ -117,7 +119,7 @@ impl Footprints {
         let (_, end) = record_at(&self.arena, start);
         self.garbage += end - start as usize;
         let used = self.arena.len() - self.garbage;
-        if self.garbage > PACK_ABOVE && self.garbage * 4 > used {
+        if self.garbage > PACK_ABOVE && self.garbage * 16 > used {
             self.pack();
         }
     }
