@@ -2,7 +2,7 @@
 //! own, and kube-proxy's under their names (`kubeproxy_*`), so that the dashboards and
 //! alerts written for kube-proxy keep working.
 
-use crate::apply::{RefusedPod, SyncKind, SyncReport};
+use crate::apply::{RefusedPod, SyncKind, SyncReport, UdpCleanup};
 use nodus_prom::{
     ConstCounter, ConstGauge, Counter, Escaped, Exported, Families, Gauge, Histogram, SecondsGauge,
     Tracker,
@@ -168,6 +168,12 @@ impl ProxyMetrics {
         }
     }
 
+    /// A UDP conntrack cleanup ran: at the end of a sync, or one that syncs left waiting.
+    pub fn udp_cleaned(&self, cleanup: &UdpCleanup) {
+        self.conntrack_deletions.inc_by(cleanup.deletions as u64);
+        self.conntrack_cleanup.observe(cleanup.took);
+    }
+
     /// A sync succeeded at `now`, programming what was pending, `changes` included:
     /// their EndpointSlices' trigger times give the network programming latency.
     pub fn synced(
@@ -184,10 +190,8 @@ impl ProxyMetrics {
         }
         self.services.set(gauge(programmed));
         self.transactions.inc_by(report.transactions as u64);
-        self.conntrack_deletions
-            .inc_by(report.conntrack_deletions as u64);
-        if let Some(cleanup) = report.conntrack_cleanup {
-            self.conntrack_cleanup.observe(cleanup);
+        if let Some(cleanup) = &report.udp_cleanup {
+            self.udp_cleaned(cleanup);
         }
         self.status.synced(report.duration);
         *self.owed() = None;
@@ -200,8 +204,8 @@ impl ProxyMetrics {
         }
         kube.last_sync.set(unix_seconds(now));
         // The rules were in place before the conntrack cleanup that ends the sync.
-        let now = unix_millis(now).saturating_sub(report.conntrack_cleanup.map_or(0, |took| {
-            u64::try_from(took.as_millis()).unwrap_or(u64::MAX)
+        let now = unix_millis(now).saturating_sub(report.udp_cleanup.map_or(0, |cleanup| {
+            u64::try_from(cleanup.took.as_millis()).unwrap_or(u64::MAX)
         }));
         kube.service_changes_pending.set(0);
         kube.endpoint_changes_pending.set(0);
@@ -509,7 +513,10 @@ mod tests {
         let mut report = SyncReport::new(SyncKind::Partial);
         report.duration = Duration::from_millis(3);
         // The rules were in place 2 ms before the end: 0.999 s after the change.
-        report.conntrack_cleanup = Some(Duration::from_millis(2));
+        report.udp_cleanup = Some(UdpCleanup {
+            deletions: 0,
+            took: Duration::from_millis(2),
+        });
         let synced_at = started + Duration::from_secs(2);
         metrics.synced(&report, 10, (1, 2), &changes, synced_at);
         let text = nodus_prom::render(metrics.clone());

@@ -153,6 +153,11 @@ impl ProxySubsystem {
             let checked = self.proxy.check(view);
             self.record(checked, &ChangeSet::default());
         }
+        // What syncs less than a second after the last cleanup left for the next one: the
+        // run loop wakes the proxy for it ([`Subsystem::wake_at`]).
+        if let Some(cleanup) = self.proxy.clean_udp_flows(view) {
+            self.metrics.udp_cleaned(&cleanup);
+        }
     }
 
     fn record(&mut self, result: Result<Option<SyncReport>, Error>, changes: &ChangeSet) {
@@ -235,5 +240,10 @@ impl Subsystem for ProxySubsystem {
     /// Programmed: a node whose rules are failing to sync is not ready.
     fn is_ready(&self) -> bool {
         !self.needs_full
+    }
+
+    /// When the UDP conntrack cleanup that syncs left waiting is due.
+    fn wake_at(&self) -> Option<Instant> {
+        self.proxy.udp_cleanup_due()
     }
 }

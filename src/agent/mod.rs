@@ -23,6 +23,7 @@ pub mod state;
 pub mod status;
 pub mod subscribe;
 pub mod subsystems;
+pub mod ticks;
 pub mod unix_socket;
 pub mod watch;
 
@@ -33,7 +34,6 @@ use futures::{Stream, StreamExt};
 use handover::Sockets;
 use lifecycle::Handing;
 use metrics::Metrics;
-use nodus_proxy::subsystem::CHECK_PERIOD;
 use nodus_view::{Applied, View};
 use process::ProcessState;
 use state::{Saver, StateDir};
@@ -99,12 +99,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         subsystems.after_batch(&feed.read(), &restored);
     }
-    let items = with_ticks_and_claims(items, &config, &metrics);
+    let wakes = Arc::new(ticks::Wakes::default());
+    let items = with_ticks_and_claims(items, ticks::ticks(wakes.clone()), &config, &metrics);
     let dns = subsystems.dns_handover.clone();
     let handing = Handing::new(state, feed.reader(), metrics.clone(), dns);
     let mut signals = signals::ShutdownSignals::install()?;
     let drive = feed.drive(items, |feed, applied| {
         after_batch(feed, applied, &mut subsystems, saver.as_mut(), &process);
+        wakes.set(subsystems.wake_at());
         ControlFlow::Continue(())
     });
     let lameduck = Duration::from_secs(config.lameduck_seconds);
@@ -171,18 +173,14 @@ fn restore_or_start(
     feed
 }
 
-/// The watch items with a tick every [`CHECK_PERIOD`] (so that the loop also runs when
-/// the cluster is quiet: the proxy checks its table on it) and, with policies on,
-/// nodus-cni's requests to isolate new pods, which wait until they are.
+/// The watch items with the loop's `ticks` and, with policies on, nodus-cni's requests to
+/// isolate new pods, which wait until they are.
 fn with_ticks_and_claims(
     items: impl Stream<Item = WatchItem> + Send + 'static,
+    ticks: impl Stream<Item = WatchItem> + Send + 'static,
     config: &Config,
     metrics: &Metrics,
 ) -> impl Stream<Item = WatchItem> + Send + 'static {
-    let ticks = futures::stream::unfold((), |()| async {
-        tokio::time::sleep(CHECK_PERIOD).await;
-        Some((WatchItem::Tick, ()))
-    });
     let claims = config.policy.gate().and_then(|path| match unix_socket::listen(path, 0o600) {
         Ok(listener) => Some(gate::claims(listener).map(WatchItem::Sandbox)),
         Err(error) => {

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The running subsystems.
 pub struct Subsystems {
@@ -113,6 +113,11 @@ impl Subsystems {
         for subsystem in &mut self.list {
             subsystem.after_batch(view, applied);
         }
+    }
+
+    /// The soonest any subsystem wants the loop to run again without a batch.
+    pub fn wake_at(&self) -> Option<Instant> {
+        self.list.iter().filter_map(|s| s.wake_at()).min()
     }
 
     pub fn all_ready(&self) -> bool {

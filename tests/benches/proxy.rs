@@ -97,8 +97,9 @@ fn run(shape: Shape, changes: usize, kernel_memory: &KernelMemory) -> anyhow::Re
         let report = view.apply(updates);
         let synced = proxy.sync(view, &report.changes)?;
         let took = start.elapsed();
-        cleanups.extend(synced.conntrack_cleanup);
-        Ok(took.saturating_sub(synced.conntrack_cleanup.unwrap_or_default()))
+        let cleanup = synced.udp_cleanup.map(|cleanup| cleanup.took);
+        cleanups.extend(cleanup);
+        Ok(took.saturating_sub(cleanup.unwrap_or_default()))
     };
     let mut change_times = Vec::with_capacity(changes);
     for k in 0..changes {

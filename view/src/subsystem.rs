@@ -7,7 +7,7 @@
 //! metrics and its readiness; the node is ready when every subsystem is.
 
 use crate::{ChangeSet, View};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What one batch did to the view.
 #[derive(Debug, Default)]
@@ -44,5 +44,12 @@ pub trait Subsystem {
     /// (it panicked) makes the run loop start the subsystem again.
     fn is_alive(&self) -> bool {
         true
+    }
+
+    /// When it wants [`Subsystem::after_batch`] again if no batch comes first (with an
+    /// empty change set, as on the periodic tick): work it put off, such as the proxy's
+    /// UDP conntrack cleanup of at most one a second.
+    fn wake_at(&self) -> Option<Instant> {
+        None
     }
 }

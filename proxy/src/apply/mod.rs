@@ -119,9 +119,6 @@ pub struct SyncReport {
     /// Chains, sets and elements of a previous run that are no longer wanted.
     pub leftovers_removed: usize,
     pub refused: Vec<RefusedService>,
-    /// UDP conntrack entries deleted: flows answered by an endpoint that no longer serves
-    /// the address they were sent to.
-    pub conntrack_deletions: usize,
     /// Committed transactions, refused ones included.
     pub transactions: usize,
     /// Set and map elements those transactions added or deleted.
@@ -129,12 +126,10 @@ pub struct SyncReport {
     /// Rules those transactions wrote.
     pub rules: usize,
     pub duration: Duration,
-    /// Of `duration`, the UDP conntrack cleanup after the commits, when one ran. The rules
-    /// were in place that much earlier: the network programming latency ends there, as
-    /// kube-proxy's does. The cleanup dumps the whole conntrack table, whose every hash
-    /// bucket the kernel walks under its lock (about 10 ms at 262,144 buckets here) however
-    /// few entries it holds.
-    pub conntrack_cleanup: Option<Duration>,
+    /// The UDP conntrack cleanup after the commits, when one ran (its time is part of
+    /// `duration`). The rules were in place that much earlier: the network programming
+    /// latency ends there, as kube-proxy's does.
+    pub udp_cleanup: Option<UdpCleanup>,
     /// Why a requested partial sync became a full one.
     pub fell_back: Option<String>,
     /// Pods of this node whose NetworkPolicy allowances the kernel refused in this sync:
@@ -152,12 +147,11 @@ impl SyncReport {
             unchanged: 0,
             leftovers_removed: 0,
             refused: Vec::new(),
-            conntrack_deletions: 0,
             transactions: 0,
             elements: 0,
             rules: 0,
             duration: Duration::ZERO,
-            conntrack_cleanup: None,
+            udp_cleanup: None,
             fell_back: None,
             policy_refused: Vec::new(),
         }
@@ -170,6 +164,22 @@ impl SyncReport {
         self.rules += batch.rule_count();
     }
 }
+
+/// One UDP conntrack cleanup (I.53): it dumps the whole conntrack table, whose every hash
+/// bucket the kernel walks under its lock (about 10 ms at 262,144 buckets here) however
+/// few entries it holds, so the applier runs at most one per [`UDP_CLEANUP_PERIOD`]: the
+/// checks of the syncs in between wait for it ([`Proxy::udp_cleanup_due`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdpCleanup {
+    /// Entries deleted: flows answered by an endpoint that no longer serves the address
+    /// they were sent to.
+    pub deletions: usize,
+    pub took: Duration,
+}
+
+/// The least time between two UDP conntrack cleanups, as kube-proxy's `minSyncPeriod`
+/// between its syncs (each of which ends with one).
+pub const UDP_CLEANUP_PERIOD: Duration = Duration::from_secs(1);
 
 /// What our table must hold whatever the services: checked when another program
 /// committed, to tell a commit to its own tables (which costs us nothing) from one that
@@ -207,6 +217,10 @@ pub struct Proxy {
     needs_full_sync: bool,
     /// What the NetworkPolicy sets hold, per pod of this node.
     policy: policy::PolicyRecords,
+    /// What the syncs since the last UDP conntrack cleanup checked, for the next one.
+    udp_pending: StaleFlows,
+    /// When the last UDP conntrack cleanup ran.
+    udp_cleaned: Option<Instant>,
 }
 
 impl Proxy {
@@ -226,6 +240,8 @@ impl Proxy {
             expected: Expected::default(),
             needs_full_sync: true,
             policy: policy::PolicyRecords::default(),
+            udp_pending: StaleFlows::default(),
+            udp_cleaned: None,
         })
     }
 
@@ -319,7 +335,7 @@ impl Proxy {
         let planner = Planner::new(view, &self.config);
         // Every UDP service address, those of services gone since too: after a restart
         // this deletes what the previous process left pinned to old endpoints.
-        let mut udp = UdpCheck::full();
+        let mut udp = UdpCheck::default();
         udp.had(self.udp_addresses_recorded(planner.facts()));
         let mut outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
         if let Err(Error::Unentered(refusal)) = &outcome {
@@ -327,13 +343,16 @@ impl Proxy {
             // The second run counts and refuses every service again.
             report.added = 0;
             report.refused.clear();
-            udp = UdpCheck::full();
+            udp = UdpCheck::default();
             udp.had(self.udp_addresses_recorded(planner.facts()));
             outcome = full::FullSync::new(self, &planner, &mut report, &mut udp).run();
         }
         if outcome.is_ok() {
-            let stale = udp.stale_flows();
-            self.clean_conntrack(&stale, &planner, &mut report);
+            // At once, with what earlier syncs left for it: the addresses of services
+            // they removed are in no footprint any more.
+            let mut stale = std::mem::take(&mut self.udp_pending);
+            stale.merge(udp.stale_flows());
+            report.udp_cleanup = Some(self.clean_conntrack(&stale, &planner));
         }
         let skeleton = outcome?;
         if planner.facts().network_policy {
@@ -358,17 +377,46 @@ impl Proxy {
         Ok(report)
     }
 
-    /// Deletes the UDP conntrack entries of `stale` that no endpoint serves any more,
-    /// counting and timing it in `report`.
-    fn clean_conntrack(
-        &mut self,
-        stale: &StaleFlows,
-        planner: &Planner<'_>,
-        report: &mut SyncReport,
-    ) {
+    /// Deletes the UDP conntrack entries of `stale` that no endpoint serves any more.
+    fn clean_conntrack(&mut self, stale: &StaleFlows, planner: &Planner<'_>) -> UdpCleanup {
         let start = Instant::now();
-        report.conntrack_deletions += stale.delete(&mut self.socket, planner);
-        report.conntrack_cleanup = Some(start.elapsed());
+        let deletions = stale.delete(&mut self.socket, planner);
+        self.udp_cleaned = Some(start);
+        UdpCleanup {
+            deletions,
+            took: start.elapsed(),
+        }
+    }
+
+    /// When the UDP conntrack cleanup that syncs left waiting is due, if they left one:
+    /// [`UDP_CLEANUP_PERIOD`] after the last. The caller then runs
+    /// [`Proxy::clean_udp_flows`] (a later sync would run it too).
+    pub fn udp_cleanup_due(&self) -> Option<Instant> {
+        // A full sync is owed: it runs the cleanup at once.
+        if self.udp_pending.is_empty() || self.needs_full_sync {
+            return None;
+        }
+        Some(
+            self.udp_cleaned
+                .map_or_else(Instant::now, |last| last + UDP_CLEANUP_PERIOD),
+        )
+    }
+
+    /// Runs the UDP conntrack cleanup that syncs left waiting, if it is due, against the
+    /// services of `view` now.
+    pub fn clean_udp_flows(&mut self, view: &View) -> Option<UdpCleanup> {
+        self.udp_cleanup_is_due()
+            .then(|| self.clean_pending_udp_flows(&Planner::new(view, &self.config)))
+    }
+
+    fn udp_cleanup_is_due(&self) -> bool {
+        self.udp_cleanup_due()
+            .is_some_and(|due| due <= Instant::now())
+    }
+
+    fn clean_pending_udp_flows(&mut self, planner: &Planner<'_>) -> UdpCleanup {
+        let stale = std::mem::take(&mut self.udp_pending);
+        self.clean_conntrack(&stale, planner)
     }
 
     /// Applies the services of `changes`; falls back to a full sync when the node facts
@@ -426,7 +474,10 @@ impl Proxy {
             self.record(key, record);
         }
         if !udp.is_empty() {
-            self.clean_conntrack(&udp, &planner, &mut report);
+            self.udp_pending.merge(udp);
+        }
+        if self.udp_cleanup_is_due() {
+            report.udp_cleanup = Some(self.clean_pending_udp_flows(&planner));
         }
         self.shared.merge(claims);
         if planner.facts().network_policy
