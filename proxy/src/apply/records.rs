@@ -14,8 +14,9 @@ use super::footprint::Footprint;
 /// footprint replaced or removed leaves its bytes behind until they pass a sixteenth of
 /// those still used (and [`PACK_ABOVE`]); the arena is then packed in place. What that
 /// costs: a sorted list of the starts, 8 bytes a service, and 0.2–0.3 ms at 10,000
-/// services of two ports, once every six hundred changed services or so. What it saves: a quarter, the
-/// threshold before, let the arena of a two-port cluster grow by 275 KiB in a churn.
+/// services of two ports, once every six hundred changed services or so. What it saves:
+/// a quarter, the threshold before, let the arena of a two-port cluster grow by 275 KiB
+/// in a churn.
 #[derive(Debug, Default)]
 pub struct Footprints {
     index: HashTable<u32>,
