@@ -6,8 +6,9 @@
 //! applied the last one, and the time nodus spent applying batches. With `--proxy` the
 //! agent runs in a network namespace of its own with the service proxy on, so the churn
 //! is programmed into the kernel too; then, one at a time, EndpointSlice changes and new
-//! services are timed from the API write until the agent reports the nf_tables commit
-//! (its transaction counter, or its count of programmed services, moves), beside what the
+//! services are timed from the API write until the kernel announces the nf_tables commit
+//! that moved the agent's transaction counter (or its count of programmed services;
+//! `nodus_testbed::nft_commits`), beside what the
 //! agent's `kubeproxy_network_programming_duration_seconds` observed of them, and an
 //! annotation on the agent's own Node is counted in full syncs. It prints
 //! figures; it asserts nothing.
@@ -18,6 +19,7 @@
 use anyhow::{Context, bail};
 use nodus_testbed::bench::{Agent, BenchCluster, free_port};
 use nodus_testbed::netns::Netns;
+use nodus_testbed::nft_commits::CommitWatch;
 use nodus_testbed::scale::{self, ProcMemory, Shape, mib, proc_memory};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -94,10 +96,13 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
         "dns:\n  enabled: false\n".to_string()
     });
     let node = scale::node_name(0);
-    let agent = if opts.proxy {
+    let ns = opts
+        .proxy
+        .then(|| Netns::new("scale").map(Arc::new))
+        .transpose()?;
+    let agent = if let Some(ns) = &ns {
         config.push_str("proxy:\n  enabled: true\n");
-        let ns = Arc::new(Netns::new("scale")?);
-        cluster.start_agent_in(ns, &opts.nodus, &node, &config)?
+        cluster.start_agent_in(ns.clone(), &opts.nodus, &node, &config)?
     } else {
         cluster.start_agent(&opts.nodus, &node, &config)?
     };
@@ -121,10 +126,9 @@ fn run_shape(opts: &Options, shape: Shape) -> anyhow::Result<Row> {
     let churn_apply = agent.metric(apply_sum)? - apply_before;
     std::thread::sleep(opts.settle);
     let churned = proc_memory(agent.pid())?;
-    let proxy = if opts.proxy {
-        Some(proxy_latencies(&cluster, &agent, &shape)?)
-    } else {
-        None
+    let proxy = match &ns {
+        Some(ns) => Some(proxy_latencies(&cluster, ns, &agent, &shape)?),
+        None => None,
     };
     let annotated = if opts.proxy {
         Some(annotate_own_node(&cluster, &agent, opts.settle)?)
@@ -177,24 +181,35 @@ fn annotate_own_node(
 /// agent has committed them; p50 and p99 of each.
 fn proxy_latencies(
     cluster: &BenchCluster,
+    ns: &Netns,
     agent: &Agent,
     shape: &Shape,
 ) -> anyhow::Result<ProxyLatencies> {
     const CHANGES: usize = 200;
     const NEW_SERVICES: usize = 50;
+    // The kernel announces each commit; the agent's counter says whether it was the one
+    // awaited. The announcement can reach the bench before the agent has read the
+    // kernel's answer and counted it, so the counter gets a moment to move.
+    let commits = CommitWatch::open(ns)?;
     let committed = |series: &str, before: f64, start: Instant| -> anyhow::Result<Duration> {
-        while agent.metric(series)? <= before {
+        loop {
+            let at = commits.next_commit(Duration::from_secs(30))?;
+            while at.elapsed() < Duration::from_millis(200) {
+                if agent.metric(series)? > before {
+                    return Ok(at - start);
+                }
+            }
             if start.elapsed() > Duration::from_secs(30) {
                 bail!("{series} did not move within 30 s");
             }
         }
-        Ok(start.elapsed())
     };
     let transactions = "nodus_proxy_transactions_total";
     let programming = Programming::read(agent)?;
     let mut changes = Vec::with_capacity(CHANGES);
     for k in 0..CHANGES {
         let before = agent.metric(transactions)?;
+        commits.drain();
         let start = Instant::now();
         // A generation no churn used: new pod addresses, so the plan changes. Its trigger
         // time is now, as the EndpointSlice controller writes it for a pod's change.
@@ -213,6 +228,7 @@ fn proxy_latencies(
         let i = shape.services + 1 + k;
         cluster.store.apply_value(scale::slice(i, shape, 0))?;
         let before = agent.metric(programmed)?;
+        commits.drain();
         let start = Instant::now();
         cluster.store.apply_value(scale::service(i, shape))?;
         new_services.push(committed(programmed, before, start)?);

@@ -12,6 +12,7 @@ pub mod heap;
 pub mod interrupt;
 pub mod kubelet;
 pub mod netns;
+pub mod nft_commits;
 pub mod nodus_image;
 pub mod probe;
 pub mod runtime;
