@@ -29,6 +29,8 @@ pub struct Feed {
     /// Claims taken into the view with the last batch, answered once the subsystems have
     /// synced it ([`Feed::answer_sandboxes`]).
     taken_sandboxes: Vec<Claim>,
+    /// The view changed (or its lists completed) since it was last counted.
+    counts_due: bool,
 }
 
 impl Feed {
@@ -40,6 +42,7 @@ impl Feed {
             waiting: watched,
             unknown_sandboxes: Vec::new(),
             taken_sandboxes: Vec::new(),
+            counts_due: false,
         }
     }
 
@@ -110,12 +113,10 @@ impl Feed {
         // Counting walks the view (about 1 ms at 10,000 services), so only after a change,
         // and not after each page of the first lists, which would make them quadratic:
         // once, with the batch that completes them, whether or not that batch changed
-        // anything (it may hold only the last list's end).
+        // anything (it may hold only the last list's end). It waits for [`Feed::count`].
         let completes = !was_complete && self.waiting.is_empty();
         let changed = !report.changes.is_empty() || report.pods;
-        if completes || (was_complete && changed) {
-            self.metrics.set_counts(&view.counts());
-        }
+        self.counts_due |= completes || (was_complete && changed);
         drop(view);
         if completes {
             self.view.mark_complete();
@@ -154,7 +155,17 @@ impl Feed {
         }
     }
 
-    /// Applies batches from `items` until it ends or `each` says stop.
+    /// The view's counts into the metrics, when a batch changed them since the last time.
+    /// After the subsystems, not in [`Feed::apply`]: the walk would otherwise delay every
+    /// change on its way to the kernel.
+    pub fn count(&mut self) {
+        if std::mem::take(&mut self.counts_due) {
+            self.metrics.set_counts(&self.view.read().counts());
+        }
+    }
+
+    /// Applies batches from `items` until it ends or `each` says stop; counts the view
+    /// after each.
     pub async fn drive<S, F>(&mut self, items: S, mut each: F)
     where
         S: Stream<Item = WatchItem>,
@@ -164,7 +175,9 @@ impl Feed {
         futures::pin_mut!(batches);
         while let Some(batch) = batches.next().await {
             let applied = self.apply(batch);
-            if each(self, &applied).is_break() {
+            let flow = each(self, &applied);
+            self.count();
+            if flow.is_break() {
                 break;
             }
         }
@@ -239,7 +252,7 @@ mod tests {
     }
 
     /// The counts wait for the first lists, then come with the batch that completes them
-    /// even when it holds nothing but the end of the last list.
+    /// even when it holds nothing but the end of the last list, each once the feed counts.
     #[test]
     fn the_view_is_counted_once_its_lists_complete_then_after_each_change() {
         let metrics = Arc::new(Metrics::default());
@@ -254,11 +267,15 @@ mod tests {
             service("web"),
             WatchItem::Update(Update::RelistDone(Kind::Service)),
         ]);
+        feed.count();
         assert_eq!(services(), ("service", 0), "a list is still running");
         let applied = feed.apply(vec![WatchItem::Update(Update::RelistDone(Kind::Node))]);
         assert!(applied.initial_sync && applied.changes.is_empty());
+        assert_eq!(services(), ("service", 0), "counted after the subsystems");
+        feed.count();
         assert_eq!(services(), ("service", 1));
         feed.apply(vec![service("api")]);
+        feed.count();
         assert_eq!(services(), ("service", 2));
     }
 }
