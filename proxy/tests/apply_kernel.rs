@@ -251,18 +251,30 @@ fn an_adoption_with_everything_in_place_records_every_service() {
     netns::require_root();
     let ns = Netns::new("apip").expect("namespace");
     // Generated services, without sets of their own (no affinity) for an adoption to
-    // refill: nothing of theirs is sent again.
-    let mut view = View::new(&scale::node_name(0));
-    scale::apply_in_pages(&mut view, scale::cluster(&Shape::new(40, 3, 3))).expect("view");
-    let mut first = open_proxy(&ns);
-    let cold = first.full_sync(&view).expect("first run");
-    assert!(cold.added > 1, "{cold:?}");
-    drop(first);
-    let mut second = open_proxy(&ns);
-    let report = second.full_sync(&view).expect("adoption");
-    assert_eq!(report.added, cold.added, "{report:?}");
-    assert_eq!(report.elements, 0, "{report:?}");
-    assert_eq!(second.programmed_services(), cold.added);
+    // refill: nothing of theirs is sent again, also where three ports share a chain
+    // and each dispatch rule must get its own key block back.
+    for ports in [1, 3] {
+        let shape = Shape {
+            ports,
+            ..Shape::new(40, 3, 3)
+        };
+        let mut view = View::new(&scale::node_name(0));
+        scale::apply_in_pages(&mut view, scale::cluster(&shape)).expect("view");
+        let mut first = open_proxy(&ns);
+        let cold = first.full_sync(&view).expect("first run");
+        assert!(cold.added > 1, "{cold:?}");
+        drop(first);
+        let mut second = open_proxy(&ns);
+        let report = second.full_sync(&view).expect("adoption");
+        assert_eq!(report.added, cold.added, "{report:?}");
+        assert_eq!(report.elements, 0, "{ports} ports: {report:?}");
+        // Only the skeleton's chains are written again.
+        let skeleton = Planner::new(&view, &ProxySettings::default()).skeleton();
+        let skeleton_rules: usize = skeleton.chains.iter().map(|c| c.rules.len()).sum();
+        assert_eq!(report.rules, skeleton_rules, "{ports} ports: {report:?}");
+        assert_eq!(second.programmed_services(), cold.added);
+        assert!(ns.enter(cleanup).expect("enter").expect("cleanup"));
+    }
 }
 
 #[test]

@@ -123,8 +123,10 @@ fn the_tracer_predicts_what_the_kernel_does() {
     let pod = attach(&node, "pa0", "trpa", "10.244.1.9", "10.244.1.1", "32");
     let endpoint = attach(&node, "pb0", "trpb", "10.244.1.5", "10.244.1.1", "32");
     let remote = attach(&node, "far0", "trfar", "10.244.2.5", "10.244.2.1", "24");
-    greeter(&endpoint, "10.244.1.5", 8080);
-    greeter(&remote, "10.244.2.5", 8080);
+    for port in [8080, 8081] {
+        greeter(&endpoint, "10.244.1.5", port);
+        greeter(&remote, "10.244.2.5", port);
+    }
 
     let here = ("10.244.1.5", NODE);
     let there = ("10.244.2.5", "node-b");
@@ -200,6 +202,23 @@ fn the_tracer_predicts_what_the_kernel_does() {
             json!({}),
         ),
         slice("itp-local", "IPv4", &[there], 8080),
+        // Two ports, whose rules share one dispatch chain (and one local chain, reached
+        // from the external IP under the Local policy).
+        service(
+            "two-ports",
+            json!({"clusterIP": "10.96.0.28", "externalIPs": ["192.0.2.51"],
+                   "externalTrafficPolicy": "Local",
+                   "ports": [{"name": "http", "port": 80, "protocol": "TCP"},
+                             {"name": "alt", "port": 81, "protocol": "TCP"}]}),
+            json!({}),
+        ),
+        slice_with_ports(
+            "two-ports",
+            "IPv4",
+            &[here, there],
+            json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                   {"name": "alt", "port": 8081, "protocol": "TCP"}]),
+        ),
     ]);
     assert!(applied.invalid.is_empty(), "{:?}", applied.invalid);
     let config = ProxySettings::default();
@@ -211,7 +230,7 @@ fn the_tracer_predicts_what_the_kernel_does() {
 
     let planner = Planner::new(&view, &config);
 
-    let flows: [(Entry, &Netns, &str, &str); 16] = [
+    let flows: [(Entry, &Netns, &str, &str); 20] = [
         (Entry::Pod, &pod, "10.244.1.9", "10.96.0.10:80"),
         (Entry::Outside, &outside, "10.0.0.2", "10.96.0.10:80"),
         (Entry::Host, &node, "10.0.0.1", "10.96.0.10:80"),
@@ -227,6 +246,10 @@ fn the_tracer_predicts_what_the_kernel_does() {
         (Entry::Outside, &outside, "10.0.0.2", "198.51.100.5:80"),
         (Entry::Outside, &outside, "10.0.0.2", "198.51.100.6:80"),
         (Entry::Pod, &pod, "10.244.1.9", "10.96.0.27:80"),
+        (Entry::Pod, &pod, "10.244.1.9", "10.96.0.28:80"),
+        (Entry::Pod, &pod, "10.244.1.9", "10.96.0.28:81"),
+        (Entry::Pod, &pod, "10.244.1.9", "10.96.0.28:82"),
+        (Entry::Outside, &outside, "10.0.0.2", "192.0.2.51:81"),
         // The endpoint to itself (hairpin).
         (Entry::Pod, &endpoint, "10.244.1.5", "10.96.0.10:80"),
     ];
@@ -264,6 +287,8 @@ fn the_tracer_predicts_what_the_kernel_does() {
         "10.244.1.5:8080 masq",
         "10.244.2.5:8080",
         "10.244.2.5:8080 masq",
+        // The second port of a shared chain, through its local chain (no random pick).
+        "10.244.1.5:8081",
     ] {
         assert!(
             outcomes.contains(kind),

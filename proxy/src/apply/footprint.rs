@@ -72,6 +72,10 @@ const TAG_ROLE_SHIFT: u32 = 1;
 const TAG_HEAD_SHIFT: u32 = 4;
 const TAG_FIELD: u8 = 0x07;
 
+/// A key block's size class (below 32) and its rule's place share one varint.
+const CLASS_BITS: u32 = 5;
+const CLASS_MASK: u32 = (1 << CLASS_BITS) - 1;
+
 /// Flags in the set byte of an element outside the runs (the set itself takes the low
 /// four bits): it has data, whose digest follows, or, with the chain flag, the verdict
 /// to one of the footprint's chains, by its index; it has a key end, which follows its
@@ -193,16 +197,11 @@ impl<'a> Footprint<'a> {
         };
         write_count(&mut bytes, plan.blocks.len());
         for block in &plan.blocks {
-            write_set(&mut bytes, block.map, 0);
-            write_varint(&mut bytes, block.offset);
-            bytes.push(block.class);
-            match chain_index(&|name| fnv1a(name) == block.chain) {
-                Some(index) => write_varint(&mut bytes, index + 1),
-                None => {
-                    bytes.push(0);
-                    bytes.extend_from_slice(&block.chain.to_ne_bytes());
-                }
-            }
+            write_block(
+                &mut bytes,
+                block,
+                chain_index(&|name| fnv1a(name) == block.chain),
+            );
         }
         // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
         // a run is stored as the block it fills (or its set and first key), its count,
@@ -515,6 +514,25 @@ fn write_set(bytes: &mut Vec<u8>, set: SharedSet, flags: u8) {
     }
 }
 
+/// A key block: its map, first key, size class and rule's place, and its chain by the
+/// index of its name (`chain`, when the footprint names it) or by hash.
+fn write_block(bytes: &mut Vec<u8>, block: &KeyBlock, chain: Option<u32>) {
+    write_set(bytes, block.map, 0);
+    write_varint(bytes, block.offset);
+    // A class is below 32: one byte holds it with the rule's place up to 3.
+    write_varint(
+        bytes,
+        u32::from(block.rule) << CLASS_BITS | u32::from(block.class),
+    );
+    match chain {
+        Some(index) => write_varint(bytes, index + 1),
+        None => {
+            bytes.push(0);
+            bytes.extend_from_slice(&block.chain.to_ne_bytes());
+        }
+    }
+}
+
 /// An element outside the runs: its set and flags; its data's digest if it has data, or
 /// the index of the chain its verdict names (`target`, when the footprint names it); its
 /// key, coded against the key before it, and its key end, coded against its key.
@@ -661,6 +679,7 @@ struct BlockBytes {
     map: SharedSet,
     offset: u32,
     class: u8,
+    rule: u16,
     chain: ChainRef,
 }
 
@@ -760,10 +779,12 @@ impl<'a> Reader<'a> {
         let count = self.count()?;
         let mut blocks = Vec::with_capacity(count.min(self.0.len()));
         for _ in 0..count {
+            let (map, offset, class_and_rule) = (self.set()?, self.varint()?, self.varint()?);
             blocks.push(BlockBytes {
-                map: self.set()?,
-                offset: self.varint()?,
-                class: self.byte()?,
+                map,
+                offset,
+                class: u8::try_from(class_and_rule & CLASS_MASK).ok()?,
+                rule: u16::try_from(class_and_rule >> CLASS_BITS).ok()?,
                 chain: match self.count()?.checked_sub(1) {
                     Some(index) => ChainRef::Name(index),
                     None => ChainRef::Hash(self.u32()?),
@@ -786,6 +807,7 @@ impl<'a> Reader<'a> {
                         ChainRef::Name(index) => fnv1a(&names.get(index)?.name),
                         ChainRef::Hash(hash) => hash,
                     },
+                    rule: block.rule,
                 })
             })
             .collect()

@@ -401,6 +401,9 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
         let chains = &mut self.chains;
+        // The dump lists a chain's rules together and in order: a dispatch rule's place
+        // among its chain's is counted as they come.
+        let (mut dispatching_chain, mut place) = (String::new(), 0u16);
         self.proxy
             .socket
             .each_rule(&self.table, |rule| {
@@ -408,7 +411,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 if let Some(dispatch) = rule.dispatch
                     && let Some(map) = SharedSet::endpoints_from_name(dispatch.map)
                 {
-                    keys.adopt(rule.chain, map, dispatch.offset, dispatch.modulus);
+                    if dispatching_chain == rule.chain {
+                        place = place.saturating_add(1);
+                    } else {
+                        dispatching_chain.clear();
+                        dispatching_chain.push_str(rule.chain);
+                        place = 0;
+                    }
+                    keys.adopt(rule.chain, place, map, dispatch.offset, dispatch.modulus);
                 }
             })
             .map_err(Error::netlink("listing the rules"))?;

@@ -96,6 +96,7 @@ fn dispatched(endpoints: u8, offset: u32) -> ServicePlan {
         offset,
         class: 5,
         chain: 0xfeed,
+        rule: 2,
     });
     for i in 0..endpoints {
         plan.elements.push(ElementPlan {
@@ -270,33 +271,57 @@ fn the_records_keep_every_footprint_through_replacements_and_packing() {
 /// block, each port's service-IP element a goto to its chain, the cluster IP, and
 /// `endpoints` endpoint elements per port.
 fn two_ports(endpoints: u8) -> ServicePlan {
+    let mut plan = two_ports_sharing_a_chain(endpoints);
+    let shared = plan.chains.remove(0);
+    for (index, label) in ["tcp/http", "udp/dns"].into_iter().enumerate() {
+        let chain = crate::plan::join_name("service", &format!("shop/cart/ipv4/{label}"));
+        plan.chains.push(ChainPlan {
+            chain: Chain::regular(chain.clone()),
+            rules: vec![shared.rules[index].clone()],
+        });
+        plan.blocks[index].chain = crate::plan::fnv1a(&chain);
+        plan.blocks[index].rule = 0;
+        let dispatch = plan
+            .elements
+            .iter_mut()
+            .filter(|element| element.set.kind == SharedKind::ServiceIps)
+            .nth(index)
+            .expect("a service-IP element per port");
+        dispatch.element = dispatch.element.clone().with_verdict(Verdict::goto(chain));
+    }
+    plan
+}
+
+/// The same service with its ports' dispatch rules in one chain of the service.
+fn two_ports_sharing_a_chain(endpoints: u8) -> ServicePlan {
+    let chain = crate::plan::join_name("service", "shop/cart/ipv4");
     let mut plan = ServicePlan::empty("shop", "cart");
     let ip = Value::Ipv4([10, 96, 0, 28].into());
     plan.elements.push(ElementPlan {
         set: SharedSet::new(SharedKind::ClusterIps, Family::V4),
         element: Element::new(ip),
     });
-    for (index, (protocol, port, label)) in
-        [(Value::TCP, 80, "tcp/http"), (Value::UDP, 53, "udp/dns")]
-            .into_iter()
-            .enumerate()
-    {
-        let chain = crate::plan::join_name("service", &format!("shop/cart/ipv4/{label}"));
-        plan.chains.push(ChainPlan {
-            chain: Chain::regular(chain.clone()),
-            rules: vec![RulePlan::new([Stmt::Verdict(Verdict::Accept)])],
-        });
+    plan.chains.push(ChainPlan {
+        chain: Chain::regular(chain.clone()),
+        rules: Vec::new(),
+    });
+    for (index, (protocol, port)) in [(Value::TCP, 80), (Value::UDP, 53)].into_iter().enumerate() {
+        plan.chains[0].rules.push(RulePlan::new([
+            Stmt::Dport(port),
+            Stmt::Verdict(Verdict::Accept),
+        ]));
         let map = SharedSet::endpoints(Family::V4, 7 + u16::try_from(index).expect("small"));
         plan.blocks.push(KeyBlock {
             map,
             offset: 16,
             class: 4,
             chain: crate::plan::fnv1a(&chain),
+            rule: u16::try_from(index).expect("small"),
         });
         plan.elements.push(ElementPlan {
             set: SharedSet::new(SharedKind::ServiceIps, Family::V4),
             element: Element::new(Tuple(vec![ip, protocol, Value::InetService(port)]))
-                .with_verdict(Verdict::goto(chain)),
+                .with_verdict(Verdict::goto(chain.clone())),
         });
         for i in 0..endpoints {
             plan.elements.push(ElementPlan {
@@ -320,6 +345,14 @@ fn a_ports_names_blocks_and_verdicts_cost_a_few_bytes_and_read_back() {
     // its element's verdict by the name's index, the cluster IP written once.
     assert!(bytes.len() < 100, "{} bytes", bytes.len());
     assert_eq!(footprint.blocks("shop", "cart"), old.blocks);
+    // With one chain for both ports, one name fewer, and each block keeps its rule.
+    let shared = two_ports_sharing_a_chain(10);
+    let shared_bytes = Footprint::encode(&shared, shared.digest());
+    assert!(shared_bytes.len() < bytes.len(), "{}", shared_bytes.len());
+    let shared_footprint = Footprint(&shared_bytes);
+    assert_eq!(shared_footprint.blocks("shop", "cart"), shared.blocks);
+    let same = shared_footprint.previous_plan(&shared).expect("readable");
+    assert_eq!(same.chains, shared.chains);
     let same = footprint.previous_plan(&old).expect("readable");
     assert_eq!(same.chains, old.chains);
     let sorted = |plan: &ServicePlan| {

@@ -116,16 +116,18 @@ impl EndpointKeys {
         self.adopted = Vec::new();
     }
 
-    /// Records that `chain` dispatches to keys `offset`…`offset + len − 1` of `map` in the
-    /// table: the chain gets that block back while its endpoints fit. Its keys must also be
-    /// [reserved](EndpointKeys::reserve), so that no other chain is given them.
-    pub fn adopt(&mut self, chain: &str, map: SharedSet, offset: u32, len: u32) {
+    /// Records that the dispatch rule at `rule` among those of `chain` picks from keys
+    /// `offset`…`offset + len − 1` of `map` in the table: the rule gets that block back
+    /// while its endpoints fit. Its keys must also be [reserved](EndpointKeys::reserve),
+    /// so that no other chain is given them.
+    pub fn adopt(&mut self, chain: &str, rule: u16, map: SharedSet, offset: u32, len: u32) {
         let chain = fnv1a(chain);
         let block = KeyBlock {
             map,
             offset,
             class: class_of(len),
             chain,
+            rule,
         };
         // The whole block, also the keys above `len` the chain may grow into.
         let space = self.spaces.entry(map).or_default();
@@ -147,16 +149,23 @@ impl EndpointKeys {
         }
     }
 
-    /// The adopted block of `chain` in `map`, once, if it holds `class`.
-    fn adopted_block(&mut self, chain: u32, map: SharedSet, class: u8) -> Option<KeyBlock> {
+    /// The adopted block of rule `rule` of `chain` in `map`, once, if it holds `class`.
+    fn adopted_block(
+        &mut self,
+        chain: u32,
+        rule: u16,
+        map: SharedSet,
+        class: u8,
+    ) -> Option<KeyBlock> {
+        let identity = |block: &KeyBlock| (block.chain, block.rule, block.map);
         if !self.adopted_sorted {
             self.adopted
-                .sort_unstable_by_key(|(block, _)| (block.chain, block.map));
+                .sort_unstable_by_key(|(block, _)| identity(block));
             self.adopted_sorted = true;
         }
         let at = self
             .adopted
-            .binary_search_by_key(&(chain, map), |(block, _)| (block.chain, block.map))
+            .binary_search_by_key(&(chain, rule, map), |(block, _)| identity(block))
             .ok()?;
         let (block, taken) = &mut self.adopted[at];
         if *taken || block.class < class {
@@ -185,22 +194,21 @@ pub struct KeyLease<'k> {
 }
 
 impl KeyLease<'_> {
-    /// A block of at least `len` keys in the endpoint map of `chain` (by its name).
-    pub fn take(&mut self, chain: &str, family: Family, len: u32) -> KeyBlock {
+    /// A block of at least `len` keys for the dispatch rule at `rule` among those of
+    /// `chain` (by its name), in the chain's endpoint map.
+    pub fn take(&mut self, chain: &str, rule: u16, family: Family, len: u32) -> KeyBlock {
         let chain = fnv1a(chain);
         let map = SharedSet::endpoints(family, shard_of_hash(chain));
         let class = class_of(len);
-        // The chain's own block, while it fits, even when larger than needed now: keys cost
+        // The rule's own block, while it fits, even when larger than needed now: keys cost
         // nothing, and a service that scales down and up again keeps them.
-        if let Some(index) = self
-            .previous
-            .iter()
-            .position(|block| block.chain == chain && block.map == map && block.class >= class)
-        {
+        if let Some(index) = self.previous.iter().position(|block| {
+            block.chain == chain && block.rule == rule && block.map == map && block.class >= class
+        }) {
             return self.previous.swap_remove(index);
         }
         // The block the table's rule uses (a full sync adopting a table), while it fits.
-        if let Some(block) = self.keys.adopted_block(chain, map, class) {
+        if let Some(block) = self.keys.adopted_block(chain, rule, map, class) {
             return block;
         }
         let offset = self.keys.spaces.entry(map).or_default().allocate(class);
@@ -209,6 +217,7 @@ impl KeyLease<'_> {
             offset,
             class,
             chain,
+            rule,
         }
     }
 }
@@ -267,16 +276,22 @@ mod tests {
     #[test]
     fn blocks_are_reused_while_their_size_fits_and_released_when_not() {
         let mut keys = EndpointKeys::new();
-        let first = keys.lease(&[]).take("service-a", Family::V4, 3);
+        let first = keys.lease(&[]).take("service-a", 0, Family::V4, 3);
         assert_eq!((first.offset, first.class), (0, 2));
         // Scaling from 3 to 4 endpoints (or down to 1) keeps the block; to 5 it moves.
-        assert_eq!(keys.lease(&[first]).take("service-a", Family::V4, 4), first);
-        assert_eq!(keys.lease(&[first]).take("service-a", Family::V4, 1), first);
-        let grown = keys.lease(&[first]).take("service-a", Family::V4, 5);
+        assert_eq!(
+            keys.lease(&[first]).take("service-a", 0, Family::V4, 4),
+            first
+        );
+        assert_eq!(
+            keys.lease(&[first]).take("service-a", 0, Family::V4, 1),
+            first
+        );
+        let grown = keys.lease(&[first]).take("service-a", 0, Family::V4, 5);
         assert_eq!((grown.offset, grown.class), (4, 3));
         // The released block goes to the next chain of its size in that map.
         let mut lease = keys.lease(&[]);
-        let reused = lease.take("service-a", Family::V4, 4);
+        let reused = lease.take("service-a", 0, Family::V4, 4);
         assert_eq!(reused.offset, 0);
     }
 
@@ -287,18 +302,48 @@ mod tests {
         let (x, y) = same_shard_pair();
         let mut lease = keys.lease(&[]);
         let first = [
-            lease.take("service-other", Family::V4, 2),
-            lease.take(&x, Family::V4, 1),
-            lease.take(&y, Family::V4, 1),
+            lease.take("service-other", 0, Family::V4, 2),
+            lease.take(&x, 0, Family::V4, 1),
+            lease.take(&y, 0, Family::V4, 1),
         ];
         drop(lease);
         let mut lease = keys.lease(&first);
         let again = [
-            lease.take("service-other", Family::V4, 2),
-            lease.take(&x, Family::V4, 1),
-            lease.take(&y, Family::V4, 1),
+            lease.take("service-other", 0, Family::V4, 2),
+            lease.take(&x, 0, Family::V4, 1),
+            lease.take(&y, 0, Family::V4, 1),
         ];
         assert_eq!(again, first);
+    }
+
+    #[test]
+    fn the_rules_of_a_shared_chain_get_their_own_blocks_back() {
+        let mut keys = EndpointKeys::new();
+        let mut lease = keys.lease(&[]);
+        let first = [
+            lease.take("service-s", 0, Family::V4, 4),
+            lease.take("service-s", 1, Family::V4, 2),
+        ];
+        drop(lease);
+        // Asked the other way round, each rule still gets its own: the first rule's
+        // block would fit the second's two endpoints too.
+        let mut lease = keys.lease(&first);
+        let second = lease.take("service-s", 1, Family::V4, 2);
+        let zeroth = lease.take("service-s", 0, Family::V4, 4);
+        assert_eq!([zeroth, second], first);
+        drop(lease);
+        // Adopted from the table, by the rule's place in the chain.
+        let map = first[0].map;
+        let mut keys = EndpointKeys::new();
+        keys.reserve(
+            map,
+            (first[0].offset..first[0].offset + 4).chain(first[1].offset..first[1].offset + 2),
+        );
+        keys.adopt("service-s", 1, map, first[1].offset, 2);
+        keys.adopt("service-s", 0, map, first[0].offset, 4);
+        let mut lease = keys.lease(&[]);
+        assert_eq!(lease.take("service-s", 1, Family::V4, 1), first[1]);
+        assert_eq!(lease.take("service-s", 0, Family::V4, 3), first[0]);
     }
 
     fn same_shard_pair() -> (String, String) {
@@ -316,12 +361,12 @@ mod tests {
         let map = SharedSet::endpoints(Family::V6, shard_of("service-b"));
         keys.reserve(map, [20, 9, 0, 1, 2]);
         let mut lease = keys.lease(&[]);
-        let a = lease.take("service-b", Family::V6, 4);
-        let b = lease.take("service-b", Family::V6, 8);
+        let a = lease.take("service-b", 0, Family::V6, 4);
+        let b = lease.take("service-b", 0, Family::V6, 8);
         drop(lease);
         assert_eq!((a.offset, b.offset), (3, 10));
         keys.release_reserved();
-        let c = keys.lease(&[]).take("service-b", Family::V6, 1);
+        let c = keys.lease(&[]).take("service-b", 0, Family::V6, 1);
         assert_eq!(c.offset, 18);
     }
 
@@ -330,9 +375,9 @@ mod tests {
         let mut keys = EndpointKeys::new();
         let map = SharedSet::endpoints(Family::V4, shard_of("service-c"));
         keys.reserve(map, 40..43);
-        keys.adopt("service-c", map, 40, 3);
+        keys.adopt("service-c", 0, map, 40, 3);
         let mut lease = keys.lease(&[]);
-        let block = lease.take("service-c", Family::V4, 4);
+        let block = lease.take("service-c", 0, Family::V4, 4);
         assert_eq!(
             (block.offset, block.class),
             (40, 2),
@@ -343,15 +388,15 @@ mod tests {
             .map(|i| format!("service-e{i}"))
             .filter(|name| shard_of(name) == map.shard)
             .take(50)
-            .map(|name| lease.take(&name, Family::V4, 1).offset)
+            .map(|name| lease.take(&name, 0, Family::V4, 1).offset)
             .collect();
         assert!(others.iter().all(|k| !(40..44).contains(k)), "{others:?}");
         assert!(others.contains(&39) && others.contains(&44), "{others:?}");
         drop(lease);
         let mut keys = EndpointKeys::new();
         keys.reserve(map, 40..43);
-        keys.adopt("service-c", map, 40, 3);
-        let grown = keys.lease(&[]).take("service-c", Family::V4, 5);
+        keys.adopt("service-c", 0, map, 40, 3);
+        let grown = keys.lease(&[]).take("service-c", 0, Family::V4, 5);
         assert!(!(40..44).contains(&grown.offset), "{grown:?}");
     }
 

@@ -22,6 +22,8 @@ const HASH_CHARS: usize = 8;
 pub struct PortIdentity {
     /// `ns/svc/ipv4/tcp/http`: the readable part of every name of this port.
     path: String,
+    /// Where its `ns/svc/ipv4` ends.
+    family_end: usize,
 }
 
 impl PortIdentity {
@@ -37,11 +39,20 @@ impl PortIdentity {
             Family::V4 => "ipv4",
             Family::V6 => "ipv6",
         };
+        let service_wide = format!("{namespace}/{service}/{family}");
         PortIdentity {
-            path: format!(
-                "{namespace}/{service}/{family}/{}/{port_label}",
-                protocol_name(protocol)
-            ),
+            family_end: service_wide.len(),
+            path: format!("{service_wide}/{}/{port_label}", protocol_name(protocol)),
+        }
+    }
+
+    /// The identity every port of the service shares in this family, `ns/svc/ipv4`: the
+    /// dispatch chains it names hold one rule per port (`service-…-ns/svc/ipv4`), since
+    /// the kernel walks every chain of the namespace at every commit.
+    pub fn service_wide(&self) -> PortIdentity {
+        PortIdentity {
+            path: self.path[..self.family_end].to_string(),
+            family_end: self.family_end,
         }
     }
 
@@ -158,6 +169,10 @@ mod tests {
             chain["service-".len()..],
             "one port's chains share hash and path"
         );
+        let shared = port.service_wide().cluster_chain();
+        assert!(shared.ends_with("-shop/cart/ipv4"), "{shared}");
+        let other = PortIdentity::new("shop", "cart", Family::V4, Protocol::Udp, "dns");
+        assert_eq!(other.service_wide().cluster_chain(), shared);
         let v6 = PortIdentity::new("shop", "cart", Family::V6, Protocol::Tcp, "http");
         assert_ne!(v6.cluster_chain(), chain);
         let endpoint = v6.endpoint_chain("fd00::5".parse().expect("ip"), 8080);

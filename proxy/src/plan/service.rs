@@ -47,6 +47,7 @@ pub fn plan_service(
     let Some(spec) = service.service.filter(|spec| is_proxied(spec)) else {
         return plan;
     };
+    let shared_dispatch = dispatch_is_shared(spec);
     for family in Family::ALL {
         let Some(cluster_ip) = spec.cluster_ip(family) else {
             continue;
@@ -79,6 +80,7 @@ pub fn plan_service(
                 port,
                 family,
                 cluster_ip,
+                shared_dispatch: shared_dispatch.then(|| identity.service_wide()),
                 identity,
                 facts,
                 keys: &mut *keys,
@@ -91,6 +93,19 @@ pub fn plan_service(
     }
     dedup_elements(&mut plan.elements);
     plan
+}
+
+/// Whether the service's ports share their dispatch chains in each family, one rule per
+/// port matching its number: every commit walks every chain of the namespace, so a
+/// two-port Service with a chain per port doubles that walk for every change anywhere.
+/// Only when every packet that reaches the chain still has the service port as its
+/// destination (no NodePort, whose number is the one seen there) and the chain picks from
+/// an endpoint map (no affinity, whose chains are per endpoint). A service of one port
+/// keeps its port's chain, without the match.
+fn dispatch_is_shared(spec: &Service) -> bool {
+    spec.ports.len() > 1
+        && spec.affinity_timeout == 0
+        && spec.ports.iter().all(|port| port.node_port == 0)
 }
 
 /// The cluster DNS Service's port 53 when this node answers it (`serve_cluster_dns_ip`):
@@ -174,6 +189,9 @@ struct PortPlanner<'a, 'k> {
     port: &'a ServicePort,
     family: Family,
     cluster_ip: IpAddr,
+    /// The service's identity in this family when its ports share their dispatch chains
+    /// ([`dispatch_is_shared`]).
+    shared_dispatch: Option<PortIdentity>,
     identity: PortIdentity,
     facts: &'a NodeFacts,
     keys: &'a mut KeyLease<'k>,
@@ -293,6 +311,7 @@ impl PortPlanner<'_, '_> {
                 .load_balancer_source_ranges()
                 .iter()
                 .any(|range| range.family() == self.family);
+        let dispatch = self.shared_dispatch.as_ref().unwrap_or(&self.identity);
         Routing {
             internal_local,
             external_local,
@@ -300,8 +319,8 @@ impl PortPlanner<'_, '_> {
             has_external,
             filter_verdict,
             cluster_chain: (uses_cluster && !endpoints.cluster.is_empty())
-                .then(|| self.identity.cluster_chain()),
-            local_chain: (uses_local && has_local).then(|| self.identity.local_chain()),
+                .then(|| dispatch.cluster_chain()),
+            local_chain: (uses_local && has_local).then(|| dispatch.local_chain()),
             external_chain: (has_endpoints && externally_accessible)
                 .then(|| self.identity.external_chain()),
             firewall_chain: firewalled.then(|| self.identity.firewall_chain()),
@@ -390,16 +409,14 @@ impl PortPlanner<'_, '_> {
         }
         let mut endpoint_targets: Vec<Target> = Vec::new();
         if let Some(chain) = cluster_chain {
-            let rules = self.dispatch_rules(chain, &endpoints.cluster);
-            self.chain(chain.clone(), rules);
+            self.dispatch_chain(chain, &endpoints.cluster);
             endpoint_targets.extend(&endpoints.cluster);
         }
         if let Some(chain) = local_chain {
             // Under `internalTrafficPolicy: Local` ClusterIP traffic reaches this chain
             // instead of `service-`, already marked for masquerade when it comes from
             // outside the pods (`skeleton::cluster_masquerade_rule`).
-            let rules = self.dispatch_rules(chain, &endpoints.local);
-            self.chain(chain.clone(), rules);
+            self.dispatch_chain(chain, &endpoints.local);
             endpoint_targets.extend(&endpoints.local);
         }
         endpoint_targets.sort_by_key(|target| (target.ip, target.port));
@@ -517,17 +534,31 @@ impl PortPlanner<'_, '_> {
         rules
     }
 
-    /// C.21, G.48: a uniformly random endpoint. Without affinity the chain DNATs
-    /// straight from its block of an endpoint map, so an endpoint change rewrites only
-    /// map elements, which the kernel commits without re-validating the table. With
-    /// affinity, sticky clients go first, and every endpoint needs a chain of its own to
-    /// refresh its affinity set.
-    fn dispatch_rules(&mut self, chain: &str, targets: &[Target]) -> Vec<RulePlan> {
+    /// The port's rules in the dispatch chain `chain`: a chain of its own, or appended to
+    /// the one its service's ports share, after the rules of the ports before it.
+    fn dispatch_chain(&mut self, chain: &str, targets: &[Target]) {
+        let shared = self.plan.chains.iter().position(|c| c.name() == chain);
+        let place = shared.map_or(0, |index| self.plan.chains[index].rules.len());
+        let rules = self.dispatch_rules(chain, place, targets);
+        match shared {
+            Some(index) => self.plan.chains[index].rules.extend(rules),
+            None => self.chain(chain.to_string(), rules),
+        }
+    }
+
+    /// C.21, G.48: a uniformly random endpoint, for rules that start at `place` in
+    /// `chain`. Without affinity the chain DNATs straight from its block of an endpoint
+    /// map, so an endpoint change rewrites only map elements, which the kernel commits
+    /// without re-validating the table; in a chain the ports share, each port's rule
+    /// matches its number first. With affinity, sticky clients go first, and every
+    /// endpoint needs a chain of its own to refresh its affinity set.
+    fn dispatch_rules(&mut self, chain: &str, place: usize, targets: &[Target]) -> Vec<RulePlan> {
         let timeout = self.spec.affinity_timeout;
         if timeout == 0 {
             let endpoints = distinct_endpoints(targets);
             let count = u32::try_from(endpoints.len()).unwrap_or(u32::MAX);
-            let block = self.keys.take(chain, self.family, count);
+            let place = u16::try_from(place).unwrap_or(u16::MAX);
+            let block = self.keys.take(chain, place, self.family, count);
             self.plan.blocks.push(block);
             for (index, (ip, port)) in (block.offset..).zip(endpoints) {
                 self.plan.elements.push(ElementPlan {
@@ -536,15 +567,22 @@ impl PortPlanner<'_, '_> {
                         .with_value(Tuple(vec![ip_value(ip), Value::InetService(port)])),
                 });
             }
-            return vec![RulePlan::new([
-                Stmt::L4Proto(self.port.protocol),
-                Stmt::DnatFromMap {
-                    family: self.family,
-                    map: block.map.name(),
-                    endpoints: count,
-                    offset: block.offset,
-                },
-            ])];
+            let port = self
+                .shared_dispatch
+                .is_some()
+                .then_some(Stmt::Dport(self.port.port));
+            let dnat = Stmt::DnatFromMap {
+                family: self.family,
+                map: block.map.name(),
+                endpoints: count,
+                offset: block.offset,
+            };
+            return vec![RulePlan::new(
+                [Stmt::L4Proto(self.port.protocol)]
+                    .into_iter()
+                    .chain(port)
+                    .chain([dnat]),
+            )];
         }
         let mut rules: Vec<RulePlan> = targets
             .iter()

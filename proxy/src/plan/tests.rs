@@ -925,19 +925,75 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     ] {
         assert!(v4(&plan, SharedKind::ServiceIps, key).is_some(), "{key}");
     }
-    assert_eq!(
-        count_chains(&plan, "service-"),
-        3,
-        "one service chain per port"
-    );
+    // The ports share one dispatch chain, a rule each that matches its protocol and
+    // number, each rule with a key block of its own.
+    let shared = rules(&plan, "service-");
+    let heads = [
+        "meta l4proto udp th dport 53 dnat",
+        "meta l4proto tcp th dport 53 dnat",
+        "meta l4proto sctp th dport 9 dnat",
+    ];
+    assert_eq!(shared.len(), heads.len(), "{shared:?}");
+    for (rule, head) in shared.iter().zip(heads) {
+        assert!(rule.starts_with(head), "{rule}");
+    }
+    let blocks: Vec<(u16, u32)> = plan.blocks.iter().map(|b| (b.rule, b.offset)).collect();
+    assert_eq!(blocks, [(0, 0), (1, 1), (2, 2)]);
     let text = render(
         &Planner::new(&view, &ProxySettings::default()).skeleton(),
         [plan],
     );
-    assert!(text.contains("meta l4proto udp dnat ip addr . port to numgen"));
-    assert!(text.contains("meta l4proto sctp dnat ip addr . port to numgen"));
+    assert!(text.contains("meta l4proto udp th dport 53 dnat ip addr . port to numgen"));
+    assert!(text.contains("meta l4proto sctp th dport 9 dnat ip addr . port to numgen"));
     assert!(text.contains("0 : 10.244.1.7 . 5353"));
-    assert!(text.contains("0 : 10.244.1.7 . 9999"));
+    assert!(text.contains("2 : 10.244.1.7 . 9999"));
+}
+
+/// A NodePort reaches the dispatch chain with its own number, not the service port's, and
+/// with affinity the chain picks among endpoint chains: both keep a chain per port, as a
+/// service of one port keeps its own.
+#[test]
+fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
+    let two_ports = json!([{"name": "http", "port": 80, "protocol": "TCP"},
+                           {"name": "https", "port": 443, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                             {"name": "https", "port": 8443, "protocol": "TCP"}]);
+    let with = |spec: Json| {
+        let view = view([
+            this_node(),
+            service(
+                "web",
+                fixtures::merged(json!({"ports": two_ports}), spec),
+                json!({}),
+            ),
+            slice(
+                "web",
+                "web-v4",
+                "IPv4",
+                &two_endpoints(),
+                slice_ports.clone(),
+            ),
+        ]);
+        plan(&view, "web")
+    };
+    let shared = with(json!({}));
+    assert_eq!(count_chains(&shared, "service-"), 1);
+    assert_eq!(rules(&shared, "service-").len(), 2);
+    let node_port = with(json!({"type": "NodePort", "ports": [
+        {"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080},
+        {"name": "https", "port": 443, "protocol": "TCP"}]}));
+    assert_eq!(count_chains(&node_port, "service-"), 2);
+    let dispatch = node_port
+        .chains
+        .iter()
+        .filter(|chain| chain.name().starts_with("service-"));
+    for chain in dispatch {
+        assert_eq!(chain.rules.len(), 1);
+        assert!(!chain.rules[0].to_string().contains("dport"), "{chain:?}");
+    }
+    let affinity = with(json!({"sessionAffinity": "ClientIP",
+        "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}));
+    assert_eq!(count_chains(&affinity, "service-"), 2);
 }
 
 #[test]

@@ -24,19 +24,22 @@ pub fn service(name: &str, spec: Json, status: Json) -> Update {
 }
 
 pub fn slice(service: &str, family: &str, endpoints: &[(&str, &str)], port: u16) -> Update {
+    slice_with_ports(service, family, endpoints, fixtures::http(port))
+}
+
+/// A slice of `service` whose endpoints serve `ports` (as a slice lists them).
+pub fn slice_with_ports(
+    service: &str,
+    family: &str,
+    endpoints: &[(&str, &str)],
+    ports: Json,
+) -> Update {
     let endpoints = endpoints
         .iter()
         .map(|(ip, node)| fixtures::endpoint(ip, node, Json::Null))
         .collect();
     let name = format!("{service}-{family}");
-    let slice = fixtures::slice(
-        "default",
-        &name,
-        service,
-        family,
-        endpoints,
-        fixtures::http(port),
-    );
+    let slice = fixtures::slice("default", &name, service, family, endpoints, ports);
     Update::EndpointSlice(serde_json::from_value(slice).expect("test slice"))
 }
 
