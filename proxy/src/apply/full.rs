@@ -202,18 +202,25 @@ struct ListedChain {
 struct ListedChains(Vec<ListedChain>);
 
 impl ListedChains {
-    fn push_rule(&mut self, chain: &str, comment: Option<&str>) {
+    /// Counts a rule of `chain`; its place in the chain.
+    fn push_rule(&mut self, chain: &str, comment: Option<&str>) -> u32 {
         let name = name_hash(Object::Chain, chain);
         match self.0.last_mut() {
             // A dump lists the rules of one chain together, in order.
-            Some(last) if last.name == name => last.rules += 1,
-            _ => self.0.push(ListedChain {
-                name,
-                rules: 1,
-                first_digest: comment
-                    .and_then(ChainPlan::digest_of_comment)
-                    .unwrap_or_default(),
-            }),
+            Some(last) if last.name == name => {
+                last.rules += 1;
+                last.rules - 1
+            }
+            _ => {
+                self.0.push(ListedChain {
+                    name,
+                    rules: 1,
+                    first_digest: comment
+                        .and_then(ChainPlan::digest_of_comment)
+                        .unwrap_or_default(),
+                });
+                0
+            }
         }
     }
 
@@ -401,23 +408,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
         let chains = &mut self.chains;
-        // The dump lists a chain's rules together and in order: a dispatch rule's place
-        // among its chain's is counted as they come.
-        let (mut dispatching_chain, mut place) = (String::new(), 0u16);
         self.proxy
             .socket
             .each_rule(&self.table, |rule| {
-                chains.push_rule(rule.chain, rule.comment);
+                let place = chains.push_rule(rule.chain, rule.comment);
                 if let Some(dispatch) = rule.dispatch
                     && let Some(map) = SharedSet::endpoints_from_name(dispatch.map)
                 {
-                    if dispatching_chain == rule.chain {
-                        place = place.saturating_add(1);
-                    } else {
-                        dispatching_chain.clear();
-                        dispatching_chain.push_str(rule.chain);
-                        place = 0;
-                    }
+                    let place = u16::try_from(place).unwrap_or(u16::MAX);
                     keys.adopt(rule.chain, place, map, dispatch.offset, dispatch.modulus);
                 }
             })

@@ -116,7 +116,7 @@ impl EndpointKeys {
         self.adopted = Vec::new();
     }
 
-    /// Records that the dispatch rule at `rule` among those of `chain` picks from keys
+    /// Records that the dispatch rule at place `rule` in `chain` picks from keys
     /// `offset`…`offset + len − 1` of `map` in the table: the rule gets that block back
     /// while its endpoints fit. Its keys must also be [reserved](EndpointKeys::reserve),
     /// so that no other chain is given them.
@@ -194,8 +194,8 @@ pub struct KeyLease<'k> {
 }
 
 impl KeyLease<'_> {
-    /// A block of at least `len` keys for the dispatch rule at `rule` among those of
-    /// `chain` (by its name), in the chain's endpoint map.
+    /// A block of at least `len` keys for the dispatch rule at place `rule` in `chain`
+    /// (by its name), in the chain's endpoint map.
     pub fn take(&mut self, chain: &str, rule: u16, family: Family, len: u32) -> KeyBlock {
         let chain = fnv1a(chain);
         let map = SharedSet::endpoints(family, shard_of_hash(chain));

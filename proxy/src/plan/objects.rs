@@ -142,9 +142,8 @@ pub struct KeyBlock {
     pub offset: u32,
     /// log2 of the block's size.
     pub class: u8,
-    /// The FNV-1a hash of the chain's name, and the place of its rule among the chain's
-    /// dispatch rules (the port's, where a service's ports share a chain): a block goes
-    /// back to its own rule.
+    /// The FNV-1a hash of the chain's name, and the place of its rule in the chain (the
+    /// port's, where a service's ports share a chain): a block goes back to its own rule.
     pub chain: u32,
     pub rule: u16,
 }
