@@ -16,9 +16,10 @@
 //!    already present with the same data; one with other data is deleted and re-added
 //!    within the same transaction. So an adoption after a restart sends nothing that is in
 //!    place, and its commits, which write no rule, spare the kernel a validation of the
-//!    whole table each. A table just created gets each service's chains and endpoints
-//!    first, and its elements in the skeleton's shared sets, which make it reachable, in
-//!    a few commits at the end ([`FullSync::enter_services`]).
+//!    whole table each. A table just created gets each service's chains and rules first,
+//!    then its endpoint map elements, and last its elements in the skeleton's shared
+//!    sets, which make it reachable, in a few commits at the end
+//!    ([`FullSync::enter_services`]).
 //! 3. What the previous run left and nobody claimed is removed: map elements first, then
 //!    chains are flushed, then chains and sets deleted, each step in its own bounded
 //!    transactions, so no map or rule ever points at a missing chain.
@@ -332,7 +333,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         self.flush()?;
         if self.fresh {
-            self.enter_services()?;
+            self.enter_services(&mut keys)?;
         } else {
             self.remove_leftovers()
                 .map_err(|error| Error::Leftovers(Box::new(error)))?;
@@ -590,36 +591,47 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(())
     }
 
-    /// The second half of a cold start: the programmed services' elements in the
-    /// skeleton's shared sets, which lead traffic into their chains. Until now no path
-    /// from a base chain reached those chains, so each commit that wrote rules made the
-    /// kernel validate little more than the skeleton (`nft_table_validate` walks every
-    /// path from the base chains); entering them last, in a few large commits, validates
-    /// the whole table a few times rather than once per commit, and every service becomes
-    /// reachable with its endpoints already in place. The services are planned again for
-    /// these elements, with scratch key blocks (entries do not depend on them), rather
-    /// than their elements kept from the first half.
-    fn enter_services(&mut self) -> Result<(), Error> {
+    /// The rest of a cold start: the programmed services' endpoint map elements, then
+    /// their elements in the skeleton's shared sets, which lead traffic into their chains.
+    /// Until now no path from a base chain reached those chains, so each commit that wrote
+    /// rules made the kernel validate little more than the skeleton (`nft_table_validate`
+    /// walks every path from the base chains); entering them last, in a few large
+    /// commits, validates the whole table a few times rather than once per commit. The
+    /// endpoint elements go in commits of their own, which write no verdict and so
+    /// validate nothing, each before the entries that reach them: every service becomes
+    /// reachable with its endpoints in place. The services are planned again for these
+    /// elements, in the key blocks their records hold, rather than their elements kept
+    /// from the first half.
+    fn enter_services(&mut self, keys: &mut EndpointKeys) -> Result<(), Error> {
         // What only the removal of leftovers needs, and a fresh table has none.
         self.slots = Slots::default();
         self.wanted = HashSet::new();
         let planner = self.planner;
-        let mut scratch = EndpointKeys::new();
-        let mut batch = PlanBatch::new();
-        for plan in planner.services(&mut scratch) {
-            if !self
+        let limit = self.batch_messages * 4;
+        let mut endpoints = PlanBatch::new();
+        let mut entries = PlanBatch::new();
+        for (namespace, name) in planner.service_names() {
+            let Some(blocks) = self
                 .proxy
                 .applied
-                .contains(service_key(&plan.namespace, &plan.name))
-            {
+                .get(service_key(namespace, name))
+                .map(|footprint| footprint.blocks(namespace, name))
+            else {
                 continue;
+            };
+            let plan = planner.service(namespace, name, &mut keys.lease(&blocks));
+            endpoints.fill_endpoints(&plan);
+            entries.enter_service(&plan);
+            if endpoints.element_count() >= limit {
+                self.commit_entries(std::mem::take(&mut endpoints))?;
             }
-            batch.enter_service(&plan);
-            if batch.element_count() >= self.batch_messages * 4 {
-                self.commit_entries(std::mem::take(&mut batch))?;
+            if entries.element_count() >= limit {
+                self.commit_entries(std::mem::take(&mut endpoints))?;
+                self.commit_entries(std::mem::take(&mut entries))?;
             }
         }
-        self.commit_entries(batch)
+        self.commit_entries(endpoints)?;
+        self.commit_entries(entries)
     }
 
     /// A refusal here is not retried service by service: the full sync adopts the table

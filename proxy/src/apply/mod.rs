@@ -72,9 +72,10 @@ pub enum Error {
     /// elements no plan claims) could not all be removed; the next full sync tries again.
     #[error("removing leftovers of a previous run: {0}")]
     Leftovers(#[source] Box<Error>),
-    /// The kernel refused the last transactions of a cold start, which make its services
-    /// reachable; [`Proxy::full_sync`] then adopts what the first ones programmed, service
-    /// by service, so that only a service at fault is refused.
+    /// The kernel refused the last transactions of a cold start, which fill its endpoint
+    /// maps and make its services reachable; [`Proxy::full_sync`] then adopts what the
+    /// first ones programmed, service by service, so that only a service at fault is
+    /// refused.
     #[error("making the programmed services reachable: {0}")]
     Unentered(#[source] nft::Error),
 }

@@ -63,10 +63,6 @@ impl Footprints {
         self.find(key).map(|start| self.at(start))
     }
 
-    pub fn contains(&self, key: u64) -> bool {
-        self.find(key).is_some()
-    }
-
     pub fn len(&self) -> usize {
         self.index.len()
     }

@@ -19,7 +19,12 @@ pub(crate) struct Attr {
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum AttrValue {
     Bytes(Vec<u8>),
-    Nested(Vec<Attr>),
+    /// The children with the bytes they take, counted once: every level of a message
+    /// asks for the length of its nest when it writes its header.
+    Nested {
+        children: Vec<Attr>,
+        len: usize,
+    },
 }
 
 impl Attr {
@@ -49,9 +54,10 @@ impl Attr {
     }
 
     pub(crate) fn nested(kind: u16, children: Vec<Attr>) -> Attr {
+        let len = children.iter().map(Emitable::buffer_len).sum();
         Attr {
             kind,
-            value: AttrValue::Nested(children),
+            value: AttrValue::Nested { children, len },
         }
     }
 
@@ -65,21 +71,21 @@ impl Nla for Attr {
     fn value_len(&self) -> usize {
         match &self.value {
             AttrValue::Bytes(bytes) => bytes.len(),
-            AttrValue::Nested(children) => children.iter().map(Emitable::buffer_len).sum(),
+            AttrValue::Nested { len, .. } => *len,
         }
     }
 
     fn kind(&self) -> u16 {
         match self.value {
             AttrValue::Bytes(_) => self.kind,
-            AttrValue::Nested(_) => self.kind | NLA_F_NESTED,
+            AttrValue::Nested { .. } => self.kind | NLA_F_NESTED,
         }
     }
 
     fn emit_value(&self, buffer: &mut [u8]) {
         match &self.value {
             AttrValue::Bytes(bytes) => buffer[..bytes.len()].copy_from_slice(bytes),
-            AttrValue::Nested(children) => {
+            AttrValue::Nested { children, .. } => {
                 let mut offset = 0;
                 for child in children {
                     let len = child.buffer_len();

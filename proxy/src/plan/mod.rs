@@ -125,6 +125,14 @@ impl<'v> Planner<'v> {
             .filter(|plan| !plan.is_empty())
     }
 
+    /// The namespace and name of every service in the view, in [`Planner::services`]'s
+    /// order, for plans made again one by one with [`Planner::service`].
+    pub fn service_names(&self) -> impl Iterator<Item = (&'v str, &'v str)> + 'v {
+        self.view
+            .services()
+            .map(|service| (service.namespace, service.name))
+    }
+
     /// The UDP flows of the services `wanted` names (namespace, name), planned again with
     /// keys of their own (the flows do not depend on them): what a full sync's conntrack
     /// cleanup asks for the few addresses the kernel holds entries for.

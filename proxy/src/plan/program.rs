@@ -28,9 +28,9 @@ pub struct PlanBatch {
     created_sets: HashMap<String, SetRef>,
     /// Adds of elements that [`SharedKind::changes_hands`], sent last.
     deferred: Vec<ElementPlan>,
-    /// While set, adds of elements in the skeleton's shared sets are left out
+    /// While set, adds of elements in the shared sets and maps are left out
     /// ([`PlanBatch::add_service_unentered`]).
-    withhold_entries: bool,
+    withhold_shared: bool,
     /// Endpoint maps an earlier transaction of the same sync created: not declared again.
     maps_in_table: HashSet<SharedSet>,
 }
@@ -47,7 +47,7 @@ impl PlanBatch {
             batch: Batch::new(Table::inet(TABLE)),
             created_sets: HashMap::new(),
             deferred: Vec::new(),
-            withhold_entries: false,
+            withhold_shared: false,
             maps_in_table: HashSet::new(),
         }
     }
@@ -85,7 +85,7 @@ impl PlanBatch {
 
     pub fn into_batch(mut self) -> Batch {
         let deferred = std::mem::take(&mut self.deferred);
-        self.add_elements_now(deferred.iter());
+        self.add_elements_now(deferred);
         self.batch
     }
 
@@ -202,26 +202,54 @@ impl PlanBatch {
         self.batch.delete_set(name);
     }
 
-    /// Programs a service that is not in the table yet.
+    /// Programs a service that is not in the table yet: what
+    /// [`PlanBatch::update_service`] sends from an empty plan, without comparing anything
+    /// (a cold start adds every service, and hashing each element into sets to find it
+    /// new was a tenth of the planning).
     pub fn add_service(&mut self, plan: &ServicePlan) {
-        self.update_service(&ServicePlan::empty(&plan.namespace, &plan.name), plan);
+        self.ensure_endpoint_maps(
+            plan.elements
+                .iter()
+                .filter(|e| e.set.kind == SharedKind::Endpoints)
+                .map(|e| e.set),
+        );
+        for set in &plan.sets {
+            self.add_filled_set(set);
+        }
+        for chain in &plan.chains {
+            self.batch.add_chain(&chain.chain);
+        }
+        for chain in &plan.chains {
+            self.add_rules(chain);
+        }
+        self.add_elements(plan.elements.iter());
     }
 
     /// Programs a service that is not in the table yet, all but its elements in the
-    /// skeleton's shared sets: its own sets, chains, rules and endpoint map elements, which
-    /// no path from a base chain reaches until [`PlanBatch::enter_service`] adds the rest
-    /// (its dispatch entries, ClusterIPs, no-endpoint verdicts and hairpin pairs).
+    /// shared sets and maps: its own sets, chains and rules, which no path from a base
+    /// chain reaches until [`PlanBatch::fill_endpoints`] and [`PlanBatch::enter_service`]
+    /// add the rest. A rule that binds an endpoint map makes the kernel check every
+    /// element already in it (`nf_tables_bind_set`); with the rules in first, the maps
+    /// are empty when they are bound.
     pub fn add_service_unentered(&mut self, plan: &ServicePlan) {
-        self.withhold_entries = true;
+        self.withhold_shared = true;
         self.add_service(plan);
-        self.withhold_entries = false;
+        self.withhold_shared = false;
     }
 
-    /// The second half of [`PlanBatch::add_service_unentered`]: `plan`'s elements in the
-    /// skeleton's shared sets, whose verdicts name the chains added then.
-    /// Nothing is deleted in such a batch, so no add waits for the end of it.
+    /// The second part of [`PlanBatch::add_service_unentered`]: `plan`'s endpoint map
+    /// elements, sent with those of the other services of the batch, one message per map
+    /// (each message makes the kernel look its set up by name in the table's list).
+    pub fn fill_endpoints(&mut self, plan: &ServicePlan) {
+        self.defer(plan.elements.iter().filter(|e| e.set.is_endpoint_map()));
+    }
+
+    /// The last part of [`PlanBatch::add_service_unentered`]: `plan`'s elements in the
+    /// skeleton's shared sets, whose verdicts name the chains added then, one message per
+    /// set for the whole batch. Nothing is deleted in such a batch, so the order of its
+    /// adds does not matter.
     pub fn enter_service(&mut self, plan: &ServicePlan) {
-        self.add_elements_now(plan.elements.iter().filter(|e| !e.set.is_endpoint_map()));
+        self.defer(plan.elements.iter().filter(|e| !e.set.is_endpoint_map()));
     }
 
     /// Removes everything `old` programmed.
@@ -261,12 +289,7 @@ impl PlanBatch {
 
         for set in &new.sets {
             match old_sets.get(set.set.name.as_str()) {
-                None => {
-                    let reference = self.add_set(&set.set).created();
-                    if !set.elements.is_empty() {
-                        self.batch.add_elements(&reference, &set.elements);
-                    }
-                }
+                None => self.add_filled_set(set),
                 Some(old_set) if old_set.elements != set.elements => {
                     let reference = self.set_ref(&set.set.name);
                     self.batch.flush_set(&reference);
@@ -377,6 +400,14 @@ impl PlanBatch {
         }
     }
 
+    /// Creates a service's own set with its elements.
+    fn add_filled_set(&mut self, set: &SetPlan) {
+        let reference = self.add_set(&set.set).created();
+        if !set.elements.is_empty() {
+            self.batch.add_elements(&reference, &set.elements);
+        }
+    }
+
     fn add_set(&mut self, set: &Set) -> SetRef {
         let reference = self.batch.add_set(set);
         self.created_sets
@@ -406,16 +437,22 @@ impl PlanBatch {
     }
 
     fn add_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
-        let withhold = self.withhold_entries;
-        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) = elements
-            .filter(|element| !withhold || element.set.is_endpoint_map())
-            .partition(|element| element.set.kind.changes_hands());
-        self.deferred.extend(deferred.into_iter().cloned());
-        self.add_elements_now(now.into_iter());
+        if self.withhold_shared {
+            return;
+        }
+        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
+            elements.partition(|element| element.set.kind.changes_hands());
+        self.defer(deferred.into_iter());
+        self.add_elements_now(now.into_iter().cloned());
+    }
+
+    /// Adds `elements` at the end of the batch, with the other deferred ones of their set.
+    fn defer<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
+        self.deferred.extend(elements.cloned());
     }
 
     /// Adds `elements` where they stand in the batch, one message per set.
-    fn add_elements_now<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
+    fn add_elements_now(&mut self, elements: impl IntoIterator<Item = ElementPlan>) {
         for (set, elements) in by_set(elements) {
             let reference = self.set_ref(&set.name());
             self.batch.add_elements(&reference, &elements);
@@ -423,7 +460,7 @@ impl PlanBatch {
     }
 
     fn delete_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
-        for (set, elements) in by_set(elements) {
+        for (set, elements) in by_set(elements.cloned()) {
             let reference = self.set_ref(&set.name());
             self.batch.delete_elements(&reference, &elements);
         }
@@ -439,15 +476,13 @@ fn set_ref(created_sets: &HashMap<String, SetRef>, name: &str) -> SetRef {
 }
 
 /// Elements grouped by set, one message per set.
-fn by_set<'a>(
-    elements: impl Iterator<Item = &'a ElementPlan>,
-) -> BTreeMap<SharedSet, Vec<Element>> {
+fn by_set(elements: impl IntoIterator<Item = ElementPlan>) -> BTreeMap<SharedSet, Vec<Element>> {
     let mut grouped: BTreeMap<SharedSet, Vec<Element>> = BTreeMap::new();
     for element in elements {
         grouped
             .entry(element.set)
             .or_default()
-            .push(element.element.clone());
+            .push(element.element);
     }
     grouped
 }

@@ -996,6 +996,52 @@ fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
     assert_eq!(count_chains(&affinity, "service-"), 2);
 }
 
+/// `add_service` sends what an update from an empty plan sends, without comparing: for a
+/// shared dispatch chain, NodePorts under a Local policy, and affinity with its own sets.
+#[test]
+fn adding_a_service_is_updating_it_from_nothing() {
+    let two_ports = json!([{"name": "http", "port": 80, "protocol": "TCP"},
+                           {"name": "https", "port": 443, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                             {"name": "https", "port": 8443, "protocol": "TCP"}]);
+    let specs = [
+        json!({}),
+        json!({"type": "NodePort", "externalTrafficPolicy": "Local", "externalIPs": ["192.0.2.7"],
+               "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080},
+                         {"name": "https", "port": 443, "protocol": "TCP", "nodePort": 30443}]}),
+        json!({"sessionAffinity": "ClientIP",
+               "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
+    ];
+    for spec in specs {
+        let view = view([
+            this_node(),
+            service(
+                "web",
+                fixtures::merged(json!({"ports": two_ports}), spec.clone()),
+                json!({}),
+            ),
+            slice(
+                "web",
+                "web-v4",
+                "IPv4",
+                &two_endpoints(),
+                slice_ports.clone(),
+            ),
+        ]);
+        let plan = plan(&view, "web");
+        let mut added = PlanBatch::new();
+        added.add_service(&plan);
+        let mut updated = PlanBatch::new();
+        updated.update_service(&ServicePlan::empty("default", "web"), &plan);
+        let (added, updated) = (
+            added.into_batch().to_string(),
+            updated.into_batch().to_string(),
+        );
+        assert!(added.contains("add rule"), "{spec}: {added}");
+        assert_eq!(added, updated, "{spec}");
+    }
+}
+
 #[test]
 fn digests_follow_the_plan() {
     let before = view([
@@ -1057,11 +1103,12 @@ fn updates_touch_only_what_changed() {
     assert!(text.contains("delete element from service-ips-v4: 10.96.0.10 . tcp . 80"));
 }
 
-/// A cold start's two halves: the first leaves the service unreachable (no element of
-/// the skeleton's shared sets, only its chains, rules and endpoints), the second adds
-/// exactly those elements, and together they are what one `add_service` sends.
+/// A cold start's three parts: the first leaves the service unreachable and its maps
+/// unfilled (only its chains and rules), the second adds its endpoint map elements, the
+/// third exactly its elements in the skeleton's shared sets, and together they are what
+/// one `add_service` sends.
 #[test]
-fn an_unentered_service_is_entered_by_the_rest_of_its_elements() {
+fn an_unentered_service_is_filled_and_entered_by_the_rest_of_its_elements() {
     let view = view([
         this_node(),
         service("web", json!({}), json!({})),
@@ -1072,31 +1119,39 @@ fn an_unentered_service_is_entered_by_the_rest_of_its_elements() {
     whole.add_service(&plan);
     let mut unentered = PlanBatch::new();
     unentered.add_service_unentered(&plan);
+    let mut endpoints = PlanBatch::new();
+    endpoints.fill_endpoints(&plan);
     let mut entries = PlanBatch::new();
     entries.enter_service(&plan);
-    let (whole, unentered, entries) = (
+    let (whole, unentered, endpoints, entries) = (
         whole.into_batch().to_string(),
         unentered.into_batch().to_string(),
+        endpoints.into_batch().to_string(),
         entries.into_batch().to_string(),
     );
     let map = plan.blocks[0].map.name();
-    for line in unentered
-        .lines()
-        .filter(|line| line.starts_with("add element"))
-    {
-        assert!(
-            line.starts_with(&format!("add element to {map}:")),
-            "{line}"
-        );
-    }
+    assert!(!unentered.contains(" element"), "{unentered}");
     assert!(unentered.contains("add rule"), "{unentered}");
-    assert!(!unentered.contains("service-ips-v4"), "{unentered}");
+    assert!(
+        unentered.contains(&format!("add map {map}")),
+        "the rule's map is declared before it: {unentered}"
+    );
+    assert_eq!(
+        endpoints.lines().count(),
+        1,
+        "one message for the map: {endpoints}"
+    );
+    assert!(
+        endpoints.starts_with(&format!("add 2 elements to {map} ")),
+        "{endpoints}"
+    );
     assert!(
         entries
             .lines()
             .all(|line| line.starts_with("add element to ")),
         "{entries}"
     );
+    assert!(!entries.contains(&map), "{entries}");
     assert!(
         entries.contains("add element to service-ips-v4: 10.96.0.10 . tcp . 80 : goto service-"),
         "{entries}"
@@ -1105,11 +1160,48 @@ fn an_unentered_service_is_entered_by_the_rest_of_its_elements() {
         entries.contains("add element to cluster-ips-v4: 10.96.0.10"),
         "{entries}"
     );
-    let mut halves: Vec<&str> = unentered.lines().chain(entries.lines()).collect();
+    let mut parts: Vec<&str> = unentered
+        .lines()
+        .chain(endpoints.lines())
+        .chain(entries.lines())
+        .collect();
     let mut lines: Vec<&str> = whole.lines().collect();
-    halves.sort_unstable();
+    parts.sort_unstable();
     lines.sort_unstable();
-    assert_eq!(halves, lines);
+    assert_eq!(parts, lines);
+}
+
+/// The endpoint elements of a cold start's services go to the kernel one message per map
+/// for the whole batch, not one per service: each message makes the kernel look its set
+/// up by name in the table's list of sets.
+#[test]
+fn endpoint_fills_of_services_in_one_map_share_a_message() {
+    let view = view([
+        this_node(),
+        service("web", json!({}), json!({})),
+        http_slice("web", &two_endpoints()),
+        service("api", json!({}), json!({})),
+        http_slice("api", &two_endpoints()),
+    ]);
+    let web = plan(&view, "web");
+    // The other service's chain in the same map, as two chains that hash alike would be.
+    let mut api = plan(&view, "api");
+    let map = web.blocks[0].map;
+    for element in &mut api.elements {
+        if element.set.is_endpoint_map() {
+            element.set = map;
+        }
+    }
+    let mut endpoints = PlanBatch::new();
+    endpoints.fill_endpoints(&web);
+    endpoints.fill_endpoints(&api);
+    assert_eq!(endpoints.element_count(), 4);
+    let text = endpoints.into_batch().to_string();
+    assert!(
+        text.starts_with(&format!("add 4 elements to {} ", map.name())),
+        "{text}"
+    );
+    assert_eq!(text.lines().count(), 1, "{text}");
 }
 
 /// A batch that knows an endpoint map is in the table (an earlier transaction of the sync
