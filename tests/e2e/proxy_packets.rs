@@ -63,7 +63,7 @@ fn udp_slice(pods: &[(&str, &str, &str)]) -> Value {
 
 /// One datagram to `service` from source port 40000 of namespace `ns`: the answering
 /// pod's name. A fixed source port keeps the flow (and its conntrack entry) the same.
-fn udp_ask(ns: &str, service: &str) -> String {
+pub(crate) fn udp_ask(ns: &str, service: &str) -> String {
     let script = format!(
         "import socket\n\
          s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\

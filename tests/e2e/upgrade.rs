@@ -5,7 +5,7 @@
 //! DaemonSet rollout does. Nothing may fail, and the new process must adopt the nftables
 //! table and the WireGuard device instead of making them again.
 
-use crate::proxy_packets::{A1, B1, node, service, slice};
+use crate::proxy_packets::{A1, B1, node, service, slice, udp_ask};
 use crate::support::{KillOnDrop, NODUS, Sandbox, WAIT, line_reader, wait_for};
 use nodus_testbed::netns;
 use serde_json::{Value, json};
@@ -14,14 +14,25 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
+/// The new connections go to a Service of two ports (TCP and UDP to the pods' 8080): a
+/// release of before session 36 gave it a dispatch chain per port, which the new build
+/// replaces with one chain for both while connections keep coming.
 fn cluster() -> String {
+    let mut short_slice = slice("short", &[A1, B1]);
+    short_slice["ports"] = json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                                  {"name": "dns", "port": 8080, "protocol": "UDP"}]);
     let docs = [
         node("node-a", 1),
         node("node-b", 2),
         service("long", json!({"clusterIP": "10.96.3.1"})),
         slice("long", &[B1]),
-        service("short", json!({"clusterIP": "10.96.3.2"})),
-        slice("short", &[A1, B1]),
+        service(
+            "short",
+            json!({"clusterIP": "10.96.3.2", "ports": [
+                {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
+                {"name": "dns", "port": 53, "targetPort": 8080, "protocol": "UDP"}]}),
+        ),
+        short_slice,
     ];
     docs.iter().map(|doc| format!("---\n{doc}\n")).collect()
 }
@@ -248,6 +259,12 @@ fn an_upgrade_under_traffic_adopts_the_table_and_the_device_and_drops_nothing() 
     assert!(
         stats["connectionsAfterMark"].as_u64() >= Some(AFTER_READY),
         "{stats}"
+    );
+    // The two-port Service's other port, through what the new process programmed.
+    let answer = udp_ask(&sandbox.ns("pods", "a-1"), "10.96.3.2");
+    assert!(
+        ["a-1", "b-1"].contains(&answer.as_str()),
+        "a pod answers the two-port Service's UDP port: {answer:?}"
     );
     assert_eq!(
         Dataplane::read(&node_ns, &device),
