@@ -35,6 +35,8 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 
+use hashbrown::HashTable;
+
 use nodus_view::ServiceName;
 use nodus_view::model::Family;
 use tracing::{error, warn};
@@ -59,8 +61,8 @@ struct Slots {
     /// Sorted by id: 16 bytes an element, its claims counted beside.
     existing: Vec<(u64, u64)>,
     existing_claims: Vec<u32>,
-    /// Claims on keys the table did not hold.
-    new_claims: HashMap<u64, u32>,
+    /// Claims on keys the table did not hold, found by the id, which is a hash already.
+    new_claims: HashTable<(u64, u32)>,
 }
 
 impl Slots {
@@ -70,7 +72,7 @@ impl Slots {
         Slots {
             existing_claims: vec![0; existing.len()],
             existing,
-            new_claims: HashMap::new(),
+            new_claims: HashTable::new(),
         }
     }
 
@@ -88,7 +90,13 @@ impl Slots {
     fn claims_mut(&mut self, id: u64) -> &mut u32 {
         match self.position(id) {
             Some(at) => &mut self.existing_claims[at],
-            None => self.new_claims.entry(id).or_default(),
+            None => {
+                let entry = self
+                    .new_claims
+                    .entry(id, |(claimed, _)| *claimed == id, |(claimed, _)| *claimed)
+                    .or_insert((id, 0));
+                &mut entry.into_mut().1
+            }
         }
     }
 
@@ -105,7 +113,10 @@ impl Slots {
     fn claimed(&self, id: u64) -> bool {
         match self.position(id) {
             Some(at) => self.existing_claims[at] > 0,
-            None => self.new_claims.get(&id).is_some_and(|claims| *claims > 0),
+            None => self
+                .new_claims
+                .find(id, |(claimed, _)| *claimed == id)
+                .is_some_and(|(_, claims)| *claims > 0),
         }
     }
 
@@ -500,8 +511,11 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 None => missing.push(index),
             }
         }
-        for (object, name) in needed_objects(&plan) {
-            self.wanted.insert(name_hash(object, &name));
+        // Only the removal of leftovers asks, and a fresh table has none.
+        if !self.fresh {
+            for (object, name) in needed_objects(&plan) {
+                self.wanted.insert(name_hash(object, &name));
+            }
         }
         let in_place = plan
             .chains
