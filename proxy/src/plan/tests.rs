@@ -949,33 +949,31 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     assert!(text.contains("2 : 10.244.1.7 . 9999"));
 }
 
+/// The plan of `web`, a Service of two TCP ports (80 and 443) with two endpoints, and
+/// `spec` merged over its spec.
+fn two_port_plan(spec: Json) -> ServicePlan {
+    let two_ports = json!([{"name": "http", "port": 80, "protocol": "TCP"},
+                           {"name": "https", "port": 443, "protocol": "TCP"}]);
+    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"},
+                             {"name": "https", "port": 8443, "protocol": "TCP"}]);
+    let view = view([
+        this_node(),
+        service(
+            "web",
+            fixtures::merged(json!({"ports": two_ports}), spec),
+            json!({}),
+        ),
+        slice("web", "web-v4", "IPv4", &two_endpoints(), slice_ports),
+    ]);
+    plan(&view, "web")
+}
+
 /// A NodePort reaches the dispatch chain with its own number, not the service port's, and
 /// with affinity the chain picks among endpoint chains: both keep a chain per port, as a
 /// service of one port keeps its own.
 #[test]
 fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
-    let two_ports = json!([{"name": "http", "port": 80, "protocol": "TCP"},
-                           {"name": "https", "port": 443, "protocol": "TCP"}]);
-    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"},
-                             {"name": "https", "port": 8443, "protocol": "TCP"}]);
-    let with = |spec: Json| {
-        let view = view([
-            this_node(),
-            service(
-                "web",
-                fixtures::merged(json!({"ports": two_ports}), spec),
-                json!({}),
-            ),
-            slice(
-                "web",
-                "web-v4",
-                "IPv4",
-                &two_endpoints(),
-                slice_ports.clone(),
-            ),
-        ]);
-        plan(&view, "web")
-    };
+    let with = two_port_plan;
     let shared = with(json!({}));
     assert_eq!(count_chains(&shared, "service-"), 1);
     assert_eq!(rules(&shared, "service-").len(), 2);
@@ -1000,10 +998,6 @@ fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
 /// shared dispatch chain, NodePorts under a Local policy, and affinity with its own sets.
 #[test]
 fn adding_a_service_is_updating_it_from_nothing() {
-    let two_ports = json!([{"name": "http", "port": 80, "protocol": "TCP"},
-                           {"name": "https", "port": 443, "protocol": "TCP"}]);
-    let slice_ports = json!([{"name": "http", "port": 8080, "protocol": "TCP"},
-                             {"name": "https", "port": 8443, "protocol": "TCP"}]);
     let specs = [
         json!({}),
         json!({"type": "NodePort", "externalTrafficPolicy": "Local", "externalIPs": ["192.0.2.7"],
@@ -1013,22 +1007,7 @@ fn adding_a_service_is_updating_it_from_nothing() {
                "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}),
     ];
     for spec in specs {
-        let view = view([
-            this_node(),
-            service(
-                "web",
-                fixtures::merged(json!({"ports": two_ports}), spec.clone()),
-                json!({}),
-            ),
-            slice(
-                "web",
-                "web-v4",
-                "IPv4",
-                &two_endpoints(),
-                slice_ports.clone(),
-            ),
-        ]);
-        let plan = plan(&view, "web");
+        let plan = two_port_plan(spec.clone());
         let mut added = PlanBatch::new();
         added.add_service(&plan);
         let mut updated = PlanBatch::new();
