@@ -210,7 +210,7 @@ impl PlanBatch {
         self.ensure_endpoint_maps(
             plan.elements
                 .iter()
-                .filter(|e| e.set.kind == SharedKind::Endpoints)
+                .filter(|e| e.set.is_endpoint_map())
                 .map(|e| e.set),
         );
         for set in &plan.sets {

@@ -973,11 +973,10 @@ fn two_port_plan(spec: Json) -> ServicePlan {
 /// service of one port keeps its own.
 #[test]
 fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
-    let with = two_port_plan;
-    let shared = with(json!({}));
+    let shared = two_port_plan(json!({}));
     assert_eq!(count_chains(&shared, "service-"), 1);
     assert_eq!(rules(&shared, "service-").len(), 2);
-    let node_port = with(json!({"type": "NodePort", "ports": [
+    let node_port = two_port_plan(json!({"type": "NodePort", "ports": [
         {"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080},
         {"name": "https", "port": 443, "protocol": "TCP"}]}));
     assert_eq!(count_chains(&node_port, "service-"), 2);
@@ -989,7 +988,7 @@ fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
         assert_eq!(chain.rules.len(), 1);
         assert!(!chain.rules[0].to_string().contains("dport"), "{chain:?}");
     }
-    let affinity = with(json!({"sessionAffinity": "ClientIP",
+    let affinity = two_port_plan(json!({"sessionAffinity": "ClientIP",
         "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 60}}}));
     assert_eq!(count_chains(&affinity, "service-"), 2);
 }
