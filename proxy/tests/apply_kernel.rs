@@ -76,10 +76,10 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     assert!(report.refused.is_empty(), "{report:?}");
     let listing = list_table(&ns);
     for expected in [
-        "10.96.0.10 . tcp . 80 : goto service-",
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-2",
         "10.96.0.12 . tcp . 80 : goto reject-chain",
         "tcp . 30080 : goto external-",
-        "1 : 10.244.2.9 . 8080",
+        "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
     ] {
         assert!(listing.contains(expected), "{expected} in\n{listing}");
     }
@@ -101,7 +101,15 @@ fn full_then_partial_syncs_touch_only_what_changed() {
         !listing.contains("10.244.2.9"),
         "stale endpoint:\n{listing}"
     );
-    assert!(listing.contains("0 : 10.244.1.5 . 8080"), "{listing}");
+    // `web` moved to the map and chain of one endpoint in that transaction.
+    for expected in [
+        "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-1",
+        "chain dispatch-v4-1 {",
+    ] {
+        assert!(listing.contains(expected), "{expected} in\n{listing}");
+    }
+    assert!(proxy.check(&later).expect("check").is_none());
 
     // Nothing changed: no transaction at all.
     let report = proxy.sync(&later, &changed(&["web"])).expect("no-op sync");
@@ -277,6 +285,86 @@ fn an_adoption_with_everything_in_place_records_every_service() {
     }
 }
 
+/// The ports that dispatch by endpoint count keep no chain; a restart's adoption finds
+/// their elements by run. A run another program cut short is written again whole, one
+/// whose count changed meanwhile moves to the map of its new count, and the map and chain
+/// of a count no port has any more go.
+#[test]
+fn port_runs_are_adopted_mended_and_moved_between_counts() {
+    netns::require_root();
+    let ns = Netns::new("aprn").expect("namespace");
+    let mut first = open_proxy(&ns);
+    first
+        .full_sync(&node_view(&TWO_ENDPOINTS))
+        .expect("first run");
+    drop(first);
+    let listing = list_table(&ns);
+    assert!(
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-2"),
+        "{listing}"
+    );
+    assert!(listing.contains("chain dispatch-v4-2 {"), "{listing}");
+    assert!(!listing.contains("/web/ipv4/tcp/http {"), "{listing}");
+
+    // Another program deletes one of web's two endpoints from the map of count 2.
+    ns.exec(
+        "nft",
+        &[
+            "delete",
+            "element",
+            "inet",
+            "nodus",
+            "endpoints-v4-n2",
+            "{ 10.96.0.10 . tcp . 80 . 1 }",
+        ],
+    )
+    .expect("an outside delete");
+    let mut second = open_proxy(&ns);
+    let report = second
+        .full_sync(&node_view(&TWO_ENDPOINTS))
+        .expect("mending run");
+    assert!(report.refused.is_empty(), "{report:?}");
+    // The run is deleted (its one element left) and written again whole.
+    assert_eq!(report.elements, 1 + 2, "{report:?}");
+    let listing = list_table(&ns);
+    for endpoint in [
+        "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
+        "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
+    ] {
+        assert!(listing.contains(endpoint), "{endpoint} in\n{listing}");
+    }
+    drop(second);
+
+    // Adopted in place: nothing is sent for web.
+    let mut third = open_proxy(&ns);
+    let report = third
+        .full_sync(&node_view(&TWO_ENDPOINTS))
+        .expect("adoption");
+    assert_eq!(report.elements, 0, "{report:?}");
+    drop(third);
+
+    // One endpoint left during a restart: web moves to the map of count 1, and count 2
+    // has no port any more.
+    let mut fourth = open_proxy(&ns);
+    let report = fourth
+        .full_sync(&node_view(&TWO_ENDPOINTS[..1]))
+        .expect("a run with one endpoint");
+    assert!(report.refused.is_empty(), "{report:?}");
+    let listing = list_table(&ns);
+    assert!(
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-1"),
+        "{listing}"
+    );
+    assert!(
+        listing.contains("10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080"),
+        "{listing}"
+    );
+    assert!(!listing.contains("endpoints-v4-n2"), "{listing}");
+    assert!(!listing.contains("dispatch-v4-2"), "{listing}");
+    assert!(!listing.contains("10.244.2.9"), "{listing}");
+    assert!(ns.enter(cleanup).expect("enter").expect("cleanup"));
+}
+
 #[test]
 fn leftovers_of_a_previous_run_are_removed() {
     netns::require_root();
@@ -288,14 +376,14 @@ fn leftovers_of_a_previous_run_are_removed() {
     drop(first);
     // An older layout kept a map named like each dispatch chain; the chain stays wanted,
     // the map must go.
-    let web_chain = list_table(&ns)
+    let old_chain = list_table(&ns)
         .lines()
         .find_map(|line| {
             let name = line.trim().strip_prefix("chain ")?.trim_end_matches(" {");
-            (name.starts_with("service-") && name.ends_with("/web/ipv4/tcp/http"))
+            (name.starts_with("service-") && name.ends_with("/nodeport/ipv4/tcp/http"))
                 .then(|| name.to_string())
         })
-        .expect("web's dispatch chain");
+        .expect("nodeport's dispatch chain");
     ns.exec(
         "nft",
         &[
@@ -303,7 +391,7 @@ fn leftovers_of_a_previous_run_are_removed() {
             "map",
             "inet",
             "nodus",
-            &web_chain,
+            &old_chain,
             "{ typeof numgen random mod 2 : ip daddr . th dport ; }",
         ],
     )
@@ -318,21 +406,25 @@ fn leftovers_of_a_previous_run_are_removed() {
     let mut second = open_proxy(&ns);
     let report = second.full_sync(&view).expect("second run");
     assert_eq!(report.added, 4, "{report:?}");
-    // The two elements of `empty`, web's endpoint key it no longer uses (it keeps its
-    // block), and the old-layout map.
-    assert_eq!(report.leftovers_removed, 2 + 1 + 1, "{report:?}");
+    // The two elements of `empty`; web's two endpoints in the map of count 2, which no
+    // port has any more, that map and its dispatch chain; and the old-layout map.
+    assert_eq!(report.leftovers_removed, 2 + 2 + 1 + 1 + 1, "{report:?}");
     let listing = list_table(&ns);
     assert!(
-        listing.contains(&format!("chain {web_chain} {{")),
+        listing.contains(&format!("chain {old_chain} {{")),
         "{listing}"
     );
     assert!(
-        !listing.contains(&format!("map {web_chain} {{")),
+        !listing.contains(&format!("map {old_chain} {{")),
         "{listing}"
     );
     assert!(!listing.contains("10.244.2.9"), "{listing}");
     assert!(!listing.contains("10.96.0.12"), "{listing}");
-    assert!(listing.contains(" : 10.244.1.5 . 8080"), "{listing}");
+    assert!(!listing.contains("dispatch-v4-2"), "{listing}");
+    assert!(
+        listing.contains("10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080"),
+        "{listing}"
+    );
 }
 
 /// A listener on `port` in `ns` that greets every connection with `greeting`, then
@@ -466,7 +558,7 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
     assert_eq!(full_sync(&services).added, 5);
     let listing = list_table(&ns);
     assert!(
-        listing.contains("10.96.0.10 . tcp . 80 : goto service-"),
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-2"),
         "{listing}"
     );
     assert!(listing.contains("daddr != @cluster-cidrs-v4"), "{listing}");
@@ -481,11 +573,24 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
 /// use; the full sync that follows must not hand them to another chain. `twin` is chosen
 /// so that its dispatch chain shares `web`'s endpoint map and block size: `web` grows out
 /// of its block in the refused transaction, and `twin` must not land on it afterwards.
+/// Each service has an ExternalIP, so that its port keeps a dispatch chain and a block.
 #[test]
 fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
     netns::require_root();
     let ns = Netns::new("aprf").expect("namespace");
     let config = ProxySettings::default();
+    let chained = |name: &str, cluster_ip: &str, external_ip: &str| {
+        service(
+            name,
+            http(json!({"clusterIP": cluster_ip, "externalIPs": [external_ip]})),
+            json!({}),
+        )
+    };
+    let web_view = |endpoints: &[(&str, &str)]| {
+        let mut view = node_view(endpoints);
+        view.apply([chained("web", "10.96.0.10", "192.0.2.10")]);
+        view
+    };
     let block_map = |view: &View, name: &str| {
         Planner::new(view, &config)
             .service("default", name, &mut EndpointKeys::new().lease(&[]))
@@ -495,7 +600,7 @@ fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
     };
     let twin_of = |name: &str| {
         [
-            service(name, http(json!({"clusterIP": "10.96.0.30"})), json!({})),
+            chained(name, "10.96.0.30", "192.0.2.30"),
             slice(
                 name,
                 "IPv4",
@@ -504,40 +609,41 @@ fn a_refused_partial_sync_leaves_every_block_to_its_own_service() {
             ),
         ]
     };
-    let web_map = block_map(&node_view(&TWO_ENDPOINTS), "web");
+    let web_map = block_map(&web_view(&TWO_ENDPOINTS), "web");
+    assert!(web_map.is_some());
     let twin = (0..)
         .map(|i| format!("twin-{i}"))
         .find(|name| {
-            let mut view = node_view(&TWO_ENDPOINTS);
+            let mut view = web_view(&TWO_ENDPOINTS);
             view.apply(twin_of(name));
             block_map(&view, name) == web_map
         })
         .expect("a name in web's endpoint map");
     // Two Services with one ClusterIP, which the API server prevents but a view may
     // still hold: the second one's key is refused by the kernel.
-    let claim = |name: &str, pod: &str| {
+    let claim = |name: &str, external_ip: &str, pod: &str| {
         [
-            service(name, http(json!({"clusterIP": "10.96.0.20"})), json!({})),
+            chained(name, "10.96.0.20", external_ip),
             slice(name, "IPv4", &[(pod, NODE)], 8080),
         ]
     };
-    let mut before = node_view(&TWO_ENDPOINTS);
+    let mut before = web_view(&TWO_ENDPOINTS);
     before.apply(twin_of(&twin));
-    before.apply(claim("claim-a", "10.244.1.20"));
+    before.apply(claim("claim-a", "192.0.2.20", "10.244.1.20"));
     let mut proxy = open_proxy(&ns);
     let report = proxy.full_sync(&before).expect("full sync");
     assert!(report.refused.is_empty(), "{report:?}");
 
     // `web` grows from two endpoints to three; `claim-b` claims claim-a's ClusterIP, which
     // the kernel refuses in the partial transaction.
-    let mut after = node_view(&[
+    let mut after = web_view(&[
         ("10.244.1.5", NODE),
         ("10.244.1.6", NODE),
         ("10.244.2.9", "node-b"),
     ]);
     after.apply(twin_of(&twin));
-    after.apply(claim("claim-a", "10.244.1.20"));
-    after.apply(claim("claim-b", "10.244.1.21"));
+    after.apply(claim("claim-a", "192.0.2.20", "10.244.1.20"));
+    after.apply(claim("claim-b", "192.0.2.21", "10.244.1.21"));
     let report = proxy
         .sync(&after, &changed(&["web", "claim-b"]))
         .expect("sync");
@@ -651,7 +757,7 @@ fn another_programs_commit_costs_no_repair_but_a_flush_amid_churn_is_repaired() 
     assert_eq!(repair.kind, SyncKind::Full);
     let listing = list_table(&ns);
     assert!(
-        listing.contains("10.96.0.10 . tcp . 80 : goto service-"),
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-1"),
         "{listing}"
     );
     assert!(proxy.check(&churned).expect("check").is_none());

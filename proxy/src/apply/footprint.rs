@@ -14,7 +14,9 @@
 //! chain's name. Contents are kept as 32-bit digests: a chain's rules, a set's elements,
 //! other element data, and for the endpoint maps' runs of keys one digest per chunk of 4
 //! elements, so that the record grows with services and ports, not with endpoints. A run
-//! names the key block it fills rather than repeating its map and first key, counts and
+//! names the key block it fills rather than repeating its map and first key (a run in the
+//! map of a port's endpoint count names its map, the port's address, protocol and port
+//! once, and its first index), counts and
 //! keys are varints, a key value equal to the one at its place in the key before (the
 //! service's cluster IP) is one byte, and an element without data stores no digest. What
 //! still matches is left alone; a chain that changed is rewritten, a set refilled, an
@@ -77,7 +79,7 @@ const CLASS_BITS: u32 = 5;
 const CLASS_MASK: u32 = (1 << CLASS_BITS) - 1;
 
 /// Flags in the set byte of an element outside the runs (the set itself takes the low
-/// four bits): it has data, whose digest follows, or, with the chain flag, the verdict
+/// five bits): it has data, whose digest follows, or, with the chain flag, the verdict
 /// to one of the footprint's chains, by its index; it has a key end, which follows its
 /// key.
 const ELEMENT_DATA_IS_CHAIN: u8 = 0x20;
@@ -203,50 +205,27 @@ impl<'a> Footprint<'a> {
                 chain_index(&|name| fnv1a(name) == block.chain),
             );
         }
-        // Endpoint-map elements come in runs of consecutive keys (a chain's key block):
-        // a run is stored as the block it fills (or its set and first key), its count,
-        // then one digest per chunk of [`RUN_CHUNK`] elements.
-        let mut runs: Vec<(SharedSet, u32, Vec<&Option<ElementData>>)> = Vec::new();
+        // Endpoint-map elements come in runs of consecutive keys (a chain's key block, or
+        // a port's indexes in the map of its endpoint count).
+        let mut runs: Vec<Run<'_>> = Vec::new();
         let mut others: Vec<&ElementPlan> = Vec::new();
         for element in &plan.elements {
-            let Some(key) = run_key(element) else {
+            let Some((prefix, key)) = run_key(element) else {
                 others.push(element);
                 continue;
             };
             let data = &element.element.data;
             match runs.last_mut() {
-                Some((set, first, datas))
-                    if *set == element.set
-                        && u32::try_from(datas.len())
-                            .ok()
-                            .and_then(|n| first.checked_add(n))
-                            == Some(key) =>
-                {
-                    datas.push(data);
-                }
-                _ => runs.push((element.set, key, vec![data])),
+                Some(run) if run.continues(element.set, prefix, key) => run.datas.push(data),
+                _ => runs.push(Run {
+                    set: element.set,
+                    prefix,
+                    first: key,
+                    datas: vec![data],
+                }),
             }
         }
-        write_count(&mut bytes, runs.len());
-        for (set, first, datas) in &runs {
-            let block = plan
-                .blocks
-                .iter()
-                .position(|block| block.map == *set && block.offset == *first)
-                .and_then(|index| u8::try_from(index + 1).ok());
-            match block {
-                Some(number) => bytes.push(number),
-                None => {
-                    bytes.push(0);
-                    write_set(&mut bytes, *set, 0);
-                    write_varint(&mut bytes, *first);
-                }
-            }
-            write_count(&mut bytes, datas.len());
-            for chunk in datas.chunks(RUN_CHUNK) {
-                bytes.extend_from_slice(&digest(&chunk).to_ne_bytes());
-            }
-        }
+        write_runs(&mut bytes, &runs, &plan.blocks);
         write_count(&mut bytes, others.len());
         let mut previous_key = None;
         for element in others {
@@ -401,6 +380,27 @@ impl<'a> Footprint<'a> {
     }
 }
 
+/// Consecutive keys of one endpoint map, as [`Footprint::encode`] gathers them.
+struct Run<'p> {
+    set: SharedSet,
+    /// What precedes the key in a map of [`SharedKind::PortEndpoints`].
+    prefix: &'p [Value],
+    first: u32,
+    datas: Vec<&'p Option<ElementData>>,
+}
+
+impl Run<'_> {
+    /// Whether `key` in `set` after `prefix` is the run's next.
+    fn continues(&self, set: SharedSet, prefix: &[Value], key: u32) -> bool {
+        self.set == set
+            && self.prefix == prefix
+            && u32::try_from(self.datas.len())
+                .ok()
+                .and_then(|n| self.first.checked_add(n))
+                == Some(key)
+    }
+}
+
 /// What every name of a service's ports starts with: the first name is coded against it.
 fn service_prefix(namespace: &str, name: &str) -> String {
     format!("{namespace}/{name}/")
@@ -420,14 +420,24 @@ fn previous_runs(
 ) -> Option<()> {
     let runs = reader.count()?;
     for _ in 0..runs {
-        let RecordedRun { set, first, count } = reader.run(blocks)?;
+        let RecordedRun {
+            set,
+            prefix,
+            first,
+            count,
+        } = reader.run(blocks)?;
         // The chunks' keys, each chunk left alone when the new plan has the same data
         // at all of its keys, and replaced whole otherwise.
+        let key = |index: u32| {
+            let mut values = prefix.clone();
+            values.push(Value::Integer32(index));
+            Tuple(values)
+        };
         let mut start = 0;
         while start < count {
             let end = count.min(start.saturating_add(RUN_CHUNK as u32));
             let keys: Vec<Tuple> = (start..end)
-                .map(|i| Some(Tuple(vec![Value::Integer32(first.checked_add(i)?)])))
+                .map(|i| Some(key(first.checked_add(i)?)))
                 .collect::<Option<_>>()?;
             let stored = reader.u32()?;
             let now: Option<Vec<&Element>> = keys
@@ -455,10 +465,20 @@ fn previous_runs(
     Some(())
 }
 
-/// The key of an element stored in a run: a single 32-bit integer (an endpoint map's key).
-fn run_key(element: &ElementPlan) -> Option<u32> {
-    match (&element.element.key.0[..], &element.element.key_end) {
-        ([Value::Integer32(key)], None) => Some(*key),
+/// The key of an element stored in a run: a 32-bit integer (an endpoint map's key), after
+/// the service address, protocol and port in a map of [`SharedKind::PortEndpoints`].
+fn run_key(element: &ElementPlan) -> Option<(&[Value], u32)> {
+    match (
+        element.set.kind,
+        &element.element.key.0[..],
+        &element.element.key_end,
+    ) {
+        (SharedKind::Endpoints, [Value::Integer32(key)], None) => Some((&[], *key)),
+        (SharedKind::PortEndpoints, [prefix @ .., Value::Integer32(index)], None)
+            if prefix.len() == 3 =>
+        {
+            Some((prefix, *index))
+        }
         _ => None,
     }
 }
@@ -502,6 +522,7 @@ fn common_prefix(a: &str, b: &str) -> usize {
 fn write_set(bytes: &mut Vec<u8>, set: SharedSet, flags: u8) {
     let kind = match set.kind {
         SharedKind::Endpoints => SharedKind::ALL.len(),
+        SharedKind::PortEndpoints => SharedKind::ALL.len() + 1,
         kind => SharedKind::ALL
             .iter()
             .position(|k| *k == kind)
@@ -509,8 +530,42 @@ fn write_set(bytes: &mut Vec<u8>, set: SharedSet, flags: u8) {
     };
     let family = usize::from(set.family == Family::V6);
     bytes.push(u8::try_from(kind * 2 + family).unwrap_or_default() | flags);
-    if set.kind == SharedKind::Endpoints {
+    if set.is_endpoint_map() {
         bytes.extend_from_slice(&set.shard.to_ne_bytes());
+    }
+}
+
+/// The endpoint runs: each as the block it fills (by its number among `blocks`) or its
+/// set, first key and, in a map of [`SharedKind::PortEndpoints`], its key's prefix; then
+/// its count and one digest per chunk of [`RUN_CHUNK`] elements.
+fn write_runs(bytes: &mut Vec<u8>, runs: &[Run<'_>], blocks: &[KeyBlock]) {
+    write_count(bytes, runs.len());
+    for Run {
+        set,
+        prefix,
+        first,
+        datas,
+    } in runs
+    {
+        let block = blocks
+            .iter()
+            .position(|block| block.map == *set && block.offset == *first)
+            .and_then(|index| u8::try_from(index + 1).ok());
+        match block {
+            Some(number) if prefix.is_empty() => bytes.push(number),
+            _ => {
+                bytes.push(0);
+                write_set(bytes, *set, 0);
+                write_varint(bytes, *first);
+                if set.kind == SharedKind::PortEndpoints {
+                    write_tuple(bytes, &Tuple(prefix.to_vec()), None);
+                }
+            }
+        }
+        write_count(bytes, datas.len());
+        for chunk in datas.chunks(RUN_CHUNK) {
+            bytes.extend_from_slice(&digest(&chunk).to_ne_bytes());
+        }
     }
 }
 
@@ -692,6 +747,8 @@ enum ChainRef {
 /// digests follow, a chunk of [`RUN_CHUNK`] each.
 struct RecordedRun {
     set: SharedSet,
+    /// What precedes the index in the keys of a map of [`SharedKind::PortEndpoints`].
+    prefix: Vec<Value>,
     first: u32,
     count: u32,
 }
@@ -816,12 +873,31 @@ impl<'a> Reader<'a> {
     /// A run's head: the block it fills (by its number among `blocks`, or spelled out as
     /// set and first key) and its length.
     fn run(&mut self, blocks: &[KeyBlock]) -> Option<RecordedRun> {
-        let (set, first) = match usize::from(self.byte()?).checked_sub(1) {
-            Some(index) => blocks.get(index).map(|block| (block.map, block.offset))?,
-            None => (self.set()?, self.varint()?),
+        let (set, first, prefix) = match usize::from(self.byte()?).checked_sub(1) {
+            Some(index) => blocks
+                .get(index)
+                .map(|block| (block.map, block.offset, Vec::new()))?,
+            None => {
+                let (set, first) = (self.set()?, self.varint()?);
+                (set, first, self.run_prefix(set)?)
+            }
         };
         let count = u32::try_from(self.count()?).ok()?;
-        Some(RecordedRun { set, first, count })
+        Some(RecordedRun {
+            set,
+            prefix,
+            first,
+            count,
+        })
+    }
+
+    /// The service address, protocol and port a run of `set` keys its elements by, if
+    /// it is a map of [`SharedKind::PortEndpoints`].
+    fn run_prefix(&mut self, set: SharedSet) -> Option<Vec<Value>> {
+        if set.kind != SharedKind::PortEndpoints {
+            return Some(Vec::new());
+        }
+        Some(self.tuple(None)?.0).filter(|prefix| prefix.len() == 3)
     }
 
     /// A run's head, of a footprint with `blocks` key blocks: its length.
@@ -830,8 +906,9 @@ impl<'a> Reader<'a> {
             Some(index) if index < blocks => {}
             Some(_) => return None,
             None => {
-                self.set()?;
+                let set = self.set()?;
                 self.varint()?;
+                self.run_prefix(set)?;
             }
         }
         u32::try_from(self.count()?).ok()
@@ -893,6 +970,9 @@ impl<'a> Reader<'a> {
             Some(kind) => SharedSet::new(*kind, family),
             None if index / 2 == SharedKind::ALL.len() => {
                 SharedSet::endpoints(family, u16::from_ne_bytes([self.byte()?, self.byte()?]))
+            }
+            None if index / 2 == SharedKind::ALL.len() + 1 => {
+                SharedSet::port_endpoints(family, u16::from_ne_bytes([self.byte()?, self.byte()?]))
             }
             None => return None,
         };

@@ -199,6 +199,133 @@ impl EndpointElements {
     }
 }
 
+/// The elements a previous run left in the maps of ports that dispatch by endpoint count
+/// ([`SharedKind::PortEndpoints`]), summed up per port. A port's elements are the indexes
+/// 0…N−1 after its address, protocol and port, all in the map of its count N, so each run
+/// is kept as its element count, its highest index and a sum of hashes of each index with
+/// its data: about 40 bytes a port, none per element. A run whose sum the plan matches is
+/// left alone, one that differs is deleted and written again whole in one transaction,
+/// and one no plan claims is read back from the table and deleted with the leftovers.
+#[derive(Debug, Default)]
+struct PortRuns(HashTable<PortRun>);
+
+#[derive(Debug)]
+struct PortRun {
+    /// [`slot_id`] of the map and the key's bytes before the index.
+    id: u64,
+    /// The count of the map it is in: the elements a whole run has.
+    count: u16,
+    elements: u32,
+    last: u32,
+    digest: u64,
+    claimed: bool,
+}
+
+/// What a full sync does with a port's run: nothing, delete and add it whole, or add it.
+#[derive(Debug, PartialEq, Eq)]
+enum RunState {
+    InPlace,
+    Stale,
+    Missing,
+}
+
+impl PortRuns {
+    /// Counts one listed element of `map`.
+    fn list(&mut self, map: SharedSet, element: &ListedElement) {
+        let Some((id, index)) = port_run_key(map, &element.key) else {
+            return;
+        };
+        let digest = element_digest(index, listed_data_hash(&element.data));
+        let run = self
+            .0
+            .entry(id, |run| run.id == id, |run| run.id)
+            .or_insert(PortRun {
+                id,
+                count: map.shard,
+                elements: 0,
+                last: 0,
+                digest: 0,
+                claimed: false,
+            })
+            .into_mut();
+        run.elements = run.elements.saturating_add(1);
+        run.last = run.last.max(index);
+        run.digest = run.digest.wrapping_add(digest);
+    }
+
+    /// Runs that are not the indexes 0…N−1 of their map's count N: another program
+    /// changed them, and nothing short of reading their keys again can mend them.
+    fn broken(&self) -> HashSet<u64> {
+        self.0
+            .iter()
+            .filter(|run| {
+                run.elements != u32::from(run.count)
+                    || run.last.checked_add(1) != Some(run.elements)
+            })
+            .map(|run| run.id)
+            .collect()
+    }
+
+    fn remove(&mut self, ids: &HashSet<u64>) {
+        self.0.retain(|run| !ids.contains(&run.id));
+    }
+
+    /// Claims the run `id` for a plan whose elements there sum to `digest`.
+    fn claim(&mut self, id: u64, digest: u64) -> RunState {
+        match self.0.find_mut(id, |run| run.id == id) {
+            Some(run) => {
+                run.claimed = true;
+                if run.digest == digest {
+                    RunState::InPlace
+                } else {
+                    RunState::Stale
+                }
+            }
+            None => RunState::Missing,
+        }
+    }
+
+    fn unclaim(&mut self, id: u64) {
+        if let Some(run) = self.0.find_mut(id, |run| run.id == id) {
+            run.claimed = false;
+        }
+    }
+
+    fn unclaimed(&self) -> HashSet<u64> {
+        self.0
+            .iter()
+            .filter(|run| !run.claimed)
+            .map(|run| run.id)
+            .collect()
+    }
+}
+
+/// The run a key of a map of [`SharedKind::PortEndpoints`] belongs to (a hash of the map
+/// and the key's bytes before its index), and its index.
+fn port_run_key(map: SharedSet, key: &[u8]) -> Option<(u64, u32)> {
+    let split = key.len().checked_sub(4)?;
+    let (prefix, index) = key.split_at(split);
+    Some((
+        slot_id(map, prefix),
+        u32::from_ne_bytes(index.try_into().ok()?),
+    ))
+}
+
+/// A planned element's run and its part of the run's digest.
+fn planned_port_run(element: &ElementPlan) -> Option<(u64, u64)> {
+    let (id, index) = port_run_key(element.set, &element.element.key.to_bytes())?;
+    Some((
+        id,
+        element_digest(index, planned_data_hash(&element.element.data)),
+    ))
+}
+
+fn element_digest(index: u32, data: u64) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    (index, data).hash(&mut hasher);
+    hasher.finish()
+}
+
 /// A chain as a previous run left it: a hash of its name, its rules, and the digest its
 /// first rule carries ([`ChainPlan::digest`]), 0 for none (a digest of 0 is as unlikely as
 /// any other, and then only costs the chain a rewrite).
@@ -288,8 +415,12 @@ pub(super) struct FullSync<'a, 'v> {
     batch_messages: usize,
     /// The UDP flows of the services programmed, for the conntrack cleanup after.
     udp: &'a mut UdpCheck,
-    /// Endpoint maps the table holds: committed by this sync, or listed by its snapshot.
+    /// Endpoint maps the table holds: committed by this sync, or listed by its snapshot
+    /// (a map of [`SharedKind::PortEndpoints`] only with its dispatch chain in place).
     maps_in_table: HashSet<SharedSet>,
+    /// The maps of [`SharedKind::PortEndpoints`] a previous run left, and their runs.
+    port_maps: Vec<SharedSet>,
+    port_runs: PortRuns,
 }
 
 impl<'a, 'v> FullSync<'a, 'v> {
@@ -314,11 +445,14 @@ impl<'a, 'v> FullSync<'a, 'v> {
             members: Vec::new(),
             batch_messages: full_sync_batch_messages(planner.service_count()),
             maps_in_table: HashSet::new(),
+            port_maps: Vec::new(),
+            port_runs: PortRuns::default(),
         }
     }
 
     /// Programs the view; the skeleton it programmed, for the applier's records.
     pub(super) fn run(mut self) -> Result<Skeleton, Error> {
+        self.proxy.endpoint_maps.clear();
         let skeleton = self.skeleton()?;
         // A fresh allocator: the table is about to be reprogrammed from scratch, and what a
         // previous run or a refused partial sync left is reserved instead (a block on the
@@ -351,6 +485,12 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         keys.release_reserved();
         self.proxy.keys = keys;
+        let mut maps = std::mem::take(&mut self.maps_in_table);
+        if !self.fresh {
+            // The leftovers' removal deleted the others.
+            maps.retain(|map| self.wanted.contains(&name_hash(Object::Set, &map.name())));
+        }
+        self.proxy.endpoint_maps = maps;
         Ok(skeleton)
     }
 
@@ -401,6 +541,10 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .iter()
             .filter_map(|name| SharedSet::endpoints_from_name(name))
         {
+            if map.kind == SharedKind::PortEndpoints {
+                self.port_maps.push(map);
+                continue;
+            }
             let mut listed: Vec<(u32, u64)> = Vec::new();
             self.proxy
                 .socket
@@ -418,7 +562,6 @@ impl<'a, 'v> FullSync<'a, 'v> {
             self.endpoint_elements.insert(map, elements);
             self.maps_in_table.insert(map);
         }
-        self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
         let chains = &mut self.chains;
         self.proxy
             .socket
@@ -426,6 +569,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
                 let place = chains.push_rule(rule.chain, rule.comment);
                 if let Some(dispatch) = rule.dispatch
                     && let Some(map) = SharedSet::endpoints_from_name(dispatch.map)
+                    && map.kind == SharedKind::Endpoints
                 {
                     let place = u16::try_from(place).unwrap_or(u16::MAX);
                     keys.adopt(rule.chain, place, map, dispatch.offset, dispatch.modulus);
@@ -433,6 +577,21 @@ impl<'a, 'v> FullSync<'a, 'v> {
             })
             .map_err(Error::netlink("listing the rules"))?;
         chains.sort();
+        for map in self.port_maps.clone() {
+            let runs = &mut self.port_runs;
+            self.proxy
+                .socket
+                .each_element(&self.table, &map.name(), |element| runs.list(map, &element))
+                .map_err(Error::netlink("listing the endpoint maps"))?;
+            if map
+                .dispatch_chain()
+                .is_some_and(|chain| self.chains.in_place(&chain))
+            {
+                self.maps_in_table.insert(map);
+            }
+        }
+        self.delete_broken_port_runs()?;
+        self.batch = PlanBatch::assuming_maps(&self.maps_in_table);
         let mut existing = Vec::new();
         self.each_shared_element(|set, element| {
             existing.push((slot_id(set, &element.key), listed_data_hash(&element.data)));
@@ -452,7 +611,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
             .elements
             .iter()
             .enumerate()
-            .filter(|(_, element)| element.set.kind != SharedKind::Endpoints)
+            .filter(|(_, element)| !element.set.is_endpoint_map())
             .map(|(index, element)| (index, planned_slot_id(element)))
             .collect();
         // A shared element (a hairpin pair) may be wanted by several services.
@@ -498,6 +657,16 @@ impl<'a, 'v> FullSync<'a, 'v> {
                     }
                 }
                 None => missing.push(index),
+            }
+        }
+        for (range, id, digest) in port_runs_of(&plan) {
+            match self.port_runs.claim(id, digest) {
+                RunState::InPlace => {}
+                RunState::Stale => {
+                    stale.extend(range.clone());
+                    missing.extend(range);
+                }
+                RunState::Missing => missing.extend(range),
             }
         }
         for (index, key) in keys {
@@ -580,8 +749,11 @@ impl<'a, 'v> FullSync<'a, 'v> {
                         error = %refusal,
                         "service refused by the kernel"
                     );
+                    for (_, id, _) in port_runs_of(&member.plan) {
+                        self.port_runs.unclaim(id);
+                    }
                     for element in &member.plan.elements {
-                        if element.set.kind != SharedKind::Endpoints {
+                        if !element.set.is_endpoint_map() {
                             self.slots.unclaim(planned_slot_id(element));
                         }
                         // Its endpoint elements in place go with its old chains.
@@ -705,6 +877,53 @@ impl<'a, 'v> FullSync<'a, 'v> {
         Ok(())
     }
 
+    /// The keys of the runs `ids` in the maps of [`SharedKind::PortEndpoints`], read from
+    /// the table.
+    fn port_run_elements(&mut self, ids: &HashSet<u64>) -> Result<Vec<ElementPlan>, Error> {
+        let mut elements = Vec::new();
+        if ids.is_empty() {
+            return Ok(elements);
+        }
+        for map in self.port_maps.clone() {
+            self.proxy
+                .socket
+                .each_element(&self.table, &map.name(), |element| {
+                    let selected =
+                        port_run_key(map, &element.key).is_some_and(|(id, _)| ids.contains(&id));
+                    if let Some(key) = tuple_from_bytes(map, &element.key).filter(|_| selected) {
+                        elements.push(ElementPlan {
+                            set: map,
+                            element: Element::new(key),
+                        });
+                    }
+                })
+                .map_err(Error::netlink("listing the endpoint maps"))?;
+        }
+        Ok(elements)
+    }
+
+    /// Deletes the runs another program changed in the maps of
+    /// [`SharedKind::PortEndpoints`] before any service is programmed: their ports are
+    /// then written whole, as if new.
+    fn delete_broken_port_runs(&mut self) -> Result<(), Error> {
+        let broken = self.port_runs.broken();
+        if broken.is_empty() {
+            return Ok(());
+        }
+        warn!(
+            ports = broken.len(),
+            "endpoint runs changed by another program; writing them again"
+        );
+        let elements = self.port_run_elements(&broken)?;
+        for chunk in elements.chunks(self.batch_messages * 8) {
+            let mut batch = PlanBatch::new();
+            batch.delete_leftover_elements(chunk);
+            self.commit_cleanup(batch)?;
+        }
+        self.port_runs.remove(&broken);
+        Ok(())
+    }
+
     /// Removes the previous run's elements, chains and sets that this sync did not claim.
     fn remove_leftovers(&mut self) -> Result<(), Error> {
         // The unclaimed elements' keys, read back from the table.
@@ -723,7 +942,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
         }
         drop(slots);
         let endpoint_elements = std::mem::take(&mut self.endpoint_elements);
-        let endpoint_keys: Vec<ElementPlan> = endpoint_elements
+        let mut endpoint_keys: Vec<ElementPlan> = endpoint_elements
             .iter()
             .flat_map(|(map, listed)| {
                 listed
@@ -737,6 +956,8 @@ impl<'a, 'v> FullSync<'a, 'v> {
             })
             .collect();
         drop(endpoint_elements);
+        let unclaimed = self.port_runs.unclaimed();
+        endpoint_keys.extend(self.port_run_elements(&unclaimed)?);
         let wanted = &self.wanted;
         let chains = self
             .proxy
@@ -830,11 +1051,34 @@ fn own_objects(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
 /// Everything a service needs in the table: its own objects and the endpoint maps it
 /// shares.
 fn needed_objects(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
-    own_objects(plan).chain(
-        plan.endpoint_maps()
-            .into_iter()
-            .map(|map| (Object::Set, map.name())),
-    )
+    own_objects(plan).chain(plan.endpoint_maps().into_iter().flat_map(|map| {
+        let chain = map
+            .dispatch_chain()
+            .map(|chain| (Object::Chain, chain.name().to_string()));
+        std::iter::once((Object::Set, map.name())).chain(chain)
+    }))
+}
+
+/// The runs of `plan` in maps of [`SharedKind::PortEndpoints`]: the indexes of their
+/// elements in `plan.elements`, each run's id and the sum of its elements' digests.
+fn port_runs_of(plan: &ServicePlan) -> Vec<(std::ops::Range<usize>, u64, u64)> {
+    let mut runs: Vec<(std::ops::Range<usize>, u64, u64)> = Vec::new();
+    for (index, element) in plan.elements.iter().enumerate() {
+        if element.set.kind != SharedKind::PortEndpoints {
+            continue;
+        }
+        let Some((id, digest)) = planned_port_run(element) else {
+            continue;
+        };
+        match runs.last_mut() {
+            Some((range, run, sum)) if *run == id && range.end == index => {
+                range.end = index + 1;
+                *sum = sum.wrapping_add(digest);
+            }
+            _ => runs.push((index..index + 1, id, digest)),
+        }
+    }
+    runs
 }
 
 fn name_hash(object: Object, name: &str) -> u64 {

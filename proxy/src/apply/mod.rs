@@ -19,7 +19,7 @@ mod sets;
 mod udp;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use records::Footprints;
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxySettings, ServicePlan, Skeleton, TABLE,
+    ProxySettings, ServicePlan, SharedSet, Skeleton, TABLE,
 };
 use footprint::service_key;
 use udp::{StaleFlows, UdpCheck};
@@ -206,6 +206,9 @@ pub struct Proxy {
     shared: SharedClaims,
     /// Where the endpoints of `applied` live in the endpoint maps.
     keys: EndpointKeys,
+    /// The endpoint maps the table holds, with the dispatch chains of those that have one:
+    /// a partial sync does not declare them again.
+    endpoint_maps: HashSet<SharedSet>,
     /// The node facts of the last full sync; a change means a full sync.
     facts: Option<NodeFacts>,
     /// The ruleset generation after our last commit.
@@ -235,6 +238,7 @@ impl Proxy {
             no_local: HashMap::new(),
             shared: SharedClaims::default(),
             keys: EndpointKeys::new(),
+            endpoint_maps: HashSet::new(),
             facts: None,
             generation: None,
             outside_commits: false,
@@ -464,6 +468,7 @@ impl Proxy {
             Ok(planned) => planned,
             Err(reason) => return self.fall_back(view, reason),
         };
+        let declared: Vec<SharedSet> = batch.declared_maps().collect();
         if !batch.is_empty()
             && let Err(failure) = self.commit_partial(batch.into_batch(), &mut report)
         {
@@ -471,6 +476,7 @@ impl Proxy {
             full.transactions += 1;
             return Ok(full);
         }
+        self.endpoint_maps.extend(declared);
         for (key, record) in records {
             self.record(key, record);
         }
@@ -500,7 +506,7 @@ impl Proxy {
         changes: &ChangeSet,
         report: &mut SyncReport,
     ) -> Result<Planned, String> {
-        let mut batch = PlanBatch::new();
+        let mut batch = PlanBatch::assuming_maps(&self.endpoint_maps);
         let mut records: Vec<(u64, Option<Record>)> = Vec::new();
         let mut udp = UdpCheck::default();
         // Claims on shared elements this transaction adds (+) and drops (-).
@@ -655,7 +661,13 @@ impl Proxy {
         {
             return Ok(false);
         }
+        let dispatch_chains = self
+            .endpoint_maps
+            .iter()
+            .filter(|map| map.dispatch_chain().is_some())
+            .count();
         let chains = self.expected.skeleton_chains
+            + dispatch_chains
             + self
                 .applied
                 .iter()

@@ -167,6 +167,100 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
     assert_eq!(kept, 16 + 2);
 }
 
+/// A plan of two ports that dispatch by endpoint count, `endpoints` each, the second's
+/// first endpoint moved to `moved`.
+fn by_count(endpoints: u16, moved: u8) -> ServicePlan {
+    let mut plan = ServicePlan::empty("default", "web");
+    let map = SharedSet::port_endpoints(Family::V4, endpoints);
+    for (port, protocol) in [(80, Value::TCP), (53, Value::UDP)] {
+        let service = [
+            Value::Ipv4([10, 96, 0, 10].into()),
+            protocol,
+            Value::InetService(port),
+        ];
+        plan.elements.push(ElementPlan {
+            set: SharedSet::new(SharedKind::ServiceIps, Family::V4),
+            element: Element::new(Tuple(service.to_vec()))
+                .with_verdict(Verdict::goto(map.dispatch_chain_name())),
+        });
+        for i in 0..endpoints {
+            let host = if port == 53 && i == 0 {
+                moved
+            } else {
+                u8::try_from(i).expect("small")
+            };
+            let mut key = service.to_vec();
+            key.push(Value::Integer32(u32::from(i)));
+            plan.elements.push(ElementPlan {
+                set: map,
+                element: Element::new(Tuple(key)).with_value(Tuple(vec![
+                    Value::Ipv4([10, 244, 1, host].into()),
+                    Value::InetService(8080),
+                ])),
+            });
+        }
+    }
+    plan
+}
+
+/// The endpoints of ports that dispatch by count are kept as runs too: the port's address,
+/// protocol and port once, then a digest per chunk. A changed endpoint replaces its chunk
+/// only, and a new count every element.
+#[test]
+fn port_runs_are_recorded_by_chunk_and_read_back_with_their_keys() {
+    let old = by_count(10, 0);
+    let bytes = Footprint::encode(&old, old.digest());
+    let footprint = Footprint(&bytes);
+    // Two ports: about 30 bytes each for 10 endpoints and 12 for its dispatch entry, not
+    // 10 bytes an endpoint.
+    assert!(footprint.len() < 110, "{} bytes", footprint.len());
+    let same = footprint.previous_plan(&old).expect("readable");
+    assert_eq!(same.elements.len(), old.elements.len());
+    assert!(
+        old.elements
+            .iter()
+            .all(|element| same.elements.contains(element))
+    );
+
+    let new = by_count(10, 99);
+    let previous = footprint.previous_plan(&new).expect("readable");
+    let changed: Vec<&ElementPlan> = previous
+        .elements
+        .iter()
+        .filter(|element| !new.elements.contains(element))
+        .collect();
+    // The chunk of the moved endpoint, key-only: deleted and added again.
+    assert_eq!(changed.len(), 4, "{changed:#?}");
+    assert!(changed.iter().all(|element| element.element.data.is_none()
+        && element.element.key.0[1] == Value::UDP));
+    let keys = |plan: &ServicePlan| -> Vec<String> {
+        let mut keys: Vec<String> = plan
+            .elements
+            .iter()
+            .map(|e| e.element.key.to_string())
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(keys(&previous), keys(&old));
+
+    let fewer = by_count(9, 0);
+    let previous = footprint.previous_plan(&fewer).expect("readable");
+    assert_eq!(keys(&previous), keys(&old));
+    assert!(
+        previous
+            .elements
+            .iter()
+            .filter(|element| element.set.kind == SharedKind::PortEndpoints)
+            .all(|element| !fewer.elements.contains(element))
+    );
+    assert_eq!(
+        footprint.shared_elements().expect("readable").len(),
+        2,
+        "the dispatch entries only"
+    );
+}
+
 #[test]
 fn a_truncated_record_is_rejected() {
     let bytes = Footprint::encode(&dispatched(3, 8), 1);

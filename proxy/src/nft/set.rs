@@ -279,16 +279,14 @@ impl Set {
 }
 
 /// The annotation nft 1.0.6 writes for `typeof numgen random mod 2 : ip daddr . th
-/// dport` (or `ip6 daddr`). An `integer` key has no type name `nft list` could print, so
-/// it prints the map's type from this; with it, a map we program lists exactly like one
-/// nft loaded from `nodus proxy render`.
+/// dport` (or `ip6 daddr`), and for `typeof ip daddr . meta l4proto . th dport . numgen
+/// random mod 2 : ip daddr . th dport`. An `integer` key has no type name `nft list`
+/// could print, so it prints the map's type from this; with it, a map we program lists
+/// exactly like one nft loaded from `nodus proxy render`.
 fn endpoint_map_userdata(key: &Fields, data: &SetData) -> Option<Vec<u8>> {
     let SetData::Value(fields) = data else {
         return None;
     };
-    if *key != Fields::from(DataType::Integer32) {
-        return None;
-    }
     let (proto, field) = match fields.fields() {
         [DataType::Ipv4Addr, DataType::InetService] => (sys::NFT_PROTO_IP, sys::NFT_IPHDR_DADDR),
         [DataType::Ipv6Addr, DataType::InetService] => (sys::NFT_PROTO_IP6, sys::NFT_IP6HDR_DADDR),
@@ -307,28 +305,40 @@ fn endpoint_map_userdata(key: &Fields, data: &SetData) -> Option<Vec<u8>> {
             [udata_u32(0, proto), udata_u32(1, field)].concat(),
         )
     };
+    let concat = |items: &[Vec<u8>]| {
+        let items: Vec<u8> = (0u8..)
+            .zip(items)
+            .flat_map(|(index, item)| udata(index, item))
+            .collect();
+        typeof_expr(sys::NFT_EXPR_TYPE_CONCAT, items)
+    };
     // numgen: type random, modulus 2, offset 0.
     let numgen = typeof_expr(
         sys::NFT_EXPR_TYPE_NUMGEN,
         [udata_u32(0, 1), udata_u32(1, 2), udata_u32(2, 0)].concat(),
     );
-    let concat = typeof_expr(
-        sys::NFT_EXPR_TYPE_CONCAT,
+    let address = payload(proto, field);
+    let port = payload(sys::NFT_PROTO_TH, sys::NFT_THDR_DPORT);
+    let (key_order, key_typeof) = match key.fields() {
+        [DataType::Integer32] => (sys::NFT_BYTEORDER_HOST_ENDIAN, numgen),
         [
-            udata(0, &payload(proto, field)),
-            udata(1, &payload(sys::NFT_PROTO_TH, sys::NFT_THDR_DPORT)),
-        ]
-        .concat(),
-    );
+            address_type,
+            DataType::InetProto,
+            DataType::InetService,
+            DataType::Integer32,
+        ] if *address_type == fields.fields()[0] => {
+            let l4proto = typeof_expr(sys::NFT_EXPR_TYPE_META, udata_u32(0, sys::NFT_META_L4PROTO));
+            // A concatenation's byte order is its fields' own.
+            (0, concat(&[address.clone(), l4proto, port.clone(), numgen]))
+        }
+        _ => return None,
+    };
     Some(
         [
-            udata_u32(
-                sys::NFTNL_UDATA_SET_KEYBYTEORDER,
-                sys::NFT_BYTEORDER_HOST_ENDIAN,
-            ),
+            udata_u32(sys::NFTNL_UDATA_SET_KEYBYTEORDER, key_order),
             udata_u32(sys::NFTNL_UDATA_SET_DATABYTEORDER, 0),
-            udata(sys::NFTNL_UDATA_SET_KEY_TYPEOF, &numgen),
-            udata(sys::NFTNL_UDATA_SET_DATA_TYPEOF, &concat),
+            udata(sys::NFTNL_UDATA_SET_KEY_TYPEOF, &key_typeof),
+            udata(sys::NFTNL_UDATA_SET_DATA_TYPEOF, &concat(&[address, port])),
             udata_u32(sys::NFTNL_UDATA_SET_DATA_INTERVAL, 0),
         ]
         .concat(),
@@ -638,6 +648,32 @@ mod tests {
             Fields::new([DataType::Ipv4Addr, DataType::InetService]),
         );
         assert_eq!(map.userdata(), Some(expected));
+    }
+
+    #[test]
+    fn port_endpoint_maps_carry_the_typeof_annotation_nft_writes() {
+        // `nft --debug=mnl` for `map m { typeof ip daddr . meta l4proto . th dport .
+        // numgen random mod 2 : ip daddr . th dport; }`, nft 1.0.6: NFTA_SET_USERDATA.
+        let expected = "000400000000010400000000036000040d00000001580014000407000000010c00040c00000001040c000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010402000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b0000000104020000000604000000000000";
+        let expected: Vec<u8> = expected
+            .as_bytes()
+            .chunks(2)
+            .map(|pair| {
+                u8::from_str_radix(std::str::from_utf8(pair).expect("hex"), 16).expect("hex")
+            })
+            .collect();
+        let map = Set::data_map(
+            "m",
+            Fields::new([
+                DataType::Ipv4Addr,
+                DataType::InetProto,
+                DataType::InetService,
+                DataType::Integer32,
+            ]),
+            Fields::new([DataType::Ipv4Addr, DataType::InetService]),
+        );
+        // The attribute is 170 bytes; the dump shows its padding too.
+        assert_eq!(map.userdata().as_deref(), Some(&expected[..170]));
     }
 
     #[test]

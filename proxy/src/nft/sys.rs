@@ -138,6 +138,7 @@ pub const NFTNL_UDATA_SET_TYPEOF_DATA: u8 = 1;
 // appear in typeof annotations.
 pub const NFT_EXPR_TYPE_PAYLOAD: u32 = 7;
 pub const NFT_EXPR_TYPE_CONCAT: u32 = 13;
+pub const NFT_EXPR_TYPE_META: u32 = 9;
 pub const NFT_EXPR_TYPE_NUMGEN: u32 = 23;
 pub const NFT_PROTO_IP: u32 = 12;
 pub const NFT_PROTO_IP6: u32 = 13;

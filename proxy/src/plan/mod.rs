@@ -37,11 +37,11 @@ pub(crate) use keys::fnv1a;
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
-    ChainPlan, ElementPlan, KeyBlock, NoLocalEndpoints, SHARDS, ServicePlan, SetDifference,
-    SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
+    ChainPlan, ElementPlan, KeyBlock, MAX_PORT_ENDPOINTS, NoLocalEndpoints, SHARDS, ServicePlan,
+    SetDifference, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
 };
 pub use program::{ColdStart, PlanBatch, cold_start};
-pub use render::{render, write_ruleset, write_service};
+pub use render::{render, write_ruleset};
 pub use rule::{Addr, LookupKey, RulePlan, Stmt};
 pub use trace::{Entry, Fate, Packet, Path, Ruleset, Step, Trace};
 

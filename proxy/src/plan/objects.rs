@@ -6,9 +6,9 @@ use std::borrow::Cow;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::net::IpAddr;
 
-use nodus_view::model::Family;
+use nodus_view::model::{Family, Protocol};
 
-use super::rule::RulePlan;
+use super::rule::{RulePlan, Stmt};
 use crate::nft::{Chain, DataType, Element, Fields, Set};
 
 /// A chain and its rules, in order.
@@ -86,6 +86,11 @@ pub enum SharedKind {
     /// `keys.rs`); one of [`SHARDS`] maps per family, created when a chain first needs
     /// it.
     Endpoints,
+    /// `addr . proto . port . integer : addr . port`: the endpoints of ClusterIP ports
+    /// that have no chain of their own, keyed by the service address and an index; one
+    /// map per family and endpoint count (the set's `shard`), which the shared chain of
+    /// that count ([`SharedSet::dispatch_chain`]) DNATs from.
+    PortEndpoints,
 }
 
 impl SharedKind {
@@ -127,7 +132,7 @@ impl SharedKind {
             SharedKind::NoEndpointNodeports => "no-endpoint-nodeports",
             SharedKind::FirewallIps => "firewall-ips",
             SharedKind::Hairpin => "hairpin",
-            SharedKind::Endpoints => "endpoints",
+            SharedKind::Endpoints | SharedKind::PortEndpoints => "endpoints",
         }
     }
 }
@@ -148,7 +153,15 @@ pub struct KeyBlock {
     pub rule: u16,
 }
 
-/// One shared set or map: its kind in one family (and its shard, for endpoint maps).
+/// The largest endpoint count a ClusterIP port dispatches from a map of its count; a port
+/// with more keeps a chain of its own.
+pub const MAX_PORT_ENDPOINTS: u16 = 4096;
+
+/// The chains of [`SharedSet::dispatch_chain`] start with this.
+const DISPATCH_CHAIN: &str = "dispatch";
+
+/// One shared set or map: its kind in one family (and its shard for the endpoint maps, or
+/// its endpoint count for those of [`SharedKind::PortEndpoints`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SharedSet {
     pub kind: SharedKind,
@@ -167,7 +180,52 @@ impl SharedSet {
 
     /// Whether this is one of the endpoint maps rather than a set of the skeleton.
     pub fn is_endpoint_map(self) -> bool {
-        self.kind == SharedKind::Endpoints
+        matches!(self.kind, SharedKind::Endpoints | SharedKind::PortEndpoints)
+    }
+
+    /// The map of the ClusterIP ports with `count` endpoints (1 to
+    /// [`MAX_PORT_ENDPOINTS`]).
+    pub fn port_endpoints(family: Family, count: u16) -> SharedSet {
+        SharedSet {
+            kind: SharedKind::PortEndpoints,
+            family,
+            shard: count,
+        }
+    }
+
+    /// For a map of [`SharedKind::PortEndpoints`], the chain its ports' dispatch entries go
+    /// to: one rule per protocol, `meta l4proto tcp dnat ip addr . port to ip daddr . meta
+    /// l4proto . th dport . numgen random mod N map @endpoints-v4-nN`. The key carries the
+    /// service address and port the packet still has, so one chain serves every port of
+    /// that count, and a cold start writes one rule per count instead of one chain per
+    /// port (every commit walks every chain of the namespace).
+    pub fn dispatch_chain(self) -> Option<ChainPlan> {
+        if self.kind != SharedKind::PortEndpoints {
+            return None;
+        }
+        let rules = [Protocol::Tcp, Protocol::Udp]
+            .into_iter()
+            .map(|protocol| {
+                RulePlan::new([
+                    Stmt::L4Proto(protocol),
+                    Stmt::DnatFromPortMap {
+                        family: self.family,
+                        map: self.name(),
+                        endpoints: u32::from(self.shard),
+                    },
+                ])
+            })
+            .collect();
+        Some(ChainPlan::regular(self.dispatch_chain_name(), rules))
+    }
+
+    /// `dispatch-v4-10`: the name of [`SharedSet::dispatch_chain`].
+    pub fn dispatch_chain_name(self) -> String {
+        format!(
+            "{DISPATCH_CHAIN}-{}-{}",
+            family_suffix(self.family),
+            self.shard
+        )
     }
 
     pub fn endpoints(family: Family, shard: u16) -> SharedSet {
@@ -178,23 +236,33 @@ impl SharedSet {
         }
     }
 
-    /// `service-ips-v4`, `no-endpoint-nodeports-v6`, `endpoints-v4-1f`, …
+    /// `service-ips-v4`, `no-endpoint-nodeports-v6`, `endpoints-v4-1f`, `endpoints-v4-n10`, …
     pub fn name(self) -> String {
         let (base, family) = (self.kind.base_name(), family_suffix(self.family));
         match self.kind {
             SharedKind::Endpoints => format!("{base}-{family}-{:02x}", self.shard),
+            SharedKind::PortEndpoints => format!("{base}-{family}-n{}", self.shard),
             _ => format!("{base}-{family}"),
         }
     }
 
-    /// The endpoint map a table's set name denotes, if it is one.
+    /// The endpoint map (of either kind) a table's set name denotes, if it is one.
     pub fn endpoints_from_name(name: &str) -> Option<SharedSet> {
         let (_, shard) = name.rsplit_once('-')?;
-        let shard = u16::from_str_radix(shard, 16).ok()?;
-        Family::ALL
-            .into_iter()
-            .map(|family| SharedSet::endpoints(family, shard))
-            .find(|set| shard < SHARDS && set.name() == name)
+        let candidates = match shard.strip_prefix('n') {
+            Some(count) => {
+                let count: u16 = count.parse().ok()?;
+                (1..=MAX_PORT_ENDPOINTS)
+                    .contains(&count)
+                    .then(|| Family::ALL.map(|family| SharedSet::port_endpoints(family, count)))?
+            }
+            None => {
+                let shard = u16::from_str_radix(shard, 16).ok()?;
+                (shard < SHARDS)
+                    .then(|| Family::ALL.map(|family| SharedSet::endpoints(family, shard)))?
+            }
+        };
+        candidates.into_iter().find(|set| set.name() == name)
     }
 
     /// The set's definition, without elements.
@@ -214,6 +282,16 @@ impl SharedSet {
             SharedKind::Endpoints => Set::data_map(
                 self.name(),
                 DataType::Integer32,
+                Fields::new([addr, DataType::InetService]),
+            ),
+            SharedKind::PortEndpoints => Set::data_map(
+                self.name(),
+                Fields::new([
+                    addr,
+                    DataType::InetProto,
+                    DataType::InetService,
+                    DataType::Integer32,
+                ]),
                 Fields::new([addr, DataType::InetService]),
             ),
         }
@@ -329,9 +407,20 @@ impl ServicePlan {
         hasher.finish()
     }
 
-    /// The endpoint maps its elements need, each once.
+    /// The endpoint maps its elements need, each once: those of its key blocks, and those
+    /// of the ports that dispatch by endpoint count.
     pub fn endpoint_maps(&self) -> Vec<SharedSet> {
-        let mut maps: Vec<SharedSet> = self.blocks.iter().map(|block| block.map).collect();
+        let mut maps: Vec<SharedSet> = self
+            .blocks
+            .iter()
+            .map(|block| block.map)
+            .chain(
+                self.elements
+                    .iter()
+                    .map(|element| element.set)
+                    .filter(|set| set.kind == SharedKind::PortEndpoints),
+            )
+            .collect();
         maps.sort();
         maps.dedup();
         maps

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::TABLE;
 
 use super::objects::{
-    ChainPlan, ElementPlan, ServicePlan, SetDifference, SetPlan, SharedKind, SharedSet, Skeleton,
+    ChainPlan, ElementPlan, ServicePlan, SetDifference, SetPlan, SharedSet, Skeleton,
 };
 use super::rule::RulePlan;
 use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
@@ -26,7 +26,7 @@ use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
 pub struct PlanBatch {
     batch: Batch,
     created_sets: HashMap<String, SetRef>,
-    /// Adds of elements that [`SharedKind::changes_hands`], sent last.
+    /// Adds of elements that [`super::SharedKind::changes_hands`], sent last.
     deferred: Vec<ElementPlan>,
     /// While set, adds of elements in the shared sets and maps are left out
     /// ([`PlanBatch::add_service_unentered`]).
@@ -52,9 +52,10 @@ impl PlanBatch {
         }
     }
 
-    /// A batch that takes `maps` for existing endpoint maps, as an earlier committed
-    /// transaction of the same sync left them, and does not declare them again: each
-    /// `add map`, even of an existing one, walks the table's list of sets in the kernel.
+    /// A batch that takes `maps` for existing endpoint maps (with their dispatch chains,
+    /// for those that have one), as an earlier committed transaction left them, and does
+    /// not declare them again: each `add map`, even of an existing one, walks the table's
+    /// list of sets in the kernel, and a dispatch chain's rules would be written again.
     pub fn assuming_maps(maps: &HashSet<SharedSet>) -> PlanBatch {
         PlanBatch {
             maps_in_table: maps.clone(),
@@ -283,7 +284,7 @@ impl PlanBatch {
         self.ensure_endpoint_maps(
             new.elements
                 .iter()
-                .filter(|e| e.set.kind == SharedKind::Endpoints && !old_elements.contains(e))
+                .filter(|e| e.set.is_endpoint_map() && !old_elements.contains(e))
                 .map(|e| e.set),
         );
 
@@ -390,12 +391,19 @@ impl PlanBatch {
     }
 
     /// Creates `maps` unless they exist (an `add` of an existing
-    /// map is a no-op), once per batch. They are never deleted here: other services
-    /// share them; a full sync removes those left unused.
+    /// map is a no-op), once per batch, and the shared dispatch chain of those that have
+    /// one, its rules written anew (a chain's rules are added again each time). They are
+    /// never deleted here: other services share them; a full sync removes those left
+    /// unused.
     fn ensure_endpoint_maps(&mut self, maps: impl IntoIterator<Item = SharedSet>) {
         for map in maps {
             if !self.maps_in_table.contains(&map) && !self.created_sets.contains_key(&map.name()) {
                 self.add_set(&map.definition());
+                if let Some(chain) = map.dispatch_chain() {
+                    self.batch.add_chain(&chain.chain);
+                    self.batch.flush_chain(chain.name());
+                    self.add_rules(&chain);
+                }
             }
         }
     }

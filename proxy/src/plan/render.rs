@@ -2,6 +2,7 @@
 //! nft. It is written from the same plan types the agent programs, the skeleton first,
 //! then one block per service, so it can be streamed service by service.
 
+use std::collections::HashSet;
 use std::fmt::{self, Write};
 
 use super::TABLE;
@@ -31,24 +32,42 @@ pub fn write_ruleset(
         write_chain(out, chain)?;
     }
     writeln!(out, "}}")?;
+    let mut dispatch_chains = HashSet::new();
     for service in services {
-        write_service(out, &service)?;
+        write_service(out, &service, &mut dispatch_chains)?;
     }
     Ok(())
 }
 
-/// One service's block; nothing for a service the proxy leaves alone.
-pub fn write_service(out: &mut impl Write, service: &ServicePlan) -> fmt::Result {
+/// One service's block; nothing for a service the proxy leaves alone. The shared dispatch
+/// chain of an endpoint count is written with the first service that needs it
+/// (`dispatch_chains` holds the maps of those written): nft adds a chain's rules again
+/// each time it is declared.
+fn write_service(
+    out: &mut impl Write,
+    service: &ServicePlan,
+    dispatch_chains: &mut HashSet<SharedSet>,
+) -> fmt::Result {
     if service.is_empty() {
         return Ok(());
     }
     writeln!(out, "\n# {}/{}", service.namespace, service.name)?;
-    if !service.sets.is_empty() || !service.chains.is_empty() {
+    let maps = service.endpoint_maps();
+    let new_dispatch: Vec<ChainPlan> = maps
+        .iter()
+        .filter(|map| !dispatch_chains.contains(*map))
+        .filter_map(|map| map.dispatch_chain())
+        .collect();
+    if !service.sets.is_empty() || !service.chains.is_empty() || !new_dispatch.is_empty() {
         writeln!(out, "table inet {TABLE} {{")?;
         // Shared with other services: declaring one again is a no-op for nft.
-        for map in service.endpoint_maps() {
+        for map in &maps {
             write_set(out, &map.definition(), &[])?;
         }
+        for chain in &new_dispatch {
+            write_chain(out, chain)?;
+        }
+        dispatch_chains.extend(maps);
         for set in &service.sets {
             write_set(out, &set.set, &set.elements)?;
         }
@@ -76,9 +95,10 @@ fn write_set(out: &mut impl Write, set: &Set, elements: &[Element]) -> fmt::Resu
     writeln!(out, "\t{} {} {{", set.noun(), set.name)?;
     match &set.data {
         // nft has no type name for a numgen result; it takes the type from an expression.
-        Some(SetData::Value(data)) if set.key == Fields::from(DataType::Integer32) => writeln!(
+        Some(SetData::Value(data)) if set.key.fields().contains(&DataType::Integer32) => writeln!(
             out,
-            "\t\ttypeof numgen random mod 2 : {}",
+            "\t\ttypeof {} : {}",
+            typeof_fields(&set.key),
             typeof_fields(data)
         )?,
         None => writeln!(out, "\t\ttype {}", set.key)?,

@@ -119,6 +119,15 @@ pub enum Stmt {
         endpoints: u32,
         offset: u32,
     },
+    /// `dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod N map
+    /// @map`: a uniformly random endpoint of the N a ClusterIP port keeps in the map of
+    /// its count, keyed by the address and port the packet is sent to (needs a preceding
+    /// [`Stmt::L4Proto`]). One such rule serves every port with N endpoints.
+    DnatFromPortMap {
+        family: Family,
+        map: String,
+        endpoints: u32,
+    },
     /// `ip saddr . ip daddr . ct original ip daddr @set`: a DNATed connection from an
     /// endpoint back to itself through a service address (hairpin).
     Hairpin {
@@ -247,6 +256,20 @@ fn ip_family(family: Family) -> IpFamily {
     }
 }
 
+/// DNAT to the `addr . port` an endpoint map's lookup left from the first slot: the port
+/// follows the address in slot `port_slot`.
+fn dnat_from_map_data(family: Family, port_slot: u8) -> Expr {
+    Expr::Nat {
+        kind: NatKind::Dnat,
+        family: ip_family(family),
+        addr_min: Some(Register::FIRST),
+        addr_max: None,
+        proto_min: Some(Register::slot(port_slot)),
+        proto_max: None,
+        flags: NatFlags::default(),
+    }
+}
+
 fn lookup(set: SetRef, dreg: Option<Register>, inverted: bool) -> Expr {
     Expr::Lookup {
         set,
@@ -371,21 +394,35 @@ impl Stmt {
                     dreg: Register::FIRST,
                 });
                 out.push(lookup(set_ref(map), Some(Register::FIRST), false));
-                // The map's data is `addr . port`: the port follows the address in the
-                // next 32-bit slot.
                 let port_slot = match family {
                     Family::V4 => 1,
                     Family::V6 => 4,
                 };
-                out.push(Expr::Nat {
-                    kind: NatKind::Dnat,
-                    family: ip_family(*family),
-                    addr_min: Some(Register::FIRST),
-                    addr_max: None,
-                    proto_min: Some(Register::slot(port_slot)),
-                    proto_max: None,
-                    flags: NatFlags::default(),
+                out.push(dnat_from_map_data(*family, port_slot));
+            }
+            Stmt::DnatFromPortMap {
+                family,
+                map,
+                endpoints,
+            } => {
+                out.extend(expr::load_concat(&[
+                    address_field(Addr::Destination, *family),
+                    Field::L4Proto,
+                    Field::ThDport,
+                ]));
+                // The index follows the address, protocol and port slots of the key.
+                let (index_slot, port_slot) = match family {
+                    Family::V4 => (3, 1),
+                    Family::V6 => (6, 4),
+                };
+                out.push(Expr::Numgen {
+                    kind: NumgenKind::Random,
+                    modulus: *endpoints,
+                    offset: 0,
+                    dreg: Register::slot(index_slot),
                 });
+                out.push(lookup(set_ref(map), Some(Register::FIRST), false));
+                out.push(dnat_from_map_data(*family, port_slot));
             }
             Stmt::Hairpin { family, set } => {
                 out.extend(expr::load_concat(&hairpin_fields(*family)));
@@ -529,6 +566,17 @@ impl fmt::Display for Stmt {
                     write!(f, " offset {offset}")?;
                 }
                 write!(f, " map @{map}")
+            }
+            Stmt::DnatFromPortMap {
+                family,
+                map,
+                endpoints,
+            } => {
+                let h = header(*family);
+                write!(
+                    f,
+                    "dnat {h} addr . port to {h} daddr . meta l4proto . th dport . numgen random mod {endpoints} map @{map}"
+                )
             }
             Stmt::Hairpin { family, set } => {
                 let h = header(*family);

@@ -17,7 +17,8 @@ use super::config::NodeFacts;
 use super::keys::KeyLease;
 use super::names::PortIdentity;
 use super::objects::{
-    ChainPlan, ElementPlan, ServicePlan, SetPlan, SharedKind, SharedSet, UdpFlows,
+    ChainPlan, ElementPlan, MAX_PORT_ENDPOINTS, ServicePlan, SetPlan, SharedKind, SharedSet,
+    UdpFlows,
 };
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, source_is_pod};
@@ -209,6 +210,9 @@ struct Routing {
     /// What traffic without endpoints gets: dropped when endpoints exist elsewhere,
     /// rejected when there are none.
     filter_verdict: Verdict,
+    /// The map of its endpoint count, for a port that dispatches through the shared chain
+    /// of that count ([`PortPlanner::port_map`]); `cluster_chain` is that chain.
+    port_map: Option<SharedSet>,
     cluster_chain: Option<String>,
     local_chain: Option<String>,
     external_chain: Option<String>,
@@ -312,14 +316,23 @@ impl PortPlanner<'_, '_> {
                 .iter()
                 .any(|range| range.family() == self.family);
         let dispatch = self.shared_dispatch.as_ref().unwrap_or(&self.identity);
+        let port_map = (!externally_accessible && !internal_local)
+            .then(|| self.port_map(&endpoints.cluster))
+            .flatten();
+        let cluster_chain = match port_map {
+            Some(map) => Some(map.dispatch_chain_name()),
+            None => {
+                (uses_cluster && !endpoints.cluster.is_empty()).then(|| dispatch.cluster_chain())
+            }
+        };
         Routing {
             internal_local,
             external_local,
             has_internal,
             has_external,
             filter_verdict,
-            cluster_chain: (uses_cluster && !endpoints.cluster.is_empty())
-                .then(|| dispatch.cluster_chain()),
+            port_map,
+            cluster_chain,
             local_chain: (uses_local && has_local).then(|| dispatch.local_chain()),
             external_chain: (has_endpoints && externally_accessible)
                 .then(|| self.identity.external_chain()),
@@ -408,7 +421,10 @@ impl PortPlanner<'_, '_> {
             self.chain(chain.clone(), rules);
         }
         let mut endpoint_targets: Vec<Target> = Vec::new();
-        if let Some(chain) = cluster_chain {
+        if let Some(map) = routing.port_map {
+            self.port_map_elements(map, &endpoints.cluster);
+            endpoint_targets.extend(&endpoints.cluster);
+        } else if let Some(chain) = cluster_chain {
             self.dispatch_chain(chain, &endpoints.cluster);
             endpoint_targets.extend(&endpoints.cluster);
         }
@@ -532,6 +548,36 @@ impl PortPlanner<'_, '_> {
             rules.push(RulePlan::new([Stmt::Verdict(Verdict::goto(policy_chain))]));
         }
         rules
+    }
+
+    /// The map of the port's endpoint count, when the port needs no chain of its own: only
+    /// its ClusterIP leads to it (no NodePort, ExternalIP or LB IP, whose traffic passes
+    /// an `external-` chain first), under `internalTrafficPolicy: Cluster`, without
+    /// affinity (whose chains are per endpoint), over TCP or UDP (the shared chain's
+    /// rules), with 1 to [`MAX_PORT_ENDPOINTS`] endpoints. Its dispatch entry goes to the
+    /// shared chain of that count, which picks an endpoint by the packet's own address and
+    /// port: a cold start then writes no chain and no rule per port.
+    fn port_map(&self, targets: &[Target]) -> Option<SharedSet> {
+        let eligible = self.spec.affinity_timeout == 0
+            && matches!(self.port.protocol, Protocol::Tcp | Protocol::Udp);
+        let count = u16::try_from(distinct_endpoints(targets).len()).ok()?;
+        (eligible && (1..=MAX_PORT_ENDPOINTS).contains(&count))
+            .then(|| SharedSet::port_endpoints(self.family, count))
+    }
+
+    /// C.21: the port's endpoints in the map of their count, keyed by its ClusterIP,
+    /// protocol, port and an index below the count, which the shared chain draws at random.
+    fn port_map_elements(&mut self, map: SharedSet, targets: &[Target]) {
+        let service = service_key(self.cluster_ip, self.port.protocol, self.port.port);
+        for (index, (ip, port)) in (0..).zip(distinct_endpoints(targets)) {
+            let mut key = service.clone();
+            key.0.push(Value::Integer32(index));
+            self.plan.elements.push(ElementPlan {
+                set: map,
+                element: Element::new(key)
+                    .with_value(Tuple(vec![ip_value(ip), Value::InetService(port)])),
+            });
+        }
     }
 
     /// The port's rules in the dispatch chain `chain`: a chain of its own, or appended to

@@ -169,6 +169,13 @@ fn endpoint_map(plan: &ServicePlan, chain: &str) -> Vec<String> {
         .collect()
 }
 
+/// The elements of `map`, as nft prints them, in key order.
+fn port_endpoints(plan: &ServicePlan, map: SharedSet) -> Vec<String> {
+    let mut elements: Vec<String> = plan.elements_in(map).map(ToString::to_string).collect();
+    elements.sort();
+    elements
+}
+
 /// The DNAT of `chain` to its `endpoints`, in the first block of its endpoint map.
 fn dnat_from(chain: &str, family: Family, endpoints: usize) -> String {
     let map = SharedSet::endpoints(family, keys::shard_of(chain)).name();
@@ -258,20 +265,33 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
         http_slice("web", &two_endpoints()),
     ]);
     let plan = plan(&view, "web");
-    let service_chain = chain_named(&plan, "service-");
-    assert!(service_chain.ends_with("-default/web/ipv4/tcp/http"));
+    // A ClusterIP-only port has no chain of its own: its entry goes to the shared chain of
+    // its endpoint count, which draws from the map of that count by the packet's address
+    // and port.
+    assert!(plan.chains.is_empty(), "{:#?}", plan.chains);
+    assert!(plan.blocks.is_empty());
     assert_eq!(
         v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
-        Some(format!("goto {service_chain}"))
+        Some("goto dispatch-v4-2".to_string())
     );
-    let service_rules = rules(&plan, "service-");
+    let map = SharedSet::port_endpoints(Family::V4, 2);
+    assert_eq!(map.name(), "endpoints-v4-n2");
+    assert_eq!(plan.endpoint_maps(), [map]);
+    let dispatch = map.dispatch_chain().expect("a dispatch chain");
+    assert_eq!(dispatch.name(), "dispatch-v4-2");
+    let dnat = |protocol: &str| {
+        format!(
+            "meta l4proto {protocol} dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints-v4-n2"
+        )
+    };
+    let dispatch_rules: Vec<String> = dispatch.rules.iter().map(ToString::to_string).collect();
+    assert_eq!(dispatch_rules, [dnat("tcp"), dnat("udp")]);
     assert_eq!(
-        service_rules.last(),
-        Some(&dnat_from(&service_chain, Family::V4, 2))
-    );
-    assert_eq!(
-        endpoint_map(&plan, &service_chain),
-        ["0 : 10.244.1.5 . 8080", "1 : 10.244.2.9 . 8080"]
+        port_endpoints(&plan, map),
+        [
+            "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
+            "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080"
+        ]
     );
     assert_eq!(count_chains(&plan, "endpoint-"), 0);
     assert!(
@@ -281,6 +301,65 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
             "10.96.0.10 . tcp . 80"
         )
         .is_none()
+    );
+}
+
+/// Ports that another chain must see first keep a dispatch chain of their own: a NodePort,
+/// an ExternalIP, an LB IP, `internalTrafficPolicy: Local`, affinity. A Service whose ports
+/// differ in endpoint count puts each in the map of its own count.
+#[test]
+fn c21_only_cluster_ip_ports_dispatch_by_endpoint_count() {
+    let two_ports = json!([
+        {"name": "http", "port": 80, "protocol": "TCP"},
+        {"name": "dns", "port": 53, "protocol": "UDP"}
+    ]);
+    let kept = [
+        json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "nodePort": 30080}]}),
+        json!({"externalIPs": ["203.0.113.9"]}),
+        json!({"internalTrafficPolicy": "Local"}),
+        json!({"sessionAffinity": "ClientIP"}),
+    ];
+    for spec in kept {
+        let view = view([
+            this_node(),
+            service("web", spec.clone(), json!({})),
+            http_slice("web", &two_endpoints()),
+        ]);
+        let plan = plan(&view, "web");
+        assert!(
+            plan.elements
+                .iter()
+                .all(|element| element.set.kind != SharedKind::PortEndpoints),
+            "{spec}: {:#?}",
+            plan.elements
+        );
+        assert!(!plan.chains.is_empty(), "{spec}");
+    }
+    let view = view([
+        this_node(),
+        service("web", json!({"ports": two_ports}), json!({})),
+        http_slice("web", &two_endpoints()),
+        slice(
+            "web",
+            "web-dns",
+            "IPv4",
+            &[("10.244.1.7", NODE, true)],
+            json!([{"name": "dns", "port": 5353, "protocol": "UDP"}]),
+        ),
+    ]);
+    let plan = plan(&view, "web");
+    assert!(plan.chains.is_empty(), "{:#?}", plan.chains);
+    assert_eq!(
+        v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . udp . 53"),
+        Some("goto dispatch-v4-1".to_string())
+    );
+    assert_eq!(
+        port_endpoints(&plan, SharedSet::port_endpoints(Family::V4, 1)),
+        ["10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"]
+    );
+    assert_eq!(
+        port_endpoints(&plan, SharedSet::port_endpoints(Family::V4, 2)).len(),
+        2
     );
 }
 
@@ -483,8 +562,8 @@ fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
     };
     let detected = view(std::iter::once(this_node()).chain(updates()));
     let default = ProxySettings::default();
-    // One rule for every ClusterIP, ahead of the dispatch; the service chains only
-    // dispatch. External addresses are not ClusterIPs, so eTP=Local traffic that shares
+    // One rule for every ClusterIP, ahead of the dispatch; the service has no chain of
+    // its own, and the shared chain it dispatches through only DNATs. External addresses are not ClusterIPs, so eTP=Local traffic that shares
     // a `local-` chain is not marked.
     let masquerade = "ip daddr @cluster-ips-v4 ip saddr != @pod-cidrs-v4 jump mark-for-masquerade";
     let services = skeleton_rules(&detected, &default, "services");
@@ -493,8 +572,7 @@ fn d28_d29_off_cluster_traffic_to_cluster_ips_is_masqueraded() {
         services[1],
         "ip daddr . meta l4proto . th dport vmap @service-ips-v4"
     );
-    let service_rules = rules(&plan(&detected, "web"), "service-");
-    assert_eq!(service_rules.len(), 1, "{service_rules:?}");
+    assert!(plan(&detected, "web").chains.is_empty());
     let all = ProxySettings {
         masquerade_all: true,
         ..ProxySettings::default()
@@ -854,26 +932,27 @@ fn j57_dual_stack_families_are_planned_independently() {
     );
 
     let plan = plan(&view_with_v6_endpoint(), "web");
-    let v6_chain = plan
-        .chains
-        .iter()
-        .find(|chain| chain.name().ends_with("/web/ipv6/tcp/http"))
-        .expect("IPv6 service chain")
-        .name()
-        .to_string();
+    let v6_map = SharedSet::port_endpoints(Family::V6, 1);
     assert_eq!(
-        rules(&plan, &v6_chain).last().map(String::as_str),
-        Some(dnat_from(&v6_chain, Family::V6, 1).as_str())
+        port_endpoints(&plan, v6_map),
+        ["fd00:96::10 . tcp . 80 . 0 : fd00:244:1::5 . 8080"]
     );
-    assert_eq!(endpoint_map(&plan, &v6_chain), ["0 : fd00:244:1::5 . 8080"]);
-    assert!(
+    assert_eq!(
         element(
             &plan,
             SharedKind::ServiceIps,
             Family::V6,
             "fd00:96::10 . tcp . 80"
         )
-        .is_some_and(|verdict| verdict.contains("/web/ipv6/tcp/http"))
+        .as_deref(),
+        Some("goto dispatch-v6-1")
+    );
+    let dispatch = v6_map.dispatch_chain().expect("a dispatch chain");
+    assert!(
+        dispatch.rules[0]
+            .to_string()
+            .contains("dnat ip6 addr . port to ip6 daddr . meta l4proto . th dport . numgen random mod 1 map @endpoints-v6-n1"),
+        "{dispatch:?}"
     );
 }
 
@@ -925,28 +1004,32 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     ] {
         assert!(v4(&plan, SharedKind::ServiceIps, key).is_some(), "{key}");
     }
-    // The ports share one dispatch chain, a rule each that matches its protocol and
-    // number, each rule with a key block of its own.
+    // UDP and TCP dispatch from the map of their endpoint count, keyed by protocol; SCTP
+    // keeps the service's dispatch chain, its rule matching its protocol and number.
+    let map = SharedSet::port_endpoints(Family::V4, 1);
+    assert_eq!(
+        port_endpoints(&plan, map),
+        [
+            "10.96.0.10 . tcp . 53 . 0 : 10.244.1.7 . 5353",
+            "10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"
+        ]
+    );
     let shared = rules(&plan, "service-");
-    let heads = [
-        "meta l4proto udp th dport 53 dnat",
-        "meta l4proto tcp th dport 53 dnat",
-        "meta l4proto sctp th dport 9 dnat",
-    ];
-    assert_eq!(shared.len(), heads.len(), "{shared:?}");
-    for (rule, head) in shared.iter().zip(heads) {
-        assert!(rule.starts_with(head), "{rule}");
-    }
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    assert!(
+        shared[0].starts_with("meta l4proto sctp th dport 9 dnat"),
+        "{shared:?}"
+    );
     let blocks: Vec<(u16, u32)> = plan.blocks.iter().map(|b| (b.rule, b.offset)).collect();
-    assert_eq!(blocks, [(0, 0), (1, 1), (2, 2)]);
+    assert_eq!(blocks, [(0, 0)]);
     let text = render(
         &Planner::new(&view, &ProxySettings::default()).skeleton(),
         [plan],
     );
-    assert!(text.contains("meta l4proto udp th dport 53 dnat ip addr . port to numgen"));
     assert!(text.contains("meta l4proto sctp th dport 9 dnat ip addr . port to numgen"));
-    assert!(text.contains("0 : 10.244.1.7 . 5353"));
-    assert!(text.contains("2 : 10.244.1.7 . 9999"));
+    assert!(text.contains("0 : 10.244.1.7 . 9999"));
+    assert!(text.contains("10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"));
+    assert!(text.contains("chain dispatch-v4-1 {"));
 }
 
 /// The plan of `web`, a Service of two TCP ports (80 and 443) with two endpoints, and
@@ -968,18 +1051,25 @@ fn two_port_plan(spec: Json) -> ServicePlan {
     plan(&view, "web")
 }
 
-/// A NodePort reaches the dispatch chain with its own number, not the service port's, and
-/// with affinity the chain picks among endpoint chains: both keep a chain per port, as a
-/// service of one port keeps its own.
+/// Ports an external address leads to share their service's dispatch chain. A NodePort
+/// reaches the dispatch chain with its own number, not the service port's, and with
+/// affinity the chain picks among endpoint chains: both keep a chain per port, as a
+/// service of one port keeps its own. ClusterIP-only ports need none.
 #[test]
 fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
-    let shared = two_port_plan(json!({}));
+    assert!(two_port_plan(json!({})).chains.is_empty());
+    let shared = two_port_plan(json!({"externalIPs": ["192.0.2.7"]}));
     assert_eq!(count_chains(&shared, "service-"), 1);
     assert_eq!(rules(&shared, "service-").len(), 2);
     let node_port = two_port_plan(json!({"type": "NodePort", "ports": [
         {"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080},
         {"name": "https", "port": 443, "protocol": "TCP"}]}));
-    assert_eq!(count_chains(&node_port, "service-"), 2);
+    // The port without a NodePort needs no chain.
+    assert_eq!(count_chains(&node_port, "service-"), 1);
+    assert_eq!(
+        v4(&node_port, SharedKind::ServiceIps, "10.96.0.10 . tcp . 443"),
+        Some("goto dispatch-v4-2".to_string())
+    );
     let dispatch = node_port
         .chains
         .iter()
@@ -1056,20 +1146,20 @@ fn updates_touch_only_what_changed() {
     same.update_service(&old, &old);
     assert!(same.is_empty());
 
-    let mut batch = PlanBatch::new();
+    let map = old.endpoint_maps()[0];
+    let mut batch = PlanBatch::assuming_maps(&std::iter::once(map).collect());
     batch.update_service(&old, &new);
     let text = batch.into_batch().to_string();
     let lines: Vec<&str> = text.lines().collect();
-    let map = old.blocks[0].map.name();
-    // An endpoint replaced by another: only its element in the endpoint map changes (the
-    // map is declared in case it is new). No rule is touched, and the other shared
-    // maps' entries did not change either.
+    let map = map.name();
+    // An endpoint replaced by another: only its element in the map of the port's endpoint
+    // count changes. No rule is touched, and the other shared maps' entries did not
+    // change either.
     assert_eq!(
         lines,
         [
-            format!("add map {map}"),
-            format!("delete element from {map}: 1 : 10.244.2.9 . 8080"),
-            format!("add element to {map}: 1 : 10.244.2.10 . 8080"),
+            format!("delete element from {map}: 10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080"),
+            format!("add element to {map}: 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080"),
         ],
         "{text}"
     );
@@ -1107,7 +1197,7 @@ fn an_unentered_service_is_filled_and_entered_by_the_rest_of_its_elements() {
         endpoints.into_batch().to_string(),
         entries.into_batch().to_string(),
     );
-    let map = plan.blocks[0].map.name();
+    let map = plan.endpoint_maps()[0].name();
     assert!(!unentered.contains(" element"), "{unentered}");
     assert!(unentered.contains("add rule"), "{unentered}");
     assert!(
@@ -1131,7 +1221,8 @@ fn an_unentered_service_is_filled_and_entered_by_the_rest_of_its_elements() {
     );
     assert!(!entries.contains(&map), "{entries}");
     assert!(
-        entries.contains("add element to service-ips-v4: 10.96.0.10 . tcp . 80 : goto service-"),
+        entries
+            .contains("add element to service-ips-v4: 10.96.0.10 . tcp . 80 : goto dispatch-v4-2"),
         "{entries}"
     );
     assert!(
@@ -1158,18 +1249,13 @@ fn endpoint_fills_of_services_in_one_map_share_a_message() {
         this_node(),
         service("web", json!({}), json!({})),
         http_slice("web", &two_endpoints()),
-        service("api", json!({}), json!({})),
+        service("api", json!({"clusterIP": "10.96.0.11"}), json!({})),
         http_slice("api", &two_endpoints()),
     ]);
-    let web = plan(&view, "web");
-    // The other service's chain in the same map, as two chains that hash alike would be.
-    let mut api = plan(&view, "api");
-    let map = web.blocks[0].map;
-    for element in &mut api.elements {
-        if element.set.is_endpoint_map() {
-            element.set = map;
-        }
-    }
+    // Two services of two endpoints each: both in the map of count 2.
+    let (web, api) = (plan(&view, "web"), plan(&view, "api"));
+    let map = web.endpoint_maps()[0];
+    assert_eq!(api.endpoint_maps(), [map]);
     let mut endpoints = PlanBatch::new();
     endpoints.fill_endpoints(&web);
     endpoints.fill_endpoints(&api);
@@ -1192,22 +1278,27 @@ fn a_map_known_to_exist_is_not_declared_again() {
         http_slice("web", &two_endpoints()),
     ]);
     let plan = plan(&view, "web");
-    let map = plan.blocks[0].map;
+    let map = plan.endpoint_maps()[0];
     let mut first = PlanBatch::new();
     first.add_service(&plan);
     assert_eq!(first.declared_maps().collect::<Vec<_>>(), [map]);
-    assert!(
-        first
-            .into_batch()
-            .to_string()
-            .contains(&format!("add map {}", map.name()))
-    );
+    let text = first.into_batch().to_string();
+    // With its dispatch chain, whose rules a batch writes only with the map.
+    for declared in [
+        format!("add map {}", map.name()),
+        "add chain dispatch-v4-2".to_string(),
+        "flush chain dispatch-v4-2".to_string(),
+    ] {
+        assert!(text.contains(&declared), "{declared} in {text}");
+    }
+    assert_eq!(text.matches("add rule").count(), 2, "{text}");
 
     let mut known = PlanBatch::assuming_maps(&std::iter::once(map).collect());
     known.add_service(&plan);
     assert_eq!(known.declared_maps().count(), 0);
     let text = known.into_batch().to_string();
     assert!(!text.contains("add map"), "{text}");
+    assert!(!text.contains("chain"), "{text}");
     assert!(
         text.contains(&format!("elements to {} ", map.name())),
         "{text}"

@@ -20,7 +20,7 @@ use std::net::{IpAddr, SocketAddr};
 use nodus_view::model::{Family, Protocol};
 
 use super::names::protocol_name;
-use super::objects::{ChainPlan, ServicePlan, Skeleton};
+use super::objects::{ChainPlan, ServicePlan, SharedSet, Skeleton};
 use super::rule::{
     Addr, LookupKey, RulePlan, Stmt, ip_value, node_port_key, protocol_value, service_key,
 };
@@ -123,6 +123,9 @@ impl Trace {
 /// The planned ruleset, indexed for lookups by name.
 pub struct Ruleset<'p> {
     chains: HashMap<&'p str, &'p ChainPlan>,
+    /// The shared chains the plans' ports dispatch through by endpoint count, which no
+    /// plan holds ([`crate::plan::SharedSet::dispatch_chain`]).
+    dispatch: HashMap<String, ChainPlan>,
     elements: HashMap<String, Vec<&'p Element>>,
     /// Base chains per hook, in priority order.
     hooks: HashMap<Hook, Vec<&'p ChainPlan>>,
@@ -168,8 +171,15 @@ impl<'p> Ruleset<'p> {
         for base_chains in hooks.values_mut() {
             base_chains.sort_by_key(|chain| chain.chain.base.as_ref().map(|base| base.priority));
         }
+        let dispatch = services
+            .iter()
+            .flat_map(ServicePlan::endpoint_maps)
+            .filter_map(SharedSet::dispatch_chain)
+            .map(|chain| (chain.name().to_string(), chain))
+            .collect();
         Ruleset {
             chains: chains.iter().map(|chain| (chain.name(), *chain)).collect(),
+            dispatch,
             elements,
             hooks,
             local: local_addresses,
@@ -207,7 +217,7 @@ impl<'p> Ruleset<'p> {
         }
     }
 
-    fn run(&self, mut walk: Walk<'p>, paths: &mut Vec<Path>) {
+    fn run<'s>(&'s self, mut walk: Walk<'s>, paths: &mut Vec<Path>) {
         // The kernel refuses jump loops; a plan with one is a planner bug, and the walk
         // ends rather than spin.
         for _ in 0..MAX_STEPS {
@@ -239,7 +249,7 @@ impl<'p> Ruleset<'p> {
     }
 
     /// One rule, or the move to the next base chain or hook.
-    fn advance(&self, walk: &mut Walk<'p>) -> Advance<'p> {
+    fn advance<'s>(&'s self, walk: &mut Walk<'s>) -> Advance<'s> {
         let Some(frame) = walk.stack.last_mut() else {
             return self.next_base_chain(walk);
         };
@@ -298,7 +308,7 @@ impl<'p> Ruleset<'p> {
                                     rule,
                                     format!("goto {target} ({} of {count})", i + 1),
                                 );
-                                if let Some(target) = self.chains.get(target.as_str()) {
+                                if let Some(target) = self.chain(&target) {
                                     fork.goto(target);
                                 }
                             }
@@ -311,7 +321,12 @@ impl<'p> Ruleset<'p> {
         }
     }
 
-    fn verdict(&self, walk: &mut Walk<'p>, chain: &ChainPlan, verdict: Verdict) -> Advance<'p> {
+    fn verdict<'s>(
+        &'s self,
+        walk: &mut Walk<'s>,
+        chain: &ChainPlan,
+        verdict: Verdict,
+    ) -> Advance<'s> {
         match verdict {
             Verdict::Accept => walk.end_base_chain(),
             Verdict::Drop => {
@@ -327,9 +342,7 @@ impl<'p> Ruleset<'p> {
                     walk.base += 1;
                 }
             }
-            Verdict::Jump(target) | Verdict::Goto(target)
-                if !self.chains.contains_key(target.as_str()) =>
-            {
+            Verdict::Jump(target) | Verdict::Goto(target) if self.chain(&target).is_none() => {
                 // The kernel refuses a rule naming a missing chain; a plan that does is a
                 // planner bug, reported as the packet's end.
                 return Advance::End(Fate::Dropped {
@@ -337,17 +350,22 @@ impl<'p> Ruleset<'p> {
                     to: walk.to(),
                 });
             }
-            Verdict::Jump(target) => walk.stack.push(Frame {
-                chain: self.chains[target.as_str()],
-                rule: 0,
-            }),
-            Verdict::Goto(target) => walk.goto(self.chains[target.as_str()]),
+            Verdict::Jump(target) => {
+                if let Some(chain) = self.chain(&target) {
+                    walk.stack.push(Frame { chain, rule: 0 });
+                }
+            }
+            Verdict::Goto(target) => {
+                if let Some(chain) = self.chain(&target) {
+                    walk.goto(chain);
+                }
+            }
         }
         Advance::On
     }
 
     /// Past the last base chain of a hook: the next hook, or the end.
-    fn next_base_chain(&self, walk: &mut Walk<'p>) -> Advance<'p> {
+    fn next_base_chain<'s>(&'s self, walk: &mut Walk<'s>) -> Advance<'s> {
         let chains = self.hooks.get(&walk.hook).map_or(&[][..], Vec::as_slice);
         if let Some(chain) = chains.get(walk.base) {
             let is_nat = chain.chain.base.as_ref().map(|base| base.kind) == Some(ChainType::Nat);
@@ -391,7 +409,7 @@ impl<'p> Ruleset<'p> {
         clippy::too_many_lines,
         reason = "an interpreter: one arm per statement"
     )]
-    fn evaluate(&self, walk: &mut Walk<'p>, rule: &RulePlan) -> Outcome {
+    fn evaluate(&self, walk: &mut Walk<'_>, rule: &RulePlan) -> Outcome {
         let mut effect = None;
         for stmt in &rule.0 {
             let matched = match stmt {
@@ -499,28 +517,18 @@ impl<'p> Ruleset<'p> {
                     offset,
                     ..
                 } => {
-                    let targets = (*offset..offset.saturating_add(*endpoints))
-                        .filter_map(|key| {
-                            match self
-                                .find(map, &Tuple::from(Value::Integer32(key)))?
-                                .data
-                                .as_ref()?
-                            {
-                                ElementData::Value(Tuple(values)) => match values.as_slice() {
-                                    [Value::Ipv4(ip), Value::InetService(port)] => {
-                                        Some(SocketAddr::new(IpAddr::V4(*ip), *port))
-                                    }
-                                    [Value::Ipv6(ip), Value::InetService(port)] => {
-                                        Some(SocketAddr::new(IpAddr::V6(*ip), *port))
-                                    }
-                                    _ => None,
-                                },
-                                ElementData::Verdict(_) => None,
-                            }
-                        })
-                        .map(Choice::Dnat)
-                        .collect();
-                    return Outcome::Fork(targets);
+                    let keys = (*offset..offset.saturating_add(*endpoints))
+                        .map(|key| Tuple::from(Value::Integer32(key)));
+                    return Outcome::Fork(self.endpoints_in(map, keys));
+                }
+                Stmt::DnatFromPortMap { map, endpoints, .. } => {
+                    let service = service_key(walk.destination, walk.protocol, walk.port);
+                    let keys = (0..*endpoints).map(|index| {
+                        let mut key = service.clone();
+                        key.0.push(Value::Integer32(index));
+                        key
+                    });
+                    return Outcome::Fork(self.endpoints_in(map, keys));
                 }
                 Stmt::Hairpin { set, .. } => {
                     let key = Tuple(vec![
@@ -558,6 +566,32 @@ impl<'p> Ruleset<'p> {
     }
 
     /// The element of `set` whose key is, or whose range holds, `key`.
+    /// The chain named `name`: the plans' or a shared dispatch chain.
+    fn chain(&self, name: &str) -> Option<&ChainPlan> {
+        self.chains
+            .get(name)
+            .copied()
+            .or_else(|| self.dispatch.get(name))
+    }
+
+    /// The endpoints the elements of `map` at `keys` DNAT to, as forks of a walk.
+    fn endpoints_in(&self, map: &str, keys: impl Iterator<Item = Tuple>) -> Vec<Choice> {
+        keys.filter_map(|key| match self.find(map, &key)?.data.as_ref()? {
+            ElementData::Value(Tuple(values)) => match values.as_slice() {
+                [Value::Ipv4(ip), Value::InetService(port)] => {
+                    Some(SocketAddr::new(IpAddr::V4(*ip), *port))
+                }
+                [Value::Ipv6(ip), Value::InetService(port)] => {
+                    Some(SocketAddr::new(IpAddr::V6(*ip), *port))
+                }
+                _ => None,
+            },
+            ElementData::Verdict(_) => None,
+        })
+        .map(Choice::Dnat)
+        .collect()
+    }
+
     fn find(&self, set: &str, key: &Tuple) -> Option<&'p Element> {
         self.elements
             .get(set)?

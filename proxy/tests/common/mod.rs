@@ -133,7 +133,10 @@ pub fn dispatch_targets(listing: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut in_elements = false;
     for line in listing.lines().map(str::trim) {
         if let Some(name) = line.strip_prefix("map ").and_then(|l| l.strip_suffix(" {")) {
-            current_map = name.starts_with("endpoints-").then(|| name.to_string());
+            // The maps of a key block per chain (`endpoints-v4-1f`), not those of a port
+            // per endpoint count (`endpoints-v4-n2`), which no chain of a port names.
+            let blocks = name.starts_with("endpoints-") && !name.contains("-n");
+            current_map = blocks.then(|| name.to_string());
             current_chain = None;
             continue;
         }
