@@ -76,7 +76,7 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     assert!(report.refused.is_empty(), "{report:?}");
     let listing = list_table(&ns);
     for expected in [
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-2",
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
         "10.96.0.12 . tcp . 80 : goto reject-chain",
         "tcp . 30080 : goto external-",
         "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
@@ -104,8 +104,8 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     // `web` moved to the map and chain of one endpoint in that transaction.
     for expected in [
         "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-1",
-        "chain dispatch-v4-1 {",
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f",
+        "chain dispatch-v4-n1-1f {",
     ] {
         assert!(listing.contains(expected), "{expected} in\n{listing}");
     }
@@ -300,10 +300,10 @@ fn port_runs_are_adopted_mended_and_moved_between_counts() {
     drop(first);
     let listing = list_table(&ns);
     assert!(
-        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-2"),
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f"),
         "{listing}"
     );
-    assert!(listing.contains("chain dispatch-v4-2 {"), "{listing}");
+    assert!(listing.contains("chain dispatch-v4-n2-1f {"), "{listing}");
     assert!(!listing.contains("/web/ipv4/tcp/http {"), "{listing}");
 
     // Another program deletes one of web's two endpoints from the map of count 2.
@@ -314,7 +314,7 @@ fn port_runs_are_adopted_mended_and_moved_between_counts() {
             "element",
             "inet",
             "nodus",
-            "endpoints-v4-n2",
+            "endpoints-v4-n2-1f",
             "{ 10.96.0.10 . tcp . 80 . 1 }",
         ],
     )
@@ -352,15 +352,15 @@ fn port_runs_are_adopted_mended_and_moved_between_counts() {
     assert!(report.refused.is_empty(), "{report:?}");
     let listing = list_table(&ns);
     assert!(
-        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-1"),
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f"),
         "{listing}"
     );
     assert!(
         listing.contains("10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080"),
         "{listing}"
     );
-    assert!(!listing.contains("endpoints-v4-n2"), "{listing}");
-    assert!(!listing.contains("dispatch-v4-2"), "{listing}");
+    assert!(!listing.contains("endpoints-v4-n2-1f"), "{listing}");
+    assert!(!listing.contains("dispatch-v4-n2-1f"), "{listing}");
     assert!(!listing.contains("10.244.2.9"), "{listing}");
     assert!(ns.enter(cleanup).expect("enter").expect("cleanup"));
 }
@@ -420,7 +420,7 @@ fn leftovers_of_a_previous_run_are_removed() {
     );
     assert!(!listing.contains("10.244.2.9"), "{listing}");
     assert!(!listing.contains("10.96.0.12"), "{listing}");
-    assert!(!listing.contains("dispatch-v4-2"), "{listing}");
+    assert!(!listing.contains("dispatch-v4-n2-1f"), "{listing}");
     assert!(
         listing.contains("10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080"),
         "{listing}"
@@ -558,7 +558,7 @@ fn an_egress_only_table_is_adopted_and_switches_with_the_proxy() {
     assert_eq!(full_sync(&services).added, 5);
     let listing = list_table(&ns);
     assert!(
-        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-2"),
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f"),
         "{listing}"
     );
     assert!(listing.contains("daddr != @cluster-cidrs-v4"), "{listing}");
@@ -757,7 +757,7 @@ fn another_programs_commit_costs_no_repair_but_a_flush_amid_churn_is_repaired() 
     assert_eq!(repair.kind, SyncKind::Full);
     let listing = list_table(&ns);
     assert!(
-        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-1"),
+        listing.contains("10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f"),
         "{listing}"
     );
     assert!(proxy.check(&churned).expect("check").is_none());

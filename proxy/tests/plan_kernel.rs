@@ -55,15 +55,15 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
 
     let listing = list_table(&ns);
     for expected in [
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-2",
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
         "10.96.0.12 . tcp . 80 : goto reject-chain",
         "tcp . 30080 : goto external-",
         "fd00:96::13 . tcp . 80 : goto service-",
         "198.51.100.1 . tcp . 80 : goto firewall-",
         "meta l4proto tcp dnat ip to numgen random mod 1 map @endpoints-v4-",
         "typeof numgen random mod 2 : ip daddr . th dport",
-        "dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 2 map @endpoints-v4-n2",
-        "dnat ip to ip daddr . meta l4proto . udp dport . numgen random mod 2 map @endpoints-v4-n2",
+        "dnat ip to ip daddr . meta l4proto . tcp dport . numgen random mod 2 map @endpoints-v4-n2-1f",
+        "dnat ip to ip daddr . meta l4proto . udp dport . numgen random mod 2 map @endpoints-v4-n2-1f",
         "typeof ip daddr . meta l4proto . th dport . numgen random mod 2 : ip daddr . th dport",
         "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
         "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
@@ -100,8 +100,8 @@ fn cold_start_in_small_batches_lists_the_planned_table() {
     // `web` moved to the map and dispatch chain of one endpoint, created in that
     // transaction; the map of two keeps no element of it.
     for expected in [
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-1",
-        "chain dispatch-v4-1 {",
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f",
+        "chain dispatch-v4-n1-1f {",
         "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
     ] {
         assert!(listing.contains(expected), "{expected} in\n{listing}");

@@ -971,9 +971,11 @@ impl<'a> Reader<'a> {
             None if index / 2 == SharedKind::ALL.len() => {
                 SharedSet::endpoints(family, u16::from_ne_bytes([self.byte()?, self.byte()?]))
             }
-            None if index / 2 == SharedKind::ALL.len() + 1 => {
-                SharedSet::port_endpoints(family, u16::from_ne_bytes([self.byte()?, self.byte()?]))
-            }
+            None if index / 2 == SharedKind::ALL.len() + 1 => SharedSet {
+                kind: SharedKind::PortEndpoints,
+                family,
+                shard: u16::from_ne_bytes([self.byte()?, self.byte()?]),
+            },
             None => return None,
         };
         Some((set, byte & ELEMENT_FLAGS))

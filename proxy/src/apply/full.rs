@@ -241,7 +241,7 @@ impl PortRuns {
             .entry(id, |run| run.id == id, |run| run.id)
             .or_insert(PortRun {
                 id,
-                count: map.shard,
+                count: map.endpoint_count(),
                 elements: 0,
                 last: 0,
                 digest: 0,

@@ -171,7 +171,7 @@ fn the_record_holds_digest_chains_blocks_and_endpoint_runs() {
 /// first endpoint moved to `moved`.
 fn by_count(endpoints: u16, moved: u8) -> ServicePlan {
     let mut plan = ServicePlan::empty("default", "web");
-    let map = SharedSet::port_endpoints(Family::V4, endpoints);
+    let map = SharedSet::port_endpoints(Family::V4, endpoints, 0);
     for (port, protocol) in [(80, Value::TCP), (53, Value::UDP)] {
         let service = [
             Value::Ipv4([10, 96, 0, 10].into()),

@@ -155,7 +155,17 @@ pub struct KeyBlock {
 
 /// The largest endpoint count a ClusterIP port dispatches from a map of its count; a port
 /// with more keeps a chain of its own.
-pub const MAX_PORT_ENDPOINTS: u16 = 4096;
+pub const MAX_PORT_ENDPOINTS: u16 = 1023;
+
+/// Maps (each with its dispatch chain) per family and endpoint count, a port's by a hash
+/// of its address, protocol and port. The kernel lists a hash set's elements by walking
+/// it from the start again for every message of the dump, skipping those sent: one map of
+/// 200,000 elements (10,000 two-port Services of 10 endpoints) took 1.5 s of a restart
+/// to read. With 64 maps a count, each holds a sixty-fourth.
+pub const PORT_SHARDS: u16 = 64;
+
+/// A map of [`SharedKind::PortEndpoints`] keeps its count above its shard.
+const PORT_SHARD_BITS: u32 = PORT_SHARDS.trailing_zeros();
 
 /// The chains of [`SharedSet::dispatch_chain`] start with this.
 const DISPATCH_CHAIN: &str = "dispatch";
@@ -184,13 +194,40 @@ impl SharedSet {
     }
 
     /// The map of the ClusterIP ports with `count` endpoints (1 to
-    /// [`MAX_PORT_ENDPOINTS`]).
-    pub fn port_endpoints(family: Family, count: u16) -> SharedSet {
+    /// [`MAX_PORT_ENDPOINTS`]) whose hash falls in `shard` (below [`PORT_SHARDS`]).
+    pub fn port_endpoints(family: Family, count: u16, shard: u16) -> SharedSet {
         SharedSet {
             kind: SharedKind::PortEndpoints,
             family,
-            shard: count,
+            shard: (count << PORT_SHARD_BITS) | (shard % PORT_SHARDS),
         }
+    }
+
+    /// The map of `count` endpoints of the port `protocol`/`port` of `address`: its
+    /// shard is a hash of the three (FNV-1a, stable across builds).
+    pub fn of_port(address: IpAddr, protocol: Protocol, port: u16, count: u16) -> SharedSet {
+        let hash = super::keys::fnv1a(&format!(
+            "{address}/{}/{port}",
+            super::names::protocol_name(protocol)
+        ));
+        // Below PORT_SHARDS, so it fits.
+        let shard = (hash % u32::from(PORT_SHARDS)) as u16;
+        SharedSet::port_endpoints(Family::of(address), count, shard)
+    }
+
+    /// The endpoint count of a map of [`SharedKind::PortEndpoints`].
+    pub fn endpoint_count(self) -> u16 {
+        self.shard >> PORT_SHARD_BITS
+    }
+
+    /// `n10-3f`: the count and shard of a map of [`SharedKind::PortEndpoints`], in its name
+    /// and its dispatch chain's.
+    fn port_suffix(self) -> String {
+        format!(
+            "n{}-{:02x}",
+            self.endpoint_count(),
+            self.shard % PORT_SHARDS
+        )
     }
 
     /// For a map of [`SharedKind::PortEndpoints`], the chain its ports' dispatch entries go
@@ -211,7 +248,7 @@ impl SharedSet {
                     Stmt::DnatFromPortMap {
                         family: self.family,
                         map: self.name(),
-                        endpoints: u32::from(self.shard),
+                        endpoints: u32::from(self.endpoint_count()),
                     },
                 ])
             })
@@ -219,12 +256,12 @@ impl SharedSet {
         Some(ChainPlan::regular(self.dispatch_chain_name(), rules))
     }
 
-    /// `dispatch-v4-10`: the name of [`SharedSet::dispatch_chain`].
+    /// `dispatch-v4-n10-3f`: the name of [`SharedSet::dispatch_chain`].
     pub fn dispatch_chain_name(self) -> String {
         format!(
             "{DISPATCH_CHAIN}-{}-{}",
             family_suffix(self.family),
-            self.shard
+            self.port_suffix()
         )
     }
 
@@ -241,28 +278,34 @@ impl SharedSet {
         let (base, family) = (self.kind.base_name(), family_suffix(self.family));
         match self.kind {
             SharedKind::Endpoints => format!("{base}-{family}-{:02x}", self.shard),
-            SharedKind::PortEndpoints => format!("{base}-{family}-n{}", self.shard),
+            SharedKind::PortEndpoints => format!("{base}-{family}-{}", self.port_suffix()),
             _ => format!("{base}-{family}"),
         }
     }
 
-    /// The endpoint map (of either kind) a table's set name denotes, if it is one.
+    /// The endpoint map (of either kind) a table's set name denotes, if it is one:
+    /// `endpoints-v4-1f`, `endpoints-v6-n10-3f`.
     pub fn endpoints_from_name(name: &str) -> Option<SharedSet> {
-        let (_, shard) = name.rsplit_once('-')?;
-        let candidates = match shard.strip_prefix('n') {
-            Some(count) => {
-                let count: u16 = count.parse().ok()?;
-                (1..=MAX_PORT_ENDPOINTS)
-                    .contains(&count)
-                    .then(|| Family::ALL.map(|family| SharedSet::port_endpoints(family, count)))?
+        let rest = name.strip_prefix("endpoints-")?;
+        let (suffix, rest) = rest.split_once('-')?;
+        let family = Family::ALL
+            .into_iter()
+            .find(|family| family_suffix(*family) == suffix)?;
+        let set = match rest.strip_prefix('n') {
+            Some(port) => {
+                let (count, shard) = port.split_once('-')?;
+                let (count, shard): (u16, u16) =
+                    (count.parse().ok()?, u16::from_str_radix(shard, 16).ok()?);
+                ((1..=MAX_PORT_ENDPOINTS).contains(&count) && shard < PORT_SHARDS)
+                    .then(|| SharedSet::port_endpoints(family, count, shard))?
             }
             None => {
-                let shard = u16::from_str_radix(shard, 16).ok()?;
-                (shard < SHARDS)
-                    .then(|| Family::ALL.map(|family| SharedSet::endpoints(family, shard)))?
+                let shard = u16::from_str_radix(rest, 16).ok()?;
+                (shard < SHARDS).then(|| SharedSet::endpoints(family, shard))?
             }
         };
-        candidates.into_iter().find(|set| set.name() == name)
+        // One spelling per map: no leading zeros or signs.
+        (set.name() == name).then_some(set)
     }
 
     /// The set's definition, without elements.

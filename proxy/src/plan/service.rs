@@ -562,7 +562,7 @@ impl PortPlanner<'_, '_> {
             && matches!(self.port.protocol, Protocol::Tcp | Protocol::Udp);
         let count = u16::try_from(distinct_endpoints(targets).len()).ok()?;
         (eligible && (1..=MAX_PORT_ENDPOINTS).contains(&count))
-            .then(|| SharedSet::port_endpoints(self.family, count))
+            .then(|| SharedSet::of_port(self.cluster_ip, self.port.protocol, self.port.port, count))
     }
 
     /// C.21: the port's endpoints in the map of their count, keyed by its ClusterIP,

@@ -6,7 +6,7 @@ use serde_json::{Value as Json, json};
 use super::*;
 use crate::nft::{Element, Value};
 use nodus_testbed::fixtures;
-use nodus_view::model::Family;
+use nodus_view::model::{Family, Protocol};
 use nodus_view::{Update, View};
 
 const NODE: &str = "node-a";
@@ -272,16 +272,18 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
     assert!(plan.blocks.is_empty());
     assert_eq!(
         v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
-        Some("goto dispatch-v4-2".to_string())
+        Some("goto dispatch-v4-n2-1f".to_string())
     );
-    let map = SharedSet::port_endpoints(Family::V4, 2);
-    assert_eq!(map.name(), "endpoints-v4-n2");
+    let map = SharedSet::of_port("10.96.0.10".parse().expect("ip"), Protocol::Tcp, 80, 2);
+    assert_eq!(map, SharedSet::port_endpoints(Family::V4, 2, 0x1f));
+    assert_eq!(map.name(), "endpoints-v4-n2-1f");
+    assert_eq!(SharedSet::endpoints_from_name(&map.name()), Some(map));
     assert_eq!(plan.endpoint_maps(), [map]);
     let dispatch = map.dispatch_chain().expect("a dispatch chain");
-    assert_eq!(dispatch.name(), "dispatch-v4-2");
+    assert_eq!(dispatch.name(), "dispatch-v4-n2-1f");
     let dnat = |protocol: &str| {
         format!(
-            "meta l4proto {protocol} dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints-v4-n2"
+            "meta l4proto {protocol} dnat ip addr . port to ip daddr . meta l4proto . th dport . numgen random mod 2 map @endpoints-v4-n2-1f"
         )
     };
     let dispatch_rules: Vec<String> = dispatch.rules.iter().map(ToString::to_string).collect();
@@ -351,14 +353,14 @@ fn c21_only_cluster_ip_ports_dispatch_by_endpoint_count() {
     assert!(plan.chains.is_empty(), "{:#?}", plan.chains);
     assert_eq!(
         v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . udp . 53"),
-        Some("goto dispatch-v4-1".to_string())
+        Some("goto dispatch-v4-n1-2f".to_string())
     );
     assert_eq!(
-        port_endpoints(&plan, SharedSet::port_endpoints(Family::V4, 1)),
+        port_endpoints(&plan, SharedSet::port_endpoints(Family::V4, 1, 0x2f)),
         ["10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"]
     );
     assert_eq!(
-        port_endpoints(&plan, SharedSet::port_endpoints(Family::V4, 2)).len(),
+        port_endpoints(&plan, SharedSet::port_endpoints(Family::V4, 2, 0x1f)).len(),
         2
     );
 }
@@ -932,7 +934,7 @@ fn j57_dual_stack_families_are_planned_independently() {
     );
 
     let plan = plan(&view_with_v6_endpoint(), "web");
-    let v6_map = SharedSet::port_endpoints(Family::V6, 1);
+    let v6_map = SharedSet::port_endpoints(Family::V6, 1, 0x12);
     assert_eq!(
         port_endpoints(&plan, v6_map),
         ["fd00:96::10 . tcp . 80 . 0 : fd00:244:1::5 . 8080"]
@@ -945,13 +947,13 @@ fn j57_dual_stack_families_are_planned_independently() {
             "fd00:96::10 . tcp . 80"
         )
         .as_deref(),
-        Some("goto dispatch-v6-1")
+        Some("goto dispatch-v6-n1-12")
     );
     let dispatch = v6_map.dispatch_chain().expect("a dispatch chain");
     assert!(
         dispatch.rules[0]
             .to_string()
-            .contains("dnat ip6 addr . port to ip6 daddr . meta l4proto . th dport . numgen random mod 1 map @endpoints-v6-n1"),
+            .contains("dnat ip6 addr . port to ip6 daddr . meta l4proto . th dport . numgen random mod 1 map @endpoints-v6-n1-12"),
         "{dispatch:?}"
     );
 }
@@ -1006,14 +1008,17 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     }
     // UDP and TCP dispatch from the map of their endpoint count, keyed by protocol; SCTP
     // keeps the service's dispatch chain, its rule matching its protocol and number.
-    let map = SharedSet::port_endpoints(Family::V4, 1);
+    // Each in the map of its count that its address, protocol and port hash to.
+    let map = |protocol| SharedSet::of_port("10.96.0.10".parse().expect("ip"), protocol, 53, 1);
     assert_eq!(
-        port_endpoints(&plan, map),
-        [
-            "10.96.0.10 . tcp . 53 . 0 : 10.244.1.7 . 5353",
-            "10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"
-        ]
+        port_endpoints(&plan, map(Protocol::Tcp)),
+        ["10.96.0.10 . tcp . 53 . 0 : 10.244.1.7 . 5353"]
     );
+    assert_eq!(
+        port_endpoints(&plan, map(Protocol::Udp)),
+        ["10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"]
+    );
+    assert_eq!(map(Protocol::Tcp).name(), "endpoints-v4-n1-27");
     let shared = rules(&plan, "service-");
     assert_eq!(shared.len(), 1, "{shared:?}");
     assert!(
@@ -1029,7 +1034,7 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     assert!(text.contains("meta l4proto sctp th dport 9 dnat ip addr . port to numgen"));
     assert!(text.contains("0 : 10.244.1.7 . 9999"));
     assert!(text.contains("10.96.0.10 . udp . 53 . 0 : 10.244.1.7 . 5353"));
-    assert!(text.contains("chain dispatch-v4-1 {"));
+    assert!(text.contains("chain dispatch-v4-n1-27 {"));
 }
 
 /// The plan of `web`, a Service of two TCP ports (80 and 443) with two endpoints, and
@@ -1068,7 +1073,7 @@ fn ports_keep_their_own_dispatch_chains_with_a_node_port_or_affinity() {
     assert_eq!(count_chains(&node_port, "service-"), 1);
     assert_eq!(
         v4(&node_port, SharedKind::ServiceIps, "10.96.0.10 . tcp . 443"),
-        Some("goto dispatch-v4-2".to_string())
+        Some("goto dispatch-v4-n2-14".to_string())
     );
     let dispatch = node_port
         .chains
@@ -1221,8 +1226,9 @@ fn an_unentered_service_is_filled_and_entered_by_the_rest_of_its_elements() {
     );
     assert!(!entries.contains(&map), "{entries}");
     assert!(
-        entries
-            .contains("add element to service-ips-v4: 10.96.0.10 . tcp . 80 : goto dispatch-v4-2"),
+        entries.contains(
+            "add element to service-ips-v4: 10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f"
+        ),
         "{entries}"
     );
     assert!(
@@ -1252,10 +1258,16 @@ fn endpoint_fills_of_services_in_one_map_share_a_message() {
         service("api", json!({"clusterIP": "10.96.0.11"}), json!({})),
         http_slice("api", &two_endpoints()),
     ]);
-    // Two services of two endpoints each: both in the map of count 2.
-    let (web, api) = (plan(&view, "web"), plan(&view, "api"));
+    // Two services of two endpoints each, in one map of count 2 as two that hash alike
+    // would be.
+    let web = plan(&view, "web");
+    let mut api = plan(&view, "api");
     let map = web.endpoint_maps()[0];
-    assert_eq!(api.endpoint_maps(), [map]);
+    for element in &mut api.elements {
+        if element.set.is_endpoint_map() {
+            element.set = map;
+        }
+    }
     let mut endpoints = PlanBatch::new();
     endpoints.fill_endpoints(&web);
     endpoints.fill_endpoints(&api);
@@ -1286,8 +1298,8 @@ fn a_map_known_to_exist_is_not_declared_again() {
     // With its dispatch chain, whose rules a batch writes only with the map.
     for declared in [
         format!("add map {}", map.name()),
-        "add chain dispatch-v4-2".to_string(),
-        "flush chain dispatch-v4-2".to_string(),
+        "add chain dispatch-v4-n2-1f".to_string(),
+        "flush chain dispatch-v4-n2-1f".to_string(),
     ] {
         assert!(text.contains(&declared), "{declared} in {text}");
     }
@@ -1535,7 +1547,7 @@ fn the_cluster_dns_service_is_redirected_to_this_nodes_listener() {
         entry: Entry::Host,
         source: "192.168.0.10".parse().expect("node ip"),
         destination: "10.96.0.10".parse().expect("cluster ip"),
-        protocol: nodus_view::model::Protocol::Udp,
+        protocol: Protocol::Udp,
         port: 53,
     });
     assert_eq!(host.summary(), "192.168.0.10:5353", "{host}");
@@ -1634,7 +1646,7 @@ fn the_tracer_says_when_a_shared_address_fails_closed() {
             entry: Entry::Outside,
             source: "10.244.2.7".parse().expect("source"),
             destination: "10.244.1.9".parse().expect("destination"),
-            protocol: nodus_view::model::Protocol::Tcp,
+            protocol: Protocol::Tcp,
             port: 80,
         })
     };
