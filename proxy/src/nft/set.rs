@@ -629,19 +629,23 @@ mod tests {
         assert_eq!(element.to_string(), "10.96.0.1 . tcp . 80 : goto svc-a");
     }
 
-    #[test]
-    fn endpoint_maps_carry_the_typeof_annotation_nft_writes() {
-        // `nft --debug=mnl` for `map m { typeof numgen random mod 2 : ip daddr . th
-        // dport; }`, nft 1.0.6 on x86_64: NFTA_SET_USERDATA.
-        let expected = "00040100000001040000000003 1a000417000000011200040100000001040200000002040000000004340004 0d000000012c0014000407000000010c00040c0000000104 0c000000011400040700000001 0c00040b0000000104020000000604 00000000";
-        let expected: Vec<u8> = expected
-            .replace(' ', "")
+    /// The bytes a dump of `nft --debug=mnl` shows in hex, spaces ignored.
+    fn hex(text: &str) -> Vec<u8> {
+        text.replace(' ', "")
             .as_bytes()
             .chunks(2)
             .map(|pair| {
                 u8::from_str_radix(std::str::from_utf8(pair).expect("hex"), 16).expect("hex")
             })
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn endpoint_maps_carry_the_typeof_annotation_nft_writes() {
+        // `nft --debug=mnl` for `map m { typeof numgen random mod 2 : ip daddr . th
+        // dport; }`, nft 1.0.6 on x86_64: NFTA_SET_USERDATA.
+        let expected = "00040100000001040000000003 1a000417000000011200040100000001040200000002040000000004340004 0d000000012c0014000407000000010c00040c0000000104 0c000000011400040700000001 0c00040b0000000104020000000604 00000000";
+        let expected = hex(expected);
         let map = Set::data_map(
             "m",
             DataType::Integer32,
@@ -655,13 +659,7 @@ mod tests {
         // `nft --debug=mnl` for `map m { typeof ip daddr . meta l4proto . th dport .
         // numgen random mod 2 : ip daddr . th dport; }`, nft 1.0.6: NFTA_SET_USERDATA.
         let expected = "000400000000010400000000036000040d00000001580014000407000000010c00040c00000001040c000000010e00040900000001060004100000000214000407000000010c00040b000000010402000000031a0004170000000112000401000000010402000000020400000000043400040d000000012c0014000407000000010c00040c00000001040c0000000114000407000000010c00040b0000000104020000000604000000000000";
-        let expected: Vec<u8> = expected
-            .as_bytes()
-            .chunks(2)
-            .map(|pair| {
-                u8::from_str_radix(std::str::from_utf8(pair).expect("hex"), 16).expect("hex")
-            })
-            .collect();
+        let expected = hex(expected);
         let map = Set::data_map(
             "m",
             Fields::new([

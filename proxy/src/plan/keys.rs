@@ -22,10 +22,12 @@
 //! them again, and the kernel never holds two copies.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 
-use nodus_view::model::Family;
+use nodus_view::model::{Family, Protocol};
 
-use super::objects::{KeyBlock, SHARDS, SharedSet};
+use super::names::protocol_name;
+use super::objects::{KeyBlock, PORT_SHARDS, SHARDS, SharedSet};
 
 /// The keys of one endpoint map.
 #[derive(Debug, Default)]
@@ -250,6 +252,15 @@ fn class_of(len: u32) -> u8 {
 }
 
 /// FNV-1a of a chain's name ([`KeyBlock::chain`]): it never changes between builds.
+/// The map of `count` endpoints of the port `protocol`/`port` of `address`: its shard
+/// is a hash of the three (FNV-1a, stable across builds).
+pub fn port_map(address: IpAddr, protocol: Protocol, port: u16, count: u16) -> SharedSet {
+    let hash = fnv1a(&format!("{address}/{}/{port}", protocol_name(protocol)));
+    // Below PORT_SHARDS, so it fits.
+    let shard = (hash % u32::from(PORT_SHARDS)) as u16;
+    SharedSet::port_endpoints(Family::of(address), count, shard)
+}
+
 pub(crate) fn fnv1a(chain: &str) -> u32 {
     const OFFSET_BASIS: u32 = 0x811c_9dc5;
     const PRIME: u32 = 0x0100_0193;

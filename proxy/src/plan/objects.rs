@@ -203,18 +203,6 @@ impl SharedSet {
         }
     }
 
-    /// The map of `count` endpoints of the port `protocol`/`port` of `address`: its
-    /// shard is a hash of the three (FNV-1a, stable across builds).
-    pub fn of_port(address: IpAddr, protocol: Protocol, port: u16, count: u16) -> SharedSet {
-        let hash = super::keys::fnv1a(&format!(
-            "{address}/{}/{port}",
-            super::names::protocol_name(protocol)
-        ));
-        // Below PORT_SHARDS, so it fits.
-        let shard = (hash % u32::from(PORT_SHARDS)) as u16;
-        SharedSet::port_endpoints(Family::of(address), count, shard)
-    }
-
     /// The endpoint count of a map of [`SharedKind::PortEndpoints`].
     pub fn endpoint_count(self) -> u16 {
         self.shard >> PORT_SHARD_BITS

@@ -561,8 +561,9 @@ impl PortPlanner<'_, '_> {
         let eligible = self.spec.affinity_timeout == 0
             && matches!(self.port.protocol, Protocol::Tcp | Protocol::Udp);
         let count = u16::try_from(distinct_endpoints(targets).len()).ok()?;
-        (eligible && (1..=MAX_PORT_ENDPOINTS).contains(&count))
-            .then(|| SharedSet::of_port(self.cluster_ip, self.port.protocol, self.port.port, count))
+        (eligible && (1..=MAX_PORT_ENDPOINTS).contains(&count)).then(|| {
+            super::keys::port_map(self.cluster_ip, self.port.protocol, self.port.port, count)
+        })
     }
 
     /// C.21: the port's endpoints in the map of their count, keyed by its ClusterIP,

@@ -274,7 +274,7 @@ fn c21_cluster_ip_picks_a_random_endpoint_and_dnats() {
         v4(&plan, SharedKind::ServiceIps, "10.96.0.10 . tcp . 80"),
         Some("goto dispatch-v4-n2-1f".to_string())
     );
-    let map = SharedSet::of_port("10.96.0.10".parse().expect("ip"), Protocol::Tcp, 80, 2);
+    let map = keys::port_map("10.96.0.10".parse().expect("ip"), Protocol::Tcp, 80, 2);
     assert_eq!(map, SharedSet::port_endpoints(Family::V4, 2, 0x1f));
     assert_eq!(map.name(), "endpoints-v4-n2-1f");
     assert_eq!(SharedSet::endpoints_from_name(&map.name()), Some(map));
@@ -1009,7 +1009,7 @@ fn j58_udp_and_sctp_ports_are_keyed_by_protocol() {
     // UDP and TCP dispatch from the map of their endpoint count, keyed by protocol; SCTP
     // keeps the service's dispatch chain, its rule matching its protocol and number.
     // Each in the map of its count that its address, protocol and port hash to.
-    let map = |protocol| SharedSet::of_port("10.96.0.10".parse().expect("ip"), protocol, 53, 1);
+    let map = |protocol| keys::port_map("10.96.0.10".parse().expect("ip"), protocol, 53, 1);
     assert_eq!(
         port_endpoints(&plan, map(Protocol::Tcp)),
         ["10.96.0.10 . tcp . 53 . 0 : 10.244.1.7 . 5353"]
