@@ -1052,9 +1052,8 @@ fn own_objects(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
 /// shares.
 fn needed_objects(plan: &ServicePlan) -> impl Iterator<Item = (Object, String)> {
     own_objects(plan).chain(plan.endpoint_maps().into_iter().flat_map(|map| {
-        let chain = map
-            .dispatch_chain()
-            .map(|chain| (Object::Chain, chain.name().to_string()));
+        let chain = (map.kind == SharedKind::PortEndpoints)
+            .then(|| (Object::Chain, map.dispatch_chain_name()));
         std::iter::once((Object::Set, map.name())).chain(chain)
     }))
 }

@@ -33,7 +33,7 @@ use records::Footprints;
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
     ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxySettings, ServicePlan, SharedSet, Skeleton, TABLE,
+    ProxySettings, ServicePlan, SharedKind, SharedSet, Skeleton, TABLE,
 };
 use footprint::service_key;
 use udp::{StaleFlows, UdpCheck};
@@ -664,7 +664,7 @@ impl Proxy {
         let dispatch_chains = self
             .endpoint_maps
             .iter()
-            .filter(|map| map.dispatch_chain().is_some())
+            .filter(|map| map.kind == SharedKind::PortEndpoints)
             .count();
         let chains = self.expected.skeleton_chains
             + dispatch_chains
