@@ -101,7 +101,8 @@ fn full_then_partial_syncs_touch_only_what_changed() {
         !listing.contains("10.244.2.9"),
         "stale endpoint:\n{listing}"
     );
-    // `web` moved to the map and chain of one endpoint in that transaction.
+    // `web` moved to the map and chain of one endpoint in that transaction, and the map
+    // and chain of two endpoints, which no port uses any more, went with it.
     for expected in [
         "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
         "10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f",
@@ -109,6 +110,33 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     ] {
         assert!(listing.contains(expected), "{expected} in\n{listing}");
     }
+    for gone in ["endpoints-v4-n2-1f", "dispatch-v4-n2-1f"] {
+        assert!(!listing.contains(gone), "{gone} in\n{listing}");
+    }
+    assert!(proxy.check(&later).expect("check").is_none());
+
+    // Back to two endpoints: the map and chain of two are made again, those of one go.
+    let report = proxy
+        .sync(&view, &changed(&["web"]))
+        .expect("partial sync back");
+    assert_eq!(report.kind, SyncKind::Partial, "{report:?}");
+    assert_eq!(report.transactions, 1, "{report:?}");
+    let listing = list_table(&ns);
+    for expected in [
+        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
+        "chain dispatch-v4-n2-1f {",
+        "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
+    ] {
+        assert!(listing.contains(expected), "{expected} in\n{listing}");
+    }
+    for gone in ["endpoints-v4-n1-1f", "dispatch-v4-n1-1f"] {
+        assert!(!listing.contains(gone), "{gone} in\n{listing}");
+    }
+    assert!(proxy.check(&view).expect("check").is_none());
+    let report = proxy
+        .sync(&later, &changed(&["web"]))
+        .expect("partial sync to one again");
+    assert_eq!(report.kind, SyncKind::Partial, "{report:?}");
     assert!(proxy.check(&later).expect("check").is_none());
 
     // Nothing changed: no transaction at all.

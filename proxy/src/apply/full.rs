@@ -453,6 +453,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
     /// Programs the view; the skeleton it programmed, for the applier's records.
     pub(super) fn run(mut self) -> Result<Skeleton, Error> {
         self.proxy.endpoint_maps.clear();
+        self.proxy.port_map_elements.clear();
         let skeleton = self.skeleton()?;
         // A fresh allocator: the table is about to be reprogrammed from scratch, and what a
         // previous run or a refused partial sync left is reserved instead (a block on the
@@ -634,6 +635,11 @@ impl<'a, 'v> FullSync<'a, 'v> {
             );
             self.refuse(&plan, reason);
             return Ok(());
+        }
+        for element in &plan.elements {
+            if element.set.kind == SharedKind::PortEndpoints {
+                *self.proxy.port_map_elements.entry(element.set).or_default() += 1;
+            }
         }
         let mut stale = Vec::new();
         let mut missing = Vec::new();

@@ -209,6 +209,10 @@ pub struct Proxy {
     /// The endpoint maps the table holds, with the dispatch chains of those that have one:
     /// a partial sync does not declare them again.
     endpoint_maps: HashSet<SharedSet>,
+    /// The elements of each port endpoint map in the table, counted by the last full sync
+    /// and kept by the partial ones, which delete a map and its dispatch chain when they
+    /// empty it: one small entry per map, not per element.
+    port_map_elements: HashMap<SharedSet, u32>,
     /// The node facts of the last full sync; a change means a full sync.
     facts: Option<NodeFacts>,
     /// The ruleset generation after our last commit.
@@ -239,6 +243,7 @@ impl Proxy {
             shared: SharedClaims::default(),
             keys: EndpointKeys::new(),
             endpoint_maps: HashSet::new(),
+            port_map_elements: HashMap::new(),
             facts: None,
             generation: None,
             outside_commits: false,
@@ -460,7 +465,7 @@ impl Proxy {
         }
 
         let Planned {
-            batch,
+            mut batch,
             records,
             claims,
             udp,
@@ -468,6 +473,7 @@ impl Proxy {
             Ok(planned) => planned,
             Err(reason) => return self.fall_back(view, reason),
         };
+        let port_maps = batch.delete_emptied_port_maps(&self.port_map_elements);
         let declared: Vec<SharedSet> = batch.declared_maps().collect();
         if !batch.is_empty()
             && let Err(failure) = self.commit_partial(batch.into_batch(), &mut report)
@@ -475,6 +481,10 @@ impl Proxy {
             let mut full = self.fall_back(view, failure.to_string())?;
             full.transactions += 1;
             return Ok(full);
+        }
+        port_maps.apply_to(&mut self.port_map_elements);
+        for map in &port_maps.emptied {
+            self.endpoint_maps.remove(map);
         }
         self.endpoint_maps.extend(declared);
         for (key, record) in records {

@@ -40,7 +40,7 @@ pub use objects::{
     ChainPlan, ElementPlan, KeyBlock, MAX_PORT_ENDPOINTS, NoLocalEndpoints, SHARDS, ServicePlan,
     SetDifference, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
 };
-pub use program::{ColdStart, PlanBatch, cold_start};
+pub use program::{ColdStart, PlanBatch, PortMapChanges, cold_start};
 pub use render::{render, write_ruleset};
 pub use rule::{Addr, LookupKey, RulePlan, Stmt};
 pub use trace::{Entry, Fate, Packet, Path, Ruleset, Step, Trace};

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use super::TABLE;
 
 use super::objects::{
-    ChainPlan, ElementPlan, ServicePlan, SetDifference, SetPlan, SharedSet, Skeleton,
+    ChainPlan, ElementPlan, ServicePlan, SetDifference, SetPlan, SharedKind, SharedSet, Skeleton,
 };
 use super::rule::RulePlan;
 use crate::nft::{Batch, Element, Rule, Set, SetRef, Table};
@@ -33,6 +33,35 @@ pub struct PlanBatch {
     withhold_shared: bool,
     /// Endpoint maps an earlier transaction of the same sync created: not declared again.
     maps_in_table: HashSet<SharedSet>,
+    /// Elements this batch adds to (+) and deletes from (-) each port endpoint map.
+    port_map_changes: HashMap<SharedSet, i64>,
+}
+
+/// What a partial sync's batch does to the port endpoint maps: their element counts, and
+/// the maps it deletes with their dispatch chains because it empties them
+/// ([`PlanBatch::delete_emptied_port_maps`]).
+#[derive(Debug, Default)]
+pub struct PortMapChanges {
+    changes: HashMap<SharedSet, i64>,
+    pub emptied: Vec<SharedSet>,
+}
+
+impl PortMapChanges {
+    /// Applies the committed batch to `held`, the elements of each port endpoint map in
+    /// the table; an emptied map is no longer held.
+    pub fn apply_to(&self, held: &mut HashMap<SharedSet, u32>) {
+        for (map, change) in &self.changes {
+            let count = i64::from(held.get(map).copied().unwrap_or(0)) + change;
+            match u32::try_from(count) {
+                Ok(count) if count > 0 => {
+                    held.insert(*map, count);
+                }
+                _ => {
+                    held.remove(map);
+                }
+            }
+        }
+    }
 }
 
 impl Default for PlanBatch {
@@ -49,6 +78,7 @@ impl PlanBatch {
             deferred: Vec::new(),
             withhold_shared: false,
             maps_in_table: HashSet::new(),
+            port_map_changes: HashMap::new(),
         }
     }
 
@@ -61,6 +91,34 @@ impl PlanBatch {
             maps_in_table: maps.clone(),
             ..PlanBatch::new()
         }
+    }
+
+    /// Deletes, at the end of the batch, each port endpoint map the batch empties and its
+    /// dispatch chain: `held` counts the elements of each map in the table before it.
+    /// Nothing refers to such a map's chain any more (a port's entry goes to the chain of
+    /// the map that holds its elements, and the entries are deleted before), so the chain
+    /// and the map go in the same transaction; otherwise every endpoint count a Service
+    /// ever passed through would keep a chain that every later commit walks. A count that
+    /// is too high (an element two services claim) only keeps a map; one too low makes
+    /// the kernel refuse the transaction, and the full sync after it counts again.
+    pub fn delete_emptied_port_maps(&mut self, held: &HashMap<SharedSet, u32>) -> PortMapChanges {
+        let changes = std::mem::take(&mut self.port_map_changes);
+        let mut emptied: Vec<SharedSet> = changes
+            .iter()
+            .filter(|(map, change)| {
+                held.get(map)
+                    .is_some_and(|count| i64::from(*count) + **change <= 0)
+            })
+            .map(|(map, _)| *map)
+            .collect();
+        emptied.sort();
+        for map in &emptied {
+            let chain = map.dispatch_chain_name();
+            self.batch.flush_chain(&chain);
+            self.batch.delete_chain(&chain);
+            self.batch.delete_set(&map.name());
+        }
+        PortMapChanges { changes, emptied }
     }
 
     /// The endpoint maps this batch declares.
@@ -392,9 +450,10 @@ impl PlanBatch {
 
     /// Creates `maps` unless they exist (an `add` of an existing
     /// map is a no-op), once per batch, and the shared dispatch chain of those that have
-    /// one, its rules written anew (a chain's rules are added again each time). They are
-    /// never deleted here: other services share them; a full sync removes those left
-    /// unused.
+    /// one, its rules written anew (a chain's rules are added again each time). Other
+    /// services share them: a port map goes when a batch empties it
+    /// ([`PlanBatch::delete_emptied_port_maps`]), a block map only in a full sync, which
+    /// removes those left unused.
     fn ensure_endpoint_maps(&mut self, maps: impl IntoIterator<Item = SharedSet>) {
         for map in maps {
             if !self.maps_in_table.contains(&map) && !self.created_sets.contains_key(&map.name()) {
@@ -448,8 +507,11 @@ impl PlanBatch {
         if self.withhold_shared {
             return;
         }
-        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
-            elements.partition(|element| element.set.kind.changes_hands());
+        let elements: Vec<&ElementPlan> = elements.collect();
+        self.count_port_map_changes(&elements, 1);
+        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) = elements
+            .into_iter()
+            .partition(|element| element.set.kind.changes_hands());
         self.defer(deferred.into_iter());
         self.add_elements_now(now.into_iter().cloned());
     }
@@ -468,9 +530,21 @@ impl PlanBatch {
     }
 
     fn delete_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
-        for (set, elements) in by_set(elements.cloned()) {
+        let elements: Vec<&ElementPlan> = elements.collect();
+        self.count_port_map_changes(&elements, -1);
+        for (set, elements) in by_set(elements.into_iter().cloned()) {
             let reference = self.set_ref(&set.name());
             self.batch.delete_elements(&reference, &elements);
+        }
+    }
+
+    /// Counts what adding (`each` 1) or deleting (-1) `elements` does to the port
+    /// endpoint maps.
+    fn count_port_map_changes(&mut self, elements: &[&ElementPlan], each: i64) {
+        for element in elements {
+            if element.set.kind == SharedKind::PortEndpoints {
+                *self.port_map_changes.entry(element.set).or_default() += each;
+            }
         }
     }
 }
