@@ -507,11 +507,8 @@ impl PlanBatch {
         if self.withhold_shared {
             return;
         }
-        let elements: Vec<&ElementPlan> = elements.collect();
-        self.count_port_map_changes(&elements, 1);
-        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) = elements
-            .into_iter()
-            .partition(|element| element.set.kind.changes_hands());
+        let (deferred, now): (Vec<&ElementPlan>, Vec<&ElementPlan>) =
+            elements.partition(|element| element.set.kind.changes_hands());
         self.defer(deferred.into_iter());
         self.add_elements_now(now.into_iter().cloned());
     }
@@ -524,27 +521,27 @@ impl PlanBatch {
     /// Adds `elements` where they stand in the batch, one message per set.
     fn add_elements_now(&mut self, elements: impl IntoIterator<Item = ElementPlan>) {
         for (set, elements) in by_set(elements) {
+            self.count_port_map_change(set, elements.len(), 1);
             let reference = self.set_ref(&set.name());
             self.batch.add_elements(&reference, &elements);
         }
     }
 
     fn delete_elements<'a>(&mut self, elements: impl Iterator<Item = &'a ElementPlan>) {
-        let elements: Vec<&ElementPlan> = elements.collect();
-        self.count_port_map_changes(&elements, -1);
-        for (set, elements) in by_set(elements.into_iter().cloned()) {
+        for (set, elements) in by_set(elements.cloned()) {
+            self.count_port_map_change(set, elements.len(), -1);
             let reference = self.set_ref(&set.name());
             self.batch.delete_elements(&reference, &elements);
         }
     }
 
-    /// Counts what adding (`each` 1) or deleting (-1) `elements` does to the port
-    /// endpoint maps.
-    fn count_port_map_changes(&mut self, elements: &[&ElementPlan], each: i64) {
-        for element in elements {
-            if element.set.kind == SharedKind::PortEndpoints {
-                *self.port_map_changes.entry(element.set).or_default() += each;
-            }
+    /// Counts what adding (`sign` 1) or deleting (-1) `count` elements of `set` does to
+    /// it, when it is a port endpoint map. Such elements never change hands, so none
+    /// waits among the deferred ones.
+    fn count_port_map_change(&mut self, set: SharedSet, count: usize, sign: i64) {
+        if set.kind == SharedKind::PortEndpoints {
+            let count = i64::try_from(count).unwrap_or(i64::MAX);
+            *self.port_map_changes.entry(set).or_default() += sign * count;
         }
     }
 }
