@@ -85,7 +85,13 @@ pub fn main() {
         "shape S×E×N", "after sync", "after 1000 churn", "per endpoint", "110 pods"
     );
     let mut over_budget = false;
-    for (services, endpoints, nodes) in [(100, 3, 3), (1000, 10, 100), (10_000, 10, 100)] {
+    // The last is the footprint bench's largest shape, whose peak is over its goal.
+    for (services, endpoints, nodes) in [
+        (100, 3, 3),
+        (1000, 10, 100),
+        (10_000, 10, 100),
+        (50_000, 5, 1000),
+    ] {
         let shape = Shape::new(services, endpoints, nodes);
         let (synced, churned, pods) = measure(shape, 1000);
         println!(
