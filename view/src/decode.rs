@@ -6,9 +6,9 @@
 
 use crate::intern::{Interner, Sym};
 use crate::model::{
-    Cidr, EndpointExtra, Endpoints, Family, LoadBalancerIngress, LocalPod, Node, NodeAddress,
-    NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
-    TrafficDistribution, TrafficPolicy, conditions,
+    Cidr, ClusterIps, EndpointExtra, Endpoints, Family, LoadBalancerIngress, LocalPod, Node,
+    NodeAddress, NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice,
+    SlicePort, TrafficDistribution, TrafficPolicy, conditions,
 };
 use crate::wire;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -248,14 +248,21 @@ fn check_service<'w>(
         ip_texts.extend(spec.cluster_ip.as_deref());
     }
     let headless = type_ != ServiceType::ExternalName && ip_texts.first() == Some(&"None");
-    let cluster_ips: Box<[IpAddr]> = if headless || type_ == ServiceType::ExternalName {
-        Box::default()
+    let cluster_ips = if headless || type_ == ServiceType::ExternalName {
+        ClusterIps::default()
     } else {
-        ip_texts
+        let ips = ip_texts
             .iter()
             .filter(|t| !t.is_empty())
             .map(|t| parse_ip("spec.clusterIPs", t))
-            .collect::<Result<_, _>>()?
+            .collect::<Result<Vec<_>, _>>()?;
+        ClusterIps::new(&ips).ok_or_else(|| {
+            format!(
+                "spec.clusterIPs: {} addresses, more than the {} a Service may have",
+                ips.len(),
+                ClusterIps::MAX
+            )
+        })?
     };
 
     let (ports, port_names) = service_ports(spec)?;
@@ -681,6 +688,17 @@ mod tests {
             dual.cluster_ip(Family::V6),
             Some("fd00::1".parse().expect("ip"))
         );
+    }
+
+    #[test]
+    fn a_third_cluster_ip_refuses_the_service() {
+        let mut strings = Interner::new();
+        let wire = service_json(
+            r#"{"clusterIP":"10.0.0.1","clusterIPs":["10.0.0.1","fd00::1","10.0.0.2"]}"#,
+        );
+        let err = service(&wire, &mut strings, &mut Vec::new()).expect_err("three addresses");
+        assert!(err.reason.contains("spec.clusterIPs: 3 addresses"), "{err}");
+        assert!(strings.is_empty());
     }
 
     #[test]

@@ -292,7 +292,7 @@ mod tests {
         }
 
         fn slice(&mut self, port_name: &str, port: u16, endpoints: Vec<TestEndpoint>) -> Slice {
-            let extras = endpoints
+            let extras: Vec<_> = endpoints
                 .iter()
                 .enumerate()
                 .filter_map(|(i, e)| e.extra.clone().map(|x| (i as u32, x)))
@@ -313,7 +313,7 @@ mod tests {
                     port,
                 }]),
                 endpoints,
-                extras,
+                extras: extras.into(),
             }
         }
     }

@@ -622,7 +622,7 @@ impl View {
             service.release(&mut self.strings);
             return;
         }
-        let cluster_ips = service.cluster_ips.clone();
+        let cluster_ips = service.cluster_ips;
         let external: Vec<IpAddr> = service.external_addresses().collect();
         let mut old_external = Vec::new();
         if let Some(old) = entry.service.replace(Box::new(service)) {

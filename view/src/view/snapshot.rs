@@ -25,9 +25,9 @@ use super::{ChangeSet, View};
 use crate::decode::hash_name;
 use crate::intern::{Interner, Sym};
 use crate::model::{
-    Cidr, Endpoint, EndpointExtra, Endpoints, Family, LoadBalancerIngress, Node, NodeAddress,
-    NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice, SlicePort,
-    TrafficDistribution, TrafficPolicy,
+    Cidr, ClusterIps, Endpoint, EndpointExtra, Endpoints, Family, LoadBalancerIngress, Node,
+    NodeAddress, NodeAddressKind, Protocol, Service, ServiceExtra, ServicePort, ServiceType, Slice,
+    SlicePort, TrafficDistribution, TrafficPolicy,
 };
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -396,7 +396,7 @@ impl Writer<'_> {
             self.sym(endpoint.zone);
         }
         self.len(s.extras.len());
-        for (index, extra) in &s.extras {
+        for (index, extra) in s.extras.iter() {
             self.varint((*index).into());
             self.optional_text(extra.hostname.as_deref());
             self.optional_text(extra.pod.as_deref());
@@ -621,7 +621,8 @@ impl<'a> Reader<'a> {
             "a service type",
         )?;
         let headless = self.flag()?;
-        let cluster_ips = self.ips()?;
+        let cluster_ips = ClusterIps::new(&self.ips()?)
+            .ok_or_else(|| self.damaged("more than two cluster IPs"))?;
         let count = self.count(4)?;
         let ports = (0..count)
             .map(|_| {
