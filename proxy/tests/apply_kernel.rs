@@ -33,6 +33,16 @@ fn generation(ns: &Netns) -> u32 {
     .expect("entering the namespace")
 }
 
+/// The table's `listing` holds every line of `expected` and none of `gone`.
+fn assert_listing(listing: &str, expected: &[&str], gone: &[&str]) {
+    for expected in expected {
+        assert!(listing.contains(expected), "{expected} in\n{listing}");
+    }
+    for gone in gone {
+        assert!(!listing.contains(gone), "{gone} in\n{listing}");
+    }
+}
+
 fn changed(services: &[&str]) -> ChangeSet {
     ChangeSet {
         services: services
@@ -75,14 +85,16 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     assert_eq!(report.added, 5, "{report:?}");
     assert!(report.refused.is_empty(), "{report:?}");
     let listing = list_table(&ns);
-    for expected in [
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
-        "10.96.0.12 . tcp . 80 : goto reject-chain",
-        "tcp . 30080 : goto external-",
-        "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
-    ] {
-        assert!(listing.contains(expected), "{expected} in\n{listing}");
-    }
+    assert_listing(
+        &listing,
+        &[
+            "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
+            "10.96.0.12 . tcp . 80 : goto reject-chain",
+            "tcp . 30080 : goto external-",
+            "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
+        ],
+        &[],
+    );
 
     // One endpoint of `web` goes away: one transaction, `nodeport` untouched.
     let nodeport_before = chain_block(&ns, "/nodeport/");
@@ -103,16 +115,15 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     );
     // `web` moved to the map and chain of one endpoint in that transaction, and the map
     // and chain of two endpoints, which no port uses any more, went with it.
-    for expected in [
-        "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f",
-        "chain dispatch-v4-n1-1f {",
-    ] {
-        assert!(listing.contains(expected), "{expected} in\n{listing}");
-    }
-    for gone in ["endpoints-v4-n2-1f", "dispatch-v4-n2-1f"] {
-        assert!(!listing.contains(gone), "{gone} in\n{listing}");
-    }
+    assert_listing(
+        &listing,
+        &[
+            "10.96.0.10 . tcp . 80 . 0 : 10.244.1.5 . 8080",
+            "10.96.0.10 . tcp . 80 : goto dispatch-v4-n1-1f",
+            "chain dispatch-v4-n1-1f {",
+        ],
+        &["endpoints-v4-n2-1f", "dispatch-v4-n2-1f"],
+    );
     assert!(proxy.check(&later).expect("check").is_none());
 
     // Back to two endpoints: the map and chain of two are made again, those of one go.
@@ -122,16 +133,15 @@ fn full_then_partial_syncs_touch_only_what_changed() {
     assert_eq!(report.kind, SyncKind::Partial, "{report:?}");
     assert_eq!(report.transactions, 1, "{report:?}");
     let listing = list_table(&ns);
-    for expected in [
-        "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
-        "chain dispatch-v4-n2-1f {",
-        "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
-    ] {
-        assert!(listing.contains(expected), "{expected} in\n{listing}");
-    }
-    for gone in ["endpoints-v4-n1-1f", "dispatch-v4-n1-1f"] {
-        assert!(!listing.contains(gone), "{gone} in\n{listing}");
-    }
+    assert_listing(
+        &listing,
+        &[
+            "10.96.0.10 . tcp . 80 : goto dispatch-v4-n2-1f",
+            "chain dispatch-v4-n2-1f {",
+            "10.96.0.10 . tcp . 80 . 1 : 10.244.2.9 . 8080",
+        ],
+        &["endpoints-v4-n1-1f", "dispatch-v4-n1-1f"],
+    );
     assert!(proxy.check(&view).expect("check").is_none());
     let report = proxy
         .sync(&later, &changed(&["web"]))

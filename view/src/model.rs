@@ -239,14 +239,16 @@ pub struct ClusterIps {
 impl ClusterIps {
     pub const MAX: usize = 2;
 
+    /// What fills a slot past `len`.
+    const UNSET: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+
     /// `ips` in their order (the first is the primary family's); None for more than
     /// [`ClusterIps::MAX`].
     pub fn new(ips: &[IpAddr]) -> Option<ClusterIps> {
-        let unset = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
         match *ips {
             [] => Some(ClusterIps::default()),
             [one] => Some(ClusterIps {
-                ips: [one, unset],
+                ips: [one, ClusterIps::UNSET],
                 len: 1,
             }),
             [first, second] => Some(ClusterIps {
@@ -261,7 +263,7 @@ impl ClusterIps {
 impl Default for ClusterIps {
     fn default() -> Self {
         ClusterIps {
-            ips: [IpAddr::V4(Ipv4Addr::UNSPECIFIED); 2],
+            ips: [ClusterIps::UNSET; 2],
             len: 0,
         }
     }
@@ -420,16 +422,16 @@ pub struct EndpointExtras(Option<Box<Box<[IndexedExtra]>>>);
 /// An endpoint's index in its slice, and its extras.
 pub type IndexedExtra = (u32, EndpointExtra);
 
-impl From<Vec<(u32, EndpointExtra)>> for EndpointExtras {
-    fn from(extras: Vec<(u32, EndpointExtra)>) -> Self {
+impl From<Vec<IndexedExtra>> for EndpointExtras {
+    fn from(extras: Vec<IndexedExtra>) -> Self {
         EndpointExtras((!extras.is_empty()).then(|| Box::new(extras.into_boxed_slice())))
     }
 }
 
 impl std::ops::Deref for EndpointExtras {
-    type Target = [(u32, EndpointExtra)];
+    type Target = [IndexedExtra];
 
-    fn deref(&self) -> &[(u32, EndpointExtra)] {
+    fn deref(&self) -> &[IndexedExtra] {
         self.0.as_deref().map_or(&[], |extras| extras)
     }
 }

@@ -33,6 +33,10 @@ impl Slot {
     }
 }
 
+fn hash_of(hasher: &RandomState, key: SliceKey) -> u64 {
+    hasher.hash_one((key.namespace, key.name_hash))
+}
+
 #[derive(Default)]
 pub(super) struct SliceOwners {
     table: HashTable<Slot>,
@@ -41,7 +45,7 @@ pub(super) struct SliceOwners {
 
 impl SliceOwners {
     fn hash(&self, key: SliceKey) -> u64 {
-        self.hasher.hash_one((key.namespace, key.name_hash))
+        hash_of(&self.hasher, key)
     }
 
     /// The name of the Service that owns the slice `key`.
@@ -60,16 +64,15 @@ impl SliceOwners {
             namespace: key.namespace,
             owner,
         };
-        match self.table.entry(
-            hash,
-            |slot| slot.key() == key,
-            |slot| hasher.hash_one((slot.namespace, slot.name_hash)),
-        ) {
-            hashbrown::hash_table::Entry::Occupied(mut held) => *held.get_mut() = slot,
-            hashbrown::hash_table::Entry::Vacant(free) => {
-                free.insert(slot);
-            }
-        }
+        *self
+            .table
+            .entry(
+                hash,
+                |held| held.key() == key,
+                |held| hash_of(hasher, held.key()),
+            )
+            .or_insert(slot)
+            .into_mut() = slot;
     }
 
     /// Forgets `key`; the owner it had.
