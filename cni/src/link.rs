@@ -26,6 +26,11 @@ use std::time::Duration;
 /// The kernel answers at once; a request it does not answer fails after this.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The interface group (`ip link show group …`) of every pod link's node end: nodus's
+/// table checks the source of what arrives through a link of this group (`meta iifgroup`),
+/// whatever the link's name, and no other plugin's link is in it. ASCII `nodu`.
+pub const POD_LINK_GROUP: u32 = 0x6e6f_6475;
+
 /// rtnetlink connections to the node's namespace (this process's) and the pod's.
 struct Namespaces {
     node: Handle,
@@ -188,8 +193,9 @@ async fn make(
     mtu: Option<u32>,
     addressing: &Addressing,
 ) -> Result<(Interface, Interface), Error> {
-    let mut host_end =
-        LinkUnspec::new_with_name(host_name).setns_by_fd(namespaces.node_file.as_raw_fd());
+    let mut host_end = LinkUnspec::new_with_name(host_name)
+        .setns_by_fd(namespaces.node_file.as_raw_fd())
+        .append_extra_attribute(LinkAttribute::Group(POD_LINK_GROUP));
     let mut pod_end = LinkVeth::new(&call.ifname, host_name);
     if let Some(mtu) = mtu {
         host_end = host_end.mtu(mtu);
@@ -213,6 +219,7 @@ async fn make(
         .ok_or_else(|| Error::kernel(format!("the new link {host_name} is gone")))?;
     let (pod_index, host_index) = (pod_link.header.index, host_link.header.index);
 
+    refuse_router_messages(host_name)?;
     if addressing.has_family_of(Ipv6Addr::UNSPECIFIED.into()) {
         skip_duplicate_detection(host_name)?;
     }
@@ -292,6 +299,24 @@ fn skip_duplicate_detection(host_name: &str) -> Result<(), Error> {
     let switch = format!("/proc/sys/net/ipv6/conf/{host_name}/accept_dad");
     std::fs::write(&switch, "0")
         .map_err(|e| Error::new(code::IO, format!("writing 0 to {switch}: {e}")))
+}
+
+/// The node's end takes no router advertisement or redirect from the pod, whatever the
+/// node forwards (CVE-2020-10749; the reference `ptp` plugin does the same since 0.8.6):
+/// a pod with `CAP_NET_RAW` could otherwise give the node a default route, or a route to
+/// any prefix, through itself. Written before the link is up, so no message is taken
+/// meanwhile. A node without IPv6 has no such switches, and nothing to protect.
+fn refuse_router_messages(host_name: &str) -> Result<(), Error> {
+    let conf = Path::new("/proc/sys/net/ipv6/conf").join(host_name);
+    if !conf.exists() {
+        return Ok(());
+    }
+    for switch in ["accept_ra", "accept_redirects"] {
+        let path = conf.join(switch);
+        std::fs::write(&path, "0")
+            .map_err(|e| Error::new(code::IO, format!("writing 0 to {}: {e}", path.display())))?;
+    }
+    Ok(())
 }
 
 async fn set_up(handle: &Handle, index: u32, name: &str) -> Result<(), Error> {
@@ -376,14 +401,18 @@ fn enable_forwarding(addressing: &Addressing) -> Result<(), Error> {
 
 /// A forwarding node ignores router advertisements where `accept_ra` is 1, so a host
 /// that takes its IPv6 default route from SLAAC would lose it with its first IPv6 pod:
-/// every interface (and the default for new ones) that accepts them now is set to 2,
-/// which accepts them while forwarding.
+/// every interface that accepts them now is set to 2, which accepts them while forwarding.
+/// Not `default`, which every later link (each pod's node end among them) would inherit,
+/// nor a pod link's node end, which takes none ([`refuse_router_messages`]).
 fn keep_accepting_router_advertisements(conf: &Path) -> Result<(), Error> {
     let entries = std::fs::read_dir(conf)
         .map_err(|e| Error::new(code::IO, format!("reading {}: {e}", conf.display())))?;
     for entry in entries.flatten() {
         let accept_ra = entry.path().join("accept_ra");
-        if entry.file_name() == "all"
+        let name = entry.file_name();
+        if name == "all"
+            || name == "default"
+            || is_pod_link(&name.to_string_lossy())
             || !std::fs::read_to_string(&accept_ra).is_ok_and(|v| v.trim() == "1")
         {
             continue;
@@ -396,6 +425,16 @@ fn keep_accepting_router_advertisements(conf: &Path) -> Result<(), Error> {
         })?;
     }
     Ok(())
+}
+
+/// Whether `name` is a pod link's node end, as [`crate::protocol::host_link_name`] names
+/// them: its group says so too, but `/proc` shows names only.
+fn is_pod_link(name: &str) -> bool {
+    name.len() == crate::protocol::HOST_LINK_NAME_LEN
+        && name.starts_with(crate::protocol::HOST_LINK_PREFIX)
+        && name[crate::protocol::HOST_LINK_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
 }
 
 /// `DEL`: removes the pod's link, and with it the node's end, its addresses and routes.

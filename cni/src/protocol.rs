@@ -527,10 +527,16 @@ pub fn error_result(version: &str, error: &Error) -> Value {
     })
 }
 
-/// The node-side name of the pod's veth: `veth` and 11 hex digits of a hash of the
-/// container and its interface, so that a retried `ADD` finds what a failed one left. The
-/// `veth` prefix is the one the reference `ptp` plugin used, so a proxy that tells pod
-/// traffic by interface prefix keeps working across the change.
+/// The prefix of a pod link's node end: the one the reference `ptp` plugin used, so a
+/// proxy that tells pod traffic by interface prefix keeps working across the change.
+pub const HOST_LINK_PREFIX: &str = "veth";
+
+/// A pod link's node end is named with this many bytes, the most a name may have.
+pub const HOST_LINK_NAME_LEN: usize = 15;
+
+/// The node-side name of the pod's veth: [`HOST_LINK_PREFIX`] and 11 hex digits of a hash
+/// of the container and its interface, so that a retried `ADD` finds what a failed one
+/// left.
 pub fn host_link_name(container_id: &str, ifname: &str) -> String {
     // FNV-1a: stable across builds and toolchains, unlike std's hasher.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
@@ -538,7 +544,7 @@ pub fn host_link_name(container_id: &str, ifname: &str) -> String {
         hash ^= u64::from(byte);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    format!("veth{:011x}", hash >> 20)
+    format!("{HOST_LINK_PREFIX}{:011x}", hash >> 20)
 }
 
 /// A link-layer address as `aa:bb:cc:dd:ee:ff`.
@@ -766,7 +772,10 @@ mod tests {
         assert_eq!(name, host_link_name("c1", "eth0"));
         assert_ne!(name, host_link_name("c1", "eth1"));
         assert_ne!(name, host_link_name("c2", "eth0"));
-        assert!(is_interface_name(&name) && name.len() == 15, "{name}");
+        assert!(
+            is_interface_name(&name) && name.len() == HOST_LINK_NAME_LEN,
+            "{name}"
+        );
         assert_eq!(mac_text(&[0xaa, 0x01, 0]), "aa:01:00");
     }
 }

@@ -113,6 +113,52 @@ fn ping(from: &Netns, to: &str) -> bool {
     from.exec("ping", &["-c1", "-W2", to]).is_ok()
 }
 
+/// Sends, from `pod`'s `eth0`, the router advertisement of CVE-2020-10749: a default
+/// router of high preference, and `2001:db8:77::/64` on its link, both with long lifetimes.
+/// The kernel fills in the ICMPv6 checksum of a raw socket.
+fn advertise_router(pod: &Netns) {
+    const SEND: &str = r#"
+import socket, struct
+s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+index = socket.if_nametoindex('eth0')
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
+ra = struct.pack('!BBHBBHII', 134, 0, 0, 64, 0x08, 1800, 0, 0)
+pio = struct.pack('!BBBBIII', 3, 4, 64, 0xc0, 86400, 14400, 0)
+pio += socket.inet_pton(socket.AF_INET6, '2001:db8:77::')
+s.sendto(ra + pio, ('ff02::1', 0, 0, index))
+"#;
+    // The source must be the pod's link-local address: wait until it is no longer tentative.
+    let ready = (0..50).any(|_| {
+        let addresses = pod
+            .ip(&["-6", "address", "show", "dev", "eth0", "scope", "link"])
+            .unwrap_or_default();
+        let usable = addresses.contains("fe80") && !addresses.contains("tentative");
+        if !usable {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        usable
+    });
+    assert!(
+        ready,
+        "{}'s eth0 has a usable link-local address",
+        pod.name()
+    );
+    pod.exec("python3", &["-c", SEND])
+        .expect("the advertisement is sent");
+}
+
+/// The node's routes that a router advertisement made: a default route (`proto ra`) and
+/// the advertised prefix (`proto kernel`).
+fn advertised_routes(node: &Netns) -> String {
+    let routes = node.ip(&["-6", "route", "show"]).expect("routes");
+    routes
+        .lines()
+        .filter(|line| line.contains("proto ra") || line.contains("2001:db8:77::"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[test]
 fn the_pod_plugin_links_pods_through_the_node_and_undoes_it() {
     require_root();
@@ -131,11 +177,23 @@ fn the_pod_plugin_links_pods_through_the_node_and_undoes_it() {
         "1",
         "a new namespace takes advertisements"
     );
+    // The node's uplink, which takes its IPv6 default route from advertisements (a veth:
+    // this kernel has no dummy links).
+    node.ns
+        .ip(&[
+            "link", "add", "uplink0", "type", "veth", "peer", "name", "uplink1",
+        ])
+        .expect("an uplink");
     let first = node.add(&one);
     let second = node.add(&two);
-    // The node forwards now, and still takes router advertisements (2: even forwarding).
+    // The node forwards now, and its uplink still takes router advertisements (2: even
+    // forwarding); links made later do not, pods' least of all.
     assert_eq!(sysctl("/proc/sys/net/ipv6/conf/all/forwarding"), "1");
-    assert_eq!(sysctl(accept_ra), "2");
+    assert_eq!(sysctl("/proc/sys/net/ipv6/conf/uplink0/accept_ra"), "2");
+    assert_eq!(sysctl(accept_ra), "1");
+    node.ns
+        .ip(&["link", "del", "uplink0"])
+        .expect("the uplink removed");
 
     // The result: the node's end, the pod's end in its namespace, both families.
     let host = first["interfaces"][0]["name"].as_str().expect("host end");
@@ -237,6 +295,71 @@ fn the_pod_plugin_links_pods_through_the_node_and_undoes_it() {
         .ip(&["-o", "link", "show", "type", "veth"])
         .expect("links");
     assert!(links.trim().is_empty(), "{links}");
+}
+
+/// A pod with `CAP_NET_RAW` sends router advertisements to its node: the node's end of
+/// its link takes none, with one IPv6 address or none, forwarding or not, and is in the
+/// group nodus's table checks sources on. The same advertisement on a link that accepts
+/// them does install the routes, so the message itself is a real one.
+#[test]
+fn a_pod_cannot_route_the_node_through_itself_with_router_advertisements() {
+    require_root();
+    let node = Node::new();
+    let (dual, v4_only) = (
+        Netns::new("cnira").expect("pod"),
+        Netns::new("cnirb").expect("pod"),
+    );
+    let mut v4_config = node.config();
+    v4_config["ipam"]["ranges"] = json!([[{ "subnet": "10.77.4.0/24" }]]);
+    v4_config["ipam"]["routes"] = json!([{ "dst": "0.0.0.0/0" }]);
+    let (ok, result) = node.call("ADD", v4_only.name(), &netns_path(&v4_only), &v4_config);
+    assert!(ok, "ADD: {result}");
+    let v4_end = result["interfaces"][0]["name"]
+        .as_str()
+        .expect("host end")
+        .to_string();
+    let result = node.add(&dual);
+    let dual_end = result["interfaces"][0]["name"]
+        .as_str()
+        .expect("host end")
+        .to_string();
+    for end in [&dual_end, &v4_end] {
+        for switch in ["accept_ra", "accept_redirects"] {
+            let path = format!("/proc/sys/net/ipv6/conf/{end}/{switch}");
+            let value = node.ns.exec("cat", &[&path]).expect("a sysctl");
+            assert_eq!(value.trim(), "0", "{path}");
+        }
+        let link = node.ns.ip(&["-d", "link", "show", end]).expect("the link");
+        let group = format!("group {}", nodus_cni::link::POD_LINK_GROUP);
+        assert!(link.contains(&group), "{link}");
+    }
+    for pod in [&dual, &v4_only] {
+        advertise_router(pod);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert_eq!(
+        advertised_routes(&node.ns),
+        "",
+        "no route from a pod's advertisement"
+    );
+
+    // The control: with the kernel's default on the link, the same message routes the node.
+    let path = format!("/proc/sys/net/ipv6/conf/{dual_end}/accept_ra");
+    node.ns
+        .exec("sh", &["-c", &format!("echo 2 > {path}")])
+        .expect("accept_ra set");
+    advertise_router(&dual);
+    let routes = (0..30)
+        .map(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            advertised_routes(&node.ns)
+        })
+        .find(|routes| routes.contains("2001:db8:77::/64"))
+        .unwrap_or_default();
+    assert!(
+        routes.contains("2001:db8:77::/64") && routes.contains(&dual_end),
+        "the advertisement is a real one: {routes}"
+    );
 }
 
 #[test]
