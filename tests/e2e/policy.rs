@@ -536,11 +536,49 @@ fn policies_allow_and_deny_real_connections_on_one_node_and_across_the_mesh() {
     assert!(
         closed.contains(
             "tcp port 8080: denied: isolated by shop/explode, which allow it more than 10000 \
-             peer and port ranges: it fails closed"
+             peer and port ranges or 10000 kernel elements: it fails closed"
         ),
         "{closed}"
     );
     assert!(closed.ends_with("summary: DROP\n"), "{closed}");
+
+    // Under the allowance cap, but square in the kernel: 700 rules, each 10.0.0.0/8 less
+    // its own /24 on its own port, are 1,400 allowances and would be 490,001 elements
+    // (the agent reached 427 MiB in 30 s on them). web-a fails closed the same way, and
+    // node-a's agent keeps serving.
+    kubectl(
+        &sandbox,
+        &["delete", "networkpolicy", "-n", "shop", "explode"],
+        None,
+    );
+    wait_for("node-a to report no pod over a cap", || {
+        node_metric(&sandbox, "node-a", "nodus_policy_refused_pods").filter(|n| *n == 0.0)
+    });
+    let stairs: Vec<Value> = (0..700)
+        .map(|i| {
+            json!({"to": [{"ipBlock": {"cidr": "10.0.0.0/8",
+                                       "except": [format!("10.{}.{}.0/24", i / 256, i % 256)]}}],
+                   "ports": [{"protocol": "TCP", "port": 1000 + 2 * i}]})
+        })
+        .collect();
+    kubectl(
+        &sandbox,
+        &["apply"],
+        Some(&policy(
+            "shop",
+            "explode",
+            json!({"podSelector": {"matchLabels": {"app": "web"}}, "policyTypes": ["Egress"],
+                   "egress": stairs}),
+        )),
+    );
+    expect(
+        &sandbox,
+        "web-a's egress over the element cap, shut",
+        web_out_shut,
+    );
+    wait_for("node-a to report the pod over the element cap", || {
+        node_metric(&sandbox, "node-a", "nodus_policy_refused_pods").filter(|n| *n == 1.0)
+    });
 
     // Policies gone, everything passes again.
     for (namespace, name) in [

@@ -91,7 +91,10 @@ impl PolicyRecords {
 /// A pod whose policies allow more than the view keeps, as reported: it fails closed in
 /// those directions (the view resolved nothing there).
 fn over_cap(policies: &[PodPolicy]) -> Option<RefusedPod> {
-    let directions = &policies.first()?.over_cap;
+    let directions: BTreeSet<Direction> = policies
+        .iter()
+        .flat_map(|p| p.over_cap.iter().copied())
+        .collect();
     if directions.is_empty() {
         return None;
     }
@@ -99,9 +102,10 @@ fn over_cap(policies: &[PodPolicy]) -> Option<RefusedPod> {
     Some(RefusedPod {
         addresses: policies.iter().map(|p| p.ip).collect(),
         reason: format!(
-            "its NetworkPolicies allow it more than {} peer and port ranges in {}; \
-             it is allowed nothing there until they allow fewer",
+            "its NetworkPolicies allow it more than {} peer and port ranges, or more than \
+             {} kernel elements, in {}; it is allowed nothing there until they allow fewer",
             nodus_view::policy::resolve::ALLOWANCES_MAX,
+            policy::ELEMENTS_MAX,
             named.join(" and ")
         ),
     })
@@ -145,7 +149,7 @@ impl Proxy {
         view: &View,
         report: &mut SyncReport,
     ) -> Result<(), Error> {
-        let wanted = view.pod_policies();
+        let wanted = policy::within_element_cap(view.pod_policies());
         let mut batch = PlanBatch::new();
         for set in policy::sets(&wanted) {
             match self.set_difference(&set)? {
@@ -180,7 +184,7 @@ impl Proxy {
         pods: &BTreeSet<u64>,
         report: &mut SyncReport,
     ) -> Result<(), Error> {
-        let mut wanted = by_pod(view.pod_policies_of(pods));
+        let mut wanted = by_pod(policy::within_element_cap(view.pod_policies_of(pods)));
         let mut changed: BTreeMap<u64, Vec<PodPolicy>> = BTreeMap::new();
         for pod in pods {
             let policies = wanted.remove(pod).unwrap_or_default();

@@ -20,13 +20,16 @@
 //! ports` that its policies allow, and the pod itself (traffic of a pod to itself is
 //! always allowed). The per-packet cost is one lookup per direction, whatever the number
 //! of policies. The `pipapo` set backend refuses an element that overlaps one present,
-//! so the boxes of one pod are made disjoint first ([`disjoint`]). Traffic between a pod
+//! so the boxes of one pod are made disjoint first ([`disjoint_within`]), and counted:
+//! a pod whose boxes pass [`ELEMENTS_MAX`] fails closed. Traffic between a pod
 //! and its own node does not cross the forward hook, so probes of the node's kubelet
 //! always reach its pods, as upstream requires.
 
+use std::net::IpAddr;
+
 use nodus_view::View;
 use nodus_view::model::{Family, Protocol};
-use nodus_view::policy::resolve::{Connection, Direction, PodPolicy};
+use nodus_view::policy::resolve::{Allowance, Connection, Direction, PodPolicy};
 use nodus_view::ranges::{from_number, to_number};
 
 use super::names::protocol_name;
@@ -102,6 +105,54 @@ pub fn chains() -> Vec<ChainPlan> {
     chains
 }
 
+/// The elements one pod may have in one direction's allowed set. Its policies' peers and
+/// ports are made into disjoint boxes, which can grow as the square of its rules (rules
+/// whose peer ranges overlap with other ports each): the boxes are counted as they are
+/// made, and a pod over the cap fails closed there before they take the node's memory.
+pub const ELEMENTS_MAX: usize = 10_000;
+
+/// The disjoint boxes `pod . peer range . protocols . ports` that `allowances` and the pod
+/// itself make; `None` past `limit` of them.
+fn allowed_boxes(pod: IpAddr, allowances: &[Allowance], limit: usize) -> Option<Vec<[Span; 3]>> {
+    let own = to_number(pod);
+    let boxes: Vec<[Span; 3]> = allowances
+        .iter()
+        .map(|a| {
+            [
+                (to_number(a.peer.0), to_number(a.peer.1)),
+                protocol_span(a.protocol),
+                (u128::from(a.ports.0), u128::from(a.ports.1)),
+            ]
+        })
+        .chain([[(own, own), (0, 255), (0, u128::from(u16::MAX))]])
+        .collect();
+    disjoint_within(&boxes, limit)
+}
+
+/// `policies` as the kernel can hold them: a pod whose allowances in a direction make
+/// more than [`ELEMENTS_MAX`] elements is allowed nothing there (but itself) and marked
+/// over the cap, so that it is reported as over the view's allowance cap is.
+pub fn within_element_cap(mut policies: Vec<PodPolicy>) -> Vec<PodPolicy> {
+    for pod in &mut policies {
+        for direction in Direction::ALL {
+            let over = pod
+                .allowed(direction)
+                .is_some_and(|allowed| allowed_boxes(pod.ip, allowed, ELEMENTS_MAX).is_none());
+            if !over {
+                continue;
+            }
+            match direction {
+                Direction::Ingress => pod.ingress = Some(Vec::new()),
+                Direction::Egress => pod.egress = Some(Vec::new()),
+            }
+            if !pod.over_cap.contains(&direction) {
+                pod.over_cap.push(direction);
+            }
+        }
+    }
+    policies
+}
+
 /// The sets of NetworkPolicy enforcement, filled from `pods`.
 pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
     let mut sets = Vec::new();
@@ -115,19 +166,11 @@ pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
                     continue;
                 };
                 isolated.push(Element::new(ip_value(pod.ip)));
-                let own = to_number(pod.ip);
-                let boxes: Vec<[Span; 3]> = allowances
-                    .iter()
-                    .map(|a| {
-                        [
-                            (to_number(a.peer.0), to_number(a.peer.1)),
-                            protocol_span(a.protocol),
-                            (u128::from(a.ports.0), u128::from(a.ports.1)),
-                        ]
-                    })
-                    .chain([[(own, own), (0, 255), (0, u128::from(u16::MAX))]])
-                    .collect();
-                for [peer, protocol, ports] in disjoint(&boxes) {
+                // Over the cap (which `within_element_cap` reports first): the pod
+                // itself alone, failing closed.
+                let boxes = allowed_boxes(pod.ip, allowances, ELEMENTS_MAX)
+                    .unwrap_or_else(|| allowed_boxes(pod.ip, &[], 1).unwrap_or_default());
+                for [peer, protocol, ports] in boxes {
                     let value = |peer: u128, protocol: u128, port: u128| {
                         vec![
                             ip_value(pod.ip),
@@ -202,7 +245,7 @@ pub fn notes(view: &View, trace: &Trace) -> Vec<String> {
                     .collect()
             };
             let allowing = named(true);
-            let resolved = resolved.get_or_insert_with(|| view.pod_policies());
+            let resolved = resolved.get_or_insert_with(|| within_element_cap(view.pod_policies()));
             let closed = resolved.iter().find(|p| p.ip == pod).map(|p| {
                 let nothing = p.allowed(direction).is_some_and(<[_]>::is_empty);
                 (p.over_cap.contains(&direction), nothing)
@@ -212,13 +255,14 @@ pub fn notes(view: &View, trace: &Trace) -> Vec<String> {
             } else if let Some((true, _)) = closed {
                 format!(
                     "denied: isolated by {}, which allow it more than {} peer and port \
-                     ranges: it fails closed",
+                     ranges or {} kernel elements: it fails closed",
                     judged
                         .iter()
                         .map(|j| j.policy.as_str())
                         .collect::<Vec<_>>()
                         .join(", "),
-                    nodus_view::policy::resolve::ALLOWANCES_MAX
+                    nodus_view::policy::resolve::ALLOWANCES_MAX,
+                    ELEMENTS_MAX
                 )
             } else if let (Some((_, true)), false) = (closed, allowing.is_empty()) {
                 format!(
@@ -271,21 +315,24 @@ type Span = (u128, u128);
 /// Disjoint boxes whose union is the union of `boxes`: along the first axis, the points
 /// where some box starts or ends cut it into pieces, each covered by the same boxes
 /// throughout; the rest of those boxes is made disjoint the same way, and neighbouring
-/// pieces with the same rest are joined again.
-pub(crate) fn disjoint<const N: usize>(boxes: &[[Span; N]]) -> Vec<[Span; N]> {
+/// pieces with the same rest are joined again. `None` as soon as it would make more than `limit` boxes: no more than about `limit` are
+/// ever held.
+fn disjoint_within<const N: usize>(boxes: &[[Span; N]], limit: usize) -> Option<Vec<[Span; N]>> {
     let rows: Vec<&[Span]> = boxes.iter().map(|b| &b[..]).collect();
-    disjoint_rows(&rows)
-        .into_iter()
-        .filter_map(|row| <[Span; N]>::try_from(row).ok())
-        .collect()
+    Some(
+        disjoint_rows(&rows, limit)?
+            .into_iter()
+            .filter_map(|row| <[Span; N]>::try_from(row).ok())
+            .collect(),
+    )
 }
 
-fn disjoint_rows(boxes: &[&[Span]]) -> Vec<Vec<Span>> {
+fn disjoint_rows(boxes: &[&[Span]], limit: usize) -> Option<Vec<Vec<Span>>> {
     let Some(first) = boxes.first() else {
-        return Vec::new();
+        return Some(Vec::new());
     };
     if first.is_empty() {
-        return vec![Vec::new()];
+        return Some(vec![Vec::new()]);
     }
     let mut cuts: Vec<u128> = Vec::with_capacity(boxes.len() * 2);
     for b in boxes {
@@ -313,7 +360,7 @@ fn disjoint_rows(boxes: &[&[Span]]) -> Vec<Vec<Span>> {
         let rest = if active.is_empty() {
             Vec::new()
         } else {
-            disjoint_rows(&active.iter().map(|b| &b[1..]).collect::<Vec<_>>())
+            disjoint_rows(&active.iter().map(|b| &b[1..]).collect::<Vec<_>>(), limit)?
         };
         match &mut open {
             Some((span, open_rest))
@@ -323,30 +370,38 @@ fn disjoint_rows(boxes: &[&[Span]]) -> Vec<Vec<Span>> {
             }
             _ => {
                 if let Some((span, rest)) = open.take() {
-                    close(span, rest, &mut out);
+                    close(span, rest, &mut out, limit)?;
                 }
                 open = Some(((start, end), rest));
             }
         }
     }
     if let Some((span, rest)) = open {
-        close(span, rest, &mut out);
+        close(span, rest, &mut out, limit)?;
     }
-    out
+    Some(out)
 }
 
-fn close(span: Span, rest: Vec<Vec<Span>>, out: &mut Vec<Vec<Span>>) {
+fn close(span: Span, rest: Vec<Vec<Span>>, out: &mut Vec<Vec<Span>>, limit: usize) -> Option<()> {
+    if out.len().saturating_add(rest.len()) > limit {
+        return None;
+    }
     for tail in rest {
         let mut row = Vec::with_capacity(tail.len() + 1);
         row.push(span);
         row.extend(tail);
         out.push(row);
     }
+    Some(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn disjoint<const N: usize>(boxes: &[[Span; N]]) -> Vec<[Span; N]> {
+        disjoint_within(boxes, usize::MAX).expect("no limit")
+    }
 
     /// Every point of a small grid is covered by `disjoint`'s boxes as often as it is by
     /// any of the input boxes: once if some covers it, else never.
@@ -374,6 +429,69 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The review's "stairs": rule i allows 10.0.0.0/8 less the /24 number i, on TCP port
+    /// 1000 + 2i. Each rule is two allowances, but the disjoint boxes grow as n² + n + 1:
+    /// 50 rules fit (2,551), 300 (90,301) fail closed in egress alone, and counting stops
+    /// at the cap instead of making them all.
+    #[test]
+    fn a_policy_whose_boxes_grow_as_its_rules_squared_fails_closed_at_the_cap() {
+        let stairs = |n: u32| -> Vec<Allowance> {
+            (0..n)
+                .flat_map(|i| {
+                    let hole = u32::from(std::net::Ipv4Addr::new(10, 0, 0, 0)) + (i << 8);
+                    let ip = |n: u32| IpAddr::from(std::net::Ipv4Addr::from(n));
+                    let port = u16::try_from(1000 + 2 * i).expect("port");
+                    [
+                        (ip(0x0a00_0000), ip(hole - 1)),
+                        (ip(hole + 256), ip(0x0aff_ffff)),
+                    ]
+                    .into_iter()
+                    .filter(|(start, end)| start <= end)
+                    .map(move |peer| Allowance {
+                        peer,
+                        protocol: Some(Protocol::Tcp),
+                        ports: (port, port),
+                    })
+                })
+                .collect()
+        };
+        let pod = |egress: Vec<Allowance>| PodPolicy {
+            pod: 7,
+            ip: "10.244.1.5".parse().expect("ip"),
+            ingress: Some(Vec::new()),
+            egress: Some(egress),
+            over_cap: Vec::new(),
+        };
+        let ip: IpAddr = "10.244.1.5".parse().expect("ip");
+        let fifty = allowed_boxes(ip, &stairs(50), usize::MAX).expect("no cap");
+        assert_eq!(
+            fifty.len(),
+            50 * 50 + 50 + 1,
+            "n² + n + 1, the pod itself among them"
+        );
+        let kept = within_element_cap(vec![pod(stairs(50))]);
+        assert!(kept[0].over_cap.is_empty());
+        assert_eq!(
+            kept[0].egress.as_ref().map(Vec::len),
+            Some(99),
+            "rule 0 has one range"
+        );
+
+        let started = std::time::Instant::now();
+        let capped = within_element_cap(vec![pod(stairs(300))]);
+        assert_eq!(capped[0].over_cap, [Direction::Egress]);
+        assert_eq!(capped[0].egress, Some(Vec::new()), "nothing allowed");
+        assert_eq!(capped[0].ingress, Some(Vec::new()));
+        let sets = sets(&capped);
+        let allowed = sets
+            .iter()
+            .find(|set| set.set.name == "policy-egress-allowed-v4")
+            .expect("the egress set");
+        assert_eq!(allowed.elements.len(), 1, "the pod itself alone");
+        // Not a timing assertion: what the cap spared, told.
+        println!("300 stairs judged in {:?}", started.elapsed());
     }
 
     #[test]
