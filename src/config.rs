@@ -137,6 +137,9 @@ impl Config {
                     port: dns.listen.first().map_or(53, |addr| addr.port()),
                 }),
             network_policy: self.policy.enabled,
+            // nodus-cni puts every pod link it makes in this group, with the mesh or
+            // without it: a node with no such link matches nothing there.
+            pod_link_group: Some(nodus_cni::link::POD_LINK_GROUP),
         }
     }
 

@@ -40,6 +40,11 @@ pub struct Config {
     /// `localhost-nodeports`; nftables mode has none): sets `route_localnet` and drops
     /// packets to 127.0.0.0/8 that arrive from other machines.
     pub localhost_node_ports: bool,
+    /// The ranges whose addresses a Service's `externalIPs` may capture on this node;
+    /// none by default, as with the API server's `DenyServiceExternalIPs`: whoever may
+    /// write a Service could otherwise take any address for every pod (CVE-2020-8554).
+    /// `["0.0.0.0/0", "::/0"]` honours them all, as kube-proxy does.
+    pub external_ips: Vec<Cidr>,
 }
 
 /// kube-proxy's `detectLocalMode` values, spelled as kube-proxy spells them.
@@ -76,6 +81,7 @@ impl Default for Config {
             detect_local: DetectLocalConfig::default(),
             node_port_addresses: NodePortAddresses::Primary,
             localhost_node_ports: false,
+            external_ips: Vec::new(),
         }
     }
 }
@@ -124,6 +130,8 @@ pub struct Neighbours {
     pub local_dns: Option<LocalDns>,
     /// NetworkPolicy is enforced in the table.
     pub network_policy: bool,
+    /// The interface group of the pod plugin's links, whose sources the table checks.
+    pub pod_link_group: Option<u32>,
 }
 
 impl Config {
@@ -192,6 +200,8 @@ impl Config {
             localhost_node_ports: self.localhost_node_ports,
             network_policy: neighbours.network_policy,
             interface_addresses: Vec::new(),
+            pod_link_group: neighbours.pod_link_group,
+            external_ips: Some(self.external_ips.clone()),
         }
     }
 

@@ -3,6 +3,7 @@
 //! alerts written for kube-proxy keep working.
 
 use crate::apply::{RefusedPod, SyncKind, SyncReport, UdpCleanup};
+use crate::plan::{ClaimLoss, PodDrop};
 use nodus_prom::{
     ConstCounter, ConstGauge, Counter, Escaped, Exported, Families, Gauge, Histogram, SecondsGauge,
     Tracker,
@@ -60,6 +61,10 @@ pub struct ProxyMetrics {
     policy: Mutex<Option<PolicyEnforcement>>,
     /// Packets dropped per isolating policy (`namespace/name`) and direction.
     denied: Mutex<BTreeMap<(String, Direction), u64>>,
+    /// External addresses and ports left out of services' plans, by [`ClaimLoss`].
+    external_left_out: [Counter; ClaimLoss::ALL.len()],
+    /// What the pod source check dropped, as the kernel last counted it.
+    pod_drops: Mutex<Vec<(PodDrop, u64)>>,
     pub status: Tracker,
 }
 
@@ -137,6 +142,8 @@ impl Default for ProxyMetrics {
             owed_since: Mutex::new(None),
             policy: Mutex::new(None),
             denied: Mutex::new(BTreeMap::new()),
+            pod_drops: Mutex::new(Vec::new()),
+            external_left_out: Default::default(),
             status: Tracker::default(),
         }
     }
@@ -190,6 +197,9 @@ impl ProxyMetrics {
         }
         self.services.set(gauge(programmed));
         self.transactions.inc_by(report.transactions as u64);
+        for loss in &report.external_left_out {
+            self.external_left_out[*loss as usize].inc();
+        }
         if let Some(cleanup) = &report.udp_cleanup {
             self.udp_cleaned(cleanup);
         }
@@ -242,6 +252,11 @@ impl ProxyMetrics {
                 *denied.entry(key).or_default() += packets;
             }
         }
+    }
+
+    /// The pod source check's counters, as just read from the kernel.
+    pub fn pod_drops(&self, drops: Vec<(PodDrop, u64)>) {
+        *locked(&self.pod_drops) = drops;
     }
 
     /// A full sync programmed its plans but could not remove a previous run's leftovers
@@ -332,6 +347,33 @@ impl Exported for ProxyMetrics {
         if let Some(policy) = self.policy_enforcement() {
             self.export_policy(families, &policy)?;
         }
+        families.labelled(
+            "nodus_proxy_external_addresses_left_out",
+            "External addresses and ports (ExternalIPs, LB IPs) that a Service claims and is not given, counted at each sync that plans the Service: an older Service claims them (older-service), they are a ClusterIP or lie in a ServiceCIDR (cluster-ip), or an ExternalIP is outside proxy.external_ips (not-allowed).",
+            ClaimLoss::ALL.iter().map(|loss| {
+                (
+                    [("reason", Escaped(loss.as_str()))],
+                    ConstCounter::new(self.external_left_out[*loss as usize].get()),
+                )
+            }),
+        )?;
+        let pod_drops = locked(&self.pod_drops);
+        if !pod_drops.is_empty() {
+            families.labelled(
+                "nodus_pod_packets_dropped",
+                "Packets from this node's pods dropped before anything else saw them: a source address that is not the pod's own (forged-source), or an IPv6 router advertisement or redirect (router-message).",
+                pod_drops.iter().map(|(drop, packets)| {
+                    (
+                        [
+                            ("reason", Escaped(drop.reason())),
+                            ("family", Escaped(drop.family_label())),
+                        ],
+                        ConstCounter::new(*packets),
+                    )
+                }),
+            )?;
+        }
+        drop(pod_drops);
         self.kube_proxy
             .export(families, &self.failures, &self.cleanup_failures)
     }

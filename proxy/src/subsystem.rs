@@ -150,6 +150,10 @@ impl ProxySubsystem {
             if self.proxy.enforces_policies() {
                 self.count_denials(view);
             }
+            match self.proxy.pod_drops() {
+                Ok(drops) => self.metrics.pod_drops(drops),
+                Err(error) => tracing::warn!(%error, "cannot read the pod source check's counters"),
+            }
             let checked = self.proxy.check(view);
             self.record(checked, &ChangeSet::default());
         }

@@ -604,7 +604,7 @@ impl<'a, 'v> FullSync<'a, 'v> {
     /// Adds one service to the transaction being built, unless one of its keys belongs
     /// to a service programmed earlier in this sync.
     fn add(&mut self, plan: ServicePlan) -> Result<(), Error> {
-        super::warn_contested(&plan);
+        super::warn_contested(&plan, self.report);
         // Endpoint keys are this sync's blocks: new ones clear of every key the table holds,
         // or a chain's own block adopted from the table, which no other chain is given.
         // They are checked against `endpoint_elements`, not slots.

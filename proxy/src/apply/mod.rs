@@ -13,6 +13,7 @@
 
 mod footprint;
 mod full;
+mod pod_source;
 mod policy;
 mod records;
 mod sets;
@@ -32,8 +33,8 @@ use records::Footprints;
 
 use crate::nft::{self, Batch, Socket, Table};
 use crate::plan::{
-    ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses, PlanBatch, Planner,
-    ProxySettings, ServicePlan, SharedKind, SharedSet, Skeleton, TABLE,
+    ClaimLoss, ElementPlan, EndpointKeys, NoLocalEndpoints, NodeFacts, NodePortAddresses,
+    PlanBatch, Planner, ProxySettings, ServicePlan, SharedKind, SharedSet, Skeleton, TABLE,
 };
 use footprint::service_key;
 use udp::{StaleFlows, UdpCheck};
@@ -136,6 +137,9 @@ pub struct SyncReport {
     /// Pods of this node whose NetworkPolicy allowances the kernel refused in this sync:
     /// they fail closed.
     pub policy_refused: Vec<RefusedPod>,
+    /// External addresses and ports the planned services claim and were not given, one
+    /// entry each.
+    pub external_left_out: Vec<ClaimLoss>,
 }
 
 impl SyncReport {
@@ -155,6 +159,7 @@ impl SyncReport {
             udp_cleanup: None,
             fell_back: None,
             policy_refused: Vec::new(),
+            external_left_out: Vec::new(),
         }
     }
 
@@ -540,7 +545,7 @@ impl Proxy {
                     report.unchanged += 1;
                 }
                 (None, Some(digest)) => {
-                    warn_contested(&plan);
+                    warn_contested(&plan, report);
                     udp.planned(&plan);
                     claims.claim(&plan, 1);
                     batch.add_service(&plan);
@@ -548,7 +553,7 @@ impl Proxy {
                     records.push((key, Some(Record::of(digest, &plan))));
                 }
                 (Some(previous), digest) => {
-                    warn_contested(&plan);
+                    warn_contested(&plan, report);
                     let Some(mut old) = previous.previous_plan(&plan) else {
                         return Err(format!("the record of {name:?} is corrupt"));
                     };
@@ -807,15 +812,17 @@ impl Expected {
     }
 }
 
-/// F.40: an external address and port two services claim is planned for the older one
-/// only; the younger one is told here, at each sync that programs it.
-fn warn_contested(plan: &ServicePlan) {
-    for (ip, port) in &plan.contested {
+/// External addresses and ports a service claims and is not given ([`ClaimLoss`]): it is
+/// told here, at each sync that programs it, and they are counted in `report`.
+fn warn_contested(plan: &ServicePlan, report: &mut SyncReport) {
+    for contested in &plan.contested {
         warn!(
             service = %format!("{}/{}", plan.namespace, plan.name),
-            address = %std::net::SocketAddr::from((*ip, *port)),
-            "external address and port claimed by an older service too; left to it"
+            address = %std::net::SocketAddr::from((contested.address, contested.port)),
+            "{}",
+            contested.loss.explain()
         );
+        report.external_left_out.push(contested.loss);
     }
 }
 

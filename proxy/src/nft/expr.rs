@@ -76,6 +76,8 @@ pub enum MetaKey {
     NfProto,
     /// The layer-4 protocol after extension headers, one byte.
     L4Proto,
+    /// The group of the interface the packet came in through, host order.
+    IifGroup,
 }
 
 impl MetaKey {
@@ -88,6 +90,7 @@ impl MetaKey {
             MetaKey::OifName => sys::NFT_META_OIFNAME,
             MetaKey::NfProto => sys::NFT_META_NFPROTO,
             MetaKey::L4Proto => sys::NFT_META_L4PROTO,
+            MetaKey::IifGroup => sys::NFT_META_IIFGROUP,
         }
     }
 }

@@ -194,6 +194,7 @@ pub const NFT_META_IIFNAME: u32 = 6;
 pub const NFT_META_OIFNAME: u32 = 7;
 pub const NFT_META_NFPROTO: u32 = 15;
 pub const NFT_META_L4PROTO: u32 = 16;
+pub const NFT_META_IIFGROUP: u32 = 21;
 
 // cmp
 pub const NFTA_CMP_SREG: u16 = 1;

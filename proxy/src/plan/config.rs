@@ -81,6 +81,11 @@ pub struct ProxySettings {
     /// The addresses of this host's interfaces, as last read: the applier keeps them
     /// current when [`NodePortAddresses::Cidrs`] needs them.
     pub interface_addresses: Vec<IpAddr>,
+    /// The interface group of pod links (nodus-cni's): what arrives through one must come
+    /// from an address routed back through it, and carry no router message.
+    pub pod_link_group: Option<u32>,
+    /// The ranges a Service's ExternalIPs are honoured in; `None`: all of them.
+    pub external_ips: Option<Vec<Cidr>>,
 }
 
 /// The interface that pod traffic arrives through: one name, or a name prefix.
@@ -113,6 +118,8 @@ impl Default for ProxySettings {
             localhost_node_ports: false,
             network_policy: false,
             interface_addresses: Vec::new(),
+            pod_link_group: None,
+            external_ips: None,
         }
     }
 }
@@ -148,6 +155,10 @@ pub struct NodeFacts {
     pub service_cidrs: Vec<Cidr>,
     pub local_dns: Option<LocalDns>,
     pub network_policy: bool,
+    /// [`ProxySettings::pod_link_group`].
+    pub pod_link_group: Option<u32>,
+    /// [`ProxySettings::external_ips`].
+    pub external_ips: Option<Vec<Cidr>>,
 }
 
 impl NodeFacts {
@@ -223,6 +234,8 @@ impl NodeFacts {
             service_cidrs: view.service_cidrs(),
             local_dns: config.local_dns.clone(),
             network_policy: config.network_policy && config.scope == TableScope::Services,
+            pod_link_group: config.pod_link_group,
+            external_ips: config.external_ips.clone(),
         }
     }
 
@@ -271,6 +284,13 @@ impl NodeFacts {
                 .node_pod_cidrs
                 .iter()
                 .any(|cidr| cidr.contains(target.ip))
+    }
+
+    /// Whether a Service's ExternalIP `ip` is honoured at all (`proxy.external_ips`).
+    pub fn honours_external_ip(&self, ip: IpAddr) -> bool {
+        self.external_ips
+            .as_ref()
+            .is_none_or(|cidrs| cidrs.iter().any(|cidr| cidr.contains(ip)))
     }
 
     pub fn node_port_ips(&self, family: Family) -> impl Iterator<Item = IpAddr> + '_ {

@@ -37,12 +37,13 @@ pub(crate) use keys::fnv1a;
 pub use keys::{EndpointKeys, KeyLease};
 pub(crate) use names::{join_name, split_name};
 pub use objects::{
-    ChainPlan, ElementPlan, KeyBlock, MAX_PORT_ENDPOINTS, NoLocalEndpoints, SHARDS, ServicePlan,
-    SetDifference, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
+    ChainPlan, ClaimLoss, Contested, ElementPlan, KeyBlock, MAX_PORT_ENDPOINTS, NoLocalEndpoints,
+    SHARDS, ServicePlan, SetDifference, SetPlan, SharedKind, SharedSet, Skeleton, UdpFlows,
 };
 pub use program::{ColdStart, PlanBatch, PortMapChanges, cold_start};
 pub use render::{render, write_ruleset};
 pub use rule::{Addr, LookupKey, RulePlan, Stmt};
+pub use skeleton::PodDrop;
 pub use trace::{Entry, Fate, Packet, Path, Ruleset, Step, Trace};
 
 use std::net::IpAddr;
@@ -83,7 +84,7 @@ impl<'v> Planner<'v> {
     /// table as it is once programmed, for rendering and tracing.
     pub fn complete_skeleton(&self) -> Skeleton {
         if self.facts.network_policy {
-            self.skeleton_with(&self.view.pod_policies())
+            self.skeleton_with(&policy::within_element_cap(self.view.pod_policies()))
         } else {
             self.skeleton()
         }

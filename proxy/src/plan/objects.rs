@@ -394,12 +394,62 @@ pub struct ServicePlan {
     /// affinity.
     pub blocks: Vec<KeyBlock>,
     pub udp_flows: Vec<UdpFlows>,
-    /// External addresses and ports the service claims but an older service owns
-    /// (F.40): left out of the plan, and reported.
-    pub contested: Vec<(IpAddr, u16)>,
+    /// External addresses and ports the service claims but may not have: left out of
+    /// the plan, and reported.
+    pub contested: Vec<Contested>,
     /// Service ports (per family) whose Local-policy traffic is dropped for want of a local
     /// endpoint while others exist: kube-proxy's `no_local_endpoints_total`.
     pub no_local: NoLocalEndpoints,
+}
+
+/// An ExternalIP or LB IP and port a service claims and is not given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Contested {
+    pub address: IpAddr,
+    pub port: u16,
+    pub loss: ClaimLoss,
+}
+
+/// Why a service is not given an external address it claims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClaimLoss {
+    /// F.40: an older service claims the same address and port.
+    OlderService,
+    /// The address is a ClusterIP, or lies in a ServiceCIDR: a ClusterIP always wins,
+    /// on every node, whatever order the services came in.
+    ClusterIp,
+    /// An ExternalIP outside `proxy.external_ips`.
+    NotAllowed,
+}
+
+impl ClaimLoss {
+    pub const ALL: [ClaimLoss; 3] = [
+        ClaimLoss::OlderService,
+        ClaimLoss::ClusterIp,
+        ClaimLoss::NotAllowed,
+    ];
+
+    /// The `reason` label of `/metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClaimLoss::OlderService => "older-service",
+            ClaimLoss::ClusterIp => "cluster-ip",
+            ClaimLoss::NotAllowed => "not-allowed",
+        }
+    }
+
+    /// What the warning says.
+    pub fn explain(self) -> &'static str {
+        match self {
+            ClaimLoss::OlderService => {
+                "external address and port claimed by an older service too; left to it"
+            }
+            ClaimLoss::ClusterIp => {
+                "external address is a ClusterIP or in a ServiceCIDR; left to ClusterIPs"
+            }
+            ClaimLoss::NotAllowed => "ExternalIP outside proxy.external_ips; not honoured",
+        }
+    }
 }
 
 /// Ports of a service under a Local traffic policy with endpoints elsewhere but none on

@@ -9,11 +9,14 @@ use nodus_view::model::{Family, Protocol};
 
 use super::names::protocol_name;
 use crate::nft::expr::{
-    self, CmpOp, DynsetOp, FibFlags, IcmpxCode, IpFamily, MetaKey, NatFlags, NatKind, NumgenKind,
-    RTN_LOCAL, Reject, ct_state,
+    self, CmpOp, DynsetOp, FibFlags, FibResult, IcmpxCode, IpFamily, MetaKey, NatFlags, NatKind,
+    NumgenKind, PayloadBase, RTN_LOCAL, Reject, ct_state,
 };
 use crate::nft::{AnonymousSet, Batch, DataType, Element, Expr, Field, Register, SetRef, Value};
 use crate::nft::{Tuple, Verdict};
+
+/// ICMPv6's protocol number (`ipv6-icmp`).
+const ICMPV6: u8 = 58;
 
 /// Which address of the packet a match reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -89,6 +92,13 @@ pub enum Stmt {
     Dport(u16),
     /// `fib saddr type local`: the packet comes from this host.
     FibSaddrLocal,
+    /// `meta iifgroup 0x6e6f6475`: the packet came in through a link of this group.
+    IifGroup(u32),
+    /// `fib saddr . iif oif missing`: no route back to the packet's source leaves through
+    /// the interface it came in on (a strict reverse-path check).
+    SourceNotRoutedBack,
+    /// `icmpv6 type 134`
+    Icmpv6Type(u8),
     /// `meta mark & <bits> == 0`
     MarkClear(u32),
     /// `<key> vmap @map`
@@ -361,6 +371,36 @@ impl Stmt {
                 out.push(expr::cmp_eq(Register::FIRST, port.to_be_bytes().to_vec()));
             }
             Stmt::FibSaddrLocal => out.extend(expr::match_fib_type(FibFlags::SADDR, RTN_LOCAL)),
+            Stmt::IifGroup(group) => {
+                out.push(Expr::MetaLoad {
+                    key: MetaKey::IifGroup,
+                    dreg: Register::FIRST,
+                });
+                out.push(expr::cmp_eq(Register::FIRST, group.to_ne_bytes().to_vec()));
+            }
+            Stmt::SourceNotRoutedBack => {
+                out.push(Expr::Fib {
+                    flags: FibFlags {
+                        iif: true,
+                        ..FibFlags::SADDR
+                    },
+                    result: FibResult::Oif,
+                    dreg: Register::FIRST,
+                });
+                out.push(expr::cmp_eq(Register::FIRST, vec![0; 4]));
+            }
+            Stmt::Icmpv6Type(kind) => {
+                out.extend(expr::match_family(IpFamily::V6));
+                out.push(Field::L4Proto.load(Register::FIRST));
+                out.push(expr::cmp_eq(Register::FIRST, vec![ICMPV6]));
+                out.push(Expr::Payload {
+                    base: PayloadBase::Transport,
+                    offset: 0,
+                    len: 1,
+                    dreg: Register::FIRST,
+                });
+                out.push(expr::cmp_eq(Register::FIRST, vec![*kind]));
+            }
             Stmt::MarkClear(bits) => out.extend(expr::match_mark_bits(*bits, CmpOp::Eq, 0)),
             Stmt::Vmap { key, map } => {
                 let fields: &[Field] = match key {
@@ -533,6 +573,9 @@ impl fmt::Display for Stmt {
             Stmt::L4Proto(protocol) => write!(f, "meta l4proto {}", protocol_name(*protocol)),
             Stmt::Dport(port) => write!(f, "th dport {port}"),
             Stmt::FibSaddrLocal => f.write_str("fib saddr type local"),
+            Stmt::IifGroup(group) => write!(f, "meta iifgroup {group:#x}"),
+            Stmt::SourceNotRoutedBack => f.write_str("fib saddr . iif oif missing"),
+            Stmt::Icmpv6Type(kind) => write!(f, "icmpv6 type {kind}"),
             Stmt::MarkClear(bits) => write!(f, "meta mark & {bits:#010x} == 0x00000000"),
             Stmt::Vmap { key, map } => match key {
                 LookupKey::DaddrProtoPort(family) => write!(

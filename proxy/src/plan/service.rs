@@ -17,8 +17,8 @@ use super::config::NodeFacts;
 use super::keys::KeyLease;
 use super::names::PortIdentity;
 use super::objects::{
-    ChainPlan, ElementPlan, MAX_PORT_ENDPOINTS, ServicePlan, SetPlan, SharedKind, SharedSet,
-    UdpFlows,
+    ChainPlan, ClaimLoss, Contested, ElementPlan, MAX_PORT_ENDPOINTS, ServicePlan, SetPlan,
+    SharedKind, SharedSet, UdpFlows,
 };
 use super::rule::{Addr, RulePlan, Stmt, address_type, ip_value, node_port_key, service_key};
 use super::skeleton::{MARK_FOR_MASQUERADE, REJECT, source_is_pod};
@@ -150,16 +150,29 @@ fn dedup_elements(elements: &mut Vec<ElementPlan>) {
     elements.retain(|element| seen.insert((element.set, element.element.key.clone())));
 }
 
-/// F.40, F.41: whether `service` owns its ExternalIP or LB IP `ip` on `port`: no other
+/// F.40, F.41: whether `service` owns its ExternalIP or LB IP `ip` on `port`: it is no
+/// ClusterIP and lies in no ServiceCIDR (a ClusterIP is never displaced), and no other
 /// service the proxy programs captures it on the same protocol and port with a smaller
 /// [`Service::claim_rank`]. A contested address costs the younger service that address
 /// and port only, and every node picks the same owner.
-fn owns_external(view: &View, service: &ServiceView<'_>, ip: IpAddr, port: &ServicePort) -> bool {
+fn owns_external(
+    view: &View,
+    service: &ServiceView<'_>,
+    ip: IpAddr,
+    port: &ServicePort,
+) -> Result<(), ClaimLoss> {
     let Some(spec) = service.service else {
-        return false;
+        return Err(ClaimLoss::OlderService);
     };
+    let is_cluster_ip = || {
+        view.services_by_ip(ip)
+            .any(|other| other.service.is_some_and(|s| s.cluster_ips.contains(&ip)))
+    };
+    if view.in_service_cidrs(ip) || is_cluster_ip() {
+        return Err(ClaimLoss::ClusterIp);
+    }
     let rank = spec.claim_rank(service.namespace, service.name);
-    view.external_claimants(ip).all(|other| {
+    let owns = view.external_claimants(ip).all(|other| {
         let Some(other_spec) = other.service.filter(|spec| is_proxied(spec)) else {
             return true;
         };
@@ -170,7 +183,12 @@ fn owns_external(view: &View, service: &ServiceView<'_>, ip: IpAddr, port: &Serv
             .iter()
             .any(|p| p.protocol == port.protocol && p.port == port.port);
         !(captures && same_port) || other_spec.claim_rank(other.namespace, other.name) >= rank
-    })
+    });
+    if owns {
+        Ok(())
+    } else {
+        Err(ClaimLoss::OlderService)
+    }
 }
 
 /// F.41: the LB IPs the proxy captures; `ipMode: Proxy` LBs deliver to the node, so
@@ -186,7 +204,7 @@ fn captured_lb_ips(spec: &Service) -> impl Iterator<Item = IpAddr> + '_ {
 struct PortPlanner<'a, 'k> {
     spec: &'a Service,
     /// Whether the service owns an external address on this port ([`owns_external`]).
-    owns: &'a dyn Fn(IpAddr) -> bool,
+    owns: &'a dyn Fn(IpAddr) -> Result<(), ClaimLoss>,
     port: &'a ServicePort,
     family: Family,
     cluster_ip: IpAddr,
@@ -257,13 +275,21 @@ impl PortPlanner<'_, '_> {
         let mut external_ips: Vec<IpAddr> =
             of_family(spec.external_ips().iter().copied(), self.family);
         let mut lb_ips: Vec<IpAddr> = of_family(captured_lb_ips(spec), self.family);
-        for ips in [&mut external_ips, &mut lb_ips] {
+        for (ips, is_lb) in [(&mut external_ips, false), (&mut lb_ips, true)] {
             ips.retain(|ip| {
-                let owned = (self.owns)(*ip);
-                if !owned {
-                    self.plan.contested.push((*ip, self.port.port));
+                let loss = if !is_lb && !self.facts.honours_external_ip(*ip) {
+                    Some(ClaimLoss::NotAllowed)
+                } else {
+                    (self.owns)(*ip).err()
+                };
+                if let Some(loss) = loss {
+                    self.plan.contested.push(Contested {
+                        address: *ip,
+                        port: self.port.port,
+                        loss,
+                    });
                 }
-                owned
+                loss.is_none()
             });
         }
         (external_ips, lb_ips)

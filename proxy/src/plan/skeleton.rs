@@ -3,7 +3,7 @@
 //! fill. See the README for the role of each chain. A table of
 //! [`TableScope::EgressOnly`] has only the egress masquerade's part of it.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use nodus_view::model::{Cidr, Family};
 
@@ -22,6 +22,126 @@ pub const SERVICE_ENDPOINTS_CHECK: &str = "service-endpoints-check";
 pub const NODEPORT_ENDPOINTS_CHECK: &str = "nodeport-endpoints-check";
 pub const FIREWALL_CHECK: &str = "firewall-check";
 pub const CLUSTER_IPS_CHECK: &str = "cluster-ips-check";
+
+pub const POD_SOURCE_CHECK: &str = "pod-source-check";
+
+/// What [`POD_SOURCE_CHECK`] drops, each counted in a set of its own: a forged source of
+/// either family, and IPv6 router messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodDrop {
+    ForgedSource(Family),
+    RouterMessage,
+}
+
+impl PodDrop {
+    pub const ALL: [PodDrop; 3] = [
+        PodDrop::ForgedSource(Family::V4),
+        PodDrop::ForgedSource(Family::V6),
+        PodDrop::RouterMessage,
+    ];
+
+    /// The counted set: one element, every address of the family, whose counter is the
+    /// drops'.
+    pub fn set(self) -> String {
+        match self {
+            PodDrop::ForgedSource(family) => {
+                format!("pod-forged-sources-{}", family_suffix(family))
+            }
+            PodDrop::RouterMessage => "pod-router-messages-v6".to_string(),
+        }
+    }
+
+    fn family(self) -> Family {
+        match self {
+            PodDrop::ForgedSource(family) => family,
+            PodDrop::RouterMessage => Family::V6,
+        }
+    }
+
+    /// The drop's `reason` in `/metrics`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            PodDrop::ForgedSource(_) => "forged-source",
+            PodDrop::RouterMessage => "router-message",
+        }
+    }
+
+    pub fn family_label(self) -> &'static str {
+        match self.family() {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+        }
+    }
+
+    fn counted(self) -> SetPlan {
+        let family = self.family();
+        let (first, last) = match family {
+            Family::V4 => (
+                IpAddr::from(Ipv4Addr::UNSPECIFIED),
+                IpAddr::from(Ipv4Addr::BROADCAST),
+            ),
+            Family::V6 => (
+                IpAddr::from(Ipv6Addr::UNSPECIFIED),
+                IpAddr::from(Ipv6Addr::from(u128::MAX)),
+            ),
+        };
+        SetPlan {
+            set: Set::new(self.set(), address_type(family))
+                .with_flags(SetFlags {
+                    interval: true,
+                    ..SetFlags::default()
+                })
+                .with_counter(),
+            elements: vec![Element::range(ip_value(first), ip_value(last))],
+        }
+    }
+
+    /// The source's match that counts the drop.
+    fn count(self) -> Stmt {
+        Stmt::AddrInSet {
+            addr: Addr::Source,
+            family: self.family(),
+            set: self.set(),
+            negated: false,
+        }
+    }
+}
+
+/// Source validation for pods, before conntrack, DNAT, NetworkPolicy and the node's own
+/// listeners see a packet: what comes in through a pod's link (nodus-cni puts its node
+/// end in `group`) must come from an address whose route leaves through that same link,
+/// which only the pod's own addresses do (nodus-cni routes each of them there, and no
+/// other); and IPv6 router advertisements and redirects from pods are dropped, whatever
+/// the link's `accept_ra` says.
+fn pod_source_check(group: u32) -> (ChainPlan, Vec<SetPlan>) {
+    let pod_link = Stmt::IifGroup(group);
+    let forged = Family::ALL.map(|family| {
+        let drop = PodDrop::ForgedSource(family);
+        RulePlan::new([
+            pod_link.clone(),
+            Stmt::SourceNotRoutedBack,
+            drop.count(),
+            Stmt::Verdict(Verdict::Drop),
+        ])
+    });
+    // ND router advertisement (134) and redirect (137).
+    let router_messages = [134, 137].map(|kind| {
+        RulePlan::new([
+            pod_link.clone(),
+            Stmt::Icmpv6Type(kind),
+            PodDrop::RouterMessage.count(),
+            Stmt::Verdict(Verdict::Drop),
+        ])
+    });
+    let chain = base(
+        POD_SOURCE_CHECK,
+        ChainType::Filter,
+        Hook::Prerouting,
+        priority::RAW,
+        router_messages.into_iter().chain(forged).collect(),
+    );
+    (chain, PodDrop::ALL.map(PodDrop::counted).to_vec())
+}
 
 /// `nodeport-ips-v4`: the addresses that accept NodePorts (E.34).
 fn node_port_ips_set(family: Family) -> String {
@@ -176,18 +296,27 @@ pub fn plan_skeleton(facts: &NodeFacts) -> Skeleton {
         vec![RulePlan::new([jump(MASQUERADING)])],
     );
     let masquerading = masquerading_chain(facts, &egress_families);
+    let (source_check, counted) = facts
+        .pod_link_group
+        .map(pod_source_check)
+        .map_or((None, Vec::new()), |(chain, sets)| (Some(chain), sets));
     if facts.scope == TableScope::EgressOnly {
         return Skeleton {
             sets: egress_families
                 .iter()
                 .flat_map(|family| [pod_ranges(*family), cluster_ranges(*family)])
+                .chain(counted)
                 .collect(),
-            chains: vec![nat_postrouting, masquerading],
+            chains: source_check
+                .into_iter()
+                .chain([nat_postrouting, masquerading])
+                .collect(),
         };
     }
-    let mut chains = service_chains(facts);
+    let mut chains: Vec<ChainPlan> = source_check.into_iter().collect();
+    chains.extend(service_chains(facts));
     chains.extend([nat_postrouting, masquerading]);
-    let mut sets = Vec::new();
+    let mut sets = counted;
     for family in Family::ALL {
         for kind in SharedKind::ALL {
             sets.push(SetPlan {

@@ -809,8 +809,160 @@ fn f40_a_contested_external_address_and_port_goes_to_the_older_service() {
     assert!(dispatch(&younger, "10.96.0.21 . tcp . 80").is_some());
     assert_eq!(
         younger.contested,
-        [("203.0.113.9".parse().expect("ip"), 80)]
+        [Contested {
+            address: "203.0.113.9".parse().expect("ip"),
+            port: 80,
+            loss: ClaimLoss::OlderService,
+        }]
     );
+}
+
+/// A tenant's ExternalIP equal to the cluster DNS Service's ClusterIP, on its port: the
+/// ClusterIP keeps its element on every node, whatever order the services come in, and
+/// the tenant loses that address alone (its own ClusterIP stays). An ExternalIP inside a
+/// ServiceCIDR that no Service holds yet is refused too, so a later ClusterIP finds it
+/// free.
+#[test]
+fn a_cluster_ip_is_never_displaced_by_an_external_ip() {
+    let dns = |name: &str| {
+        let mut update = service(
+            name,
+            json!({"clusterIP": "10.96.0.10",
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            json!({}),
+        );
+        if let Update::Service(wire) = &mut update {
+            wire.metadata.namespace = Some("kube-system".into());
+        }
+        update
+    };
+    let tenant = |created: &str| {
+        let mut update = service(
+            "hijack",
+            json!({"clusterIP": "10.96.7.7", "externalIPs": ["10.96.0.10", "10.96.200.1"],
+                   "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}),
+            json!({}),
+        );
+        if let Update::Service(wire) = &mut update {
+            wire.metadata.creation_timestamp = Some(created.parse().expect("seconds"));
+        }
+        update
+    };
+    // The tenant's Service older than kube-dns, and younger: the same outcome.
+    for created in ["1", "4000000000"] {
+        let view = view([
+            this_node(),
+            service_cidr("kubernetes", json!(["10.96.0.0/16"])),
+            dns("kube-dns"),
+            tenant(created),
+        ]);
+        let all = ProxySettings {
+            external_ips: None,
+            ..ProxySettings::default()
+        };
+        let hijack = plan_with(&view, &all, "hijack");
+        let losses: Vec<(String, ClaimLoss)> = hijack
+            .contested
+            .iter()
+            .map(|c| (c.address.to_string(), c.loss))
+            .collect();
+        assert_eq!(
+            losses,
+            [
+                ("10.96.0.10".to_string(), ClaimLoss::ClusterIp),
+                ("10.96.200.1".to_string(), ClaimLoss::ClusterIp)
+            ]
+        );
+        assert!(
+            hijack
+                .elements
+                .iter()
+                .all(|e| !e.element.key.to_string().starts_with("10.96.0.10 ")),
+            "{:?}",
+            hijack.elements
+        );
+        let own = v4(
+            &hijack,
+            SharedKind::NoEndpointServices,
+            "10.96.7.7 . udp . 53",
+        );
+        assert!(own.is_some(), "the tenant keeps its own ClusterIP");
+    }
+}
+
+/// `proxy.external_ips`: an ExternalIP outside the allowed ranges is not honoured (the
+/// service keeps its ClusterIP), one inside is; LB IPs, which only the cloud's controller
+/// writes, do not depend on it.
+#[test]
+fn external_ips_are_honoured_only_inside_the_allowed_ranges() {
+    let view = view([
+        this_node(),
+        service(
+            "web",
+            json!({"type": "LoadBalancer", "externalIPs": ["203.0.113.9", "198.51.100.3"],
+                   "ports": [{"name": "http", "port": 80, "protocol": "TCP", "nodePort": 30080}]}),
+            json!({"loadBalancer": {"ingress": [{"ip": "192.0.2.44"}]}}),
+        ),
+        http_slice("web", &two_endpoints()),
+    ]);
+    let allowing = |cidrs: &[&str]| ProxySettings {
+        external_ips: Some(cidrs.iter().map(|c| c.parse().expect("cidr")).collect()),
+        ..ProxySettings::default()
+    };
+    let dispatch = |plan: &ServicePlan, key: &str| v4(plan, SharedKind::ServiceIps, key);
+    let none = plan_with(&view, &allowing(&[]), "web");
+    assert_eq!(dispatch(&none, "203.0.113.9 . tcp . 80"), None);
+    assert_eq!(dispatch(&none, "198.51.100.3 . tcp . 80"), None);
+    assert!(dispatch(&none, "192.0.2.44 . tcp . 80").is_some());
+    assert!(dispatch(&none, "10.96.0.10 . tcp . 80").is_some());
+    assert!(
+        none.contested
+            .iter()
+            .all(|c| c.loss == ClaimLoss::NotAllowed && c.port == 80)
+            && none.contested.len() == 2
+    );
+    let some = plan_with(&view, &allowing(&["203.0.113.0/24"]), "web");
+    assert!(dispatch(&some, "203.0.113.9 . tcp . 80").is_some());
+    assert_eq!(dispatch(&some, "198.51.100.3 . tcp . 80"), None);
+}
+
+/// Pods' sources are checked before conntrack: a packet from a pod link (by its group)
+/// whose source is not routed back through that link is dropped and counted, and so are
+/// router advertisements and redirects; without a group, no such chain.
+#[test]
+fn the_source_of_what_pods_send_is_checked_before_anything_else() {
+    let view = view([this_node()]);
+    let checked = ProxySettings {
+        pod_link_group: Some(0x6e6f_6475),
+        ..ProxySettings::default()
+    };
+    for scope in [TableScope::Services, TableScope::EgressOnly] {
+        let config = ProxySettings {
+            scope,
+            ..checked.clone()
+        };
+        let text = render(&Planner::new(&view, &config).skeleton(), []);
+        let chain = text
+            .split("chain pod-source-check {")
+            .nth(1)
+            .and_then(|rest| rest.split("\n\t}").next())
+            .unwrap_or_else(|| panic!("no source check in {scope:?}: {text}"));
+        for line in [
+            "type filter hook prerouting priority -300; policy accept;",
+            "meta iifgroup 0x6e6f6475 icmpv6 type 134 ip6 saddr @pod-router-messages-v6 drop",
+            "meta iifgroup 0x6e6f6475 icmpv6 type 137 ip6 saddr @pod-router-messages-v6 drop",
+            "meta iifgroup 0x6e6f6475 fib saddr . iif oif missing ip saddr @pod-forged-sources-v4 drop",
+            "meta iifgroup 0x6e6f6475 fib saddr . iif oif missing ip6 saddr @pod-forged-sources-v6 drop",
+        ] {
+            assert!(chain.contains(line), "{line} in {chain}");
+        }
+        assert!(text.contains("set pod-forged-sources-v4 {"), "{text}");
+    }
+    let text = render(
+        &Planner::new(&view, &ProxySettings::default()).skeleton(),
+        [],
+    );
+    assert!(!text.contains("pod-source-check"), "{text}");
 }
 
 fn load_balancer(spec: Json, ingress: Json) -> Update {

@@ -465,6 +465,10 @@ impl<'p> Ruleset<'p> {
                 Stmt::L4Proto(protocol) => walk.protocol == *protocol,
                 Stmt::Dport(port) => walk.port == *port,
                 Stmt::FibSaddrLocal => walk.from_host || self.is_local(walk.source),
+                // A pod's packet comes through its own link, from its own address (the
+                // trace does not forge), and is TCP, UDP or SCTP.
+                Stmt::IifGroup(_) => walk.from_pod,
+                Stmt::SourceNotRoutedBack | Stmt::Icmpv6Type(_) => false,
                 Stmt::MarkClear(bits) => walk.mark & bits == 0,
                 Stmt::Vmap { key, map } => {
                     let key = match key {
