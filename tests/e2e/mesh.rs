@@ -449,8 +449,8 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
 
     // Egress with the proxy off (nodus beside kube-proxy): a server outside the cluster,
     // on the underlay, which has no route to pods, sees node 1's address in both
-    // families. nodus's table holds the masquerade and nothing that could meet
-    // kube-proxy's traffic.
+    // families. nodus's table holds the masquerade and the pods' source check, and
+    // nothing that could meet kube-proxy's traffic.
     for (outside, node_1) in [
         (IpAddr::V4(underlay.v4(1)), IpAddr::V4(underlay.v4(2))),
         (IpAddr::V6(underlay.v6(1)), IpAddr::V6(underlay.v6(2))),
@@ -482,10 +482,14 @@ fn pods_reach_each_other_across_nodes_through_the_mesh_only() {
         [
             "chain masquerading {",
             "chain nat-postrouting {",
+            "chain pod-source-check {",
             "set cluster-cidrs-v4 {",
             "set cluster-cidrs-v6 {",
             "set pod-cidrs-v4 {",
             "set pod-cidrs-v6 {",
+            "set pod-forged-sources-v4 {",
+            "set pod-forged-sources-v6 {",
+            "set pod-router-messages-v6 {",
         ],
         "{table}"
     );
