@@ -186,6 +186,20 @@ impl ClusterDns {
         self
     }
 
+    /// A TCP connection closed because its client does not read: counted, and warned of
+    /// (the cap is the client's, not the server's, but an operator should see it).
+    pub(crate) fn tcp_closed(&self, why: crate::tcp::Closed) {
+        let total = self.metrics.tcp_closed(why);
+        // At the 1st, 2nd, 4th, 8th… only: a client that keeps doing it cannot fill the log.
+        if total.is_power_of_two() {
+            tracing::warn!(
+                ?why,
+                total,
+                "DNS TCP connections closed: their clients do not read their replies"
+            );
+        }
+    }
+
     /// Reads the hosts file again if it changed.
     pub(crate) fn reload_hosts(&self) {
         if let Some(hosts) = &self.hosts {

@@ -80,6 +80,9 @@ pub struct DnsMetrics {
     rate_limited: [Counter; 2],
     /// Autopath walks by how they ended ([`Walked`]).
     walks: [Counter; Walked::ALL.len()],
+    /// TCP connections closed for a client that does not read: no room for a reply, and
+    /// a write that timed out ([`crate::tcp::Closed`]).
+    tcp_closed: [Counter; 2],
 }
 
 /// Indexes into [`QTYPES`]; a match, not a search, because every query counts.
@@ -107,6 +110,7 @@ impl DnsMetrics {
             forwarder,
             rate_limited: Default::default(),
             walks: Default::default(),
+            tcp_closed: Default::default(),
         }
     }
 
@@ -129,6 +133,13 @@ impl DnsMetrics {
 
     pub fn walked(&self, walked: Walked) {
         self.walks[walked as usize].inc();
+    }
+
+    /// A TCP connection closed because its client does not read its replies; how many
+    /// were, for either reason.
+    pub fn tcp_closed(&self, why: crate::tcp::Closed) -> u64 {
+        self.tcp_closed[why as usize].inc();
+        self.tcp_closed.iter().map(Counter::get).sum()
     }
 }
 
@@ -167,11 +178,19 @@ impl DnsMetrics {
         )?;
         families.labelled(
             "nodus_dns_rate_limited",
-            "UDP responses over a client prefix's rate: dropped, or sent truncated (slip).",
+            "UDP responses over a client address's rate: dropped, or sent truncated (slip).",
             ["drop", "slip"]
                 .iter()
                 .zip(&self.rate_limited)
                 .map(|(action, count)| ([("action", *action)], count.clone())),
+        )?;
+        families.labelled(
+            "nodus_dns_tcp_connections_closed",
+            "TCP connections closed because the client does not read its replies: a reply found no room in the connection's or the address's budget of reply bytes (no-room), or could not be written (write-timeout), within 2 s.",
+            ["no-room", "write-timeout"]
+                .iter()
+                .zip(&self.tcp_closed)
+                .map(|(reason, count)| ([("reason", *reason)], count.clone())),
         )?;
         families.labelled(
             "nodus_dns_autopath",

@@ -11,7 +11,7 @@ use crate::lookup::Zone;
 use crate::metrics::DnsMetrics;
 use crate::tcp::{self, TcpListener};
 use crate::udp::UdpListener;
-use nodus_limits::ConnectionCaps;
+use nodus_limits::{ConnectionCaps, Tenants};
 use nodus_view::ViewReader;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -225,23 +225,34 @@ pub async fn serve_with_threads(
 ) -> std::io::Result<DnsServer> {
     let plan = listen::plan(listen);
     let handler = ClusterDns::new(view, zone, forwarder);
-    serve_planned(handler, &plan, udp_threads, BTreeMap::new()).await
+    serve_planned(
+        handler,
+        &plan,
+        udp_threads,
+        BTreeMap::new(),
+        Tenants::default(),
+    )
+    .await
 }
 
 /// Serves `plan` ([`listen::plan`]): a fixed address that cannot be bound is an error; a
 /// followed wildcard binds what it can of the host's addresses now, and follows them. An
 /// address whose sockets are `inherited` (from the process before) serves on them.
+///
+/// `pods` tells pods' addresses from others for the TCP listeners' caps: pods hold at most
+/// half the connections together, so that the node and other clients keep theirs.
 pub async fn serve_planned(
     handler: ClusterDns,
     plan: &[Listen],
     udp_threads: usize,
     inherited: BTreeMap<SocketAddr, BoundSockets>,
+    pods: Tenants,
 ) -> std::io::Result<DnsServer> {
     let handed_over = Arc::new(AtomicBool::new(false));
     let shared = Shared {
         handler: handler.clone(),
         udp_threads,
-        tcp_caps: ConnectionCaps::new(tcp::CONNECTIONS, tcp::PER_CLIENT),
+        tcp_caps: ConnectionCaps::new(tcp::CONNECTIONS, tcp::PER_CLIENT).with_tenants(pods),
         inherited: Arc::new(Mutex::new(inherited)),
         handed_over: handed_over.clone(),
     };

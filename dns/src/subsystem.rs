@@ -12,6 +12,7 @@ use crate::listen::{self, Listen};
 use crate::lookup::Zone;
 use crate::rate::RateLimitSettings;
 use crate::server::{BoundSockets, DnsServer, serve_planned};
+use nodus_limits::Tenants;
 use nodus_view::config::Cluster;
 use nodus_view::{Applied, Subsystem, View, ViewReader};
 use std::collections::BTreeMap;
@@ -71,7 +72,14 @@ pub async fn start(
             config.hosts_file.clone(),
         ));
     }
-    let mut server = serve_planned(handler, &plan, config.udp_threads, inherited)
+    let pods = match &cluster.cluster_cidrs[..] {
+        [] => Tenants::default(),
+        ranges => {
+            let ranges = ranges.to_vec();
+            Tenants::within(move |client| ranges.iter().any(|range| range.contains(client)))
+        }
+    };
+    let mut server = serve_planned(handler, &plan, config.udp_threads, inherited, pods)
         .await
         .map_err(|source| StartError::Bind {
             listen: config.listen.clone(),

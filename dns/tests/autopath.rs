@@ -148,7 +148,7 @@ fn setup() -> Setup {
         view.mark_complete();
         let handler = ClusterDns::new(view.reader(), zone, Some(forwarder));
         let listen = listen::plan(&["127.0.0.1:0".parse().expect("addr")]);
-        let mut server = serve_planned(handler, &listen, 1, BTreeMap::new())
+        let mut server = serve_planned(handler, &listen, 1, BTreeMap::new(), Default::default())
             .await
             .expect("serve");
         server.allow(nodus_dns::allow::AllowedPrefixes {

@@ -632,3 +632,88 @@ fn tcp_connections_are_capped_per_client_and_idle_ones_closed() {
     // Idle (half a length sent, then nothing): closed after IDLE.
     assert!(closed(&mut held[0], IDLE + Duration::from_secs(10)));
 }
+
+/// A client that pipelines thousands of questions over TCP and reads none of the replies
+/// (the review's N8: 6 to 8 such pods used to pin megabytes each, for 10 s per stalled
+/// write, and exhaust the agent's memory) holds no more than its connection's budget of
+/// reply bytes: the server closes the connection once a reply finds no room, or cannot be
+/// written, within 2 s, and counts it; another client is answered meanwhile.
+#[test]
+fn a_tcp_client_that_reads_nothing_is_closed_and_counted() {
+    use socket2::{Domain, Socket, Type};
+    use std::io::Write;
+    use std::time::Duration;
+    let dns = start(PodRecords::Disabled);
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
+    socket
+        .set_recv_buffer_size(4096)
+        .expect("a small receive buffer");
+    socket.connect(&dns.addr.into()).expect("connect");
+    let mut stream: std::net::TcpStream = socket.into();
+    // `many` has 60 addresses: about 1 KB a reply.
+    let name = "many.default.svc.cluster.local";
+    let mut query = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in name.split('.') {
+        query.push(u8::try_from(label.len()).expect("label"));
+        query.extend_from_slice(label.as_bytes());
+    }
+    query.extend_from_slice(&[0, 0, 1, 0, 1]);
+    let mut framed = u16::try_from(query.len())
+        .expect("length")
+        .to_be_bytes()
+        .to_vec();
+    framed.extend_from_slice(&query);
+    stream
+        .set_write_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    // About 20 MB of replies: more than loopback's send buffer (about 1.3 MB, from its
+    // 64 KiB segments) and the budgets can hold.
+    let batch: Vec<u8> = framed.repeat(100);
+    for _ in 0..200 {
+        if stream.write_all(&batch).is_err() {
+            break;
+        }
+    }
+    let r = dig(&dns, &["+tcp", "web.default.svc.cluster.local", "A"]);
+    assert_eq!(r.typed_data(), ["A 10.96.0.20"], "{}", r.raw);
+    let counted = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("nodus_dns_tcp_connections_closed_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>()
+    };
+    let mut closed_count = 0;
+    for _ in 0..100 {
+        closed_count = counted(&nodus_prom::render(dns._server.metrics.clone()));
+        if closed_count > 0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        closed_count,
+        1,
+        "the stalled connection closed and counted: {}",
+        nodus_prom::render(dns._server.metrics.clone())
+            .lines()
+            .filter(|l| l.contains("tcp"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // What the client did not read is gone with the connection: reading ends.
+    assert!(closed(&mut stream, Duration::from_secs(30)) || drained(&mut stream));
+}
+
+/// Reads `stream` to its end (or an error): true when the server closed it.
+fn drained(stream: &mut std::net::TcpStream) -> bool {
+    use std::io::Read;
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+    let mut buffer = vec![0; 65536];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(error) => return error.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    }
+}

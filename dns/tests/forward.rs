@@ -283,7 +283,7 @@ fn start_with_hosts(
             handler = handler.with_hosts(hosts);
         }
         let listen = listen::plan(&["127.0.0.1:0".parse().expect("addr")]);
-        let server = serve_planned(handler, &listen, 1, Default::default())
+        let server = serve_planned(handler, &listen, 1, Default::default(), Default::default())
             .await
             .expect("serve");
         (server, forwarder)
