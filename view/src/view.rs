@@ -226,10 +226,15 @@ pub struct View {
     dns_config_map: Option<wire::DnsConfigMap>,
 }
 
+/// The identity of a Pod, NetworkPolicy or listed object in this process: a hash of its
+/// kind, namespace and name under a key drawn at start (SipHash-1-3, as std's maps), so
+/// that nobody can look for two names of one identity beforehand; with a fixed key a
+/// tenant could find two pod names that share one policy slot in about 2^32 tries (the
+/// tenants-2 review's N5). Never saved: the next process draws another key.
 fn object_hash(kind: Kind, namespace: &str, name: &str) -> u64 {
-    let mut h = DefaultHasher::new();
-    (kind.index(), namespace, name).hash(&mut h);
-    h.finish()
+    static KEY: std::sync::LazyLock<std::hash::RandomState> =
+        std::sync::LazyLock::new(std::hash::RandomState::new);
+    std::hash::BuildHasher::hash_one(&*KEY, (kind.index(), namespace, name))
 }
 
 impl View {
@@ -861,8 +866,16 @@ impl View {
                 } else {
                     pod.ips = self.policy.addresses_with_sandbox(key, &pod.ips);
                 }
-                self.policy
-                    .put_pod(key, pod, &mut self.strings, policy_pods)
+                if pod.ips.is_empty() && !pod.local {
+                    // No address: no selector can find it as a peer, and nothing of it is
+                    // held (it comes again, labels and all, with its first address). A
+                    // tenant's pending or gated pods cost the other nodes nothing; this
+                    // node keeps its own, whose sandbox nodus-cni may claim.
+                    self.policy.remove_pod(key, &mut self.strings, policy_pods);
+                } else {
+                    self.policy
+                        .put_pod(key, pod, &mut self.strings, policy_pods);
+                }
             }
             Err(e) => {
                 error = Some(e);
@@ -1609,6 +1622,41 @@ mod tests {
             }))
             .expect("test pod"),
         )
+    }
+
+    /// A pod without an address is held only on its own node (where nodus-cni may claim
+    /// its sandbox): another node keeps nothing of it, labels included, until it has one.
+    #[test]
+    fn pods_without_an_address_are_held_only_by_their_node() {
+        let labelled = |name: &str, node: Option<&str>, ips: &[&str]| {
+            let ips: Vec<_> = ips.iter().map(|ip| serde_json::json!({"ip": ip})).collect();
+            Update::Pod(
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": name, "namespace": "tenant",
+                                 "labels": {format!("{name}-key"): format!("{name}-value")}},
+                    "spec": {"nodeName": node, "schedulingGates": [{"name": "hold"}]},
+                    "status": {"phase": "Pending", "podIPs": ips}
+                }))
+                .expect("test pod"),
+            )
+        };
+        let mut view = View::new("node-a");
+        view.apply([
+            labelled("gated", None, &[]),
+            labelled("pending-b", Some("node-b"), &[]),
+            labelled("pending-a", Some("node-a"), &[]),
+        ]);
+        assert_eq!(view.counts().policy_pods, 1, "this node's own pending pod");
+        for gone in ["gated-value", "pending-b-value"] {
+            assert!(view.strings().lookup(gone).is_none(), "{gone} is not held");
+        }
+        assert!(view.strings().lookup("pending-a-value").is_some());
+        // With an address it is a peer like any other, and without one again, gone.
+        view.apply([labelled("pending-b", Some("node-b"), &["10.244.1.9"])]);
+        assert_eq!(view.counts().policy_pods, 2);
+        view.apply([labelled("pending-b", Some("node-b"), &[])]);
+        assert_eq!(view.counts().policy_pods, 1);
+        assert!(view.strings().lookup("pending-b-value").is_none());
     }
 
     fn asker(view: &View, ip: &str) -> Option<(String, bool)> {
