@@ -221,7 +221,17 @@ impl Mesh {
             node_cidrs: self.settings.node_cidrs.clone(),
             endpoint: self.settings.endpoint,
             persistent_keepalive: self.settings.persistent_keepalive,
+            now: SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |since| {
+                    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
+                }),
         }
+    }
+
+    /// What the device holds, as last read or written.
+    pub fn held_peers(&self) -> &BTreeMap<Key, Peer> {
+        &self.peers
     }
 
     /// Re-reads the device's peers and the kernel's routes and addresses (so that the next

@@ -32,6 +32,20 @@ pub struct PlanSettings {
     /// Seconds between keepalives to each peer, 0 for none: they keep the mapping of a
     /// NAT in front of either node open, so that the peer can reach it at any time.
     pub persistent_keepalive: u16,
+    /// Now, in seconds since the epoch: how long a NotReady node has been so.
+    pub now: i64,
+}
+
+/// How long a node that turned NotReady keeps its standing in the mesh's claims: a
+/// kubelet silent past the node monitor's grace (40 s), an API outage, an agent restart
+/// must not let another node take its address, range or key. Past it (the eviction's
+/// default too), it is a ghost, and a ready node may take over.
+pub const CLAIM_GRACE_SECONDS: i64 = 300;
+
+/// Whether `node` stands as a ready node for its claims at `now`: Ready, or NotReady for
+/// less than [`CLAIM_GRACE_SECONDS`].
+fn stands(node: &Node, now: i64) -> bool {
+    node.ready || now.saturating_sub(node.ready_changed) < CLAIM_GRACE_SECONDS
 }
 
 /// Which address a node publishes for peers to reach it. A Node's `nodus.dev/force-endpoint`
@@ -120,7 +134,7 @@ pub fn desired(view: &View, settings: &PlanSettings, own_key: &Key, previous: &D
         match peer_of(node, settings) {
             Ok((key, peer)) => {
                 let established = previous.holds(name, &key, &peer.allowed_ips);
-                let rank = (!node.ready, !established, node.created);
+                let rank = (!stands(node, settings.now), !established, node.created);
                 claims.push((rank, name, node, key, peer));
             }
             Err(reason) => plan.skipped.push((name.into(), reason)),
@@ -240,10 +254,30 @@ pub const NO_KEY: &str = "no WireGuard key published";
 pub const NO_POD_CIDRS: &str = "no pod CIDRs";
 
 impl Desired {
+    /// What the device already holds when the agent starts, as the last plan: its peers'
+    /// claims stay established, so a restarted agent keeps what its predecessor granted
+    /// instead of giving a contested address to the older of two claimants at once. The
+    /// device names no node: whichever node has the key and claims those addresses holds
+    /// them.
+    pub fn adopted(peers: &BTreeMap<Key, Peer>) -> Desired {
+        let peers = peers
+            .iter()
+            .map(|(key, peer)| {
+                let mut peer = peer.clone();
+                peer.allowed_ips.sort_unstable();
+                (*key, peer)
+            })
+            .collect();
+        Desired {
+            peers,
+            ..Desired::default()
+        }
+    }
+
     /// Whether the last plan had `node` as a peer with `key` and every one of
-    /// `allowed_ips` (sorted).
+    /// `allowed_ips` (sorted); an adopted plan names no node.
     fn holds(&self, node: &str, key: &Key, allowed_ips: &[Cidr]) -> bool {
-        let same_node = self.peer_nodes.get(key).is_some_and(|n| &**n == node);
+        let same_node = self.peer_nodes.get(key).is_none_or(|n| &**n == node);
         let held = self.peers.get(key).map_or(&[][..], |p| &p.allowed_ips[..]);
         same_node && allowed_ips.iter().all(|c| held.binary_search(c).is_ok())
     }
@@ -504,8 +538,12 @@ mod tests {
             node_cidrs: Vec::new(),
             endpoint: EndpointChoice::Internal,
             persistent_keepalive: 25,
+            now: NOW,
         }
     }
+
+    /// 2033-05-18: after every time the tests' Nodes carry.
+    const NOW: i64 = 2_000_000_000;
 
     fn key(n: u8) -> Key {
         Key([n; 32])
@@ -726,6 +764,7 @@ mod tests {
         node.status.conditions = vec![wire::NodeCondition {
             type_: "Ready".into(),
             status: "True".into(),
+            last_transition_time: None,
         }];
         Update::Node(node)
     }
@@ -788,6 +827,54 @@ mod tests {
         assert_eq!(plan.skipped, vec![("ghost".into(), OVERLAPS)]);
     }
 
+    /// The tenants-2 review's N6: n2 squats n3's address; n3 turns NotReady for a moment
+    /// (a silent kubelet, an API outage). It keeps its standing for the claim grace, so
+    /// the squatter is not granted the address, and n3, Ready again, still has it. Only a
+    /// node NotReady for longer than the grace loses to a ready one.
+    #[test]
+    fn a_not_ready_moment_does_not_hand_a_nodes_address_to_a_squatter() {
+        let n2 = |ips: &[&str]| {
+            let n2 = node("n2", &["10.244.2.0/24"], ips, Some(key(2)), None);
+            created_at(ready(n2), "2024-01-01T00:00:00Z")
+        };
+        let not_ready_since = |since: i64| {
+            let Update::Node(mut n3) = ready_n3() else {
+                unreachable!("node() makes nodes")
+            };
+            n3.status.conditions = vec![wire::NodeCondition {
+                type_: "Ready".into(),
+                status: "Unknown".into(),
+                last_transition_time: Some(since),
+            }];
+            Update::Node(n3)
+        };
+        let settled = desired(
+            &view(vec![own(), n2(&["192.168.1.2"]), ready_n3()]),
+            &settings(),
+            &key(1),
+            &Desired::default(),
+        );
+        let squatting = |n3: Update| view(vec![own(), n2(&["192.168.1.2", "192.168.1.3"]), n3]);
+        let blip = desired(
+            &squatting(not_ready_since(NOW - 60)),
+            &settings(),
+            &key(1),
+            &settled,
+        );
+        assert_eq!(peers_of(&blip), ["n3"]);
+        assert_eq!(blip.skipped, vec![("n2".into(), OVERLAPS)]);
+        let back = desired(&squatting(ready_n3()), &settings(), &key(1), &blip);
+        assert_eq!(peers_of(&back), ["n3"]);
+        // NotReady past the grace: a ghost; the ready squatter takes the address.
+        let gone = desired(
+            &squatting(not_ready_since(NOW - CLAIM_GRACE_SECONDS - 1)),
+            &settings(),
+            &key(1),
+            &settled,
+        );
+        assert_eq!(peers_of(&gone), ["n2"]);
+    }
+
     #[test]
     fn a_node_that_claims_a_peers_address_or_key_later_does_not_take_it() {
         // n2 is older than n3; both are ready.
@@ -819,9 +906,17 @@ mod tests {
             peers_of(&desired(&squatting(), &settings(), &key(1), &plan)),
             ["n3"]
         );
-        // An agent that starts afresh has no last plan: the older node wins then.
-        let afresh = desired(&squatting(), &settings(), &key(1), &Desired::default());
-        assert_eq!(peers_of(&afresh), ["n2"]);
+        // An agent that starts afresh adopts what its device holds: n3 keeps its address.
+        let afresh = desired(
+            &squatting(),
+            &settings(),
+            &key(1),
+            &Desired::adopted(&settled.peers),
+        );
+        assert_eq!(peers_of(&afresh), ["n3"]);
+        // With nothing on its device (a node's first start), the older node wins.
+        let empty = desired(&squatting(), &settings(), &key(1), &Desired::default());
+        assert_eq!(peers_of(&empty), ["n2"]);
         // n2 copies n3's public key: the key stays n3's.
         let copied = view(vec![own(), n2(&["192.168.1.2"], key(3)), ready_n3()]);
         let plan = desired(&copied, &settings(), &key(1), &settled);

@@ -99,8 +99,9 @@ async fn follow(
     let mut complete = false;
     let mut publishing: Option<(JoinHandle<()>, Annotations)> = None;
     let mut published: Option<Annotations> = None;
-    // The last plan: its claims are the established ones.
-    let mut last = plan::Desired::default();
+    // The last plan: its claims are the established ones. At start, what the device
+    // holds (the process before granted it).
+    let mut last = plan::Desired::adopted(mesh.held_peers());
     loop {
         mesh.metrics.heartbeat.beat();
         tokio::select! {

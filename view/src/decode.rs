@@ -625,6 +625,13 @@ fn check_node(wire: &wire::Node) -> Result<Node, String> {
             .conditions
             .iter()
             .any(|c| c.type_ == "Ready" && c.status == "True"),
+        ready_changed: wire
+            .status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .and_then(|c| c.last_transition_time)
+            .unwrap_or(i64::MIN),
         leaving: wire.metadata.deletion_timestamp
             || wire
                 .spec

@@ -643,6 +643,9 @@ pub struct Node {
     /// node lifecycle controller sets `Unknown` when its kubelet went silent) never keeps
     /// an address, range or key from a ready one in the mesh.
     pub ready: bool,
+    /// When its `Ready` condition last changed, in seconds since the epoch; `i64::MIN`
+    /// when unknown. A node NotReady for a moment keeps its standing in the mesh.
+    pub ready_changed: i64,
 }
 
 impl Node {

@@ -473,17 +473,21 @@ pub struct Taint {
 pub struct NodeStatus {
     #[serde(default, deserialize_with = "null_default")]
     pub addresses: Vec<NodeAddress>,
-    /// Only each condition's type and status are read.
+    /// Only each condition's type, status and last transition are read.
     #[serde(default, deserialize_with = "null_default")]
     pub conditions: Vec<NodeCondition>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
 pub struct NodeCondition {
     #[serde(rename = "type", default)]
     pub type_: String,
     #[serde(default)]
     pub status: String,
+    /// `lastTransitionTime`, in seconds since the epoch.
+    #[serde(default, deserialize_with = "unix_seconds", skip_serializing)]
+    pub last_transition_time: Option<i64>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
