@@ -49,24 +49,46 @@ impl From<Result<(), String>> for GateReply {
     }
 }
 
-/// Asks the agent at `socket` to isolate `request`'s pod and waits for its word, at most
-/// `wait`. Any failure leaves the pod unstarted: the runtime tries `ADD` again.
 /// `STATUS` with a gate: the agent takes connections at `socket` (a socket file whose
-/// agent is gone refuses them). The connection closes without a request, which the agent
-/// takes for this question.
+/// agent is gone refuses them), or it has taken them since the node booted. The
+/// connection closes without a request, which the agent takes for this question.
+///
+/// containerd asks `STATUS` for the kubelet every few seconds, and a failure makes the
+/// node NotReady, so that after 300 s its running pods are evicted. That is right before
+/// the agent has ever answered (no pod should be placed on a node without its network),
+/// and wrong after: an agent that crashes or restarts leaves its pods' network in the
+/// kernel, new pods' `ADD`s wait at the gate and fail until it is back, and the node
+/// stays Ready, as with Calico's and Cilium's agents. The answer is remembered in a file
+/// beside the socket (`<socket>.answered`), in `/run`, which a reboot empties.
 pub fn agent_answers(socket: &Path) -> Result<(), Error> {
-    UnixStream::connect(socket).map(drop).map_err(|e| {
-        Error::new(
+    let answered = answered_marker(socket);
+    match UnixStream::connect(socket) {
+        Ok(_) => {
+            // Best effort: without the file, STATUS only stays tied to the agent.
+            let _ = std::fs::write(&answered, b"");
+            Ok(())
+        }
+        Err(_) if answered.exists() => Ok(()),
+        Err(e) => Err(Error::new(
             code::PLUGIN_NOT_AVAILABLE,
             format!(
-                "the node's nodus agent does not answer at {} ({e}): a pod's ADD would wait \
-                 for its NetworkPolicy isolation and fail",
+                "the node's nodus agent does not answer at {} ({e}) and has not since the \
+                 node booted: a pod's ADD would wait for its NetworkPolicy isolation and fail",
                 socket.display()
             ),
-        )
-    })
+        )),
+    }
 }
 
+/// The file that says the agent at `socket` answered since the node booted.
+pub fn answered_marker(socket: &Path) -> std::path::PathBuf {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".answered");
+    name.into()
+}
+
+/// Asks the agent at `socket` to isolate `request`'s pod and waits for its word, at most
+/// `wait`. Any failure leaves the pod unstarted: the runtime tries `ADD` again.
 pub fn pass(socket: &Path, request: &GateRequest, wait: Duration) -> Result<(), Error> {
     let failed = |what: String| {
         Error::new(

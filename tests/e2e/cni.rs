@@ -409,8 +409,9 @@ fn the_pod_plugin_answers_version_and_refuses_bad_input() {
 /// (Debian 12's read 1.0.0 at most, so the mesh's conflist stays 1.0.0 with them) and the
 /// reference client, cnitool:
 /// - the conflist is 1.1.0 when every chained plugin reads it;
-/// - STATUS fails with code 50 while nothing answers at the isolation gate, and passes
-///   once the agent's socket takes connections;
+/// - STATUS fails with code 50 while nothing answers at the isolation gate, passes once
+///   the agent's socket takes connections, and goes on passing when the agent is gone
+///   until the node reboots;
 /// - GC keeps the attachments the runtime still holds and removes what lost DELs left:
 ///   links (with the pod's end, addresses and routes) and `host-local` leases, whose own
 ///   GC does nothing. cnitool's GC holds no attachment valid: everything goes.
@@ -477,7 +478,19 @@ fn status_and_gc_of_cni_1_1_with_the_reference_plugins_and_cnitool() {
     let agent = std::os::unix::net::UnixListener::bind(&socket).expect("the agent's socket");
     let status = cnitool(&["status", &network, &netns_path(&pods[0])]);
     assert!(status.status.success(), "{status:?}");
+    // The agent gone after it answered once (a crash, a restart): STATUS still passes, so
+    // the node stays Ready and keeps its pods; after a reboot (`/run` emptied) it fails.
     drop(agent);
+    std::fs::remove_file(&socket).expect("the socket gone with its agent");
+    let status = cnitool(&["status", &network, &netns_path(&pods[0])]);
+    assert!(
+        status.status.success(),
+        "after the agent answered once: {status:?}"
+    );
+    let answered = nodus_cni::gate::answered_marker(&socket);
+    std::fs::remove_file(&answered).expect("the agent's answer remembered");
+    let status = cnitool(&["status", &network, &netns_path(&pods[0])]);
+    assert!(!status.status.success(), "after a reboot: {status:?}");
 
     for pod in &pods {
         let added = cnitool(&["add", &network, &netns_path(pod)]);

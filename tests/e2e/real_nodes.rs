@@ -506,6 +506,8 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
         .expect("kubectl logs through the egress");
     assert!(logs.contains("/hostname"), "{logs}");
 
+    agent_gone_keeps_the_node_ready(&cluster, 1);
+
     // The upstream suite's own judgement, on the same cluster: its smoke specs.
     let report = cluster.dir.join("e2e");
     let status = run_upstream(&cluster, &smoke_focus(), "", &report);
@@ -516,6 +518,62 @@ fn two_kubelets_run_pods_through_nodus_cni_and_nodus_carries_their_traffic() {
         ran.contains(&format!("Ran {} of", SMOKE_SPECS.len())),
         "{ran}"
     );
+}
+
+/// Node `index`'s agent stops answering at its isolation gate (its socket moved away, as
+/// when it crashes or is OOM-killed): containerd asks nodus-cni's `STATUS` for the kubelet
+/// every few seconds, and it goes on passing, since the agent answered on this boot, so
+/// the node stays Ready and keeps its pods. The control: with that memory gone too (as
+/// after a reboot) the node turns NotReady, so `STATUS` really is asked; both back, it is
+/// Ready again.
+fn agent_gone_keeps_the_node_ready(cluster: &KubeletCluster, index: usize) {
+    let node = &cluster.nodes[index];
+    let name = format!("node-{}", index + 1);
+    let conflist = cluster.dir.join(&name).join("net.d/00-nodus.conflist");
+    let text = std::fs::read_to_string(&conflist).expect("nodus's conflist");
+    let version = serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["cniVersion"]
+        .clone();
+    assert_eq!(version, "1.1.0", "STATUS is asked: {text}");
+    let kubelet = node.kubelet.as_ref().expect("the node runs");
+    let run = |args: &[&str]| {
+        kubelet
+            .exec(args[0], &args[1..])
+            .unwrap_or_else(|error| panic!("{args:?} on {name}: {error:#}"));
+    };
+    let ready = || {
+        cluster
+            .plane
+            .kubectl(&[
+                "get",
+                "node",
+                &name,
+                "-o",
+                r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+            ])
+            .unwrap_or_default()
+    };
+    let socket = "/run/nodus/cni.sock";
+    let answered = format!("{socket}.answered");
+    run(&["test", "-e", &answered]);
+    run(&["mv", socket, "/run/nodus/away.sock"]);
+    // containerd's poll is every 5 s and the kubelet's status every 10 s: 40 s covers both
+    // several times over.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while std::time::Instant::now() < deadline {
+        assert_eq!(ready(), "True", "{name} stays Ready without its agent");
+        std::thread::sleep(Duration::from_secs(2));
+    }
+    run(&["mv", &answered, "/run/nodus/away.answered"]);
+    wait_within(
+        "the node NotReady once STATUS fails",
+        Duration::from_secs(90),
+        || (ready() == "False").then_some(()),
+    );
+    run(&["mv", "/run/nodus/away.sock", socket]);
+    run(&["mv", "/run/nodus/away.answered", &answered]);
+    wait_within("the node Ready again", Duration::from_secs(90), || {
+        (ready() == "True").then_some(())
+    });
 }
 
 /// Ten upstream `[sig-network]` specs that need nothing this machine lacks, one or more

@@ -230,6 +230,12 @@ impl KubeletNode {
         Ok(())
     }
 
+    /// Runs `program` with `args` in the node's network and mount namespaces (its own
+    /// `/run`, for one), to its end: its standard output.
+    pub fn exec(&self, program: &str, args: &[&str]) -> anyhow::Result<String> {
+        self.run(Command::new(program).args(args))
+    }
+
     pub fn log_path(&self, daemon: &str) -> PathBuf {
         self.dir.join(format!("{daemon}.log"))
     }

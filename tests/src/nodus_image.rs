@@ -14,8 +14,8 @@ use std::sync::{Mutex, PoisonError};
 pub const NODUS_IMAGE_NAME: &str = "localhost/nodus";
 pub const NODUS_IMAGE_TAG: &str = "test";
 
-/// The reference plugins the image carries (the Containerfile's, from Debian's
-/// containernetworking-plugins) and where.
+/// The reference plugins the image carries and where (the Containerfile's come from
+/// Debian's containernetworking-plugins; the test image's from their modules).
 const IMAGE_CNI_PLUGINS: [&str; 3] = ["host-local", "portmap", "loopback"];
 const IMAGE_CNI_DIR: &str = "usr/lib/nodus/cni";
 
@@ -27,8 +27,12 @@ pub fn make_archive(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&plugins).with_context(|| format!("creating {}", plugins.display()))?;
     std::fs::copy(&binary, rootfs.join("nodus"))
         .with_context(|| format!("copying {}", binary.display()))?;
+    // The reference plugins built from their modules read CNI 1.1, so the nodes' conflist
+    // is 1.1.0 and containerd asks STATUS and GC as it does on a current distribution;
+    // Debian's (the Containerfile's) read 1.0.0 at most.
+    let reference = crate::control_plane::reference_cni_plugins()?;
     for plugin in IMAGE_CNI_PLUGINS {
-        let from = Path::new(crate::runtime::CNI_PATH).join(plugin);
+        let from = reference.join(plugin);
         std::fs::copy(&from, plugins.join(plugin))
             .with_context(|| format!("copying {}", from.display()))?;
     }
