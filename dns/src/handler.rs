@@ -295,7 +295,11 @@ impl ClusterDns {
         out: &mut [u8],
     ) -> Front {
         if !tcp {
-            match self.rate.check(src.ip(), at.arrived) {
+            let (verdict, shared) = self.rate.check(src.ip(), at.arrived);
+            if shared {
+                self.metrics.rate_table_full();
+            }
+            match verdict {
                 Verdict::Send => {}
                 Verdict::Drop => {
                     self.metrics.rate_limited(false);

@@ -78,6 +78,8 @@ pub struct DnsMetrics {
     forwarder: Option<Arc<Forwarder>>,
     /// Responses over the rate limit ([`crate::rate`]): dropped, and sent truncated.
     rate_limited: [Counter; 2],
+    /// Responses judged in the bucket new clients share while the rate table is full.
+    rate_table_full: Counter,
     /// Autopath walks by how they ended ([`Walked`]).
     walks: [Counter; Walked::ALL.len()],
     /// TCP connections closed for a client that does not read: no room for a reply, and
@@ -109,6 +111,7 @@ impl DnsMetrics {
             latency: Histogram::new(LATENCY_BUCKETS),
             forwarder,
             rate_limited: Default::default(),
+            rate_table_full: Counter::default(),
             walks: Default::default(),
             tcp_closed: Default::default(),
         }
@@ -129,6 +132,20 @@ impl DnsMetrics {
     /// One response over the rate limit: dropped, or sent truncated (`slipped`).
     pub fn rate_limited(&self, slipped: bool) {
         self.rate_limited[usize::from(slipped)].inc();
+    }
+
+    /// One response judged in the shared bucket: the rate table is full; warned of at
+    /// the 1st, 2nd, 4th… so that a flood cannot fill the log.
+    pub fn rate_table_full(&self) {
+        self.rate_table_full.inc();
+        let total = self.rate_table_full.get();
+        if total.is_power_of_two() {
+            tracing::warn!(
+                total,
+                clients = crate::rate::MAX_CLIENTS,
+                "the DNS rate limit's table is full of active clients: new ones share one bucket"
+            );
+        }
     }
 
     pub fn walked(&self, walked: Walked) {
@@ -183,6 +200,11 @@ impl DnsMetrics {
                 .iter()
                 .zip(&self.rate_limited)
                 .map(|(action, count)| ([("action", *action)], count.clone())),
+        )?;
+        families.one(
+            "nodus_dns_rate_limit_table_full",
+            "UDP responses judged in the bucket new clients share because the rate limit's table holds 16,384 clients, none idle.",
+            &self.rate_table_full,
         )?;
         families.labelled(
             "nodus_dns_tcp_connections_closed",

@@ -10,16 +10,21 @@
 //! (they sit behind their veths), so a prefix's bucket would let one busy pod get its
 //! neighbours' answers dropped. Loopback is not limited: it cannot be forged from outside
 //! the host. TCP is not limited. The table holds at most [`MAX_CLIENTS`]; idle buckets
-//! are forgotten first.
+//! are forgotten first, and while none is idle every new client shares one bucket (of
+//! one client's rate), so that filling the table never turns the limit off.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Instant;
 
-/// Clients tracked at once; beyond, once idle ones are gone, a new client is not limited
-/// (the allow-list already bounds who may ask).
+/// Clients tracked at once; beyond, once idle ones are gone, new clients share the
+/// overflow bucket.
 pub const MAX_CLIENTS: usize = 16_384;
+
+/// The key of the bucket new clients share while the table is full: `ffff:…:ffff`, which
+/// no client sends from.
+const OVERFLOW: (bool, u128) = (false, u128::MAX);
 
 /// What the limit allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,22 +78,30 @@ impl RateLimit {
         }
     }
 
-    /// The verdict for one response to `client` at `now`.
-    pub fn check(&self, client: IpAddr, now: Instant) -> Verdict {
+    /// The verdict for one response to `client` at `now`, and whether it was judged in
+    /// the bucket new clients share while the table is full of clients that are not idle.
+    pub fn check(&self, client: IpAddr, now: Instant) -> (Verdict, bool) {
+        let mut shared = false;
+        let verdict = self.judge(client, now, &mut shared);
+        (verdict, shared)
+    }
+
+    fn judge(&self, client: IpAddr, now: Instant, shared: &mut bool) -> Verdict {
         let rate = self.settings.responses_per_second;
         if rate == 0 || client.to_canonical().is_loopback() {
             return Verdict::Send;
         }
         let rate = f64::from(rate);
         let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
-        let key = key_of(client);
+        let mut key = key_of(client);
         if !buckets.contains_key(&key) && buckets.len() >= MAX_CLIENTS {
             // A bucket refilled to the brim is idle: forget those.
             buckets.retain(|_, b| {
                 b.tokens + now.saturating_duration_since(b.refilled).as_secs_f64() * rate < rate
             });
             if buckets.len() >= MAX_CLIENTS {
-                return Verdict::Send;
+                key = OVERFLOW;
+                *shared = true;
             }
         }
         let bucket = buckets.entry(key).or_insert(Bucket {
@@ -139,7 +152,7 @@ mod tests {
         let limit = limit(10, 2);
         let now = Instant::now();
         let client: IpAddr = "10.244.1.7".parse().expect("ip");
-        let verdicts: Vec<Verdict> = (0..14).map(|_| limit.check(client, now)).collect();
+        let verdicts: Vec<Verdict> = (0..14).map(|_| limit.check(client, now).0).collect();
         assert!(
             verdicts[..10].iter().all(|v| *v == Verdict::Send),
             "{verdicts:?}"
@@ -152,17 +165,17 @@ mod tests {
         // the same address in IPv6.
         for other in ["10.244.1.200", "fd00::10.244.1.7", "::ffff:10.244.1.8"] {
             let other: IpAddr = other.parse().expect("ip");
-            assert_eq!(limit.check(other, now), Verdict::Send, "{other}");
+            assert_eq!(limit.check(other, now).0, Verdict::Send, "{other}");
         }
         assert_ne!(
-            limit.check("::ffff:10.244.1.7".parse().expect("ip"), now),
+            limit.check("::ffff:10.244.1.7".parse().expect("ip"), now).0,
             Verdict::Send,
             "a mapped address is the IPv4 client"
         );
         // Tokens come back with time: 10 a second.
         let later = now + Duration::from_millis(300);
         let sent = (0..10)
-            .filter(|_| limit.check(client, later) == Verdict::Send)
+            .filter(|_| limit.check(client, later).0 == Verdict::Send)
             .count();
         assert_eq!(sent, 3);
     }
@@ -173,21 +186,26 @@ mod tests {
         let tight = limit(1, 0);
         for _ in 0..100 {
             assert_eq!(
-                tight.check("127.0.0.1".parse().expect("ip"), now),
+                tight.check("127.0.0.1".parse().expect("ip"), now).0,
                 Verdict::Send
             );
-            assert_eq!(tight.check("::1".parse().expect("ip"), now), Verdict::Send);
+            assert_eq!(
+                tight.check("::1".parse().expect("ip"), now).0,
+                Verdict::Send
+            );
         }
         assert_eq!(
-            tight.check("10.0.0.1".parse().expect("ip"), now),
+            tight.check("10.0.0.1".parse().expect("ip"), now).0,
             Verdict::Send
         );
         assert_eq!(
-            tight.check("10.0.0.1".parse().expect("ip"), now),
+            tight.check("10.0.0.1".parse().expect("ip"), now).0,
             Verdict::Drop
         );
         let off = limit(0, 2);
-        assert!((0..100).all(|_| off.check("10.0.0.1".parse().expect("ip"), now) == Verdict::Send));
+        assert!(
+            (0..100).all(|_| off.check("10.0.0.1".parse().expect("ip"), now).0 == Verdict::Send)
+        );
     }
 
     #[test]
@@ -197,14 +215,22 @@ mod tests {
         for i in 0..MAX_CLIENTS as u32 {
             limit.check(IpAddr::from((0x0a00_0000 + i).to_be_bytes()), now);
         }
-        let stranger = IpAddr::from([11, 0, 0, 1]);
-        // Full, none idle yet: a new prefix is not tracked (and not limited).
-        assert!((0..20).all(|_| limit.check(stranger, now) == Verdict::Send));
+        let (stranger, another) = (IpAddr::from([11, 0, 0, 1]), IpAddr::from([11, 0, 0, 2]));
+        // Full, none idle yet: new clients share one bucket of one client's rate, and
+        // it is counted; the limit does not turn off.
+        let shared = (0..20)
+            .filter(|i| {
+                let client = if i % 2 == 0 { stranger } else { another };
+                limit.check(client, now).0 == Verdict::Send
+            })
+            .count();
+        assert_eq!(shared, 5);
+        assert!(limit.check(stranger, now).1, "judged in the shared bucket");
         // A second later every bucket is full again: idle, forgotten, and the stranger
         // gets a bucket of its own.
         let later = now + Duration::from_secs(1);
         let sent = (0..20)
-            .filter(|_| limit.check(stranger, later) == Verdict::Send)
+            .filter(|_| limit.check(stranger, later).0 == Verdict::Send)
             .count();
         assert_eq!(sent, 5);
         assert!(limit.buckets.lock().expect("lock").len() < MAX_CLIENTS);

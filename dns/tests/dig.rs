@@ -624,6 +624,12 @@ fn tcp_connections_are_capped_per_client_and_idle_ones_closed() {
         .map(|s| closed(s, Duration::from_secs(5)))
         .collect();
     assert!(over.iter().all(|c| *c), "over the share: {over:?}");
+    // Counted for `nodus_connections_refused_total{listener="DNS"}`.
+    let refused = nodus_limits::refused();
+    assert!(
+        refused.iter().any(|(what, count)| *what == "DNS" && *count >= 4),
+        "{refused:?}"
+    );
     let share: Vec<bool> = held[..PER_CLIENT]
         .iter_mut()
         .map(|s| closed(s, Duration::from_millis(200)))

@@ -11,26 +11,53 @@
 //! on another host, still gets in while pods hold all they may. [`accept`] is the accept
 //! loop every such listener runs.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 
+/// Connections closed over a cap since start, by listener (what [`accept`] calls it).
+static REFUSED: Mutex<BTreeMap<&'static str, u64>> = Mutex::new(BTreeMap::new());
+
+/// Connections closed over a cap since start, by listener: the process exports them as
+/// `nodus_connections_refused_total{listener}`.
+pub fn refused() -> Vec<(&'static str, u64)> {
+    let refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+    refused
+        .iter()
+        .map(|(what, count)| (*what, *count))
+        .collect()
+}
+
+/// One more connection closed over a cap of `what`; warned of at the 1st, 2nd, 4th… of
+/// each listener, so that a client that keeps trying cannot fill the log.
+fn count_refusal(what: &'static str, client: SocketAddr) {
+    let total = {
+        let mut refused = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+        let count = refused.entry(what).or_default();
+        *count += 1;
+        *count
+    };
+    if total.is_power_of_two() {
+        tracing::warn!(%client, total, "{what} connections over a cap closed (per client, for pods together, or in all)");
+    }
+}
+
 /// The next connection on `listener` that fits under `caps`, with its place. One over a
-/// cap is closed as it arrives, so its client learns at once. An accept error (out of
-/// descriptors, say) is logged and retried after a pause: the port never closes for it.
-/// `what` names the listener in the log.
+/// cap is closed as it arrives, so its client learns at once, and counted ([`refused`]).
+/// An accept error (out of descriptors, say) is logged and retried after a pause: the
+/// port never closes for it. `what` names the listener in the log and the count.
 pub async fn accept(
     listener: &TcpListener,
     caps: &ConnectionCaps,
-    what: &str,
+    what: &'static str,
 ) -> (TcpStream, SocketAddr, Slot) {
     loop {
         match listener.accept().await {
             Ok((stream, client)) => match caps.take(client.ip(), stream.local_addr().ok()) {
                 Some(slot) => return (stream, client, slot),
-                None => tracing::debug!(%client, "{what} connection over the cap closed"),
+                None => count_refusal(what, client),
             },
             Err(error) => {
                 tracing::warn!(%error, "accepting a {what} connection");

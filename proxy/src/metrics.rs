@@ -16,6 +16,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Series of `nodus_policy_denied_packets_total` at most: two per policy of a large cluster.
 pub const DENIED_SERIES_MAX: usize = 4096;
+/// The policy (`namespace/name`) the drops of policies past [`DENIED_SERIES_MAX`] count
+/// under: no namespace, and a name no policy can have.
+pub const DENIED_OTHERS: &str = "/_other";
 
 /// The metrics' mutexes hold plain data: a panic while one was held leaves nothing
 /// half-done, so a poisoned one is used as it is.
@@ -243,14 +246,18 @@ impl ProxyMetrics {
     }
 
     /// `packets` dropped for a pod that `policies` isolate in `direction`: each of them
-    /// counts them. At most [`DENIED_SERIES_MAX`] series; later policies are not counted.
+    /// counts them. At most [`DENIED_SERIES_MAX`] series; later policies count under
+    /// [`DENIED_OTHERS`], so that no drop goes uncounted.
     pub fn policy_denied(&self, policies: &[String], direction: Direction, packets: u64) {
         let mut denied = locked(&self.denied);
         for policy in policies {
             let key = (policy.clone(), direction);
-            if denied.len() < DENIED_SERIES_MAX || denied.contains_key(&key) {
-                *denied.entry(key).or_default() += packets;
-            }
+            let key = if denied.len() < DENIED_SERIES_MAX || denied.contains_key(&key) {
+                key
+            } else {
+                (DENIED_OTHERS.to_string(), direction)
+            };
+            *denied.entry(key).or_default() += packets;
         }
     }
 
@@ -508,6 +515,28 @@ mod tests {
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
             .to_string()
+    }
+
+    /// Past the series cap, drops still count, under one series per direction.
+    #[test]
+    fn denied_packets_past_the_series_cap_count_under_others() {
+        let metrics = std::sync::Arc::new(ProxyMetrics::default());
+        for i in 0..DENIED_SERIES_MAX {
+            metrics.policy_denied(&[format!("t/p{i}")], Direction::Ingress, 1);
+        }
+        metrics.policy_denied(&["late/one".to_string()], Direction::Ingress, 3);
+        metrics.policy_denied(&["late/two".to_string()], Direction::Ingress, 4);
+        metrics.policy_denied(&["t/p0".to_string()], Direction::Ingress, 5);
+        let denied = locked(&metrics.denied);
+        assert_eq!(
+            denied.get(&(DENIED_OTHERS.to_string(), Direction::Ingress)),
+            Some(&7)
+        );
+        assert_eq!(
+            denied.get(&("t/p0".to_string(), Direction::Ingress)),
+            Some(&6)
+        );
+        assert!(!denied.contains_key(&("late/one".to_string(), Direction::Ingress)));
     }
 
     #[test]

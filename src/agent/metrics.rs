@@ -248,6 +248,13 @@ impl Metrics {
             "Panics caught anywhere in the process (each logged; the subsystem is started again).",
             &ConstCounter::new(PANICS.load(Relaxed)),
         )?;
+        families.labelled(
+            "nodus_connections_refused",
+            "Connections closed as they were accepted because they were over a cap of their listener (per client, for pods together, or in all): DNS over TCP, HTTP (health, metrics and health-check node ports).",
+            nodus_limits::refused()
+                .into_iter()
+                .map(|(listener, count)| ([("listener", listener)], ConstCounter::new(count))),
+        )?;
         families.one(
             "nodus_view_stale",
             "1 while the view is the one saved before the last restart, until the API's lists replace it.",

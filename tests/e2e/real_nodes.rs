@@ -531,8 +531,8 @@ fn agent_gone_keeps_the_node_ready(cluster: &KubeletCluster, index: usize) {
     let name = format!("node-{}", index + 1);
     let conflist = cluster.dir.join(&name).join("net.d/00-nodus.conflist");
     let text = std::fs::read_to_string(&conflist).expect("nodus's conflist");
-    let version = serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["cniVersion"]
-        .clone();
+    let version =
+        serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["cniVersion"].clone();
     assert_eq!(version, "1.1.0", "STATUS is asked: {text}");
     let kubelet = node.kubelet.as_ref().expect("the node runs");
     let run = |args: &[&str]| {
