@@ -71,6 +71,10 @@ pub struct PolicyConfig {
     /// Where nodus-cni's `ADD` asks for a new pod's isolation and waits for it (written in
     /// the conflist), so that no container of a pod starts before its policies apply.
     pub cni_socket: PathBuf,
+    /// Name each NetworkPolicy (namespace and name) in `nodus_policy_denied_packets`.
+    /// `/metrics` answers every client, every pod of the node included, so by default the
+    /// drops are counted per direction only: no tenant learns another's policy names.
+    pub metrics_names: bool,
 }
 
 impl Default for PolicyConfig {
@@ -78,6 +82,7 @@ impl Default for PolicyConfig {
         PolicyConfig {
             enabled: false,
             cni_socket: PathBuf::from("/run/nodus/cni.sock"),
+            metrics_names: false,
         }
     }
 }

@@ -627,7 +627,9 @@ fn tcp_connections_are_capped_per_client_and_idle_ones_closed() {
     // Counted for `nodus_connections_refused_total{listener="DNS"}`.
     let refused = nodus_limits::refused();
     assert!(
-        refused.iter().any(|(what, count)| *what == "DNS" && *count >= 4),
+        refused
+            .iter()
+            .any(|(what, count)| *what == "DNS" && *count >= 4),
         "{refused:?}"
     );
     let share: Vec<bool> = held[..PER_CLIENT]

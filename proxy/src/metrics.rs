@@ -68,6 +68,9 @@ pub struct ProxyMetrics {
     external_left_out: [Counter; ClaimLoss::ALL.len()],
     /// What the pod source check dropped, as the kernel last counted it.
     pod_drops: Mutex<Vec<(PodDrop, u64)>>,
+    /// Whether denied packets are exported per policy (its namespace and name) or per
+    /// direction only ([`ProxyMetrics::name_policies`]).
+    policy_names: std::sync::atomic::AtomicBool,
     pub status: Tracker,
 }
 
@@ -146,6 +149,7 @@ impl Default for ProxyMetrics {
             policy: Mutex::new(None),
             denied: Mutex::new(BTreeMap::new()),
             pod_drops: Mutex::new(Vec::new()),
+            policy_names: std::sync::atomic::AtomicBool::new(false),
             external_left_out: Default::default(),
             status: Tracker::default(),
         }
@@ -259,6 +263,13 @@ impl ProxyMetrics {
             };
             *denied.entry(key).or_default() += packets;
         }
+    }
+
+    /// Export denied packets per policy, naming it (`policy.metrics_names`), rather than
+    /// per direction only: `/metrics` answers every pod of the node.
+    pub fn name_policies(&self, yes: bool) {
+        self.policy_names
+            .store(yes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The pod source check's counters, as just read from the kernel.
@@ -403,6 +414,22 @@ impl ProxyMetrics {
             &ConstGauge::new(gauge(policy.refused.len())),
         )?;
         let denied = locked(&self.denied);
+        if !self.policy_names.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut by_direction = [0u64; 2];
+            for ((_, direction), packets) in denied.iter() {
+                by_direction[*direction as usize] += packets;
+            }
+            return families.labelled(
+                "nodus_policy_denied_packets",
+                "Packets dropped for a pod of this node that the NetworkPolicy isolates, in a direction in which no policy allows them (counted for each policy isolating the pod; per policy with policy.metrics_names).",
+                Direction::ALL.iter().map(|direction| {
+                    (
+                        [("direction", Escaped(direction.as_str()))],
+                        ConstCounter::new(by_direction[*direction as usize]),
+                    )
+                }),
+            );
+        }
         families.labelled(
             "nodus_policy_denied_packets",
             "Packets dropped for a pod of this node that the NetworkPolicy isolates, in a direction in which no policy allows them (counted for each policy isolating the pod).",

@@ -143,44 +143,14 @@ for family, source, node in ((socket.AF_INET, sys.argv[1], sys.argv[3]),
     sources
 }
 
-/// The router advertisement of CVE-2020-10749 from the pod: a default route and a prefix
-/// through it.
+/// The pod's router advertisement, and a moment for the node to take it.
 fn advertise_router(pod: &Netns) {
-    const SEND: &str = r#"
-import socket, struct
-s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
-index = socket.if_nametoindex('eth0')
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
-ra = struct.pack('!BBHBBHII', 134, 0, 0, 64, 0x08, 1800, 0, 0)
-pio = struct.pack('!BBBBIII', 3, 4, 64, 0xc0, 86400, 14400, 0)
-pio += socket.inet_pton(socket.AF_INET6, '2001:db8:77::')
-s.sendto(ra + pio, ('ff02::1', 0, 0, index))
-"#;
-    // The source must be the link-local address, once it is no longer tentative.
-    for _ in 0..50 {
-        let addresses = pod
-            .ip(&["-6", "address", "show", "dev", "eth0", "scope", "link"])
-            .unwrap_or_default();
-        if addresses.contains("fe80") && !addresses.contains("tentative") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    pod.exec("python3", &["-c", SEND])
-        .expect("the advertisement is sent");
+    netns::advertise_router(pod).expect("the advertisement is sent");
     std::thread::sleep(Duration::from_millis(300));
 }
 
-/// The node's routes that a router advertisement made: a default route (`proto ra`) and
-/// the advertised prefix (`proto kernel`).
 fn advertised_routes(node: &Netns) -> String {
-    let routes = node.ip(&["-6", "route", "show"]).expect("routes");
-    routes
-        .lines()
-        .filter(|line| line.contains("proto ra") || line.contains("2001:db8:77::"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    netns::advertised_routes(node).expect("routes")
 }
 
 #[test]

@@ -225,6 +225,7 @@ fn start_proxy(context: &Context) -> anyhow::Result<ProxySubsystem> {
         context.view.clone(),
         nodus_dns::listen::host_addresses,
     )?;
+    proxy.metrics.name_policies(config.policy.metrics_names);
     context.metrics.proxy.set(proxy.metrics.clone());
     Ok(proxy)
 }

@@ -3,7 +3,7 @@
 //! routes and packets are the kernel's; leases are `host-local`'s files.
 
 use crate::mesh::plugins;
-use nodus_testbed::netns::{Netns, require_root};
+use nodus_testbed::netns::{Netns, advertise_router, advertised_routes, require_root};
 use serde_json::{Value, json};
 use std::io::Write;
 use std::path::PathBuf;
@@ -111,52 +111,6 @@ fn address(result: &Value, i: usize) -> String {
 
 fn ping(from: &Netns, to: &str) -> bool {
     from.exec("ping", &["-c1", "-W2", to]).is_ok()
-}
-
-/// Sends, from `pod`'s `eth0`, the router advertisement of CVE-2020-10749: a default
-/// router of high preference, and `2001:db8:77::/64` on its link, both with long lifetimes.
-/// The kernel fills in the ICMPv6 checksum of a raw socket.
-fn advertise_router(pod: &Netns) {
-    const SEND: &str = r#"
-import socket, struct
-s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
-index = socket.if_nametoindex('eth0')
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
-s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
-ra = struct.pack('!BBHBBHII', 134, 0, 0, 64, 0x08, 1800, 0, 0)
-pio = struct.pack('!BBBBIII', 3, 4, 64, 0xc0, 86400, 14400, 0)
-pio += socket.inet_pton(socket.AF_INET6, '2001:db8:77::')
-s.sendto(ra + pio, ('ff02::1', 0, 0, index))
-"#;
-    // The source must be the pod's link-local address: wait until it is no longer tentative.
-    let ready = (0..50).any(|_| {
-        let addresses = pod
-            .ip(&["-6", "address", "show", "dev", "eth0", "scope", "link"])
-            .unwrap_or_default();
-        let usable = addresses.contains("fe80") && !addresses.contains("tentative");
-        if !usable {
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        usable
-    });
-    assert!(
-        ready,
-        "{}'s eth0 has a usable link-local address",
-        pod.name()
-    );
-    pod.exec("python3", &["-c", SEND])
-        .expect("the advertisement is sent");
-}
-
-/// The node's routes that a router advertisement made: a default route (`proto ra`) and
-/// the advertised prefix (`proto kernel`).
-fn advertised_routes(node: &Netns) -> String {
-    let routes = node.ip(&["-6", "route", "show"]).expect("routes");
-    routes
-        .lines()
-        .filter(|line| line.contains("proto ra") || line.contains("2001:db8:77::"))
-        .collect::<Vec<_>>()
-        .join("\n")
 }
 
 #[test]
@@ -334,11 +288,11 @@ fn a_pod_cannot_route_the_node_through_itself_with_router_advertisements() {
         assert!(link.contains(&group), "{link}");
     }
     for pod in [&dual, &v4_only] {
-        advertise_router(pod);
+        advertise_router(pod).expect("the advertisement is sent");
     }
     std::thread::sleep(std::time::Duration::from_millis(300));
     assert_eq!(
-        advertised_routes(&node.ns),
+        advertised_routes(&node.ns).expect("routes"),
         "",
         "no route from a pod's advertisement"
     );
@@ -348,11 +302,11 @@ fn a_pod_cannot_route_the_node_through_itself_with_router_advertisements() {
     node.ns
         .exec("sh", &["-c", &format!("echo 2 > {path}")])
         .expect("accept_ra set");
-    advertise_router(&dual);
+    advertise_router(&dual).expect("the advertisement is sent");
     let routes = (0..30)
         .map(|_| {
             std::thread::sleep(std::time::Duration::from_millis(100));
-            advertised_routes(&node.ns)
+            advertised_routes(&node.ns).expect("routes")
         })
         .find(|routes| routes.contains("2001:db8:77::/64"))
         .unwrap_or_default();

@@ -529,6 +529,51 @@ impl Pod {
     }
 }
 
+/// Sends, from `pod`'s `eth0`, the router advertisement of CVE-2020-10749: a default
+/// router of high preference, and `2001:db8:77::/64` on its link (autonomous), both with
+/// long lifetimes, from the link-local address once it is usable. The kernel fills in
+/// the ICMPv6 checksum of a raw socket.
+pub fn advertise_router(pod: &Netns) -> anyhow::Result<()> {
+    const SEND: &str = r#"
+import socket, struct
+s = socket.socket(socket.AF_INET6, socket.SOCK_RAW, socket.IPPROTO_ICMPV6)
+index = socket.if_nametoindex('eth0')
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_HOPS, 255)
+s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_MULTICAST_IF, index)
+ra = struct.pack('!BBHBBHII', 134, 0, 0, 64, 0x08, 1800, 0, 0)
+pio = struct.pack('!BBBBIII', 3, 4, 64, 0xc0, 86400, 14400, 0)
+pio += socket.inet_pton(socket.AF_INET6, '2001:db8:77::')
+s.sendto(ra + pio, ('ff02::1', 0, 0, index))
+"#;
+    let usable = (0..50).any(|_| {
+        let addresses = pod
+            .ip(&["-6", "address", "show", "dev", "eth0", "scope", "link"])
+            .unwrap_or_default();
+        let usable = addresses.contains("fe80") && !addresses.contains("tentative");
+        if !usable {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        usable
+    });
+    anyhow::ensure!(
+        usable,
+        "{}'s eth0 has no usable link-local address",
+        pod.name()
+    );
+    pod.exec("python3", &["-c", SEND]).map(drop)
+}
+
+/// The routes of `node` that a router advertisement made: a default route (`proto ra`)
+/// and the prefix [`advertise_router`] sends (`proto kernel`), one a line.
+pub fn advertised_routes(node: &Netns) -> anyhow::Result<String> {
+    let routes = node.ip(&["-6", "route", "show"])?;
+    Ok(routes
+        .lines()
+        .filter(|line| line.contains("proto ra") || line.contains("2001:db8:77::"))
+        .collect::<Vec<_>>()
+        .join("\n"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

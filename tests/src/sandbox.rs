@@ -815,8 +815,9 @@ impl Agent {
 /// answered by each node itself (no nodus pods back `kube-dns` here); no lame duck (no
 /// load balancer or next pod waits on a sandbox node, and Ctrl-C should not); the mesh's
 /// device (names are host-wide for wireguard-go), key and conflist, the isolation gate's
-/// socket and the saved view, in the node's directory; and Services' ExternalIPs honoured
-/// in the documentation ranges (RFC 5737's TEST-NETs), which the sandbox's examples use.
+/// socket and the saved view, in the node's directory; Services' ExternalIPs honoured in
+/// the documentation ranges (RFC 5737's TEST-NETs), which the sandbox's examples use; and
+/// NetworkPolicies named in `/metrics` (one operator sees them all there).
 pub fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<String> {
     let mut config: Value =
         serde_saphyr::from_str(OVERLAY_CONFIG).context("reading the overlay's nodus.yaml")?;
@@ -831,6 +832,7 @@ pub fn node_config_text(node_dir: &Path, interface: &str) -> anyhow::Result<Stri
     config["policy"]["cni_socket"] = path("cni.sock");
     config["state_dir"] = path("state");
     config["proxy"]["external_ips"] = json!(["192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24"]);
+    config["policy"]["metrics_names"] = true.into();
     Ok(serde_json::to_string_pretty(&config)?)
 }
 
