@@ -871,6 +871,7 @@ impl View {
                     // held (it comes again, labels and all, with its first address). A
                     // tenant's pending or gated pods cost the other nodes nothing; this
                     // node keeps its own, whose sandbox nodus-cni may claim.
+                    pod.release_decoded(&mut self.strings);
                     self.policy.remove_pod(key, &mut self.strings, policy_pods);
                 } else {
                     self.policy

@@ -55,6 +55,15 @@ pub struct PolicyPod {
 }
 
 impl PolicyPod {
+    /// Gives back every string of a pod just decoded, labels included, when it is not
+    /// stored after all.
+    pub(crate) fn release_decoded(&self, strings: &mut Interner) {
+        self.release_but_labels(strings);
+        if let Some(labels) = &self.labels {
+            release_labels(labels, strings);
+        }
+    }
+
     /// Gives back its strings but for its labels, which its owner gives back (decoded
     /// labels to the interner, stored ones to the shared sets).
     pub(crate) fn release_but_labels(&self, strings: &mut Interner) {

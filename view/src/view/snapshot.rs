@@ -32,11 +32,9 @@ use crate::model::{
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// Version 5 adds when a Node's readiness last changed; version 4 a Service's `headless`
-/// label (a flag bit); version 3 the Node's readiness (a flag bit); version 2 the
-/// ServiceCIDRs.
-const MAGIC: &[u8; 8] = b"nodusvw\x05";
-const MAGIC_V4: &[u8; 8] = b"nodusvw\x04";
+/// Version 4 adds a Service's `headless` label (a flag bit); version 3 the Node's
+/// readiness (a flag bit); version 2 the ServiceCIDRs.
+const MAGIC: &[u8; 8] = b"nodusvw\x04";
 const MAGIC_V3: &[u8; 8] = b"nodusvw\x03";
 const MAGIC_V2: &[u8; 8] = b"nodusvw\x02";
 const MAGIC_V1: &[u8; 8] = b"nodusvw\x01";
@@ -189,10 +187,9 @@ impl View {
             .checked_sub(8)
             .filter(|&n| n >= MAGIC.len() + 8)
             .ok_or(SnapshotError::Magic)?;
-        let (has_service_cidrs, has_ready_changed) = match &bytes[..MAGIC.len()] {
-            magic if magic == MAGIC => (true, true),
-            magic if magic == MAGIC_V4 || magic == MAGIC_V3 || magic == MAGIC_V2 => (true, false),
-            magic if magic == MAGIC_V1 => (false, false),
+        let has_service_cidrs = match &bytes[..MAGIC.len()] {
+            magic if magic == MAGIC || magic == MAGIC_V3 || magic == MAGIC_V2 => true,
+            magic if magic == MAGIC_V1 => false,
             _ => return Err(SnapshotError::Magic),
         };
         let (body, sum) = bytes.split_at(body_len);
@@ -203,7 +200,6 @@ impl View {
             bytes: body,
             at: MAGIC.len(),
             table: Vec::new(),
-            has_ready_changed,
         };
         if r.u64()? != hash_name(HASH_CHECK) {
             return Err(SnapshotError::Incompatible);
@@ -424,7 +420,6 @@ impl Writer<'_> {
         }
         self.i64(n.created);
         self.u8(u8::from(n.leaving) | u8::from(n.ready) << 1);
-        self.i64(n.ready_changed);
     }
 }
 
@@ -433,8 +428,6 @@ struct Reader<'a> {
     at: usize,
     /// The interned strings read so far, by their index in the file.
     table: Vec<&'a str>,
-    /// Version 5 and later: a Node's readiness change follows its flags.
-    has_ready_changed: bool,
 }
 
 type Read<T> = Result<T, SnapshotError>;
@@ -806,11 +799,6 @@ impl<'a> Reader<'a> {
         if flags > 3 {
             return Err(self.damaged("node flags above 3"));
         }
-        let ready_changed = if self.has_ready_changed {
-            self.i64()?
-        } else {
-            i64::MIN
-        };
         Ok(Node {
             addresses,
             pod_cidrs,
@@ -819,7 +807,8 @@ impl<'a> Reader<'a> {
             created,
             leaving: flags & 1 != 0,
             ready: flags & 2 != 0,
-            ready_changed,
+            // Not saved: the mesh, the only reader, waits for the lists.
+            ready_changed: i64::MIN,
         })
     }
 }
