@@ -188,7 +188,7 @@ impl ClusterDns {
 
     /// A TCP connection closed because its client does not read: counted, and warned of
     /// (the cap is the client's, not the server's, but an operator should see it).
-    pub(crate) fn tcp_closed(&self, why: crate::tcp::Closed) {
+    pub(crate) fn tcp_closed(&self, why: crate::metrics::TcpClosed) {
         let total = self.metrics.tcp_closed(why);
         // At the 1st, 2nd, 4th, 8th… only: a client that keeps doing it cannot fill the log.
         if total.is_power_of_two() {

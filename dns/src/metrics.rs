@@ -82,9 +82,18 @@ pub struct DnsMetrics {
     rate_table_full: Counter,
     /// Autopath walks by how they ended ([`Walked`]).
     walks: [Counter; Walked::ALL.len()],
-    /// TCP connections closed for a client that does not read: no room for a reply, and
-    /// a write that timed out ([`crate::tcp::Closed`]).
+    /// TCP connections closed for a client that does not read, by [`TcpClosed`].
     tcp_closed: [Counter; 2],
+}
+
+/// Why a TCP connection was closed before its client did ([`crate::tcp`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TcpClosed {
+    /// A reply found no room in its connection's or its address's budget in time: the
+    /// client does not read what it asked for.
+    NoRoom,
+    /// A reply could not be written in time.
+    WriteTimeout,
 }
 
 /// Indexes into [`QTYPES`]; a match, not a search, because every query counts.
@@ -154,7 +163,7 @@ impl DnsMetrics {
 
     /// A TCP connection closed because its client does not read its replies; how many
     /// were, for either reason.
-    pub fn tcp_closed(&self, why: crate::tcp::Closed) -> u64 {
+    pub fn tcp_closed(&self, why: TcpClosed) -> u64 {
         self.tcp_closed[why as usize].inc();
         self.tcp_closed.iter().map(Counter::get).sum()
     }

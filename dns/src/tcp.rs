@@ -14,6 +14,7 @@
 //! (`nodus_dns_tcp_connections_closed_total{reason}`).
 
 use crate::handler::ClusterDns;
+use crate::metrics::TcpClosed;
 use nodus_limits::{ConnectionCaps, Slot};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -98,16 +99,6 @@ struct Room {
 /// Room taken by one reply until it is written.
 struct Taken(#[expect(dead_code, reason = "held, not read")] [OwnedSemaphorePermit; 2]);
 
-/// Why a connection was closed before its client did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Closed {
-    /// A reply found no room in its connection's or its address's budget in time: the
-    /// client does not read what it asked for.
-    NoRoom,
-    /// A reply could not be written in time.
-    WriteTimeout,
-}
-
 impl Room {
     /// Room for `reply` in both budgets, within [`WRITE_TIMEOUT`]; `None` closes the
     /// connection: its budget is closed, so every reply waiting for room gives up.
@@ -171,7 +162,7 @@ async fn serve_connection(
                     Some(taken) => {
                         let _ = replies.send((reply, taken)).await;
                     }
-                    None => handler.tcp_closed(Closed::NoRoom),
+                    None => handler.tcp_closed(TcpClosed::NoRoom),
                 }
             }
             drop(permit);
@@ -216,7 +207,7 @@ async fn write_replies(
             writer.write_all(&reply).await
         };
         if !matches!(timeout(WRITE_TIMEOUT, write).await, Ok(Ok(()))) {
-            handler.tcp_closed(Closed::WriteTimeout);
+            handler.tcp_closed(TcpClosed::WriteTimeout);
             room.connection.close();
             return;
         }
