@@ -221,11 +221,7 @@ impl Mesh {
             node_cidrs: self.settings.node_cidrs.clone(),
             endpoint: self.settings.endpoint,
             persistent_keepalive: self.settings.persistent_keepalive,
-            now: SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |since| {
-                    i64::try_from(since.as_secs()).unwrap_or(i64::MAX)
-                }),
+            now: i64::try_from(crate::metrics::unix_now()).unwrap_or(i64::MAX),
         }
     }
 

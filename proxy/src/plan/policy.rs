@@ -114,7 +114,6 @@ pub const ELEMENTS_MAX: usize = 10_000;
 /// The disjoint boxes `pod . peer range . protocols . ports` that `allowances` and the pod
 /// itself make; `None` past `limit` of them.
 fn allowed_boxes(pod: IpAddr, allowances: &[Allowance], limit: usize) -> Option<Vec<[Span; 3]>> {
-    let own = to_number(pod);
     let boxes: Vec<[Span; 3]> = allowances
         .iter()
         .map(|a| {
@@ -124,9 +123,15 @@ fn allowed_boxes(pod: IpAddr, allowances: &[Allowance], limit: usize) -> Option<
                 (u128::from(a.ports.0), u128::from(a.ports.1)),
             ]
         })
-        .chain([[(own, own), (0, 255), (0, u128::from(u16::MAX))]])
+        .chain([own_box(pod)])
         .collect();
     disjoint_within(&boxes, limit)
+}
+
+/// The pod itself, every protocol and port: traffic of a pod to itself always passes.
+fn own_box(pod: IpAddr) -> [Span; 3] {
+    let own = to_number(pod);
+    [(own, own), (0, 255), (0, u128::from(u16::MAX))]
 }
 
 /// `policies` as the kernel can hold them: a pod whose allowances in a direction make
@@ -169,7 +174,7 @@ pub fn sets(pods: &[PodPolicy]) -> Vec<SetPlan> {
                 // Over the cap (which `within_element_cap` reports first): the pod
                 // itself alone, failing closed.
                 let boxes = allowed_boxes(pod.ip, allowances, ELEMENTS_MAX)
-                    .unwrap_or_else(|| allowed_boxes(pod.ip, &[], 1).unwrap_or_default());
+                    .unwrap_or_else(|| vec![own_box(pod.ip)]);
                 for [peer, protocol, ports] in boxes {
                     let value = |peer: u128, protocol: u128, port: u128| {
                         vec![
@@ -315,8 +320,8 @@ type Span = (u128, u128);
 /// Disjoint boxes whose union is the union of `boxes`: along the first axis, the points
 /// where some box starts or ends cut it into pieces, each covered by the same boxes
 /// throughout; the rest of those boxes is made disjoint the same way, and neighbouring
-/// pieces with the same rest are joined again. `None` as soon as it would make more than `limit` boxes: no more than about `limit` are
-/// ever held.
+/// pieces with the same rest are joined again. `None` as soon as it would make more than
+/// `limit` boxes: no more than about `limit` are ever held.
 fn disjoint_within<const N: usize>(boxes: &[[Span; N]], limit: usize) -> Option<Vec<[Span; N]>> {
     let rows: Vec<&[Span]> = boxes.iter().map(|b| &b[..]).collect();
     Some(

@@ -66,34 +66,24 @@ impl PodDrop {
         }
     }
 
+    /// The drop's `family` in `/metrics`.
     pub fn family_label(self) -> &'static str {
-        match self.family() {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-        }
+        self.family().as_str()
     }
 
     fn counted(self) -> SetPlan {
         let family = self.family();
-        let (first, last) = match family {
-            Family::V4 => (
-                IpAddr::from(Ipv4Addr::UNSPECIFIED),
-                IpAddr::from(Ipv4Addr::BROADCAST),
-            ),
-            Family::V6 => (
-                IpAddr::from(Ipv6Addr::UNSPECIFIED),
-                IpAddr::from(Ipv6Addr::from(u128::MAX)),
-            ),
+        let unspecified = match family {
+            Family::V4 => IpAddr::from(Ipv4Addr::UNSPECIFIED),
+            Family::V6 => IpAddr::from(Ipv6Addr::UNSPECIFIED),
         };
-        SetPlan {
-            set: Set::new(self.set(), address_type(family))
-                .with_flags(SetFlags {
-                    interval: true,
-                    ..SetFlags::default()
-                })
-                .with_counter(),
-            elements: vec![Element::range(ip_value(first), ip_value(last))],
-        }
+        let whole = Cidr {
+            addr: unspecified,
+            prefix: 0,
+        };
+        let mut plan = ranges_set(self.set(), family, &[whole]);
+        plan.set = plan.set.with_counter();
+        plan
     }
 
     /// The source's match that counts the drop.
